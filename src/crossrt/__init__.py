@@ -1,0 +1,98 @@
+"""crossrt: a cross-hardware neural-network runtime.
+
+Build or import a model, compile it for a device through that device's driver, load it and
+run it::
+
+    import crossrt
+
+    exe = crossrt.compile("model.onnx", device="cpu")
+    with crossrt.Runtime() as rt:
+        model = rt.load(exe)
+        outputs = model.run({"x": x})
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _version
+
+from . import dtypes
+from .compiler import Executable, ExecutableNode, compile
+from .drivers import (
+    Capabilities,
+    CompileOptions,
+    DeviceInfo,
+    DeviceKind,
+    Driver,
+    PerformanceMode,
+    Priority,
+    Program,
+    driver_statuses,
+)
+from .dtypes import DType
+from .errors import (
+    ClosedError,
+    CompileError,
+    CrossrtError,
+    DeadlineExceededError,
+    DeviceUnavailableError,
+    ExecutionError,
+    InvalidArgumentError,
+    InvalidHandleError,
+    InvalidInputError,
+    InvalidModelError,
+    InvalidOptionError,
+    ModelNotFoundError,
+    OperationForbiddenError,
+    OutOfResourcesError,
+    StatusCode,
+    UnsupportedError,
+)
+from .model import GraphBuilder, Model, TensorSpec, load_model
+from .runtime import LoadedModel, Runtime, TensorInfo
+
+try:
+    __version__ = _version("crossrt")
+except PackageNotFoundError:  # running from a source tree
+    __version__ = "0.0.0+source"
+
+__all__ = [
+    "Capabilities",
+    "ClosedError",
+    "CompileError",
+    "CompileOptions",
+    "CrossrtError",
+    "DType",
+    "DeadlineExceededError",
+    "DeviceInfo",
+    "DeviceKind",
+    "DeviceUnavailableError",
+    "Driver",
+    "Executable",
+    "ExecutableNode",
+    "ExecutionError",
+    "GraphBuilder",
+    "InvalidArgumentError",
+    "InvalidHandleError",
+    "InvalidInputError",
+    "InvalidModelError",
+    "InvalidOptionError",
+    "LoadedModel",
+    "Model",
+    "ModelNotFoundError",
+    "OperationForbiddenError",
+    "OutOfResourcesError",
+    "PerformanceMode",
+    "Priority",
+    "Program",
+    "Runtime",
+    "StatusCode",
+    "TensorInfo",
+    "TensorSpec",
+    "UnsupportedError",
+    "__version__",
+    "compile",
+    "driver_statuses",
+    "dtypes",
+    "load_model",
+]

@@ -1,0 +1,302 @@
+"""The driver interface: what an engine adapter implements.
+
+A driver adapts one real engine (ONNX Runtime, OpenVINO, PyTorch, ...) to crossrt. The runtime
+runs no operator itself; it asks drivers. A new driver is one file with a :class:`Driver`
+subclass plus an entry point in the ``crossrt.drivers`` group::
+
+    [project.entry-points."crossrt.drivers"]
+    mydriver = "mypackage.crossrt_driver:MyDriver"
+
+The life of a model on a driver:
+
+1. :meth:`Driver.devices` lists what the driver can run on.
+2. :meth:`Driver.supported_nodes` answers, node by node, before anything is compiled.
+3. :meth:`Driver.check_options` refuses, by name, an option the device cannot honour.
+4. :meth:`Driver.compile` turns the model into an opaque, serializable artifact.
+5. :meth:`Driver.load` stages an artifact on a set of cores and returns a :class:`Program`.
+6. :meth:`Program.run` executes it; :meth:`Program.close` releases it.
+
+A driver class must be importable even when its engine is missing only if it raises
+``ImportError`` at import time with a message that says what to install; the registry catches
+that and reports the driver as unavailable with the reason.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import DeviceUnavailableError
+from ..model import Model
+
+
+class DeviceKind(enum.Enum):
+    """What sort of processor a device is (OH_NN_DeviceType)."""
+
+    CPU = "cpu"
+    GPU = "gpu"
+    ACCELERATOR = "accelerator"
+    OTHER = "other"
+
+
+class PerformanceMode(enum.IntEnum):
+    """How hard the device may work (OH_NN_PerformanceMode)."""
+
+    NONE = 0
+    LOW = 1
+    MEDIUM = 2
+    HIGH = 3
+    EXTREME = 4
+
+
+class Priority(enum.IntEnum):
+    """Scheduling priority of a model on its device (OH_NN_Priority)."""
+
+    NONE = 0
+    LOW = 1
+    MEDIUM = 2
+    HIGH = 3
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a device can do beyond running fp32 graphs.
+
+    Attributes:
+        fp16: can compute in reduced precision when ``fp16=True`` is allowed.
+        bf16: has bfloat16 arithmetic.
+        performance_modes: the :class:`PerformanceMode` values it honours.
+        priority: honours :class:`Priority`.
+        dynamic_shapes: runs models with dynamic input dimensions.
+        cache_export: its compiled artifacts can be exported and imported.
+    """
+
+    fp16: bool = False
+    bf16: bool = False
+    performance_modes: tuple[PerformanceMode, ...] = (PerformanceMode.NONE,)
+    priority: bool = False
+    dynamic_shapes: bool = True
+    cache_export: bool = True
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """One device a driver serves.
+
+    Attributes:
+        id: ``"<kind>:<index>"``, e.g. ``"cpu:0"``.
+        name: a human-readable name (the CPU model, the GPU name).
+        vendor: who makes it.
+        kind: :class:`DeviceKind`.
+        driver: the driver serving it.
+        cores: compute cores usable by this process.
+        memory_bytes: memory usable by this process.
+        status: ``"available"``, ``"busy"`` or ``"offline"``.
+        capabilities: see :class:`Capabilities`.
+        links: ids of devices it has a direct link to (topology).
+    """
+
+    id: str
+    name: str
+    vendor: str
+    kind: DeviceKind
+    driver: str
+    cores: int
+    memory_bytes: int
+    status: str = "available"
+    capabilities: Capabilities = field(default_factory=Capabilities)
+    links: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-friendly form."""
+        caps = self.capabilities
+        return {
+            "id": self.id,
+            "name": self.name,
+            "vendor": self.vendor,
+            "kind": self.kind.value,
+            "driver": self.driver,
+            "cores": self.cores,
+            "memory_bytes": self.memory_bytes,
+            "status": self.status,
+            "capabilities": {
+                "fp16": caps.fp16,
+                "bf16": caps.bf16,
+                "performance_modes": [m.name for m in caps.performance_modes],
+                "priority": caps.priority,
+                "dynamic_shapes": caps.dynamic_shapes,
+                "cache_export": caps.cache_export,
+            },
+            "links": list(self.links),
+        }
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """Validated compile options (OH_NNCompilation_Set*).
+
+    Attributes:
+        performance_mode: :class:`PerformanceMode`.
+        priority: :class:`Priority`.
+        fp16: allow reduced-precision arithmetic.
+        extensions: driver-specific settings, passed to the driver as they are.
+    """
+
+    performance_mode: PerformanceMode = PerformanceMode.NONE
+    priority: Priority = Priority.NONE
+    fp16: bool = False
+    extensions: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-friendly form."""
+        return {
+            "performance_mode": self.performance_mode.name,
+            "priority": self.priority.name,
+            "fp16": self.fp16,
+            "extensions": dict(self.extensions),
+        }
+
+
+class Program(ABC):
+    """A compiled artifact staged on cores, ready to run.
+
+    ``run`` must be safe to call from several threads at once.
+    """
+
+    @abstractmethod
+    def run(
+        self, inputs: Mapping[str, Any], outputs: Mapping[str, np.ndarray] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Execute once.
+
+        Args:
+            inputs: one value per model input, already validated by the runtime.
+            outputs: preallocated arrays to write results into, where the engine can.
+
+        Returns:
+            One array per model output, by name.
+        """
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the engine's resources. Further calls to ``run`` are not allowed."""
+
+
+class Driver(ABC):
+    """An engine adapter. Subclasses set :attr:`name` and implement the methods below."""
+
+    name: str = ""
+    """The driver's registry name (``"onnxruntime"``)."""
+
+    preference: int = 50
+    """When several drivers serve a device kind, the highest preference is the default."""
+
+    @property
+    @abstractmethod
+    def version(self) -> str:
+        """The engine's version; compiled artifacts are tied to it."""
+
+    @abstractmethod
+    def devices(self) -> list[DeviceInfo]:
+        """The devices this driver can use in this process."""
+
+    @abstractmethod
+    def supported_nodes(self, model: Model, device: DeviceInfo) -> list[bool]:
+        """For each node of ``model.nodes``, whether this driver can run it on ``device``."""
+
+    def unsupported_reasons(self, model: Model, device: DeviceInfo) -> list[str | None]:
+        """Per node: ``None`` when supported, else why not (for messages).
+
+        The default derives a generic reason from :meth:`supported_nodes`; drivers that know
+        more say more.
+        """
+        return [
+            None if ok else f"driver {self.name!r} cannot run {node.op_type}"
+            for ok, node in zip(self.supported_nodes(model, device), model.nodes, strict=True)
+        ]
+
+    def check_options(self, options: CompileOptions, device: DeviceInfo) -> None:
+        """Refuse, by name, each option the device cannot honour.
+
+        The default checks the device's :class:`Capabilities`; drivers add their own checks
+        for ``options.extensions``.
+
+        Raises:
+            DeviceUnavailableError: naming the option, the device and what it supports.
+        """
+        caps = device.capabilities
+        if options.fp16 and not caps.fp16:
+            raise _cannot_honour("fp16", self.name, device, "it computes in float32 only")
+        if options.performance_mode not in caps.performance_modes:
+            modes = ", ".join(m.name for m in caps.performance_modes)
+            raise _cannot_honour("performance_mode", self.name, device, f"it supports {modes}")
+        if options.priority is not Priority.NONE and not caps.priority:
+            raise _cannot_honour("priority", self.name, device, "it has no priorities")
+        if options.extensions:
+            names = ", ".join(sorted(options.extensions))
+            raise _cannot_honour(
+                f"extensions ({names})", self.name, device, "it takes no extensions"
+            )
+
+    @abstractmethod
+    def compile(self, model: Model, device: DeviceInfo, options: CompileOptions) -> bytes:
+        """Compile ``model`` for ``device`` into an opaque artifact the runtime stores."""
+
+    @abstractmethod
+    def load(
+        self,
+        artifact: bytes,
+        device: DeviceInfo,
+        cores: Sequence[int],
+        options: CompileOptions,
+    ) -> Program:
+        """Stage an artifact on ``cores`` (indices within the device), using that many threads."""
+
+    # Memory hooks. The defaults serve devices whose memory is the host's (coherent): a buffer
+    # is a NumPy byte array and copies are NumPy copies. Drivers for devices with their own
+    # memory override all five.
+
+    def allocate(self, device: DeviceInfo, nbytes: int) -> Any:
+        """Allocate ``nbytes`` of device memory and return a handle to it."""
+        return np.empty(nbytes, dtype=np.uint8)
+
+    def free(self, device: DeviceInfo, buffer: Any) -> None:
+        """Release memory from :meth:`allocate`."""
+        del buffer
+
+    def copy_in(self, device: DeviceInfo, dst: Any, src: memoryview, offset: int = 0) -> None:
+        """Copy host bytes into device memory at ``offset``."""
+        view = np.frombuffer(src, dtype=np.uint8)
+        dst[offset : offset + view.size] = view
+
+    def copy_out(self, device: DeviceInfo, dst: memoryview, src: Any, offset: int = 0) -> None:
+        """Copy device memory from ``offset`` into a host buffer."""
+        out = np.frombuffer(dst, dtype=np.uint8)
+        out[:] = src[offset : offset + out.size]
+
+    def copy_device(
+        self,
+        device: DeviceInfo,
+        dst: Any,
+        src: Any,
+        nbytes: int,
+        dst_offset: int = 0,
+        src_offset: int = 0,
+    ) -> None:
+        """Copy ``nbytes`` between two buffers of the same device."""
+        dst[dst_offset : dst_offset + nbytes] = src[src_offset : src_offset + nbytes]
+
+
+def _cannot_honour(
+    option: str, driver: str, device: DeviceInfo, why: str
+) -> DeviceUnavailableError:
+    return DeviceUnavailableError(
+        f"option {option} cannot be honoured by driver {driver!r} on {device.id}: {why}; "
+        "drop the option or choose another device",
+        details={"option": option, "driver": driver, "device": device.id},
+    )

@@ -1,0 +1,103 @@
+"""The ``reference`` driver: ``onnx.reference.ReferenceEvaluator`` (NumPy, shipped in onnx).
+
+Slow and exact: the numerical oracle the other drivers are checked against, and the fallback
+that needs no native engine. The artifact is the validated ONNX model itself.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx.reference import ReferenceEvaluator
+from onnx.reference.ops import load_op
+
+from ..errors import ExecutionError
+from ..model import Model
+from .base import Capabilities, CompileOptions, DeviceInfo, Driver, Program
+from .host import host_cpu
+
+# Operators the evaluator implements only when an optional package is present.
+_NEEDS = {"ImageDecoder": "PIL"}
+
+
+class ReferenceDriver(Driver):
+    """onnx's reference evaluator on the host CPU."""
+
+    name = "reference"
+    preference = 0
+
+    @property
+    def version(self) -> str:
+        return str(onnx.__version__)
+
+    def devices(self) -> list[DeviceInfo]:
+        return [host_cpu(self.name, Capabilities(cache_export=True))]
+
+    def supported_nodes(self, model: Model, device: DeviceInfo) -> list[bool]:
+        return [reason is None for reason in self.unsupported_reasons(model, device)]
+
+    def unsupported_reasons(self, model: Model, device: DeviceInfo) -> list[str | None]:
+        """Per node: ``None`` when the evaluator implements it, else why not."""
+        opsets = model.opsets
+        return [_reason(node, opsets) for node in model.nodes]
+
+    def compile(self, model: Model, device: DeviceInfo, options: CompileOptions) -> bytes:
+        return model.to_bytes()
+
+    def load(
+        self,
+        artifact: bytes,
+        device: DeviceInfo,
+        cores: Sequence[int],
+        options: CompileOptions,
+    ) -> Program:
+        return ReferenceProgram(onnx.ModelProto.FromString(artifact))
+
+
+class ReferenceProgram(Program):
+    """A reference evaluator ready to run."""
+
+    def __init__(self, proto: onnx.ModelProto) -> None:
+        self._evaluator = ReferenceEvaluator(proto)
+        self._output_names = [o.name for o in proto.graph.output]
+        # The evaluator keeps per-run state in its operator objects: one run at a time.
+        self._lock = threading.Lock()
+
+    def run(
+        self, inputs: Mapping[str, Any], outputs: Mapping[str, np.ndarray] | None = None
+    ) -> dict[str, np.ndarray]:
+        with self._lock:
+            try:
+                results = self._evaluator.run(None, dict(inputs))
+            except Exception as exc:
+                raise ExecutionError(
+                    f"reference evaluator failed: {type(exc).__name__}: {exc}"
+                ) from None
+        produced = dict(zip(self._output_names, results, strict=True))
+        for name, out in (outputs or {}).items():
+            np.copyto(out, produced[name], casting="no")
+            produced[name] = out
+        return produced
+
+    def close(self) -> None:
+        del self._evaluator
+
+
+def _reason(node: onnx.NodeProto, opsets: Mapping[str, int]) -> str | None:
+    domain = "" if node.domain in ("", "ai.onnx") else node.domain
+    version = opsets.get(domain)
+    missing = _NEEDS.get(node.op_type)
+    if missing and importlib.util.find_spec(missing) is None:
+        return f"the reference {node.op_type} needs the {missing} package"
+    try:
+        load_op(domain, node.op_type, version)
+    except onnx.reference.op_run.RuntimeContextError:
+        return None  # a function the evaluator expands with the node's types at load
+    except Exception as exc:
+        return f"the reference evaluator has no {node.op_type} ({domain or 'ai.onnx'}): {exc}"
+    return None

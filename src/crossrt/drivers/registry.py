@@ -1,0 +1,147 @@
+"""Finding drivers: the ``crossrt.drivers`` entry-point group, imported lazily.
+
+A driver whose engine is missing (its import fails) is reported unavailable with the reason;
+the others keep working. ``crossrt ls`` prints this table.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+
+from ..config import settings
+from ..errors import DeviceUnavailableError, InvalidArgumentError
+from .base import DeviceInfo, Driver
+
+ENTRY_POINT_GROUP = "crossrt.drivers"
+
+# The drivers that ship with crossrt, so they are found even when the package metadata is not
+# installed (running from a source tree).
+_BUILTIN = {
+    "onnxruntime": "crossrt.drivers.onnxruntime:OnnxRuntimeDriver",
+    "reference": "crossrt.drivers.reference:ReferenceDriver",
+}
+
+
+@dataclass(frozen=True)
+class DriverStatus:
+    """Whether a driver could be loaded, and why not.
+
+    Attributes:
+        name: the registry name.
+        target: ``module:Class`` of its entry point.
+        driver: the driver instance, or ``None`` when unavailable.
+        reason: why it is unavailable (empty when it is available).
+    """
+
+    name: str
+    target: str
+    driver: Driver | None
+    reason: str = ""
+
+    @property
+    def available(self) -> bool:
+        """Whether the driver loaded."""
+        return self.driver is not None
+
+
+_lock = threading.Lock()
+_statuses: dict[str, DriverStatus] | None = None
+
+
+def _targets() -> dict[str, str]:
+    targets = dict(_BUILTIN)
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        targets[ep.name] = ep.value
+    return targets
+
+
+def _load(name: str, target: str) -> DriverStatus:
+    if name in settings().disabled_drivers:
+        return DriverStatus(name, target, None, "disabled by CROSSRT_DISABLE_DRIVERS")
+    module_name, _, attr = target.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), attr)
+        driver = cls()
+    except ImportError as exc:
+        return DriverStatus(name, target, None, f"engine not installed: {exc}")
+    except Exception as exc:  # a broken driver must not take the others down
+        return DriverStatus(name, target, None, f"{type(exc).__name__}: {exc}")
+    if not isinstance(driver, Driver):
+        return DriverStatus(name, target, None, f"{target} is not a crossrt Driver")
+    return DriverStatus(name, target, driver)
+
+
+def driver_statuses() -> list[DriverStatus]:
+    """Every registered driver with its availability, loading each once."""
+    global _statuses
+    with _lock:
+        if _statuses is None:
+            _statuses = {name: _load(name, t) for name, t in sorted(_targets().items())}
+        return list(_statuses.values())
+
+
+def get_driver(name: str) -> Driver:
+    """The driver called ``name``.
+
+    Raises:
+        DeviceUnavailableError: it is not registered or its engine could not be loaded.
+    """
+    for status in driver_statuses():
+        if status.name == name:
+            if status.driver is None:
+                raise DeviceUnavailableError(
+                    f"driver {name!r} is unavailable: {status.reason}",
+                    code=None,
+                    details={"driver": name},
+                )
+            return status.driver
+    known = ", ".join(s.name for s in driver_statuses())
+    raise DeviceUnavailableError(
+        f"no driver called {name!r}; registered drivers: {known}", details={"driver": name}
+    )
+
+
+def available_drivers() -> list[Driver]:
+    """The drivers that loaded, most preferred first."""
+    found = [s.driver for s in driver_statuses() if s.driver is not None]
+    return sorted(found, key=lambda d: -d.preference)
+
+
+def parse_device(device: str) -> tuple[str, int | None]:
+    """Split ``"cpu:0"`` into ``("cpu", 0)``; ``"cpu"`` gives ``("cpu", None)``."""
+    kind, sep, index = device.strip().lower().partition(":")
+    if not kind or (sep and not index.isdigit()):
+        raise InvalidArgumentError(
+            f"bad device {device!r}; write it as KIND or KIND:INDEX, e.g. 'cpu' or 'cpu:0'",
+            details={"device": device},
+        )
+    return kind, int(index) if sep else None
+
+
+def resolve_device(device: str, driver: str | None = None) -> tuple[Driver, DeviceInfo]:
+    """Find the driver and device for a device string such as ``"cpu"`` or ``"cpu:0"``.
+
+    Args:
+        device: ``KIND`` (the first device of that kind) or ``KIND:INDEX``.
+        driver: use this driver; by default the most preferred driver serving the device.
+
+    Raises:
+        DeviceUnavailableError: no available driver serves that device.
+    """
+    kind, index = parse_device(device)
+    candidates = [get_driver(driver)] if driver else available_drivers()
+    for drv in candidates:
+        for info in drv.devices():
+            info_kind, info_index = parse_device(info.id)
+            if info_kind == kind and (index is None or index == info_index):
+                return drv, info
+    served = sorted({d.id for drv in candidates for d in drv.devices()})
+    who = f"driver {driver!r}" if driver else "the available drivers"
+    raise DeviceUnavailableError(
+        f"no device {device!r} on {who}; devices: {', '.join(served) or 'none'} "
+        "(run `crossrt ls` to see drivers and why some are unavailable)",
+        details={"device": device, "driver": driver},
+    )

@@ -1,0 +1,101 @@
+"""Descriptions of a model's inputs and outputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import onnx
+
+from .. import dtypes
+from ..dtypes import DType
+
+Dim = int | str | None
+"""One dimension: a size, a symbolic name (dynamic), or ``None`` (unknown, dynamic)."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Name, element type and shape of one model input or output.
+
+    Attributes:
+        name: the tensor's name in the graph.
+        dtype: element type; ``None`` when the value is not a tensor of a known type.
+        shape: one entry per dimension: ``int`` when static, ``str`` (a symbolic name) or
+            ``None`` when dynamic; ``None`` for the whole shape when even the rank is unknown.
+        kind: ``"tensor"``, or ``"sequence"``, ``"optional"``, ``"map"``, ``"sparse"`` for
+            the other ONNX value types.
+    """
+
+    name: str
+    dtype: DType | None
+    shape: tuple[Dim, ...] | None
+    kind: str = "tensor"
+
+    @property
+    def rank(self) -> int | None:
+        """Number of dimensions, or ``None`` when unknown."""
+        return None if self.shape is None else len(self.shape)
+
+    @property
+    def dynamic_axes(self) -> tuple[int, ...]:
+        """Indices of the dimensions that are not fixed."""
+        if self.shape is None:
+            return ()
+        return tuple(i for i, d in enumerate(self.shape) if not isinstance(d, int))
+
+    @property
+    def is_static(self) -> bool:
+        """Whether every dimension is a fixed size."""
+        return self.shape is not None and not self.dynamic_axes
+
+    def shape_str(self) -> str:
+        """``[1,3,?,W]``: the shape as messages print it."""
+        if self.shape is None:
+            return "[*]"
+        return "[" + ",".join("?" if d is None else str(d) for d in self.shape) + "]"
+
+    def describe(self) -> str:
+        """``float32 [1,3,224,224]``."""
+        return f"{self.dtype or self.kind} {self.shape_str()}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-friendly form."""
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "dtype": self.dtype.name if self.dtype else None,
+            "shape": list(self.shape) if self.shape is not None else None,
+            "dynamic_axes": list(self.dynamic_axes),
+        }
+
+
+def spec_from_value_info(info: onnx.ValueInfoProto) -> TensorSpec:
+    """Describe a graph input or output from its ONNX ``ValueInfoProto``."""
+    vtype = info.type
+    which = vtype.WhichOneof("value")
+    if which != "tensor_type":
+        kind = {
+            "sequence_type": "sequence",
+            "optional_type": "optional",
+            "map_type": "map",
+            "sparse_tensor_type": "sparse",
+        }.get(which or "", "unknown")
+        return TensorSpec(info.name, None, None, kind)
+    ttype = vtype.tensor_type
+    try:
+        dtype: DType | None = dtypes.from_onnx(ttype.elem_type) if ttype.elem_type else None
+    except ValueError:
+        dtype = None
+    shape: tuple[Dim, ...] | None = None
+    if ttype.HasField("shape"):
+        dims: list[Dim] = []
+        for d in ttype.shape.dim:
+            if d.HasField("dim_value"):
+                dims.append(int(d.dim_value))
+            elif d.HasField("dim_param"):
+                dims.append(d.dim_param)
+            else:
+                dims.append(None)
+        shape = tuple(dims)
+    return TensorSpec(info.name, dtype, shape)

@@ -1,0 +1,160 @@
+"""Checking inference inputs before they reach an engine.
+
+The checks are precomputed per model so that a call costs a few attribute lookups per input.
+Every refusal is an ``EXEC_BAD_INPUT`` error naming the input, what was expected, what was
+given, and the fix.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidInputError
+from ..model import TensorSpec
+
+
+class InputChecker:
+    """Validates and normalises the inputs of one model."""
+
+    def __init__(self, specs: Sequence[TensorSpec]) -> None:
+        self.specs = tuple(specs)
+        self.names = tuple(s.name for s in specs)
+        self._name_set = frozenset(self.names)
+        # (name, spec, numpy dtype or None, exact shape or None, rank or None)
+        self._plan: list[tuple[str, TensorSpec, Any, tuple[int, ...] | None, int | None]] = []
+        for s in specs:
+            np_dtype = s.dtype.numpy if (s.kind == "tensor" and s.dtype) else None
+            exact = (
+                tuple(d for d in s.shape if isinstance(d, int))
+                if s.is_static and s.shape is not None
+                else None
+            )
+            assert s.shape is None or exact is None or len(exact) == len(s.shape)
+            self._plan.append((s.name, s, np_dtype, exact, s.rank if s.kind == "tensor" else None))
+
+    def check(self, inputs: Any) -> dict[str, Any]:
+        """Return ``{name: array}`` ready for the engine, or raise InvalidInputError."""
+        feed = self._as_dict(inputs)
+        for name, spec, np_dtype, exact, rank in self._plan:
+            value = feed[name]
+            if np_dtype is None:
+                continue  # sequences, optionals, maps, untyped: the engine checks them
+            if type(value) is not np.ndarray:
+                value = feed[name] = self._coerce(spec, value)
+            if value.dtype != np_dtype and not _same_string(value.dtype, np_dtype):
+                raise _wrong_dtype(spec, value)
+            if exact is not None:
+                if value.shape != exact:
+                    raise _wrong_shape(spec, value)
+            elif rank is not None and value.ndim != rank:
+                raise _wrong_shape(spec, value)
+            elif spec.shape is not None:
+                for want, got in zip(spec.shape, value.shape, strict=True):
+                    if isinstance(want, int) and want != got:
+                        raise _wrong_shape(spec, value)
+        return feed
+
+    def _as_dict(self, inputs: Any) -> dict[str, Any]:
+        if isinstance(inputs, dict):
+            if inputs.keys() == self._name_set:
+                return dict(inputs)
+            return self._mismatch(inputs)
+        if isinstance(inputs, np.ndarray):
+            inputs = [inputs]
+        if isinstance(inputs, list | tuple):
+            if len(inputs) != len(self.names):
+                raise InvalidInputError(
+                    f"got {len(inputs)} inputs, the model takes {len(self.names)}: "
+                    f"{self._listing()}; pass one value per input, in this order, or a dict",
+                    details={"expected": list(self.names), "given_count": len(inputs)},
+                )
+            return dict(zip(self.names, inputs, strict=True))
+        if hasattr(inputs, "keys"):
+            return self._as_dict(dict(inputs))
+        raise InvalidInputError(
+            f"inputs must be a dict of name -> array or a list of arrays, not "
+            f"{type(inputs).__name__}; the model takes {self._listing()}"
+        )
+
+    def _mismatch(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        unknown = [k for k in inputs if k not in self._name_set]
+        if unknown:
+            name = unknown[0]
+            close = difflib.get_close_matches(str(name), self.names, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise InvalidInputError(
+                f"unknown input {name!r}; the model takes {self._listing()}{hint}",
+                details={"input": name, "expected": list(self.names)},
+            )
+        missing = next(s for s in self.specs if s.name not in inputs)
+        raise InvalidInputError(
+            f"missing input {missing.name!r} ({missing.describe()}); the model takes "
+            f"{self._listing()}; give a value for each",
+            details={"input": missing.name, "expected": missing.describe()},
+        )
+
+    def _coerce(self, spec: TensorSpec, value: Any) -> np.ndarray:
+        assert spec.dtype is not None
+        try:
+            array = np.asarray(value)
+        except Exception as exc:
+            raise InvalidInputError(
+                f"input {spec.name!r}: cannot turn {type(value).__name__} into an array "
+                f"({exc}); pass a numpy array of {spec.describe()}",
+                details={"input": spec.name},
+            ) from None
+        # Plain Python numbers and lists carry no dtype of their own: take the model's.
+        numeric = array.dtype.kind in "iufb" and spec.dtype.numpy.kind in "iufb"
+        if numeric and not isinstance(value, np.generic):
+            return array.astype(spec.dtype.numpy)
+        return array
+
+    def _listing(self) -> str:
+        return ", ".join(f"{s.name} ({s.describe()})" for s in self.specs) or "no inputs"
+
+
+def _same_string(given: np.dtype[Any], wanted: np.dtype[Any]) -> bool:
+    return wanted.kind == "O" and given.kind in "OUS"
+
+
+def _shape_str(shape: tuple[int, ...]) -> str:
+    return "[" + ",".join(map(str, shape)) + "]"
+
+
+def _wrong_dtype(spec: TensorSpec, value: np.ndarray) -> InvalidInputError:
+    assert spec.dtype is not None
+    return InvalidInputError(
+        f"input {spec.name!r}: expected {spec.describe()}, got {value.dtype} "
+        f"{_shape_str(value.shape)}; cast it with .astype(np.{spec.dtype.numpy.name})",
+        details={
+            "input": spec.name,
+            "expected_dtype": spec.dtype.name,
+            "given_dtype": str(value.dtype),
+        },
+    )
+
+
+def _wrong_shape(spec: TensorSpec, value: np.ndarray) -> InvalidInputError:
+    assert spec.shape is not None
+    if value.ndim != len(spec.shape):
+        fix = f"give it {len(spec.shape)} dimensions (reshape, or add a batch axis with x[None])"
+    else:
+        axis = next(
+            i
+            for i, (w, g) in enumerate(zip(spec.shape, value.shape, strict=True))
+            if isinstance(w, int) and w != g
+        )
+        fix = f"dimension {axis} must be {spec.shape[axis]}; resize, crop or pad the input"
+    return InvalidInputError(
+        f"input {spec.name!r}: expected {spec.describe()}, got {value.dtype} "
+        f"{_shape_str(value.shape)}; {fix}",
+        details={
+            "input": spec.name,
+            "expected_shape": list(spec.shape),
+            "given_shape": list(value.shape),
+        },
+    )

@@ -1,0 +1,149 @@
+"""A model staged on a device: ``LoadedModel`` (nrt_model_t, bmruntime::Network)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..compiler import Executable
+from ..drivers import DeviceInfo, Program
+from ..errors import ClosedError, InvalidHandleError
+from ..model import TensorSpec
+from .inputs import InputChecker
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One input or output as ``nrt_get_model_tensor_info`` reports it.
+
+    Attributes:
+        name: tensor name.
+        usage: ``"input"`` or ``"output"``.
+        dtype: element type name (``"float32"``), or the value kind for non-tensors.
+        shape: dims, with ``None`` or a symbolic name for dynamic ones.
+        size: bytes for one value when the shape is static, else ``None``.
+    """
+
+    name: str
+    usage: str
+    dtype: str
+    shape: tuple[int | str | None, ...] | None
+    size: int | None
+
+
+class LoadedModel:
+    """An :class:`Executable` loaded on a device's cores, ready to run.
+
+    Created by :meth:`Runtime.load`. ``run`` may be called from several threads at once.
+    """
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        executable: Executable,
+        program: Program,
+        device: DeviceInfo,
+        cores: tuple[int, ...],
+    ) -> None:
+        self.executable = executable
+        self.device = device
+        self.cores = cores
+        self._runtime = runtime
+        self._program: Program | None = program
+        self._checker = InputChecker(executable.inputs)
+        self._released: tuple[type[Exception], str] | None = None
+        self._lock = threading.Lock()
+        self._execute: Callable[..., dict[str, np.ndarray]] = program.run
+
+    @property
+    def name(self) -> str:
+        """The model's name."""
+        return self.executable.name
+
+    @property
+    def inputs(self) -> tuple[TensorSpec, ...]:
+        """The inputs ``run`` takes."""
+        return self.executable.inputs
+
+    @property
+    def outputs(self) -> tuple[TensorSpec, ...]:
+        """The outputs ``run`` returns."""
+        return self.executable.outputs
+
+    @property
+    def loaded(self) -> bool:
+        """False once unloaded (or its runtime closed)."""
+        return self._released is None
+
+    def run(
+        self, inputs: Any, outputs: Mapping[str, np.ndarray] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Run the model once (nrt_execute).
+
+        Args:
+            inputs: ``{name: array}``, or a list of arrays in input order (a single array
+                for a one-input model). Every input is checked: name, dtype, rank and the
+                static dimensions.
+            outputs: optional preallocated arrays to write results into.
+
+        Returns:
+            ``{output name: array}``.
+
+        Raises:
+            InvalidInputError: (EXEC_BAD_INPUT) naming the input, expected and given.
+            InvalidHandleError: the model was unloaded.
+            ClosedError: its runtime was closed.
+            ExecutionError: the engine failed.
+        """
+        if self._released is not None:
+            raise self._released[0](self._released[1])
+        feed = self._checker.check(inputs)
+        if outputs:
+            return self._execute(feed, outputs)
+        return self._execute(feed)
+
+    def tensor_info(self) -> list[TensorInfo]:
+        """Inputs then outputs, with dtype, shape and byte size (nrt_get_model_tensor_info)."""
+        infos = []
+        for usage, specs in (("input", self.inputs), ("output", self.outputs)):
+            for s in specs:
+                size = None
+                if s.is_static and s.dtype is not None and s.dtype.itemsize:
+                    size = int(np.prod([d for d in s.shape or () if isinstance(d, int)])) * (
+                        s.dtype.itemsize
+                    )
+                dtype = s.dtype.name if s.dtype else s.kind
+                infos.append(TensorInfo(s.name, usage, dtype, s.shape, size))
+        return infos
+
+    def unload(self) -> None:
+        """Release the model (nrt_unload). Later calls raise INVALID_HANDLE."""
+        self._release(InvalidHandleError, f"model {self.name!r} was unloaded; load it again")
+        self._runtime._forget(self)
+
+    def _release(self, error: type[Exception], message: str) -> None:
+        with self._lock:
+            if self._released is not None:
+                return
+            self._released = (error, message)
+            program, self._program = self._program, None
+        if program is not None:
+            program.close()
+
+    def _close_from_runtime(self) -> None:
+        self._release(
+            ClosedError,
+            f"the runtime that loaded model {self.name!r} was closed; "
+            "create a new Runtime and load the model again",
+        )
+
+    def __repr__(self) -> str:
+        state = "loaded" if self.loaded else "released"
+        return f"LoadedModel({self.name!r}, {self.device.id}, cores={list(self.cores)}, {state})"

@@ -1,0 +1,161 @@
+"""``Runtime``: the process's context for loading and running models (nrt_init / nrt_close)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any
+
+from ..compiler import Executable, compile
+from ..drivers import DeviceInfo, available_drivers, get_driver, resolve_device
+from ..errors import ClosedError, InvalidArgumentError, OutOfResourcesError, StatusCode
+from .loaded import LoadedModel
+
+
+class Runtime:
+    """Loads models onto devices and keeps track of them.
+
+    Use it as a context manager, or call :meth:`close` (nrt_close) when done: closing
+    unloads every model, and later calls raise ``CLOSED``.
+
+    Example:
+        >>> with crossrt.Runtime() as rt:
+        ...     model = rt.load("model.onnx")
+        ...     outputs = model.run({"x": x})
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._models: list[LoadedModel] = []
+        self._closed = False
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    @property
+    def models(self) -> list[LoadedModel]:
+        """The models loaded and not yet unloaded."""
+        with self._lock:
+            return list(self._models)
+
+    def devices(self) -> list[DeviceInfo]:
+        """Every device of every available driver (a device served by two drivers twice)."""
+        self._check_open()
+        return [info for drv in available_drivers() for info in drv.devices()]
+
+    def load(
+        self,
+        source: Any,
+        device: str | None = None,
+        *,
+        cores: int | Sequence[int] | None = None,
+        driver: str | None = None,
+        **compile_options: Any,
+    ) -> LoadedModel:
+        """Load a model onto a device (nrt_load).
+
+        Args:
+            source: an :class:`Executable`, or anything :func:`crossrt.compile` accepts (a
+                :class:`Model`, a path, bytes, an ``onnx.ModelProto``), compiled first.
+            device: the device (``"cpu"``, ``"cpu:0"``); for an executable, default the one
+                it was compiled for.
+            cores: how many cores (the first N) or which core indices of the device to use;
+                default all. The engine uses one thread per core.
+            driver: for a model that is not compiled yet, the driver to compile with.
+            **compile_options: for a model that is not compiled yet, the compile options.
+
+        Raises:
+            ClosedError: the runtime is closed.
+            OutOfResourcesError: (LOAD_NOT_ENOUGH_NC) more cores asked for than exist.
+        """
+        self._check_open()
+        if isinstance(source, Executable):
+            if compile_options or driver:
+                raise InvalidArgumentError(
+                    "compile options and driver apply to models, not to an Executable; "
+                    "compile again with them instead"
+                )
+            exe = source
+        else:
+            exe = compile(source, device, driver=driver, **compile_options)
+        node = exe.nodes[0]
+        drv = get_driver(node.driver)
+        target = device or exe.device
+        _, info = resolve_device(target, drv.name)
+        if info.kind.value != exe.device_kind:
+            raise InvalidArgumentError(
+                f"{exe.name!r} was compiled for {exe.device_kind}, not {info.id}; compile it "
+                f"for {info.id}",
+                details={"compiled_for": exe.device, "device": info.id},
+            )
+        chosen = _choose_cores(cores, info)
+        program = drv.load(node.artifact, info, chosen, exe.options)
+        loaded = LoadedModel(self, exe, program, info, chosen)
+        with self._lock:
+            if self._closed:
+                loaded._close_from_runtime()
+                raise ClosedError("the runtime was closed while the model was loading")
+            self._models.append(loaded)
+        return loaded
+
+    def close(self) -> None:
+        """Unload every model and release the runtime (nrt_close). Safe to call twice."""
+        with self._lock:
+            self._closed = True
+            models, self._models = self._models, []
+        for m in models:
+            m._close_from_runtime()
+
+    def _forget(self, model: LoadedModel) -> None:
+        with self._lock:
+            if model in self._models:
+                self._models.remove(model)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("the runtime is closed; create a new crossrt.Runtime()")
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self._models)} models"
+        return f"Runtime({state})"
+
+
+def _choose_cores(cores: int | Sequence[int] | None, device: DeviceInfo) -> tuple[int, ...]:
+    total = device.cores
+    if cores is None:
+        return tuple(range(total))
+    if isinstance(cores, bool):
+        raise InvalidArgumentError(f"cores={cores}: give a core count or a list of core indices")
+    if isinstance(cores, int):
+        if cores < 1:
+            raise InvalidArgumentError(f"cores={cores}: ask for at least one core")
+        if cores > total:
+            raise OutOfResourcesError(
+                f"asked for {cores} cores but {device.id} has {total}; ask for at most {total}",
+                code=StatusCode.LOAD_NOT_ENOUGH_NC,
+                details={"requested": cores, "available": total},
+            )
+        return tuple(range(cores))
+    chosen = tuple(cores)
+    bad = [c for c in chosen if not isinstance(c, int) or not 0 <= c < total]
+    if not chosen or bad or len(set(chosen)) != len(chosen):
+        raise InvalidArgumentError(
+            f"cores={list(chosen)}: give distinct core indices from 0 to {total - 1} "
+            f"({device.id} has {total} cores)",
+            details={"cores": list(chosen), "available": total},
+        )
+    return chosen

@@ -1,0 +1,51 @@
+"""The ``crossrt`` command: dispatches to one module per subcommand."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+# name -> (module, one-line summary). Each module has main(argv) -> int.
+COMMANDS = {
+    "ls": ("crossrt.tools.ls", "list drivers (PASS/FAIL and why), devices, cores and memory"),
+    "run": ("crossrt.tools.run", "run a model once on files of inputs and save the outputs"),
+}
+
+
+def usage() -> str:
+    """The top-level help text."""
+    lines = [
+        "usage: crossrt COMMAND [ARGS...]",
+        "",
+        "crossrt: a cross-hardware neural-network runtime.",
+        "",
+        "commands:",
+    ]
+    lines += [f"  {name:<8} {summary}" for name, (_, summary) in COMMANDS.items()]
+    lines += ["", "Run `crossrt COMMAND --help` for a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``crossrt`` console script."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    if args[0] in ("-V", "--version"):
+        from crossrt import __version__
+
+        print(f"crossrt {__version__}")
+        return 0
+    name, rest = args[0], args[1:]
+    if name not in COMMANDS:
+        print(f"crossrt: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    code: int = module.main(rest)
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
