@@ -98,7 +98,7 @@ def from_name(name: str) -> DType:
         return row
     try:
         return from_numpy(np.dtype(name))
-    except TypeError:
+    except (TypeError, InvalidArgumentError):
         pass
     raise InvalidArgumentError(
         f"unknown dtype {name!r}; known dtypes: {', '.join(_BY_NAME)}",
@@ -116,7 +116,10 @@ def from_onnx(elem_type: int) -> DType:
 
 def from_numpy(dtype: Any) -> DType:
     """Look a type up by NumPy dtype (or anything ``np.dtype()`` accepts)."""
-    dt = np.dtype(dtype)
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise InvalidArgumentError(f"{dtype!r} is not a NumPy dtype") from None
     row = _BY_NUMPY.get(dt)
     if row is None:
         if dt.kind in "US":

@@ -79,7 +79,7 @@ class CrossrtError(Exception):
         code: StatusCode | None = None,
         details: dict[str, Any] | None = None,
     ) -> None:
-        self.code: StatusCode = code if code is not None else self.default_code
+        self.code: StatusCode = StatusCode(code) if code is not None else self.default_code
         self.message = message
         self.details: dict[str, Any] = dict(details or {})
         super().__init__(message)

@@ -14,6 +14,9 @@ from ..errors import InvalidArgumentError, InvalidModelError, OperationForbidden
 from .model import Model
 from .spec import Dim
 
+# Domains whose operators onnx itself defines, so an unknown name can be refused at once.
+_ONNX_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training")
+
 DEFAULT_OPSET = 21
 """ai.onnx opset a builder uses unless told otherwise: one every driver here runs."""
 
@@ -49,6 +52,7 @@ class GraphBuilder:
         self._nodes: list[onnx.NodeProto] = []
         self._outputs: list[tuple[str, int | None, Sequence[Dim] | None]] = []
         self._names: set[str] = set()
+        self._node_names: set[str] = set()
         self._counter = 0
         self._model: Model | None = None
 
@@ -68,10 +72,16 @@ class GraphBuilder:
     def constant(self, value: Any, name: str | None = None) -> str:
         """Add a constant tensor (a weight) from a NumPy array or scalar."""
         self._check_open("add a constant")
-        array = np.asarray(value)
         name = name or self._fresh("const")
+        try:
+            tensor = numpy_helper.from_array(np.asarray(value), name)
+        except (TypeError, ValueError, NotImplementedError) as exc:
+            raise InvalidArgumentError(
+                f"constant {name!r}: cannot store {type(value).__name__} as an ONNX tensor "
+                f"({exc}); give a NumPy array of a numeric, bool or string dtype"
+            ) from None
         self._claim(name)
-        self._initializers.append(numpy_helper.from_array(array, name))
+        self._initializers.append(tensor)
         return name
 
     def op(
@@ -100,24 +110,43 @@ class GraphBuilder:
                 f"operator domain {domain!r} is not imported; pass opsets={{{domain!r}: N}} "
                 "to GraphBuilder"
             )
+        if domain in _ONNX_DOMAINS and not onnx.defs.has(op_type, domain):
+            raise InvalidArgumentError(
+                f"unknown operator {op_type!r} in domain {domain or 'ai.onnx'!r}; check the "
+                "spelling against the ONNX operator list"
+            )
         if isinstance(outputs, int):
             out_names = [self._fresh(op_type.lower()) for _ in range(outputs)]
         else:
             out_names = list(outputs)
-        for out in out_names:
-            self._claim(out)
-        attrs = {
-            k: numpy_helper.from_array(v) if isinstance(v, np.ndarray) else v
-            for k, v in attributes.items()
-        }
+        taken = [n for n in out_names if n in self._names]
+        if taken or len(set(out_names)) != len(out_names):
+            raise InvalidArgumentError(
+                f"{op_type}: output names {out_names} repeat or are already used in this graph"
+            )
+        node_name = name or self._fresh(op_type)
+        if node_name in self._node_names:
+            raise InvalidArgumentError(f"a node called {node_name!r} is already in this graph")
         node = helper.make_node(
             op_type,
             ["" if i is None else i for i in inputs],
             out_names,
-            name=name or self._fresh(op_type),
+            name=node_name,
             domain=domain,
-            **attrs,
         )
+        for key, value in attributes.items():
+            if isinstance(value, np.ndarray):
+                value = numpy_helper.from_array(value)
+            try:
+                node.attribute.append(helper.make_attribute(key, value))
+            except (TypeError, ValueError) as exc:
+                raise InvalidArgumentError(
+                    f"{op_type} node {node_name!r}: attribute {key}={value!r} cannot be "
+                    f"encoded in ONNX ({exc}); give a number, string, list or NumPy array"
+                ) from None
+        for out in out_names:
+            self._claim(out)
+        self._node_names.add(node_name)
         self._nodes.append(node)
         return out_names[0] if len(out_names) == 1 else tuple(out_names)
 
@@ -188,7 +217,7 @@ class GraphBuilder:
         while True:
             self._counter += 1
             name = f"{stem}_{self._counter}"
-            if name not in self._names:
+            if name not in self._names and name not in self._node_names:
                 return name
 
 

@@ -1,0 +1,319 @@
+"""Imports run one way: errors/dtypes/config -> model -> drivers -> compiler -> runtime ->
+server -> tools -> compat (ARCHITECTURE.md §2).
+
+Every module under src/crossrt is parsed (never imported); an import of a later layer, absolute
+(``crossrt.x``), relative (``..x``) or through ``importlib.import_module("crossrt.x")``, fails
+the test. ``crossrt/__init__.py`` and ``crossrt/__main__.py`` re-export and dispatch, so they
+may import anything; a name imported from the package root counts as the module it is
+re-exported from.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "crossrt"
+ROOT = "crossrt"
+LAYERS = ("base", "model", "drivers", "compiler", "runtime", "server", "tools", "compat")
+BASE_MODULES = frozenset({"errors", "dtypes", "config"})
+EXEMPT = frozenset({"crossrt", "crossrt.__main__"})
+
+
+def layer_of(module: str) -> int | None:
+    """The layer index of a ``crossrt...`` module, or None when it belongs to none."""
+    parts = module.split(".")
+    if parts[0] != ROOT or len(parts) < 2:
+        return None
+    top = parts[1]
+    if top in BASE_MODULES:
+        return 0
+    return LAYERS.index(top) if top in LAYERS[1:] else None
+
+
+def module_name(path: Path, src: Path = SRC) -> tuple[str, bool]:
+    """``(dotted name, is_package)`` of a file under ``src``."""
+    rel = path.relative_to(src.parent).with_suffix("")
+    parts = list(rel.parts)
+    is_package = parts[-1] == "__init__"
+    if is_package:
+        parts.pop()
+    return ".".join(parts), is_package
+
+
+def _resolve_relative(module: str, is_package: bool, level: int, target: str | None) -> str:
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    if level > 1:
+        package = package[: len(package) - (level - 1)]
+    return ".".join([*package, *([target] if target else [])])
+
+
+def imported_modules(module: str, source: str, is_package: bool = False) -> list[tuple[str, str]]:
+    """Every ``crossrt`` import in ``source``: ``(resolved target, import as written)``.
+
+    ``from crossrt import name`` (or ``from .. import name`` reaching the root) yields
+    ``crossrt.name``, which :func:`root_exports` maps when ``name`` is a re-export.
+    """
+    found: list[tuple[str, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == ROOT or alias.name.startswith(ROOT + "."):
+                    found.append((alias.name, f"import {alias.name}"))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = _resolve_relative(module, is_package, node.level, node.module)
+                written = f"from {'.' * node.level}{node.module or ''} import"
+            else:
+                base = node.module or ""
+                written = f"from {base} import"
+            if base != ROOT and not base.startswith(ROOT + "."):
+                continue
+            for alias in node.names:
+                # The name may be a submodule (`from .. import dtypes`) or an attribute.
+                found.append((f"{base}.{alias.name}", f"{written} {alias.name}"))
+        elif isinstance(node, ast.Call):
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if called in ("import_module", "__import__") and node.args:
+                arg = node.args[0]
+                value = arg.value if isinstance(arg, ast.Constant) else None
+                if isinstance(value, str) and (value == ROOT or value.startswith(ROOT + ".")):
+                    found.append((value, f"{called}({value!r})"))
+    return found
+
+
+def root_exports(init_source: str) -> dict[str, str]:
+    """Names the package root re-exports -> the module each comes from."""
+    exports: dict[str, str] = {}
+    for node in ast.parse(init_source).body:
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            for alias in node.names:
+                where = f"{ROOT}.{node.module}" if node.module else f"{ROOT}.{alias.name}"
+                exports[alias.asname or alias.name] = where
+    return exports
+
+
+def target_layer(target: str, exports: Mapping[str, str], known: set[str]) -> int | None:
+    """Layer of an import target, seeing through the root's re-exports.
+
+    ``import crossrt`` counts as the highest layer the root re-exports; a name the root
+    defines itself (``__version__``) as the base layer.
+    """
+    if target == ROOT:
+        layers = [layer_of(m) for m in exports.values()]
+        return max((x for x in layers if x is not None), default=0)
+    parts = target.split(".")
+    if len(parts) == 2 and target not in known and parts[1] not in BASE_MODULES | set(LAYERS):
+        name = parts[1]
+        return layer_of(exports[name]) if name in exports else 0
+    return layer_of(target)
+
+
+def backward_imports(
+    module: str,
+    source: str,
+    is_package: bool = False,
+    exports: Mapping[str, str] | None = None,
+    known: set[str] | None = None,
+) -> list[str]:
+    """``"module -> import"`` for every import of a later layer than the module's own."""
+    if module in EXEMPT:
+        return []
+    own = layer_of(module)
+    if own is None:
+        return [f"{module} -> (module belongs to no layer: add it to LAYERS or BASE_MODULES)"]
+    bad = []
+    for target, written in imported_modules(module, source, is_package):
+        layer = target_layer(target, exports or {}, known or set())
+        if layer is not None and layer > own:
+            bad.append(f"{module} ({LAYERS[own]}) -> {written} ({LAYERS[layer]})")
+    return bad
+
+
+def _sources() -> list[tuple[str, bool, str]]:
+    return [
+        (*module_name(path), path.read_text(encoding="utf-8")) for path in sorted(SRC.rglob("*.py"))
+    ]
+
+
+# -- the real package ------------------------------------------------------------------------
+
+
+def test_source_tree_is_found() -> None:
+    names = {name for name, _, _ in _sources()}
+    assert {"crossrt", "crossrt.errors", "crossrt.model.builder", "crossrt.runtime"} <= names
+
+
+def test_no_backward_imports() -> None:
+    sources = _sources()
+    known = {name for name, _, _ in sources}
+    exports = root_exports((SRC / "__init__.py").read_text(encoding="utf-8"))
+    offending = [
+        line
+        for name, is_package, source in sources
+        for line in backward_imports(name, source, is_package, exports, known)
+    ]
+    assert not offending, "imports against the layer order:\n" + "\n".join(offending)
+
+
+def test_every_module_belongs_to_a_layer() -> None:
+    stray = [name for name, _, _ in _sources() if name not in EXEMPT and layer_of(name) is None]
+    assert not stray, f"modules outside every layer: {stray}"
+
+
+# -- the checker itself ------------------------------------------------------------------------
+
+EXPORTS = {"Runtime": "crossrt.runtime", "Model": "crossrt.model", "StatusCode": "crossrt.errors"}
+KNOWN = {"crossrt", "crossrt.errors", "crossrt.dtypes", "crossrt.model", "crossrt.runtime"}
+
+
+@pytest.mark.parametrize(
+    ("module", "is_package", "source", "expected"),
+    [
+        (
+            "crossrt.model.builder",
+            False,
+            "from ..runtime import Runtime\n",
+            ["crossrt.model.builder (model) -> from ..runtime import Runtime (runtime)"],
+        ),
+        (
+            "crossrt.drivers.base",
+            False,
+            "import crossrt.compiler.compile\n",
+            ["crossrt.drivers.base (drivers) -> import crossrt.compiler.compile (compiler)"],
+        ),
+        (
+            "crossrt.errors",
+            False,
+            "def f():\n    from .model import Model\n",
+            ["crossrt.errors (base) -> from .model import Model (model)"],
+        ),
+        (
+            "crossrt.model",
+            True,
+            "from ..drivers import base\n",
+            ["crossrt.model (model) -> from ..drivers import base (drivers)"],
+        ),
+        (
+            "crossrt.model",
+            True,
+            "from ..tools import cli\n",
+            ["crossrt.model (model) -> from ..tools import cli (tools)"],
+        ),
+        (
+            "crossrt.compiler.compile",
+            False,
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+            "    from crossrt.runtime.loaded import LoadedModel\n",
+            [
+                "crossrt.compiler.compile (compiler) -> from crossrt.runtime.loaded import "
+                "LoadedModel (runtime)"
+            ],
+        ),
+        (
+            "crossrt.model.model",
+            False,
+            "from crossrt import Runtime\n",
+            ["crossrt.model.model (model) -> from crossrt import Runtime (runtime)"],
+        ),
+        (
+            "crossrt.model.model",
+            False,
+            "from .. import Runtime\n",
+            ["crossrt.model.model (model) -> from .. import Runtime (runtime)"],
+        ),
+        (
+            "crossrt.drivers.registry",
+            False,
+            "import importlib\nimportlib.import_module('crossrt.server.daemon')\n",
+            [
+                "crossrt.drivers.registry (drivers) -> import_module('crossrt.server.daemon') "
+                "(server)"
+            ],
+        ),
+        (
+            "crossrt.config",
+            False,
+            "import crossrt\n",
+            ["crossrt.config (base) -> import crossrt (runtime)"],
+        ),
+    ],
+    ids=[
+        "relative-up",
+        "absolute",
+        "inside-function",
+        "package-init",
+        "to-tools",
+        "type-checking",
+        "root-reexport",
+        "relative-root-reexport",
+        "import-module",
+        "whole-package",
+    ],
+)
+def test_checker_catches_backward_imports(
+    module: str, is_package: bool, source: str, expected: list[str]
+) -> None:
+    assert backward_imports(module, source, is_package, EXPORTS, KNOWN) == expected
+
+
+@pytest.mark.parametrize(
+    ("module", "is_package", "source"),
+    [
+        ("crossrt.model.builder", False, "from .. import dtypes\nfrom ..errors import X\n"),
+        ("crossrt.model.builder", False, "from .model import Model\nfrom . import spec\n"),
+        ("crossrt.runtime.loaded", False, "from ..compiler import Executable\n"),
+        ("crossrt.tools.cli", False, "from crossrt import __version__\n"),
+        ("crossrt.tools.run", False, "from crossrt import Runtime\nimport crossrt\n"),
+        ("crossrt.drivers", True, "from .base import Driver\nfrom ..model import Model\n"),
+        ("crossrt.errors", False, "import enum\nfrom typing import Any\nimport numpy\n"),
+        ("crossrt.compat.neuron", False, "import crossrt.tools.cli\nfrom ..server import x\n"),
+        ("crossrt", True, "from .tools import cli\nfrom .compat import neuron\n"),
+        ("crossrt.__main__", False, "from crossrt.tools.cli import main\n"),
+        (
+            "crossrt.model.x",
+            False,
+            "import crossrtextra.runtime\nfrom crossrt_other import y\n"
+            "import importlib\nimportlib.import_module('crossrt_tools.server')\n",
+        ),
+    ],
+    ids=[
+        "to-base",
+        "same-layer",
+        "to-earlier",
+        "root-own-name",
+        "tools-to-root",
+        "package-init",
+        "third-party",
+        "compat-last",
+        "root-exempt",
+        "main-exempt",
+        "similar-names",
+    ],
+)
+def test_checker_accepts_forward_and_same_layer_imports(
+    module: str, is_package: bool, source: str
+) -> None:
+    assert backward_imports(module, source, is_package, EXPORTS, KNOWN) == []
+
+
+def test_checker_reports_modules_outside_every_layer() -> None:
+    (line,) = backward_imports("crossrt.misc", "import os\n")
+    assert line.startswith("crossrt.misc -> ") and "no layer" in line
+
+
+def test_root_exports_are_read_from_the_init() -> None:
+    exports = root_exports(
+        "from . import dtypes\nfrom .runtime import Runtime as RT\nfrom .errors import (A, B)\n"
+        "__version__ = '1'\n"
+    )
+    assert exports == {
+        "dtypes": "crossrt.dtypes",
+        "RT": "crossrt.runtime",
+        "A": "crossrt.errors",
+        "B": "crossrt.errors",
+    }
