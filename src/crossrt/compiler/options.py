@@ -37,7 +37,9 @@ def parse_options(**options: Any) -> CompileOptions:
     fp16 = options.get("fp16", False)
     if not isinstance(fp16, bool):
         raise _bad("fp16", fp16)
-    extensions = options.get("extensions") or {}
+    extensions = options.get("extensions")
+    if extensions is None:
+        extensions = {}
     if not isinstance(extensions, Mapping) or not all(isinstance(k, str) for k in extensions):
         raise _bad("extensions", extensions)
     return CompileOptions(

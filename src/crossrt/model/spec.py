@@ -91,9 +91,9 @@ def spec_from_value_info(info: onnx.ValueInfoProto) -> TensorSpec:
     if ttype.HasField("shape"):
         dims: list[Dim] = []
         for d in ttype.shape.dim:
-            if d.HasField("dim_value"):
+            if d.HasField("dim_value") and d.dim_value >= 0:
                 dims.append(int(d.dim_value))
-            elif d.HasField("dim_param"):
+            elif d.HasField("dim_param") and d.dim_param:
                 dims.append(d.dim_param)
             else:
                 dims.append(None)

@@ -8,7 +8,7 @@ given, and the fix.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -58,6 +58,28 @@ class InputChecker:
                         raise _wrong_shape(spec, value)
         return feed
 
+    def check_outputs(
+        self, outputs: Mapping[str, Any], specs: Sequence[TensorSpec]
+    ) -> dict[str, np.ndarray]:
+        """Check preallocated output buffers: known name, dtype, static dims, C-contiguous."""
+        by_name = {s.name: s for s in specs}
+        for name, buf in outputs.items():
+            spec = by_name.get(name)
+            if spec is None:
+                raise InvalidInputError(
+                    f"unknown output {name!r} in outputs=; the model's outputs are "
+                    f"{', '.join(by_name) or 'none'}",
+                    details={"output": name},
+                )
+            problem = _buffer_problem(spec, buf)
+            if problem:
+                raise InvalidInputError(
+                    f"output buffer {name!r}: {problem}; pass a C-contiguous, writeable numpy "
+                    f"array of {spec.describe()}",
+                    details={"output": name},
+                )
+        return dict(outputs)
+
     def _as_dict(self, inputs: Any) -> dict[str, Any]:
         if isinstance(inputs, dict):
             if inputs.keys() == self._name_set:
@@ -99,6 +121,8 @@ class InputChecker:
 
     def _coerce(self, spec: TensorSpec, value: Any) -> np.ndarray:
         assert spec.dtype is not None
+        if isinstance(value, np.ndarray):
+            return value  # a subclass (memmap, matrix): checked like any array
         try:
             array = np.asarray(value)
         except Exception as exc:
@@ -107,14 +131,41 @@ class InputChecker:
                 f"({exc}); pass a numpy array of {spec.describe()}",
                 details={"input": spec.name},
             ) from None
-        # Plain Python numbers and lists carry no dtype of their own: take the model's.
-        numeric = array.dtype.kind in "iufb" and spec.dtype.numpy.kind in "iufb"
-        if numeric and not isinstance(value, np.generic):
-            return array.astype(spec.dtype.numpy)
-        return array
+        # Plain Python numbers and lists carry no dtype of their own: take the model's, as long
+        # as no value changes (1.5 -> int truncates, 300 -> uint8 wraps).
+        wanted = spec.dtype.numpy
+        numeric = array.dtype.kind in "iufb" and wanted.kind in "iufb"
+        if not numeric or isinstance(value, np.generic):
+            return array
+        converted = array.astype(wanted)
+        if wanted.kind in "iub" and not np.array_equal(converted.astype(array.dtype), array):
+            raise InvalidInputError(
+                f"input {spec.name!r}: the values given do not fit {spec.dtype} without change "
+                f"(fractions or out of range); pass a numpy array of {spec.describe()}",
+                details={"input": spec.name, "expected_dtype": spec.dtype.name},
+            )
+        return converted
 
     def _listing(self) -> str:
         return ", ".join(f"{s.name} ({s.describe()})" for s in self.specs) or "no inputs"
+
+
+def _buffer_problem(spec: TensorSpec, buf: Any) -> str | None:
+    if not isinstance(buf, np.ndarray):
+        return f"{type(buf).__name__} is not a numpy array"
+    if spec.dtype is not None and buf.dtype != spec.dtype.numpy:
+        return f"dtype is {buf.dtype}, the output is {spec.dtype}"
+    if spec.shape is not None:
+        if buf.ndim != len(spec.shape):
+            return f"shape is {_shape_str(buf.shape)}, the output is {spec.shape_str()}"
+        for want, got in zip(spec.shape, buf.shape, strict=True):
+            if isinstance(want, int) and want != got:
+                return f"shape is {_shape_str(buf.shape)}, the output is {spec.shape_str()}"
+    if not buf.flags.c_contiguous:
+        return "it is not C-contiguous"
+    if not buf.flags.writeable:
+        return "it is read-only"
+    return None
 
 
 def _same_string(given: np.dtype[Any], wanted: np.dtype[Any]) -> bool:

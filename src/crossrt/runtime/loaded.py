@@ -102,12 +102,18 @@ class LoadedModel:
             ClosedError: its runtime was closed.
             ExecutionError: the engine failed.
         """
+        execute = self._execute  # held, so an unload racing this call cannot pull it away
         if self._released is not None:
             raise self._released[0](self._released[1])
         feed = self._checker.check(inputs)
-        if outputs:
-            return self._execute(feed, outputs)
-        return self._execute(feed)
+        try:
+            if outputs:
+                return execute(feed, self._checker.check_outputs(outputs, self.outputs))
+            return execute(feed)
+        except Exception:
+            if self._released is not None:  # unloaded or closed while running
+                raise self._released[0](self._released[1]) from None
+            raise
 
     def tensor_info(self) -> list[TensorInfo]:
         """Inputs then outputs, with dtype, shape and byte size (nrt_get_model_tensor_info)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 import threading
 from collections.abc import Sequence
 from types import TracebackType
@@ -138,9 +139,12 @@ def _choose_cores(cores: int | Sequence[int] | None, device: DeviceInfo) -> tupl
     total = device.cores
     if cores is None:
         return tuple(range(total))
-    if isinstance(cores, bool):
-        raise InvalidArgumentError(f"cores={cores}: give a core count or a list of core indices")
-    if isinstance(cores, int):
+    if isinstance(cores, bool) or not isinstance(cores, numbers.Integral | Sequence):
+        raise InvalidArgumentError(
+            f"cores={cores!r}: give a core count (int) or a list of core indices"
+        )
+    if isinstance(cores, numbers.Integral):
+        cores = int(cores)
         if cores < 1:
             raise InvalidArgumentError(f"cores={cores}: ask for at least one core")
         if cores > total:
@@ -150,8 +154,8 @@ def _choose_cores(cores: int | Sequence[int] | None, device: DeviceInfo) -> tupl
                 details={"requested": cores, "available": total},
             )
         return tuple(range(cores))
-    chosen = tuple(cores)
-    bad = [c for c in chosen if not isinstance(c, int) or not 0 <= c < total]
+    chosen = tuple(int(c) if isinstance(c, numbers.Integral) else c for c in cores)
+    bad = [c for c in chosen if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < total]
     if not chosen or bad or len(set(chosen)) != len(chosen):
         raise InvalidArgumentError(
             f"cores={list(chosen)}: give distinct core indices from 0 to {total - 1} "

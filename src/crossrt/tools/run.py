@@ -61,17 +61,39 @@ def main(argv: Sequence[str] | None = None) -> int:
             elapsed = time.perf_counter() - start
     except CrossrtError as exc:
         return fail("run", exc)
-    out_dir = Path(args.output_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for name, value in outputs.items():
-        path = out_dir / f"{_file_name(name)}.npy"
-        np.save(path, np.asarray(value), allow_pickle=False)
+    try:
+        written = _save_outputs(outputs, Path(args.output_dir))
+    except OSError as exc:
+        return fail(
+            "run",
+            InvalidArgumentError(f"cannot write outputs to {args.output_dir!r}: {exc.strerror}"),
+        )
+    for name, path in written.items():
+        value = outputs[name]
         print(f"{name}: {np.asarray(value).dtype} {list(np.shape(value))} -> {path}")
     print(
         f"ran {model.name!r} on {model.device.id} ({model.executable.nodes[0].driver}) "
         f"in {elapsed * 1e3:.2f} ms"
     )
     return 0
+
+
+def _save_outputs(outputs: dict[str, Any], out_dir: Path) -> dict[str, Path]:
+    """Write each output to its own .npy; names that sanitize alike get a numeric suffix."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written: dict[str, Path] = {}
+    used: set[str] = set()
+    for name, value in outputs.items():
+        stem = base = _file_name(name)
+        n = 1
+        while stem in used:
+            n += 1
+            stem = f"{base}-{n}"
+        used.add(stem)
+        path = out_dir / f"{stem}.npy"
+        np.save(path, np.asarray(value), allow_pickle=False)
+        written[name] = path
+    return written
 
 
 def _read_inputs(items: Sequence[str], specs: Sequence[TensorSpec]) -> dict[str, Any]:
@@ -81,6 +103,8 @@ def _read_inputs(items: Sequence[str], specs: Sequence[TensorSpec]) -> dict[str,
         name, sep, file = item.partition("=")
         if not sep or not name or not file:
             raise InvalidArgumentError(f"--input {item!r}: write it as NAME=FILE")
+        if name in values:
+            raise InvalidArgumentError(f"--input {name} is given twice; give each input once")
         if name not in by_name:
             known = ", ".join(by_name) or "none"
             raise InvalidInputError(f"--input {name}: the model has no such input; inputs: {known}")

@@ -1,0 +1,161 @@
+"""Real ONNX models from PyPI wheels, run through crossrt and compared with raw ONNX Runtime.
+
+The models ship inside ``rapidocr-onnxruntime`` (text detection, recognition, orientation) and
+``silero-vad`` (voice activity detection), installed with ``--no-deps`` (see the Makefile).
+They are found through the distributions' file lists, never by importing the packages (their
+``__init__`` imports cv2 / torch, which are not installed).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+import crossrt
+from crossrt.model import TensorSpec
+from crossrt.tools import run as run_tool
+
+DISTRIBUTIONS = {
+    "rapidocr-onnxruntime": "rapidocr_onnxruntime/models/",
+    "silero-vad": "silero_vad/data/",
+}
+TOLERANCE = 1e-5
+
+# Realistic sizes for the dynamic dimensions, by model file name and input name.
+_IMAGE_SHAPES = {
+    "det": (1, 3, 320, 320),
+    "rec": (1, 3, 48, 320),
+    "cls": (1, 3, 48, 192),
+}
+_AUDIO_CHUNK = 512  # samples per silero window at 16 kHz
+_SEQUENCE = 4  # windows in one call of the sequence model
+
+
+def _find_models() -> list[tuple[str, Path | None, str]]:
+    """(id, path, why-missing) for each model of each distribution."""
+    found: list[tuple[str, Path | None, str]] = []
+    for dist_name, folder in DISTRIBUTIONS.items():
+        try:
+            dist = importlib.metadata.distribution(dist_name)
+        except importlib.metadata.PackageNotFoundError:
+            found.append(
+                (
+                    dist_name,
+                    None,
+                    f"{dist_name} is not installed; `pip install --no-deps {dist_name}` "
+                    "(make test does)",
+                )
+            )
+            continue
+        paths = sorted(
+            Path(str(dist.locate_file(f)))
+            for f in dist.files or ()
+            if str(f).startswith(folder) and str(f).endswith(".onnx")
+        )
+        if not paths:
+            found.append((dist_name, None, f"{dist_name} ships no .onnx under {folder}"))
+        found += [(p.name, p, "") for p in paths]
+    return found
+
+
+MODELS = _find_models()
+
+
+def _model_params():
+    params = []
+    for model_id, path, why in MODELS:
+        marks = [pytest.mark.skip(reason=why)] if path is None else []
+        params.append(pytest.param(path, id=model_id, marks=marks))
+    return params
+
+
+def _shape_for(path: Path, spec: TensorSpec) -> tuple[int, ...]:
+    assert spec.shape is not None, f"{path.name}: input {spec.name} has no shape"
+    for key, shape in _IMAGE_SHAPES.items():
+        if f"_{key}_" in path.name and spec.name == "x":
+            return shape
+    dims = []
+    for axis, dim in enumerate(spec.shape):
+        if isinstance(dim, int) and dim > 0:
+            dims.append(dim)
+        elif spec.name == "input" and axis == 1:
+            dims.append(_AUDIO_CHUNK)
+        elif spec.name == "input" and axis == 0 and "sequence" in path.name:
+            dims.append(_SEQUENCE)
+        else:
+            dims.append(1)  # batch
+    return tuple(dims)
+
+
+def _inputs_for(path: Path, specs) -> dict[str, np.ndarray]:
+    """Deterministic random inputs of realistic shapes and ranges, from the model's specs."""
+    rng = np.random.default_rng(20240917)
+    feed: dict[str, np.ndarray] = {}
+    for spec in specs:
+        assert spec.dtype is not None
+        if spec.name == "sr":
+            feed[spec.name] = np.array(16000, dtype=spec.dtype.numpy)
+            continue
+        shape = _shape_for(path, spec)
+        if spec.name in ("input", "x"):
+            value = rng.uniform(-1.0, 1.0, shape)  # audio samples / normalised pixels
+        else:
+            value = rng.standard_normal(shape) * 0.1  # recurrent state
+        feed[spec.name] = value.astype(spec.dtype.numpy)
+    return feed
+
+
+def _raw_ort(path: Path, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    assert sorted(i.name for i in session.get_inputs()) == sorted(feed)
+    return dict(zip(names, session.run(names, feed), strict=True))
+
+
+@pytest.mark.parametrize("path", _model_params())
+def test_model_matches_raw_onnxruntime(path: Path):
+    exe = crossrt.compile(path, device="cpu", driver="onnxruntime")
+    assert exe.nodes[0].driver == "onnxruntime"
+    with crossrt.Runtime() as rt:
+        model = rt.load(exe)
+        feed = _inputs_for(path, model.inputs)
+        got = model.run(feed)
+    expected = _raw_ort(path, feed)
+    assert list(got) == list(expected)
+    for name, want in expected.items():
+        assert got[name].shape == want.shape, name
+        assert got[name].dtype == want.dtype, name
+        diff = float(np.max(np.abs(got[name].astype(np.float64) - want))) if want.size else 0.0
+        assert diff <= TOLERANCE, f"{path.name} output {name}: max abs diff {diff}"
+    # A meaningful comparison: finite results that depend on the input.
+    assert all(np.isfinite(v).all() for v in expected.values())
+    assert any(np.ptp(v) > 0 for v in expected.values())
+
+
+def _rapidocr_model(kind: str) -> Path:
+    for _, path, _ in MODELS:
+        if path is not None and f"_{kind}_" in path.name:
+            return path
+    pytest.skip(f"no rapidocr {kind} model: rapidocr-onnxruntime is not installed")
+
+
+def test_crossrt_run_on_a_rapidocr_model(tmp_path, capsys):
+    path = _rapidocr_model("rec")
+    x = _inputs_for(path, crossrt.load_model(path).inputs)["x"]
+    np.save(tmp_path / "x.npy", x)
+    out_dir = tmp_path / "out"
+    code = run_tool.main([str(path), "--input", f"x={tmp_path / 'x.npy'}", "-o", str(out_dir)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert captured.err == ""  # every input given: no zero-fill warning
+    expected = _raw_ort(path, {"x": x})
+    for name, want in expected.items():
+        got = np.load(out_dir / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}.npy")
+        assert got.shape == want.shape
+        assert float(np.max(np.abs(got - want))) <= TOLERANCE
+    assert len(list(out_dir.iterdir())) == len(expected)
