@@ -6,9 +6,10 @@ that needs no native engine. The artifact is the validated ONNX model itself.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,15 @@ from .host import host_cpu
 
 # Operators the evaluator implements only when an optional package is present.
 _NEEDS = {"ImageDecoder": "PIL"}
+
+# Where the evaluator finds each domain's operators (ReferenceEvaluator._load_impl).
+_LOADERS = {
+    "": "onnx.reference.ops",
+    "ai.onnx.ml": "onnx.reference.ops.aionnxml",
+    "ai.onnx.preview": "onnx.reference.ops.aionnx_preview",
+    "ai.onnx.preview.training": "onnx.reference.ops.aionnx_preview_training",
+    "experimental": "onnx.reference.ops.experimental",
+}
 
 
 class ReferenceDriver(Driver):
@@ -44,7 +54,8 @@ class ReferenceDriver(Driver):
     def unsupported_reasons(self, model: Model, device: DeviceInfo) -> list[str | None]:
         """Per node: ``None`` when the evaluator implements it, else why not."""
         opsets = model.opsets
-        return [_reason(node, opsets) for node in model.nodes]
+        functions = {(f.domain, f.name) for f in model.proto.functions}
+        return [_reason(node, opsets, functions) for node in model.nodes]
 
     def compile(self, model: Model, device: DeviceInfo, options: CompileOptions) -> bytes:
         return model.to_bytes()
@@ -88,14 +99,27 @@ class ReferenceProgram(Program):
         del self._evaluator
 
 
-def _reason(node: onnx.NodeProto, opsets: Mapping[str, int]) -> str | None:
+def _reason(
+    node: onnx.NodeProto, opsets: Mapping[str, int], functions: Set[tuple[str, str]]
+) -> str | None:
+    """Look the node up the way ``ReferenceEvaluator`` does: by domain, then in the model's
+    local functions."""
     domain = "" if node.domain in ("", "ai.onnx") else node.domain
     version = opsets.get(domain)
     missing = _NEEDS.get(node.op_type)
     if missing and importlib.util.find_spec(missing) is None:
         return f"the reference {node.op_type} needs the {missing} package"
+    if (node.domain, node.op_type) in functions:
+        return None
+    loader = _LOADERS.get(domain)
+    if loader is None:
+        return f"the reference evaluator has no operators in domain {domain!r}"
     try:
-        load_op(domain, node.op_type, version)
+        if domain == "":
+            # Operators defined by an ONNX function are run through their body.
+            load_op(domain, node.op_type, version, evaluator_cls=ReferenceEvaluator)
+        else:
+            importlib.import_module(loader).load_op(domain, node.op_type, version)
     except onnx.reference.op_run.RuntimeContextError:
         return None  # a function the evaluator expands with the node's types at load
     except Exception as exc:

@@ -180,14 +180,55 @@ def _validate(proto: onnx.ModelProto) -> onnx.ModelProto:
             details={"stage": "checker"},
         ) from None
     try:
-        return onnx.shape_inference.infer_shapes(
-            proto, check_type=True, strict_mode=True, data_prop=True
-        )
+        return _infer(proto)
     except (onnx.shape_inference.InferenceError, RuntimeError, ValueError) as exc:
+        # onnx infers the body of a function operator (MeanVarianceNormalization...) without
+        # the schema's defaults for attributes the node omits, and fails on a valid node.
+        # An omitted attribute means its default, so infer again with defaults written out.
+        explicit = _with_default_attributes(proto)
+        if explicit is not None:
+            try:
+                return _infer(explicit)
+            except (onnx.shape_inference.InferenceError, RuntimeError, ValueError):
+                pass
         raise InvalidModelError(
             f"model failed shape inference: {_first_lines(str(exc))}",
             details={"stage": "shape_inference"},
         ) from None
+
+
+def _infer(proto: onnx.ModelProto) -> onnx.ModelProto:
+    return onnx.shape_inference.infer_shapes(
+        proto, check_type=True, strict_mode=True, data_prop=True
+    )
+
+
+def _with_default_attributes(proto: onnx.ModelProto) -> onnx.ModelProto | None:
+    """A copy whose top-level nodes spell out their schemas' attribute defaults, or ``None``
+    when no node omits one."""
+    opsets = {(o.domain or ""): o.version for o in proto.opset_import}
+    missing: list[tuple[int, list[onnx.AttributeProto]]] = []
+    for index, node in enumerate(proto.graph.node):
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        try:
+            schema = onnx.defs.get_schema(node.op_type, opsets.get(domain, 1), domain)
+        except onnx.defs.SchemaError:
+            continue
+        given = {a.name for a in node.attribute}
+        defaults = [
+            a.default_value
+            for name, a in schema.attributes.items()
+            if name not in given and a.default_value.type != onnx.AttributeProto.UNDEFINED
+        ]
+        if defaults:
+            missing.append((index, defaults))
+    if not missing:
+        return None
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    for index, defaults in missing:
+        copy.graph.node[index].attribute.extend(defaults)
+    return copy
 
 
 def _first_lines(text: str, limit: int = 3) -> str:

@@ -1,0 +1,1 @@
+"""The official ONNX backend node conformance suite, run through crossrt against each driver."""
