@@ -150,12 +150,9 @@ def test_graph_without_name_is_called_model() -> None:
     assert load_model(proto, validate=False).name == "model"
 
 
-@pytest.mark.xfail(
-    reason="BUG: load_model(path) does not resolve external data next to the model file",
-    strict=True,
-)
 def test_load_model_with_external_data_from_its_path(tmp_path: Path, monkeypatch) -> None:
     proto = make_proto()
+    expected = numpy_helper.to_array(proto.graph.initializer[0])  # save_model edits proto
     onnx.save_model(
         proto,
         tmp_path / "big.onnx",
@@ -169,7 +166,23 @@ def test_load_model_with_external_data_from_its_path(tmp_path: Path, monkeypatch
     monkeypatch.chdir(elsewhere)  # a path relative to the current directory must not matter
     m = load_model(tmp_path / "big.onnx")
     weights = {t.name: numpy_helper.to_array(t) for t in m.proto.graph.initializer}
-    np.testing.assert_array_equal(weights["W"], numpy_helper.to_array(proto.graph.initializer[0]))
+    np.testing.assert_array_equal(weights["W"], expected)
+
+
+def test_missing_external_data_file_is_invalid_model(tmp_path: Path) -> None:
+    onnx.save_model(
+        make_proto(),
+        tmp_path / "big.onnx",
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="weights.bin",
+        size_threshold=0,
+    )
+    (tmp_path / "weights.bin").unlink()
+    with pytest.raises(crossrt.InvalidModelError) as info:
+        load_model(tmp_path / "big.onnx")
+    assert info.value.code is crossrt.StatusCode.INVALID_MODEL
+    assert "external" in info.value.message
 
 
 # -- IO description ----------------------------------------------------------------------

@@ -44,6 +44,8 @@ from .base import (
 from .host import host_cpu
 
 _PROVIDER = "CPUExecutionProvider"
+_C = ort.capi._pybind_state
+_CPU = _C.OrtDevice(_C.OrtDevice.cpu(), _C.OrtDevice.default_memory(), 0)
 _KernelRange = tuple[int, int, dict[str, list[str]]]
 _FLOAT16 = "tensor(float16)"
 _INT_MAX = 2**31 - 1  # the end version of a kernel registered without one
@@ -193,25 +195,29 @@ class OrtProgram(Program):
     def _run_bound(
         self, inputs: Mapping[str, Any], outputs: Mapping[str, np.ndarray]
     ) -> dict[str, np.ndarray]:
-        binding = self.session.io_binding()
+        # The C++ binding objects directly: the Python IOBinding wrapper adds ~30 µs a call.
+        binding = _C.SessionIOBinding(self.session._sess)
         for name, value in inputs.items():
-            binding.bind_cpu_input(name, value)
+            binding.bind_input(name, value)
+        missing = False
         for name in self._output_names:
             out = outputs.get(name)
             if out is None:
-                binding.bind_output(name, "cpu")
+                binding.bind_output(name, _CPU)
+                missing = True
             else:
-                binding.bind_output(name, "cpu", 0, out.dtype, list(out.shape), out.ctypes.data)
+                binding.bind_output(name, _CPU, out.dtype, list(out.shape), out.ctypes.data)
         try:
-            self.session.run_with_iobinding(binding, self._run_options)
+            self.session._sess.run_with_iobinding(binding, self._run_options)
         except Exception as exc:
             raise ExecutionError(f"ONNX Runtime failed to run: {_short(exc)}") from None
+        if not missing:
+            return dict(outputs)
         produced = binding.get_outputs()
-        result: dict[str, np.ndarray] = {}
-        for name, value in zip(self._output_names, produced, strict=True):
-            given = outputs.get(name)
-            result[name] = given if given is not None else value.numpy()
-        return result
+        return {
+            name: outputs[name] if name in outputs else produced[i].numpy()
+            for i, name in enumerate(self._output_names)
+        }
 
     def close(self) -> None:
         del self._run

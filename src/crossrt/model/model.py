@@ -134,7 +134,9 @@ def load_model(source: Any, *, validate: bool = True) -> Model:
                 f"model file {str(path)!r} does not exist; check the path",
                 details={"path": str(path)},
             )
-        return Model(_parse(path.read_bytes(), repr(str(path))), validate=validate)
+        proto = _parse(path.read_bytes(), repr(str(path)))
+        _load_external_data(proto, path)
+        return Model(proto, validate=validate)
     raise InvalidModelError(
         f"cannot load a model from {type(source).__name__}; "
         "give a path, bytes, an onnx.ModelProto or a crossrt.Model"
@@ -158,6 +160,21 @@ def _parse(data: bytes, where: str) -> onnx.ModelProto:
             details={"source": where},
         )
     return proto
+
+
+def _load_external_data(proto: onnx.ModelProto, path: Path) -> None:
+    """Read weights stored beside the model file into the model (ONNX external data)."""
+    tensors = onnx.external_data_helper._get_all_tensors(proto)
+    if not any(onnx.external_data_helper.uses_external_data(t) for t in tensors):
+        return
+    try:
+        onnx.external_data_helper.load_external_data_for_model(proto, str(path.parent))
+    except (OSError, ValueError, onnx.checker.ValidationError) as exc:
+        raise InvalidModelError(
+            f"model {str(path)!r} keeps weights in external files that cannot be read ({exc}); "
+            "keep the data files next to the model as they were saved",
+            details={"path": str(path)},
+        ) from None
 
 
 def _name_nodes(graph: onnx.GraphProto) -> None:
