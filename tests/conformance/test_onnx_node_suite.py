@@ -26,8 +26,27 @@ from .node_cases import NodeCase
 
 EXCLUSIONS = Path(__file__).with_name("exclusions.toml")
 
-# Fewest passing cases accepted per driver (onnx 1.23: 1884 cases).
-MIN_PASSED = {"onnxruntime": 1390, "reference": 1850}
+# Fewest passing cases accepted per configuration (onnx 1.23: 1884 cases).
+MIN_PASSED = {"onnxruntime": 1390, "reference": 1850, "onnxruntime-fallback": 1800}
+
+
+@dataclass(frozen=True)
+class Config:
+    """One way to run the suite: a driver, and where the nodes it cannot run go."""
+
+    name: str  # the exclusions.toml table
+    driver: str
+    fallback: str | None = None
+    unavailable: str = ""  # why it cannot run here
+
+
+def configurations() -> list[Config]:
+    """Each registered driver alone, then onnxruntime with fallback to the other CPU drivers."""
+    statuses = {s.name: s for s in crossrt.driver_statuses()}
+    configs = [Config(s.name, s.name, None, s.reason) for s in statuses.values()]
+    missing = [statuses[n].reason for n in ("onnxruntime", "reference") if not statuses[n].available]
+    configs.append(Config("onnxruntime-fallback", "onnxruntime", "cpu", "; ".join(missing)))
+    return configs
 
 _LISTED = 80  # failing cases spelled out in the assertion message
 
@@ -58,7 +77,7 @@ def load_exclusions(driver: str) -> Exclusions | None:
     return Exclusions(excluded, flaky)
 
 
-def run_suite(cases: list[NodeCase], driver: str) -> dict[str, str | None]:
+def run_suite(cases: list[NodeCase], config: Config) -> dict[str, str | None]:
     """Case name -> ``None`` when it passed, else a one-line description of the failure."""
     results: dict[str, str | None] = {}
     # The evaluators overflow, divide by zero and take logs of zero on purpose.
@@ -66,7 +85,7 @@ def run_suite(cases: list[NodeCase], driver: str) -> dict[str, str | None]:
         warnings.simplefilter("ignore")
         for case in cases:
             try:
-                run_case(case, driver)
+                run_case(case, config.driver, config.fallback)
             except Exception as exc:
                 results[case.name] = _describe(exc)
             else:
@@ -75,20 +94,21 @@ def run_suite(cases: list[NodeCase], driver: str) -> dict[str, str | None]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("status", crossrt.driver_statuses(), ids=lambda s: s.name)
+@pytest.mark.parametrize("config", configurations(), ids=lambda c: c.name)
 def test_onnx_node_suite(
-    status: crossrt.drivers.DriverStatus,
+    config: Config,
     node_cases: list[NodeCase],
     conformance_summary: dict[str, str],
 ) -> None:
-    if status.driver is None:
-        pytest.skip(f"driver {status.name!r} is unavailable: {status.reason}")
-    rules = load_exclusions(status.name)
+    if config.unavailable:
+        pytest.skip(f"{config.name} cannot run here: {config.unavailable}")
+    rules = load_exclusions(config.name)
     if rules is None:
-        pytest.skip(f"no [{status.name}] table in {EXCLUSIONS.name}: no baseline for this driver")
+        pytest.skip(f"no [{config.name}] table in {EXCLUSIONS.name}: no baseline for it")
+    version = crossrt.drivers.get_driver(config.driver).version
 
     start = time.perf_counter()
-    results = run_suite(node_cases, status.name)
+    results = run_suite(node_cases, config)
     seconds = time.perf_counter() - start
 
     passed = [name for name, error in results.items() if error is None]
@@ -99,9 +119,9 @@ def test_onnx_node_suite(
     }
     fixed = sorted(name for name in passed if name in rules.excluded)
     unknown = sorted(rules.names - results.keys())
-    minimum = MIN_PASSED.get(status.name, 0)
-    conformance_summary[status.name] = (
-        f"{status.name} ({status.driver.version}): {len(passed)} passed / "
+    minimum = MIN_PASSED.get(config.name, 0)
+    conformance_summary[config.name] = (
+        f"{config.name} ({version}): {len(passed)} passed / "
         f"{len(rules.names)} excluded ({len(rules.flaky)} flaky) / "
         f"{len(results)} total; {len(failed)} failed unexpectedly, {len(fixed)} excluded but "
         f"passed; threshold {minimum}; {seconds:.1f} s"
@@ -112,17 +132,17 @@ def test_onnx_node_suite(
         listed = "\n".join(f"  {name}: {error}" for name, error in list(failed.items())[:_LISTED])
         more = f"\n  ... and {len(failed) - _LISTED} more" if len(failed) > _LISTED else ""
         problems.append(
-            f"{len(failed)} cases failed that {EXCLUSIONS.name} [{status.name}] does not "
+            f"{len(failed)} cases failed that {EXCLUSIONS.name} [{config.name}] does not "
             f"exclude:\n{listed}{more}"
         )
     if fixed:
         problems.append(
-            f"{len(fixed)} excluded cases now pass; remove them from [{status.name}] in "
+            f"{len(fixed)} excluded cases now pass; remove them from [{config.name}] in "
             f"{EXCLUSIONS.name}: {', '.join(fixed)}"
         )
     if unknown:
         problems.append(
-            f"{EXCLUSIONS.name} [{status.name}] names cases onnx {onnx.__version__} does not "
+            f"{EXCLUSIONS.name} [{config.name}] names cases onnx {onnx.__version__} does not "
             f"have: {', '.join(unknown)}"
         )
     if len(passed) < minimum:

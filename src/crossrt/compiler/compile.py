@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 from ..config import settings
-from ..drivers.registry import resolve_device
-from ..errors import UnsupportedError
-from ..model import load_model
+from ..drivers.base import CompileOptions, DeviceInfo, Driver
+from ..drivers.registry import available_drivers, parse_device, resolve_device
+from ..errors import DeviceUnavailableError, UnsupportedError
+from ..model import Model, load_model
 from .executable import Executable, ExecutableNode
 from .options import parse_options
+from .partition import assign, region_model, regions
 
 log = logging.getLogger("crossrt")
 
@@ -19,17 +22,24 @@ _LISTED = 10  # nodes named in an error before "and N more"
 
 
 def compile(
-    model: Any, device: str | None = None, *, driver: str | None = None, **options: Any
+    model: Any,
+    device: str | None = None,
+    *,
+    driver: str | None = None,
+    fallback: str | Sequence[str] | None = None,
+    **options: Any,
 ) -> Executable:
     """Compile a model for a device.
 
-    Placement is strict: if the driver cannot run every node, nothing is compiled and the
-    error lists the nodes it cannot run.
+    Placement is strict by default: if the driver cannot run every node, nothing is compiled
+    and the error lists the nodes it cannot run. With ``fallback``, the nodes the target
+    cannot run are placed on the fallback devices instead, in priority order.
 
     Args:
         model: a :class:`Model`, a path, serialized bytes or an ``onnx.ModelProto``.
         device: ``"cpu"``, ``"cpu:0"``...; default ``CROSSRT_DEFAULT_DEVICE`` or ``"cpu"``.
         driver: the driver to use; default the most preferred one serving the device.
+        fallback: a device (or devices, in priority order) for nodes the target cannot run.
         **options: ``performance_mode``, ``priority``, ``fp16``, ``extensions``.
 
     Returns:
@@ -45,7 +55,70 @@ def compile(
     opts = parse_options(**options)
     drv, dev = resolve_device(device or settings().default_device, driver)
     drv.check_options(opts, dev)
+    return build(model, drv, dev, opts, fallback)
 
+
+def build(
+    model: Model,
+    drv: Driver,
+    dev: DeviceInfo,
+    opts: CompileOptions,
+    fallback: str | Sequence[str] | None = None,
+) -> Executable:
+    """Place and compile a loaded model whose device and options are already checked."""
+    if fallback is None:
+        _check_strict(model, drv, dev)
+        candidates = [(drv, dev)]
+        assignment = [0] * len(model.nodes)
+    else:
+        candidates = [(drv, dev), *_fallback_candidates(fallback, drv, dev)]
+        assignment = assign(model, candidates)
+
+    if all(a == 0 for a in assignment):
+        parts = [
+            (0, model, tuple(s.name for s in model.inputs), tuple(s.name for s in model.outputs))
+        ]
+    else:
+        parts = [
+            (r.candidate, region_model(model, r, f"{model.name}_{n}"), r.inputs, r.outputs)
+            for n, r in enumerate(regions(model, assignment))
+        ]
+    nodes = []
+    for n, (c, part, ins, outs) in enumerate(parts):
+        part_drv, part_dev = candidates[c]
+        part_opts = opts if c == 0 else _options_for(part_drv, part_dev, opts)
+        nodes.append(
+            ExecutableNode(
+                name=f"{part_drv.name}_{n}",
+                driver=part_drv.name,
+                driver_version=part_drv.version,
+                device_kind=part_dev.kind.value,
+                inputs=ins,
+                outputs=outs,
+                op_types=dict(Counter(node.op_type for node in part.nodes)),
+                artifact=part_drv.compile(part, part_dev, part_opts),
+            )
+        )
+    log.info(
+        "compiled %r for %s: %s",
+        model.name,
+        dev.id,
+        "; ".join(
+            f"{n.name} on {n.device_kind} ({sum(n.op_types.values())} operators)" for n in nodes
+        ),
+    )
+    return Executable(
+        name=model.name,
+        content_hash=model.content_hash,
+        device=dev.id,
+        inputs=tuple(model.inputs),
+        outputs=tuple(model.outputs),
+        nodes=tuple(nodes),
+        options=opts,
+    )
+
+
+def _check_strict(model: Model, drv: Driver, dev: DeviceInfo) -> None:
     reasons = drv.unsupported_reasons(model, dev)
     refused = [
         {"name": node.name, "op_type": node.op_type, "reason": why}
@@ -60,35 +133,41 @@ def compile(
         raise UnsupportedError(
             f"driver {drv.name!r} on {dev.id} cannot run {len(refused)} of "
             f"{len(reasons)} nodes of {model.name!r}: {listed}{more}. Choose another device "
-            "or driver, or change the model",
+            'or driver, allow fallback="cpu", or change the model',
             details={"driver": drv.name, "device": dev.id, "nodes": refused},
         )
 
-    artifact = drv.compile(model, dev, opts)
-    op_types = dict(Counter(n.op_type for n in model.nodes))
-    node = ExecutableNode(
-        name=f"{drv.name}_0",
-        driver=drv.name,
-        driver_version=drv.version,
-        device_kind=dev.kind.value,
-        inputs=tuple(s.name for s in model.inputs),
-        outputs=tuple(s.name for s in model.outputs),
-        op_types=op_types,
-        artifact=artifact,
-    )
-    log.info(
-        "compiled %r for %s: 1 node on driver %s (%d operators)",
-        model.name,
-        dev.id,
-        drv.name,
-        len(model.nodes),
-    )
-    return Executable(
-        name=model.name,
-        content_hash=model.content_hash,
-        device=dev.id,
-        inputs=tuple(model.inputs),
-        outputs=tuple(model.outputs),
-        nodes=(node,),
-        options=opts,
-    )
+
+def _fallback_candidates(
+    fallback: str | Sequence[str], target: Driver, target_device: DeviceInfo
+) -> list[tuple[Driver, DeviceInfo]]:
+    """Every (driver, device) the fallback devices name, in priority order, target excluded."""
+    wanted = [fallback] if isinstance(fallback, str) else list(fallback)
+    found: list[tuple[Driver, DeviceInfo]] = []
+    for spec in wanted:
+        kind, index = parse_device(spec)
+        for drv in available_drivers():
+            for info in drv.devices():
+                info_kind, info_index = parse_device(info.id)
+                if info_kind != kind or (index is not None and index != info_index):
+                    continue
+                if drv is target and info.id == target_device.id:
+                    continue
+                if all(d is not drv or i.id != info.id for d, i in found):
+                    found.append((drv, info))
+    if not found:
+        raise DeviceUnavailableError(
+            f"fallback {wanted} names no device another driver serves; run `crossrt ls`",
+            details={"fallback": wanted},
+        )
+    return found
+
+
+def _options_for(drv: Driver, dev: DeviceInfo, opts: CompileOptions) -> CompileOptions:
+    """The options as they apply to a fallback node: what it cannot honour is dropped."""
+    try:
+        drv.check_options(opts, dev)
+    except DeviceUnavailableError as exc:
+        log.warning("fallback node on %s uses default options: %s", drv.name, exc.message)
+        return CompileOptions()
+    return opts

@@ -44,6 +44,8 @@ from .base import (
 from .host import host_cpu
 
 _PROVIDER = "CPUExecutionProvider"
+# ONNX element types NumPy has only through ml_dtypes: bfloat16 and newer (16 and up).
+_UNEXCHANGEABLE = frozenset(range(onnx.TensorProto.BFLOAT16, 64))
 _C = ort.capi._pybind_state
 _CPU = _C.OrtDevice(_C.OrtDevice.cpu(), _C.OrtDevice.default_memory(), 0)
 _KernelRange = tuple[int, int, dict[str, list[str]]]
@@ -102,7 +104,25 @@ class OnnxRuntimeDriver(Driver):
             why = f"ai.onnx opset {onnx_opset} is newer than ORT {self.version} supports"
             return [f"{why} (max {known.max_opset})"] * len(nodes)
         types = model.value_types()
-        return [_node_reason(node, model.opsets, types, known, depth=0) for node in nodes]
+        reasons = [_node_reason(node, model.opsets, types, known, depth=0) for node in nodes]
+        # ORT's Python binding cannot take or return NumPy arrays of ml_dtypes' types
+        # (bfloat16, float8, int4...), so nodes reading or writing such a graph input or output
+        # cannot run here, even with a kernel; inside the graph those types are fine.
+        boundary = {
+            v.name: v.type.tensor_type.elem_type
+            for v in (*model.proto.graph.input, *model.proto.graph.output)
+            if v.type.tensor_type.elem_type in _UNEXCHANGEABLE
+        }
+        if boundary:
+            for i, node in enumerate(nodes):
+                touched = [v for v in (*node.input, *node.output) if v in boundary]
+                if touched and reasons[i] is None:
+                    kind = onnx.TensorProto.DataType.Name(boundary[touched[0]]).lower()
+                    reasons[i] = (
+                        f"ONNX Runtime's Python API cannot pass {kind} tensors such as "
+                        f"{touched[0]!r} in or out of a session"
+                    )
+        return reasons
 
     def _registry(self) -> _OrtRegistry:
         with self._lock:
@@ -148,7 +168,7 @@ class OnnxRuntimeDriver(Driver):
 
     def load(
         self,
-        artifact: bytes,
+        artifact: bytes | memoryview,
         device: DeviceInfo,
         cores: Sequence[int],
         options: CompileOptions,
@@ -163,7 +183,9 @@ class OnnxRuntimeDriver(Driver):
             # Low power: idle pool threads sleep instead of spin-waiting for work.
             so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         try:
-            session = ort.InferenceSession(artifact, so, providers=[_PROVIDER])
+            # InferenceSession takes bytes only; a view into a .crm file is copied here, once.
+            model = bytes(artifact) if isinstance(artifact, memoryview) else artifact
+            session = ort.InferenceSession(model, so, providers=[_PROVIDER])
         except Exception as exc:
             raise CompileError(
                 f"ONNX Runtime {self.version} could not load the artifact: {_short(exc)}",

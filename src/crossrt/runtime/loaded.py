@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -48,7 +48,7 @@ class LoadedModel:
         self,
         runtime: Runtime,
         executable: Executable,
-        program: Program,
+        programs: Sequence[Program],
         device: DeviceInfo,
         cores: tuple[int, ...],
     ) -> None:
@@ -56,11 +56,19 @@ class LoadedModel:
         self.device = device
         self.cores = cores
         self._runtime = runtime
-        self._program: Program | None = program
+        self._programs: list[Program] = list(programs)
         self._checker = InputChecker(executable.inputs)
         self._released: tuple[type[Exception], str] | None = None
         self._lock = threading.Lock()
-        self._execute: Callable[..., dict[str, np.ndarray]] = program.run
+        # One node: call its program directly, no graph walk on the hot path.
+        self._execute: Callable[..., dict[str, np.ndarray]] = (
+            programs[0].run if len(programs) == 1 else self._walk
+        )
+        self._steps = [
+            (node.inputs, program.run)
+            for node, program in zip(executable.nodes, programs, strict=True)
+        ]
+        self._output_names = tuple(s.name for s in executable.outputs)
 
     @property
     def name(self) -> str:
@@ -115,6 +123,19 @@ class LoadedModel:
                 raise self._released[0](self._released[1]) from None
             raise
 
+    def _walk(
+        self, feed: dict[str, Any], outputs: Mapping[str, np.ndarray] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Run a multi-node executable: each node on its driver, tensors passed between them."""
+        values = dict(feed)
+        for inputs, run in self._steps:
+            values.update(run({name: values[name] for name in inputs}))
+        result = {name: values[name] for name in self._output_names}
+        for name, buffer in (outputs or {}).items():
+            np.copyto(buffer, result[name], casting="no")
+            result[name] = buffer
+        return result
+
     def tensor_info(self) -> list[TensorInfo]:
         """Inputs then outputs, with dtype, shape and byte size (nrt_get_model_tensor_info)."""
         infos = []
@@ -139,8 +160,8 @@ class LoadedModel:
             if self._released is not None:
                 return
             self._released = (error, message)
-            program, self._program = self._program, None
-        if program is not None:
+            programs, self._programs = self._programs, []
+        for program in programs:
             program.close()
 
     def _close_from_runtime(self) -> None:

@@ -9,7 +9,7 @@ from types import TracebackType
 from typing import Any
 
 from ..compiler import Executable, compile
-from ..drivers import DeviceInfo, available_drivers, get_driver, resolve_device
+from ..drivers import DeviceInfo, Program, available_drivers, get_driver, resolve_device
 from ..errors import ClosedError, InvalidArgumentError, OutOfResourcesError, StatusCode
 from .loaded import LoadedModel
 
@@ -93,10 +93,8 @@ class Runtime:
             exe = source
         else:
             exe = compile(source, device, driver=driver, **compile_options)
-        node = exe.nodes[0]
-        drv = get_driver(node.driver)
-        target = device or exe.device
-        _, info = resolve_device(target, drv.name)
+        first = get_driver(exe.nodes[0].driver)
+        _, info = resolve_device(device or exe.device, first.name)
         if info.kind.value != exe.device_kind:
             raise InvalidArgumentError(
                 f"{exe.name!r} was compiled for {exe.device_kind}, not {info.id}; compile it "
@@ -104,8 +102,22 @@ class Runtime:
                 details={"compiled_for": exe.device, "device": info.id},
             )
         chosen = _choose_cores(cores, info)
-        program = drv.load(node.artifact, info, chosen, exe.options)
-        loaded = LoadedModel(self, exe, program, info, chosen)
+        programs: list[Program] = []
+        try:
+            for node in exe.nodes:
+                drv = get_driver(node.driver)
+                if node.device_kind == info.kind.value:
+                    _, node_device = resolve_device(info.id, drv.name)
+                    node_cores = chosen
+                else:  # a fallback node on another kind of device: all of its cores
+                    _, node_device = resolve_device(node.device_kind, drv.name)
+                    node_cores = tuple(range(node_device.cores))
+                programs.append(drv.load(node.artifact, node_device, node_cores, exe.options))
+        except BaseException:
+            for program in programs:
+                program.close()
+            raise
+        loaded = LoadedModel(self, exe, programs, info, chosen)
         with self._lock:
             if self._closed:
                 loaded._close_from_runtime()
