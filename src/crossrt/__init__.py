@@ -17,7 +17,16 @@ from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _version
 
 from . import dtypes
-from .compiler import Executable, ExecutableNode, compile
+from .compiler import (
+    Executable,
+    ExecutableNode,
+    compile,
+    executables_to_bytes,
+    list_networks,
+    load_executable,
+    save_executables,
+)
+from .compiler.cache import CacheEntry, CacheStats, CompileCache, cache_stats
 from .drivers import (
     Capabilities,
     CompileOptions,
@@ -38,6 +47,7 @@ from .errors import (
     DeviceUnavailableError,
     ExecutionError,
     InvalidArgumentError,
+    InvalidContainerError,
     InvalidHandleError,
     InvalidInputError,
     InvalidModelError,
@@ -57,8 +67,11 @@ except PackageNotFoundError:  # running from a source tree
     __version__ = "0.0.0+source"
 
 __all__ = [
+    "CacheEntry",
+    "CacheStats",
     "Capabilities",
     "ClosedError",
+    "CompileCache",
     "CompileError",
     "CompileOptions",
     "CrossrtError",
@@ -73,6 +86,7 @@ __all__ = [
     "ExecutionError",
     "GraphBuilder",
     "InvalidArgumentError",
+    "InvalidContainerError",
     "InvalidHandleError",
     "InvalidInputError",
     "InvalidModelError",
@@ -91,8 +105,13 @@ __all__ = [
     "TensorSpec",
     "UnsupportedError",
     "__version__",
+    "cache_stats",
     "compile",
     "driver_statuses",
     "dtypes",
+    "executables_to_bytes",
+    "list_networks",
+    "load_executable",
     "load_model",
+    "save_executables",
 ]

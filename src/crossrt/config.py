@@ -6,13 +6,17 @@ first. Later capabilities add their variables here, never by reading ``os.enviro
 
 from __future__ import annotations
 
+import itertools
 import os
-from collections.abc import Mapping
+import re
+import tempfile
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from .errors import InvalidOptionError
 
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_BOOLEANS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 
 
 @dataclass(frozen=True)
@@ -24,11 +28,37 @@ class Settings:
         log_level: level of the ``crossrt`` logger (``CROSSRT_LOG_LEVEL``, "WARNING").
         disabled_drivers: drivers not to use even when installed (``CROSSRT_DISABLE_DRIVERS``,
             a comma-separated list).
+        cache_dir: directory of the compiled-model cache ``compile()`` uses when a call names
+            none (``CROSSRT_CACHE_DIR``); ``None``: no cache.
+        cache_max_bytes: size budget of that cache, least recently used entries evicted past
+            it (``CROSSRT_CACHE_MAX_SIZE``: bytes, or ``500M``, ``2G``...); ``None``: no limit.
+        validate_hash: check the SHA-256 of every section of a ``.crm`` container loaded
+            (``CROSSRT_VALIDATE_HASH``: 1/true/yes or 0/false/no, default on); the header's
+            hash is always checked.
+        visible_cores: the host CPUs to reserve exclusively (``CROSSRT_VISIBLE_CORES``: one
+            core ``3``, a range ``3-6`` or a contiguous list ``3,4,5``); ``None``: not set.
+        num_cores: how many free host CPUs to reserve exclusively (``CROSSRT_NUM_CORES``; 0:
+            every free one); ``None``: not set. ``visible_cores`` wins when both are set.
+        runtime_dir: where the core lock files live (``CROSSRT_RUNTIME_DIR``, else
+            ``$XDG_RUNTIME_DIR/crossrt``, else ``/run/crossrt`` for root, else
+            ``crossrt-<uid>`` in the temporary directory).
+        runtime_dir_is_default: ``runtime_dir`` was not named by ``CROSSRT_RUNTIME_DIR``.
+        memlog_max_entries: how many memory events the allocation log keeps, dumped as CSV
+            when an allocation fails (``CROSSRT_MEMLOG_MAX_SIZE``, like Neuron's
+            ``NEURON_RT_DEBUG_MEMLOG_MAX_SIZE``; default 65536; 0 keeps none).
     """
 
     default_device: str = "cpu"
     log_level: str = "WARNING"
     disabled_drivers: frozenset[str] = frozenset()
+    validate_hash: bool = True
+    cache_dir: str | None = None
+    cache_max_bytes: int | None = None
+    visible_cores: tuple[int, ...] | None = None
+    num_cores: int | None = None
+    runtime_dir: str = ""
+    runtime_dir_is_default: bool = True
+    memlog_max_entries: int = 65536
 
 
 def settings(environ: Mapping[str, str] | None = None) -> Settings:
@@ -43,4 +73,146 @@ def settings(environ: Mapping[str, str] | None = None) -> Settings:
     disabled = frozenset(
         name.strip() for name in env.get("CROSSRT_DISABLE_DRIVERS", "").split(",") if name.strip()
     )
-    return Settings(default_device=device, log_level=level, disabled_drivers=disabled)
+    cache_dir = env.get("CROSSRT_CACHE_DIR", "").strip() or None
+    max_size = env.get("CROSSRT_CACHE_MAX_SIZE", "").strip()
+    cache_max_bytes = parse_size(max_size, "CROSSRT_CACHE_MAX_SIZE") if max_size else None
+    validate = env.get("CROSSRT_VALIDATE_HASH", "").strip().lower() or "1"
+    if validate not in _BOOLEANS:
+        raise InvalidOptionError(
+            f"CROSSRT_VALIDATE_HASH={validate!r} is not a boolean; use 1, true or yes to check "
+            "the section hashes of .crm containers, 0, false or no to skip them",
+            details={"setting": "CROSSRT_VALIDATE_HASH", "value": validate},
+        )
+    return Settings(
+        default_device=device,
+        log_level=level,
+        disabled_drivers=disabled,
+        validate_hash=_BOOLEANS[validate],
+        cache_dir=cache_dir,
+        cache_max_bytes=cache_max_bytes,
+        visible_cores=_visible_cores(env),
+        num_cores=_num_cores(env),
+        runtime_dir=env.get("CROSSRT_RUNTIME_DIR", "").strip() or _default_runtime_dir(env),
+        runtime_dir_is_default=not env.get("CROSSRT_RUNTIME_DIR", "").strip(),
+        memlog_max_entries=_memlog_max_entries(env),
+    )
+
+
+def _memlog_max_entries(env: Mapping[str, str]) -> int:
+    text = env.get("CROSSRT_MEMLOG_MAX_SIZE", "").strip()
+    if not text:
+        return 65536
+    if not re.fullmatch(r"[0-9]{1,9}", text):
+        raise InvalidOptionError(
+            f"CROSSRT_MEMLOG_MAX_SIZE={text!r} is not an entry count; write how many memory "
+            "events the allocation log keeps (a whole number; 0 keeps none)",
+            details={"setting": "CROSSRT_MEMLOG_MAX_SIZE", "value": text},
+        )
+    return int(text)
+
+
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(?:([KMGT])I?)?B?", re.IGNORECASE)
+
+
+def parse_size(text: str, what: str = "size") -> int:
+    """Bytes from ``"1048576"``, ``"500M"``, ``"2G"``, ``"1.5GiB"`` (K, M, G, T are powers of 1024).
+
+    Args:
+        text: the size as written.
+        what: what the size is for (``"--max-size"``), named in the error.
+
+    Raises:
+        InvalidOptionError: the text is not a size.
+    """
+    match = _SIZE.fullmatch(text.strip())
+    if match is None:
+        raise InvalidOptionError(
+            f"{what}={text!r} is not a size; write bytes or a number with K, M, G or T "
+            "(powers of 1024), e.g. 500M or 2G",
+            details={"setting": what, "value": text},
+        )
+    number, unit = match.groups()
+    return int(float(number) * _SIZE_UNITS[(unit or "").upper()])
+
+
+_CORE_ITEM = re.compile(r"([0-9]{1,5})(?:-([0-9]{1,5}))?")  # Linux caps CPUs at 8192
+
+
+def parse_core_list(text: str, what: str = "CROSSRT_VISIBLE_CORES") -> tuple[int, ...]:
+    """Host CPU numbers from ``"3"``, ``"3-6"`` or ``"3,4,5"`` (NEURON_RT_VISIBLE_CORES syntax).
+
+    Items are single cores or ranges separated by commas; together they must form one
+    contiguous range, as Neuron requires.
+
+    Args:
+        text: the list as written.
+        what: where it came from, named in the error.
+
+    Raises:
+        InvalidOptionError: bad syntax, a core listed twice, or a gap in the range.
+    """
+    cores: list[int] = []
+    for item in text.split(","):
+        match = _CORE_ITEM.fullmatch(item.strip())
+        first, last = (int(match[1]), int(match[2] or match[1])) if match else (0, -1)
+        if last < first:
+            raise InvalidOptionError(
+                f"{what}={text!r} is not a core list; write one core (3), a range (3-6) or a "
+                "contiguous list (3,4,5) of host CPU numbers",
+                details={"setting": what, "value": text},
+            )
+        cores += range(first, last + 1)
+    return contiguous_cores(cores, what)
+
+
+def contiguous_cores(cores: Iterable[int], what: str = "CROSSRT_VISIBLE_CORES") -> tuple[int, ...]:
+    """``cores`` sorted, checked to be distinct and to form one contiguous range.
+
+    Raises:
+        InvalidOptionError: a core is listed twice or the range has a gap.
+    """
+    chosen = sorted(cores)
+    shown = ",".join(map(str, chosen))
+    for a, b in itertools.pairwise(chosen):
+        if a == b:
+            raise InvalidOptionError(
+                f"{what}={shown}: core {a} is listed twice; list each core once",
+                details={"setting": what, "value": shown},
+            )
+        if b != a + 1:
+            raise InvalidOptionError(
+                f"{what}={shown}: the cores must form one contiguous range, as with "
+                f"NEURON_RT_VISIBLE_CORES, but {a + 1} is missing; reserve the whole range "
+                f"{chosen[0]}-{chosen[-1]}, or start one process per contiguous range",
+                details={"setting": what, "value": shown},
+            )
+    return tuple(chosen)
+
+
+def _visible_cores(env: Mapping[str, str]) -> tuple[int, ...] | None:
+    text = env.get("CROSSRT_VISIBLE_CORES", "").strip()
+    return parse_core_list(text) if text else None
+
+
+def _num_cores(env: Mapping[str, str]) -> int | None:
+    text = env.get("CROSSRT_NUM_CORES", "").strip()
+    if not text:
+        return None
+    if not re.fullmatch(r"[0-9]{1,5}", text):
+        raise InvalidOptionError(
+            f"CROSSRT_NUM_CORES={text!r} is not a core count; write a whole number of cores to "
+            "reserve (0 reserves every free core)",
+            details={"setting": "CROSSRT_NUM_CORES", "value": text},
+        )
+    return int(text)
+
+
+def _default_runtime_dir(env: Mapping[str, str]) -> str:
+    xdg = env.get("XDG_RUNTIME_DIR", "").strip()
+    if xdg:
+        return os.path.join(xdg, "crossrt")
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        return "/run/crossrt"
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    return os.path.join(tempfile.gettempdir(), f"crossrt-{uid}")

@@ -116,6 +116,12 @@ class InvalidModelError(CrossrtError, ValueError):
     default_code = StatusCode.INVALID_MODEL
 
 
+class InvalidContainerError(CrossrtError, ValueError):
+    """A compiled-model container (``.crm``) is corrupt, truncated or fails validation."""
+
+    default_code = StatusCode.INVALID
+
+
 class ModelNotFoundError(CrossrtError, FileNotFoundError):
     """A model path does not exist."""
 

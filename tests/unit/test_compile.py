@@ -287,7 +287,7 @@ def test_low_performance_mode_reaches_the_session():
     exe = crossrt.compile(_relu_model(), driver="onnxruntime", performance_mode="low")
     with crossrt.Runtime() as rt:
         loaded = rt.load(exe)
-        so = loaded._program.session.get_session_options()
+        so = loaded._programs[0].session.get_session_options()
         assert so.get_session_config_entry("session.intra_op.allow_spinning") == "0"
 
 

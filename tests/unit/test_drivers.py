@@ -290,7 +290,7 @@ def test_ort_intra_op_threads_follow_cores(cores):
     exe = crossrt.compile(_relu_model(), driver="onnxruntime")
     with crossrt.Runtime() as rt:
         loaded = rt.load(exe, cores=cores)
-        so = loaded._program.session.get_session_options()
+        so = loaded._programs[0].session.get_session_options()
         assert so.intra_op_num_threads == cores
         assert so.inter_op_num_threads == 1
         assert so.execution_mode == ort.ExecutionMode.ORT_SEQUENTIAL
@@ -300,7 +300,7 @@ def test_ort_threads_for_a_core_list():
     exe = crossrt.compile(_relu_model(), driver="onnxruntime")
     with crossrt.Runtime() as rt:
         loaded = rt.load(exe, cores=[CORES - 1])
-        assert loaded._program.session.get_session_options().intra_op_num_threads == 1
+        assert loaded._programs[0].session.get_session_options().intra_op_num_threads == 1
 
 
 def test_ort_artifact_is_an_onnx_model():

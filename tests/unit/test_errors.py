@@ -16,6 +16,7 @@ from crossrt.errors import (
     DeviceUnavailableError,
     ExecutionError,
     InvalidArgumentError,
+    InvalidContainerError,
     InvalidHandleError,
     InvalidInputError,
     InvalidModelError,
@@ -53,6 +54,7 @@ NRT_STATUS = {
 # class, the builtin it must also be, its default code.
 HIERARCHY = [
     (InvalidArgumentError, ValueError, StatusCode.INVALID),
+    (InvalidContainerError, ValueError, StatusCode.INVALID),
     (InvalidOptionError, ValueError, StatusCode.INVALID_OPTION),
     (InvalidInputError, ValueError, StatusCode.EXEC_BAD_INPUT),
     (InvalidModelError, ValueError, StatusCode.INVALID_MODEL),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -12,6 +13,7 @@ from ..drivers.base import CompileOptions, DeviceInfo, Driver
 from ..drivers.registry import available_drivers, parse_device, resolve_device
 from ..errors import DeviceUnavailableError, UnsupportedError
 from ..model import Model, load_model
+from .cache import shared_cache
 from .executable import Executable, ExecutableNode
 from .options import parse_options
 from .partition import assign, region_model, regions
@@ -27,6 +29,8 @@ def compile(
     *,
     driver: str | None = None,
     fallback: str | Sequence[str] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_version: int = 0,
     **options: Any,
 ) -> Executable:
     """Compile a model for a device.
@@ -40,21 +44,35 @@ def compile(
         device: ``"cpu"``, ``"cpu:0"``...; default ``CROSSRT_DEFAULT_DEVICE`` or ``"cpu"``.
         driver: the driver to use; default the most preferred one serving the device.
         fallback: a device (or devices, in priority order) for nodes the target cannot run.
+        cache_dir: a compiled-model cache directory (OH_NNCompilation_SetCache); default
+            ``CROSSRT_CACHE_DIR``; no cache when both are unset. A hit returns the stored
+            executable without compiling, or, for a model file seen before, even parsing it.
+        cache_version: the cache version (NNRt's): a cached entry of an older version is
+            rebuilt; one of a newer version is an error.
         **options: ``performance_mode``, ``priority``, ``fp16``, ``extensions``.
 
     Returns:
         The :class:`Executable`.
 
     Raises:
+        InvalidArgumentError: the cache holds the model at a newer ``cache_version``, or the
+            cache directory cannot be used.
         InvalidOptionError: an unknown option or a bad value.
         DeviceUnavailableError: no such device, or an option it cannot honour.
         UnsupportedError: the driver cannot run some nodes (listed by name and op type).
         CompileError: the engine failed to compile.
     """
-    model = load_model(model)
+    cache = shared_cache(cache_dir, cache_version)
+    if cache is None:
+        model = load_model(model)
     opts = parse_options(**options)
     drv, dev = resolve_device(device or settings().default_device, driver)
     drv.check_options(opts, dev)
+    if cache is not None:
+        # The cache loads (and validates) the model only on a miss.
+        return cache.get_or_compile(
+            model, drv, dev, opts, lambda m: build(m, drv, dev, opts, fallback), fallback
+        )
     return build(model, drv, dev, opts, fallback)
 
 

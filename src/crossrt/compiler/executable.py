@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +22,10 @@ class ExecutableNode:
         inputs: tensor names it consumes.
         outputs: tensor names it produces.
         op_types: operator counts of the model nodes it covers.
-        artifact: the driver's compiled artifact (opaque to the runtime).
+        artifact: the driver's compiled artifact (opaque to the runtime): ``bytes`` when
+            compiled, a read-only ``memoryview`` into the file's mmap (or the caller's buffer)
+            when loaded from a ``.crm`` container, so loading copies nothing.
+        cores: the fewest cores of its device the node needs.
     """
 
     name: str
@@ -31,7 +35,8 @@ class ExecutableNode:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     op_types: dict[str, int]
-    artifact: bytes = field(repr=False)
+    artifact: bytes | memoryview = field(repr=False)
+    cores: int = 1
 
     def describe(self) -> dict[str, Any]:
         """A JSON-friendly description (without the artifact)."""
@@ -43,7 +48,10 @@ class ExecutableNode:
             "inputs": list(self.inputs),
             "outputs": list(self.outputs),
             "op_types": dict(self.op_types),
-            "artifact_bytes": len(self.artifact),
+            "artifact_bytes": self.artifact.nbytes
+            if isinstance(self.artifact, memoryview)
+            else len(self.artifact),
+            "cores": self.cores,
         }
 
 
@@ -74,6 +82,31 @@ class Executable:
         """The kind of device (``"cpu"``) the executable was compiled for."""
         return self.device.partition(":")[0]
 
+    @property
+    def cores_required(self) -> int:
+        """The fewest cores a load needs: the most any one node needs."""
+        return max((n.cores for n in self.nodes), default=1)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write this executable to a ``.crm`` container file (see docs/container.md).
+
+        The write is atomic: a temporary file in the same directory is renamed over ``path``,
+        so a reader (or an mmap of the old file) never sees a half-written container.
+
+        Raises:
+            InvalidArgumentError: the file cannot be written, or the options hold a value JSON
+                cannot represent.
+        """
+        from .container import save_executables  # container imports this module
+
+        save_executables([self], path)
+
+    def to_bytes(self) -> bytes:
+        """This executable as the bytes of a ``.crm`` container (what :meth:`save` writes)."""
+        from .container import executables_to_bytes
+
+        return executables_to_bytes([self])
+
     def describe(self) -> dict[str, Any]:
         """A JSON-friendly description of everything but the artifacts."""
         return {
@@ -84,4 +117,5 @@ class Executable:
             "outputs": [s.to_dict() for s in self.outputs],
             "nodes": [n.describe() for n in self.nodes],
             "options": self.options.to_dict(),
+            "cores_required": self.cores_required,
         }

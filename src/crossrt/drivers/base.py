@@ -250,7 +250,7 @@ class Driver(ABC):
     @abstractmethod
     def load(
         self,
-        artifact: bytes,
+        artifact: bytes | memoryview,
         device: DeviceInfo,
         cores: Sequence[int],
         options: CompileOptions,

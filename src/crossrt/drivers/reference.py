@@ -62,11 +62,12 @@ class ReferenceDriver(Driver):
 
     def load(
         self,
-        artifact: bytes,
+        artifact: bytes | memoryview,
         device: DeviceInfo,
         cores: Sequence[int],
         options: CompileOptions,
     ) -> Program:
+        # protobuf parses a memoryview (a view into a .crm file) without a copy.
         return ReferenceProgram(onnx.ModelProto.FromString(artifact))
 
 

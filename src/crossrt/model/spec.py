@@ -9,6 +9,7 @@ import onnx
 
 from .. import dtypes
 from ..dtypes import DType
+from ..errors import InvalidArgumentError
 
 Dim = int | str | None
 """One dimension: a size, a symbolic name (dynamic), or ``None`` (unknown, dynamic)."""
@@ -68,6 +69,58 @@ class TensorSpec:
             "shape": list(self.shape) if self.shape is not None else None,
             "dynamic_axes": list(self.dynamic_axes),
         }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> TensorSpec:
+        """Rebuild a spec from :meth:`to_dict`'s form (``dynamic_axes`` is derived, so ignored).
+
+        Every field is type-checked: the dict may come from a file.
+
+        Raises:
+            InvalidArgumentError: naming the field that is missing or has the wrong type.
+        """
+        if not isinstance(data, dict):
+            raise _bad_field("the tensor spec", "an object", data)
+        name, kind = data.get("name"), data.get("kind", "tensor")
+        if not isinstance(name, str):
+            raise _bad_field("name", "a string", name)
+        if not isinstance(kind, str):
+            raise _bad_field(f"{name!r}: kind", "a string", kind)
+        raw_dtype, raw_shape = data.get("dtype"), data.get("shape")
+        dtype = None
+        if raw_dtype is not None:
+            # crossrt's own names only, the ones to_dict writes (no NumPy spellings).
+            dtype = next((d for d in dtypes.TABLE if d.name == raw_dtype), None)
+            if dtype is None:
+                known = ", ".join(d.name for d in dtypes.TABLE)
+                raise _bad_field(f"{name!r}: dtype", f"null or one of {known}", raw_dtype)
+        shape: tuple[Dim, ...] | None = None
+        if raw_shape is not None:
+            if not isinstance(raw_shape, list) or not all(_is_dim(d) for d in raw_shape):
+                raise _bad_field(
+                    f"{name!r}: shape",
+                    "null or a list of sizes (int >= 0), names (str) or nulls",
+                    raw_shape,
+                )
+            shape = tuple(raw_shape)
+        return cls(name, dtype, shape, kind)
+
+
+def _is_dim(d: Any) -> bool:
+    if isinstance(d, bool):
+        return False
+    return d is None or isinstance(d, str) or (isinstance(d, int) and d >= 0)
+
+
+def _bad_field(field: str, expected: str, got: Any) -> InvalidArgumentError:
+    # Only scalars are shown: a nested value from a file could be huge.
+    scalar = got is None or isinstance(got, str | int | float)
+    shown = repr(got)[:60] if scalar else f"a {type(got).__name__}"
+    return InvalidArgumentError(
+        f"tensor spec field {field} must be {expected}, got {shown}; "
+        "give the form TensorSpec.to_dict() writes",
+        details={"field": field},
+    )
 
 
 def spec_from_value_info(info: onnx.ValueInfoProto) -> TensorSpec:

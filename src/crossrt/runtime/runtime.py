@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import numbers
 import threading
+import weakref
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
 from ..compiler import Executable, compile
-from ..drivers import DeviceInfo, Program, available_drivers, get_driver, resolve_device
+from ..drivers import (
+    DeviceInfo,
+    DeviceKind,
+    Program,
+    available_drivers,
+    get_driver,
+    resolve_device,
+)
 from ..errors import ClosedError, InvalidArgumentError, OutOfResourcesError, StatusCode
+from .cores import format_cpus, reserve_cores
 from .loaded import LoadedModel
 
 
@@ -18,7 +27,24 @@ class Runtime:
     """Loads models onto devices and keeps track of them.
 
     Use it as a context manager, or call :meth:`close` (nrt_close) when done: closing
-    unloads every model, and later calls raise ``CLOSED``.
+    unloads every model, releases its cores, and later calls raise ``CLOSED``.
+
+    Cores (docs/cores.md): with no core arguments and neither ``CROSSRT_VISIBLE_CORES`` nor
+    ``CROSSRT_NUM_CORES`` set, the runtime shares every host CPU the process may use. Asking
+    for cores reserves them for this process alone until every runtime of the process
+    holding them is closed, or the process dies; runtimes of one process share its cores.
+
+    Args:
+        visible_cores: reserve exactly these host CPUs: ``3``, ``"3-6"``, ``"3,4,5"`` or
+            ``[3, 4, 5]``, one contiguous range (``CROSSRT_VISIBLE_CORES``). Wins over
+            ``num_cores``; either argument wins over the environment.
+        num_cores: reserve this many free host CPUs, 0 for every free one
+            (``CROSSRT_NUM_CORES``).
+
+    Raises:
+        InvalidArgumentError: a bad ``visible_cores`` or ``num_cores``.
+        OutOfResourcesError: (LOAD_NOT_ENOUGH_NC) not enough usable or free cores;
+            (EXEC_NC_BUSY) a named core is owned by another process, named in the message.
 
     Example:
         >>> with crossrt.Runtime() as rt:
@@ -26,10 +52,18 @@ class Runtime:
         ...     outputs = model.run({"x": x})
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        visible_cores: str | int | Sequence[int] | None = None,
+        num_cores: int | None = None,
+    ) -> None:
         self._lock = threading.Lock()
         self._models: list[LoadedModel] = []
         self._closed = False
+        self._cores = reserve_cores(visible_cores, num_cores)
+        # An unclosed runtime gives its cores back when collected, not only at exit.
+        self._release_cores = weakref.finalize(self, self._cores.release)
 
     def __enter__(self) -> Runtime:
         return self
@@ -46,6 +80,16 @@ class Runtime:
     def closed(self) -> bool:
         """Whether :meth:`close` was called."""
         return self._closed
+
+    @property
+    def cores(self) -> tuple[int, ...]:
+        """The host CPUs this runtime runs on; core index ``i`` of :meth:`load` is ``cores[i]``."""
+        return self._cores.host_cpus
+
+    @property
+    def exclusive(self) -> bool:
+        """Whether :attr:`cores` are reserved for this process alone."""
+        return self._cores.exclusive
 
     @property
     def models(self) -> list[LoadedModel]:
@@ -101,7 +145,7 @@ class Runtime:
                 f"for {info.id}",
                 details={"compiled_for": exe.device, "device": info.id},
             )
-        chosen = _choose_cores(cores, info)
+        chosen = _choose_cores(cores, info, self.cores if info.kind is DeviceKind.CPU else None)
         programs: list[Program] = []
         try:
             for node in exe.nodes:
@@ -111,7 +155,8 @@ class Runtime:
                     node_cores = chosen
                 else:  # a fallback node on another kind of device: all of its cores
                     _, node_device = resolve_device(node.device_kind, drv.name)
-                    node_cores = tuple(range(node_device.cores))
+                    cpu = node_device.kind is DeviceKind.CPU
+                    node_cores = tuple(range(len(self.cores) if cpu else node_device.cores))
                 programs.append(drv.load(node.artifact, node_device, node_cores, exe.options))
         except BaseException:
             for program in programs:
@@ -126,12 +171,13 @@ class Runtime:
         return loaded
 
     def close(self) -> None:
-        """Unload every model and release the runtime (nrt_close). Safe to call twice."""
+        """Unload every model, release the cores and the runtime (nrt_close). Safe twice."""
         with self._lock:
             self._closed = True
             models, self._models = self._models, []
         for m in models:
             m._close_from_runtime()
+        self._release_cores()
 
     def _forget(self, model: LoadedModel) -> None:
         with self._lock:
@@ -147,8 +193,16 @@ class Runtime:
         return f"Runtime({state})"
 
 
-def _choose_cores(cores: int | Sequence[int] | None, device: DeviceInfo) -> tuple[int, ...]:
-    total = device.cores
+def _choose_cores(
+    cores: int | Sequence[int] | None,
+    device: DeviceInfo,
+    reserved: tuple[int, ...] | None = None,
+) -> tuple[int, ...]:
+    """Core indices for a load: within ``reserved`` (the runtime's host CPUs) when given."""
+    total = device.cores if reserved is None else len(reserved)
+    has = f"{device.id} has {total} cores"
+    if reserved is not None:
+        has = f"this runtime has {total} cores of {device.id} (host CPUs {format_cpus(reserved)})"
     if cores is None:
         return tuple(range(total))
     if isinstance(cores, bool) or not isinstance(cores, numbers.Integral | Sequence):
@@ -161,7 +215,7 @@ def _choose_cores(cores: int | Sequence[int] | None, device: DeviceInfo) -> tupl
             raise InvalidArgumentError(f"cores={cores}: ask for at least one core")
         if cores > total:
             raise OutOfResourcesError(
-                f"asked for {cores} cores but {device.id} has {total}; ask for at most {total}",
+                f"asked for {cores} cores but {has}; ask for at most {total}",
                 code=StatusCode.LOAD_NOT_ENOUGH_NC,
                 details={"requested": cores, "available": total},
             )
@@ -170,8 +224,7 @@ def _choose_cores(cores: int | Sequence[int] | None, device: DeviceInfo) -> tupl
     bad = [c for c in chosen if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < total]
     if not chosen or bad or len(set(chosen)) != len(chosen):
         raise InvalidArgumentError(
-            f"cores={list(chosen)}: give distinct core indices from 0 to {total - 1} "
-            f"({device.id} has {total} cores)",
+            f"cores={list(chosen)}: give distinct core indices from 0 to {total - 1} ({has})",
             details={"cores": list(chosen), "available": total},
         )
     return chosen

@@ -10,6 +10,9 @@ from collections.abc import Sequence
 COMMANDS = {
     "ls": ("crossrt.tools.ls", "list drivers (PASS/FAIL and why), devices, cores and memory"),
     "run": ("crossrt.tools.run", "run a model once on files of inputs and save the outputs"),
+    "compile": ("crossrt.tools.compile", "compile a model for a device into a .crm file"),
+    "cache": ("crossrt.tools.cache", "list, verify and prune a compiled-model cache"),
+    "inspect": ("crossrt.tools.inspect", "show a .crm container: header, networks, IO, nodes"),
 }
 
 

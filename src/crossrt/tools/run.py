@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..compiler import load_executable
 from ..errors import CrossrtError, InvalidArgumentError, InvalidInputError
 from ..model import TensorSpec
 from ..runtime import Runtime
@@ -30,7 +31,7 @@ def parser() -> argparse.ArgumentParser:
         "file (OUTPUT_DIR/<name>.npy). Inputs not given are filled with zeros.",
         epilog="example: crossrt run model.onnx --input x=image.npy --output-dir out/",
     )
-    p.add_argument("model", help="an ONNX model file")
+    p.add_argument("model", help="an ONNX model file, or a compiled .crm container")
     p.add_argument(
         "--input",
         "-i",
@@ -43,6 +44,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", "-d", default=None, help="device to run on (default: cpu)")
     p.add_argument("--driver", default=None, help="driver to use (default: the preferred one)")
     p.add_argument(
+        "--network", default=None, help="for a .crm holding several networks, which one to run"
+    )
+    p.add_argument(
         "--output-dir", "-o", default="outputs", help="where to write outputs (default: outputs)"
     )
     return p
@@ -53,7 +57,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         with Runtime() as rt:
-            model = rt.load(args.model, args.device, driver=args.driver)
+            if args.model.endswith(".crm"):
+                # Already compiled: the container's drivers are checked, nothing is compiled.
+                exe = load_executable(args.model, args.network)
+                model = rt.load(exe, args.device, driver=args.driver)
+            else:
+                model = rt.load(args.model, args.device, driver=args.driver)
             given = _read_inputs(args.input, model.inputs)
             feed = {s.name: given[s.name] if s.name in given else _zeros(s) for s in model.inputs}
             start = time.perf_counter()

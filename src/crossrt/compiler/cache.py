@@ -1,0 +1,419 @@
+"""The compiled-model cache: content-addressed ``.crm`` entries in a directory (NNRt SetCache).
+
+``compile(model, device, cache_dir=...)`` looks a model up by a key over everything its
+compiled form depends on (see :mod:`.cache_keys`) and, on a miss, compiles and stores it. A
+slot (the model on a target) holds one entry, and NNRt's version rules apply to it: an entry
+built with an older cache version is rebuilt and replaced; one built with a newer version is
+an error. An entry that fails to load (its SHA-256 does not match, it is truncated...) is
+rebuilt with a warning, never returned. A size budget evicts the least recently used entries
+after each insert.
+
+Processes share a directory safely: files are renamed into place, the directory's metadata
+changes under an exclusive ``flock``, and one process at a time builds a given slot, so
+processes compiling one model at once compile it once and leave one entry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ..config import settings
+from ..drivers.base import CompileOptions, DeviceInfo, Driver
+from ..drivers.registry import resolve_device
+from ..errors import CrossrtError, InvalidArgumentError, StatusCode
+from ..model import Model
+from .cache_keys import fallback_material, identify, json_safe, key_of, slot_of
+from .cache_store import CacheEntry, EntryStore
+from .container import FORMAT_VERSION, load_executable
+from .executable import Executable
+
+__all__ = ["CacheEntry", "CacheStats", "CompileCache", "cache_stats", "shared_cache"]
+
+log = logging.getLogger("crossrt")
+
+
+@dataclass
+class CacheStats:
+    """What a cache did.
+
+    Attributes:
+        hits: compiles answered from the cache.
+        misses: compiles that had to build (rebuilds included).
+        rebuilds: misses that replaced a corrupt entry or one of an older cache version.
+        evictions: entries removed to keep within the size budget.
+        compile_seconds: time spent building on misses.
+    """
+
+    hits: int = 0
+    misses: int = 0
+    rebuilds: int = 0
+    evictions: int = 0
+    compile_seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-friendly form."""
+        return asdict(self)
+
+
+_process_stats = CacheStats()
+_stats_lock = threading.Lock()
+
+
+def cache_stats() -> CacheStats:
+    """A snapshot of the counters of every compile cache in this process, added up."""
+    with _stats_lock:
+        return replace(_process_stats)
+
+
+class CompileCache:
+    """A directory of compiled models (OH_NNCompilation_SetCache).
+
+    Args:
+        directory: where entries live; created when missing.
+        version: the user cache version (NNRt's cache version): an entry built with an older
+            version is rebuilt, one built with a newer version is refused.
+        max_bytes: size budget; after each insert the least recently used entries are evicted
+            until the entries fit. ``None``: no limit.
+
+    Raises:
+        InvalidArgumentError: the directory cannot be created, or a bad version or budget.
+
+    Example:
+        >>> cache = CompileCache("~/.cache/crossrt", version=1, max_bytes=2 << 30)
+        >>> exe = crossrt.compile("model.onnx", "cpu", cache_dir=cache.directory)
+    """
+
+    def __init__(
+        self, directory: str | os.PathLike[str], version: int = 0, max_bytes: int | None = None
+    ) -> None:
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise InvalidArgumentError(
+                f"cache version {version!r} is not valid; give an integer >= 0"
+            )
+        if max_bytes is not None and (
+            isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0
+        ):
+            raise InvalidArgumentError(
+                f"cache max_bytes={max_bytes!r} is not valid; give bytes >= 0, or None"
+            )
+        self.directory = Path(directory).expanduser().absolute()
+        self.version = version
+        self.max_bytes = max_bytes
+        self._store = EntryStore(self.directory)
+        self._stats = CacheStats()
+
+    @property
+    def stats(self) -> CacheStats:
+        """A snapshot of this cache object's counters."""
+        with _stats_lock:
+            return replace(self._stats)
+
+    def key(
+        self,
+        content_hash: str,
+        driver: Driver,
+        device: DeviceInfo,
+        options: CompileOptions,
+        fallback: str | Sequence[str] | None = None,
+    ) -> str:
+        """The entry key of a model (by :attr:`Model.content_hash`) on a target at
+        :attr:`version`."""
+        return key_of(slot_of(content_hash, driver, device, options, fallback), self.version)
+
+    # -- compile through the cache -------------------------------------------------------
+
+    def get_or_compile(
+        self,
+        source: Any,
+        driver: Driver,
+        device: DeviceInfo,
+        options: CompileOptions,
+        build: Callable[[Model], Executable],
+        fallback: str | Sequence[str] | None = None,
+    ) -> Executable:
+        """The cached executable of ``source`` on this target, or ``build(model)``, stored.
+
+        A model file or buffer seen before is recognised by the SHA-256 of its bytes, so a hit
+        neither parses nor validates it; on a miss it is loaded and validated as
+        :func:`crossrt.load_model` does.
+
+        Raises:
+            InvalidArgumentError: (INVALID) the cache holds this model on this target built
+                with a newer cache version than :attr:`version`.
+            CrossrtError: whatever loading the model or ``build`` raises.
+        """
+        source_id = identify(source)
+        if not json_safe(options.to_dict()):
+            log.warning(
+                "compile cache %s: options %r are not plain JSON and cannot be keyed; "
+                "compiling without the cache",
+                self.directory,
+                options.to_dict(),
+            )
+            return build(source_id.load()[0])
+        known = source_id.content_hash
+        if known is None and source_id.digest is not None:
+            known = self._store.alias(source_id.digest)
+        if known is not None:
+            slot = slot_of(known, driver, device, options, fallback)
+            found = self._read(key_of(slot, self.version), known, device)
+            if isinstance(found, Executable):
+                self._count(hits=1)
+                return found
+            if found is None:
+                self._refuse_newer(slot)  # before paying for validation
+        model, aliasable = source_id.load()
+        slot = slot_of(model.content_hash, driver, device, options, fallback)
+        key = key_of(slot, self.version)
+        with self._store.lock(slot):
+            # Another process may have built it while this one waited for the slot.
+            found = self._read(key, model.content_hash, device)
+            if isinstance(found, Executable):
+                self._count(hits=1)
+                exe = found
+            else:
+                rebuilt = self._clear_slot(slot, key, found)
+                self._count(misses=1, rebuilds=int(rebuilt))
+                started = time.perf_counter()
+                try:
+                    exe = build(model)
+                finally:
+                    self._count(compile_seconds=time.perf_counter() - started)
+                self._put(key, slot, exe, fallback)
+        if aliasable and source_id.digest is not None:
+            # Next time these bytes are recognised without parsing or validating them.
+            with contextlib.suppress(OSError):
+                self._store.set_alias(source_id.digest, model.content_hash)
+        return exe
+
+    # -- entries -------------------------------------------------------------------------
+
+    def entries(self) -> list[CacheEntry]:
+        """Every entry, least recently used first."""
+        return self._store.entries()
+
+    def size(self) -> int:
+        """Bytes of all entries."""
+        return sum(e.size for e in self.entries())
+
+    def entry(self, key: str) -> CacheEntry:
+        """The entry of ``key``, or of the one key that starts with ``key`` (a prefix).
+
+        Raises:
+            InvalidArgumentError: no entry (NOT_FOUND), or several, match.
+        """
+        prefix = key.strip().lower()
+        matches = [e for e in self.entries() if prefix and e.key.startswith(prefix)]
+        if len(matches) != 1:
+            what = "no entry" if not matches else f"{len(matches)} entries"
+            raise InvalidArgumentError(
+                f"{what} of cache {str(self.directory)!r} match key {key!r}; run `crossrt "
+                "cache ls` and give one key, or a longer prefix of it",
+                code=StatusCode.NOT_FOUND if not matches else None,
+                details={"key": key, "matches": [e.key for e in matches]},
+            )
+        return matches[0]
+
+    def export_entry(self, key: str) -> bytes:
+        """The ``.crm`` bytes of an entry (OH_NNCompilation_ExportCacheToBuffer).
+
+        Args:
+            key: the key, or a prefix that names one entry.
+        """
+        return self.entry(key).path.read_bytes()
+
+    def import_entry(
+        self, data: bytes | bytearray | memoryview, *, fallback: str | Sequence[str] | None = None
+    ) -> str:
+        """Add an exported entry (OH_NNCompilation_ImportCacheFromBuffer); return its key.
+
+        The container is loaded first (every hash checked, each driver installed at the version
+        it was compiled with), then keyed as :func:`crossrt.compile` keys that model for that
+        target at :attr:`version`, replacing an entry of an older version. Give ``fallback``
+        as it was given to the compile that produced it.
+
+        Raises:
+            CrossrtError: the bytes are not a valid container for the drivers here, or the
+                cache holds the model at a newer version.
+        """
+        payload = bytes(data)
+        exe = load_executable(payload, validate_hash=True, check_drivers=True)
+        primary = next((n for n in exe.nodes if n.device_kind == exe.device_kind), exe.nodes[0])
+        drv, dev = resolve_device(exe.device, primary.driver)
+        slot = slot_of(exe.content_hash, drv, dev, exe.options, fallback)
+        key = key_of(slot, self.version)
+        with self._store.lock(slot):
+            self._clear_slot(slot, key, None)
+            self._put(key, slot, exe, fallback, payload)
+        return key
+
+    def remove(self, key: str) -> None:
+        """Delete the entry of a full key; a missing one is not an error."""
+        with self._store.lock():
+            self._store.unlink(key)
+
+    def verify(self, *, fix: bool = False) -> list[tuple[CacheEntry, str]]:
+        """Load every entry with every hash checked; return the corrupt ones with the reason.
+
+        Args:
+            fix: delete the corrupt entries.
+        """
+        bad = []
+        for entry in self.entries():
+            try:
+                load_executable(entry.path, validate_hash=True, check_drivers=False)
+            except CrossrtError as exc:
+                bad.append((entry, exc.message))
+                if fix:
+                    self.remove(entry.key)
+        return bad
+
+    def prune(self, max_bytes: int | None = None) -> list[CacheEntry]:
+        """Evict least recently used entries until the rest fit ``max_bytes``.
+
+        Also deletes leftovers: metadata without an entry, temporary files of writers that
+        died, source records of models no entry holds.
+
+        Args:
+            max_bytes: the size to fit; default the budget (nothing evicted when it has none);
+                ``0`` clears the cache.
+
+        Returns:
+            The evicted entries.
+        """
+        limit = self.max_bytes if max_bytes is None else max_bytes
+        with self._store.lock():
+            evicted = self._store.evict_locked(limit)
+            self._store.tidy_locked()
+        self._count(evictions=len(evicted))
+        return evicted
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _count(self, **deltas: float) -> None:
+        with _stats_lock:
+            for stats in (self._stats, _process_stats):
+                for name, delta in deltas.items():
+                    setattr(stats, name, getattr(stats, name) + delta)
+
+    def _read(self, key: str, content_hash: str, device: DeviceInfo) -> Executable | str | None:
+        """The entry's executable; ``None`` when there is none; why, when it is unusable."""
+        path = self._store.crm(key)
+        if not path.exists():
+            return None
+        try:
+            exe = load_executable(path, validate_hash=True, check_drivers=True)
+        except CrossrtError as exc:
+            return None if not path.exists() else exc.message  # None: evicted while read
+        if exe.content_hash != content_hash:
+            return f"it holds model content {exe.content_hash[:12]}, not {content_hash[:12]}"
+        self._store.touch(key)
+        # Devices of one fingerprint share entries; the executable names the one asked for.
+        return exe if exe.device == device.id else replace(exe, device=device.id)
+
+    def _refuse_newer(self, slot: str) -> None:
+        for meta in self._store.slot_metadata(slot):
+            version = meta.get("version")
+            if isinstance(version, int) and version > self.version:
+                raise InvalidArgumentError(
+                    f"the cache {str(self.directory)!r} holds version {version} of model "
+                    f"{meta.get('model', '?')!r} for this target, and version {self.version} "
+                    f"was asked for; raise the cache version to {version} or more, or clear "
+                    f"the entry (crossrt cache prune --key {str(meta.get('key', ''))[:12]})",
+                    code=StatusCode.INVALID,
+                    details={"cached_version": version, "requested_version": self.version},
+                )
+
+    def _clear_slot(self, slot: str, key: str, bad: str | None) -> bool:
+        """Before building ``key`` (holding the slot's lock): refuse a newer version, drop an
+        older one and a bad entry. Whether an entry is being replaced."""
+        self._refuse_newer(slot)
+        if bad is not None:
+            log.warning(
+                "compile cache %s: entry %s is corrupt (%s); rebuilding it",
+                self.directory,
+                key[:12],
+                bad,
+            )
+        stale = [str(m["key"]) for m in self._store.slot_metadata(slot) if m.get("key") != key]
+        with self._store.lock():
+            for old in stale:
+                log.info("compile cache %s: replacing older entry %s", self.directory, old[:12])
+                self._store.unlink(old)
+            if bad is not None:
+                self._store.unlink(key)
+        return bad is not None or bool(stale)
+
+    def _put(
+        self,
+        key: str,
+        slot: str,
+        exe: Executable,
+        fallback: str | Sequence[str] | None,
+        payload: bytes | None = None,
+    ) -> None:
+        now = time.time()
+        meta = {
+            "key": key,
+            "slot": slot,
+            "version": self.version,
+            "model": exe.name,
+            "content_hash": exe.content_hash,
+            "driver": ",".join(dict.fromkeys(n.driver for n in exe.nodes)),
+            "driver_versions": {n.driver: n.driver_version for n in exe.nodes},
+            "device": exe.device,
+            "options": exe.options.to_dict(),
+            "fallback": fallback_material(fallback),
+            "format": FORMAT_VERSION,
+            "created": now,
+            "last_used": now,
+        }
+        try:
+            data = exe.to_bytes() if payload is None else payload
+            evicted = self._store.put(key, data, meta, self.max_bytes)
+        except (OSError, CrossrtError) as exc:
+            # The cache only saves time: a full disk must not fail the compile.
+            log.warning("compile cache %s: cannot store %s: %s", self.directory, key[:12], exc)
+            return
+        self._count(evictions=len(evicted))
+
+    def __repr__(self) -> str:
+        where = str(self.directory)
+        return f"CompileCache({where!r}, version={self.version}, max_bytes={self.max_bytes})"
+
+
+_shared: dict[tuple[Path, int, int | None], CompileCache] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_cache(
+    directory: str | os.PathLike[str] | None = None, version: int = 0
+) -> CompileCache | None:
+    """The process's cache object for a directory, so that ``compile()`` calls add up.
+
+    Args:
+        directory: the cache directory; ``None``: ``CROSSRT_CACHE_DIR``, and no cache when
+            that is unset too.
+        version: the user cache version.
+
+    Returns:
+        The cache (its budget from ``CROSSRT_CACHE_MAX_SIZE``), or ``None``.
+    """
+    config = settings()
+    where = directory if directory is not None else config.cache_dir
+    if where is None:
+        return None
+    index = (Path(where).expanduser().absolute(), version, config.cache_max_bytes)
+    with _shared_lock:
+        cache = _shared.get(index)
+        if cache is None:
+            cache = _shared[index] = CompileCache(index[0], version, config.cache_max_bytes)
+        return cache

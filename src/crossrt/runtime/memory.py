@@ -1,0 +1,523 @@
+"""Device memory: one allocator per device over its driver's memory hooks.
+
+Every byte the runtime allocates (device tensors, host tensors, shared-memory segments,
+outputs it allocates for a run) goes through an :class:`Allocator`, which keeps statistics
+(bytes in use, peak, limit, per owner), enforces per-owner budgets (a loaded model's
+``set_memory_budget``) and the device's limit, and records every event in the allocation log
+(:mod:`.memlog`), dumped as CSV when an allocation fails. Allocators live as long as the
+process: memory is a property of the device, not of one :class:`Runtime`.
+
+:func:`copied_bytes` counts the bytes the runtime copies on its own while running models
+(staging a tensor that is not host-visible, copying a dynamic result into a caller's tensor,
+passing results between the nodes of a multi-node model). It does not count copies the caller
+asks for (``Tensor.read``, ``write``, ``copy_to``, ``Device.memcpy_*``) nor copies inside an
+engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..drivers import DeviceInfo, Driver, resolve_device
+from ..drivers.base import Capabilities
+from ..drivers.host import host_cpu
+from ..errors import InvalidArgumentError, OutOfResourcesError
+from .memlog import MemoryEvent, memory_log
+
+_copied = 0
+_copied_lock = threading.Lock()
+
+
+def count_copy(nbytes: int) -> None:
+    """Add ``nbytes`` to the process's count of bytes the runtime copied."""
+    global _copied
+    with _copied_lock:
+        _copied += nbytes
+
+
+def copied_bytes() -> int:
+    """Bytes the runtime has copied on its own while running models, since the process began.
+
+    Take the difference around a call to see what that call copied; a run whose inputs and
+    outputs are bound in place adds 0.
+    """
+    return _copied
+
+
+class MemoryHooks(Protocol):
+    """The memory half of the driver interface (``Driver.allocate`` ... ``copy_device``)."""
+
+    def allocate(self, device: DeviceInfo, nbytes: int) -> Any: ...
+
+    def free(self, device: DeviceInfo, buffer: Any) -> None: ...
+
+    def copy_in(self, device: DeviceInfo, dst: Any, src: memoryview, offset: int = 0) -> None: ...
+
+    def copy_out(self, device: DeviceInfo, dst: memoryview, src: Any, offset: int = 0) -> None: ...
+
+    def copy_device(
+        self,
+        device: DeviceInfo,
+        dst: Any,
+        src: Any,
+        nbytes: int,
+        dst_offset: int = 0,
+        src_offset: int = 0,
+    ) -> None: ...
+
+
+class _HostMemory:
+    """Host memory as a driver's default hooks see it, but zero-filled (calloc: pages are
+    zeroed lazily, so it costs no more than ``np.empty`` and never shows stale bytes)."""
+
+    name = "host"
+
+    def device(self) -> DeviceInfo:
+        return dataclasses.replace(host_cpu("host", Capabilities()), id=HOST)
+
+    def allocate(self, device: DeviceInfo, nbytes: int) -> Any:
+        return np.zeros(nbytes, dtype=np.uint8)
+
+    def free(self, device: DeviceInfo, buffer: Any) -> None:
+        del buffer
+
+    copy_in = Driver.copy_in
+    copy_out = Driver.copy_out
+    copy_device = Driver.copy_device
+
+
+_HOOKS = ("allocate", "free", "copy_in", "copy_out", "copy_device")
+
+
+def is_coherent(driver: Any) -> bool:
+    """Whether a driver's memory is host memory: it keeps all five default memory hooks."""
+    if isinstance(driver, _HostMemory):
+        return True
+    return all(getattr(type(driver), h, None) is getattr(Driver, h) for h in _HOOKS)
+
+
+class MappingState(Protocol):
+    """What an allocation mapped into host memory on a non-coherent device checks
+    (see :mod:`.devices`)."""
+
+    def before_device_access(self, what: str) -> None: ...
+
+    def after_device_write(self) -> None: ...
+
+
+class Allocation:
+    """A block of device memory from an :class:`Allocator` (or adopted into its accounting).
+
+    Attributes:
+        allocator: where it came from.
+        handle: the driver's buffer.
+        host: a ``uint8`` NumPy view of the bytes when the device is host-coherent, else
+            ``None`` (then use :meth:`copy_in` / :meth:`copy_out`).
+        nbytes: its size.
+        owner: who it is charged to.
+        name: the name given when allocating.
+        version: bumped by every device-side write (coherence checks use it).
+        mapping: the host mapping of a non-coherent allocation (``Device.mmap``), or ``None``.
+    """
+
+    __slots__ = (
+        "adopted",
+        "allocator",
+        "freed",
+        "handle",
+        "host",
+        "mapping",
+        "name",
+        "nbytes",
+        "owner",
+        "version",
+    )
+
+    def __init__(
+        self,
+        allocator: Allocator,
+        handle: Any,
+        nbytes: int,
+        owner: str,
+        name: str,
+        adopted: bool = False,
+    ) -> None:
+        self.allocator = allocator
+        self.handle = handle
+        self.host: np.ndarray | None = handle if allocator.coherent else None
+        self.nbytes = nbytes
+        self.owner = owner
+        self.name = name
+        self.freed = False
+        self.adopted = adopted  # made elsewhere: freeing drops the handle, no driver free
+        self.version = 0
+        self.mapping: MappingState | None = None
+
+    def free(self) -> None:
+        """Return the memory to the driver (idempotent)."""
+        self.allocator.free(self)
+
+    def copy_in(self, src: np.ndarray, offset: int = 0) -> None:
+        """Copy host bytes (a ``uint8`` array) into the allocation at ``offset``."""
+        if self.mapping is not None:
+            self.mapping.before_device_access("a write to the memory")
+        a = self.allocator
+        a.hooks.copy_in(a.device, self.handle, src.data, offset)
+        self.version += 1
+        if self.mapping is not None:
+            self.mapping.after_device_write()
+
+    def copy_out(self, dst: np.ndarray, offset: int = 0) -> None:
+        """Copy ``dst.size`` bytes from ``offset`` into a host ``uint8`` array."""
+        if self.mapping is not None:
+            self.mapping.before_device_access("a read of the memory")
+        a = self.allocator
+        a.hooks.copy_out(a.device, dst.data, self.handle, offset)
+
+    def copy_from(self, src: Allocation, nbytes: int, dst_offset: int, src_offset: int) -> None:
+        """Copy ``nbytes`` from another allocation; on one device through ``copy_device``,
+        across devices through a host buffer."""
+        if src.mapping is not None:
+            src.mapping.before_device_access("a copy from the memory")
+        if src.allocator is self.allocator:
+            if self.mapping is not None:
+                self.mapping.before_device_access("a copy into the memory")
+            a = self.allocator
+            a.hooks.copy_device(a.device, self.handle, src.handle, nbytes, dst_offset, src_offset)
+            self.version += 1
+            if self.mapping is not None:
+                self.mapping.after_device_write()
+            return
+        staging = np.empty(nbytes, dtype=np.uint8)
+        src.copy_out(staging, src_offset)
+        self.copy_in(staging, dst_offset)
+
+
+@dataclass(frozen=True)
+class OwnerStats:
+    """Memory charged to one owner (a loaded model) on one device.
+
+    Attributes:
+        owner: the owner key.
+        bytes_in_use: bytes allocated and not freed.
+        peak_bytes: the most ``bytes_in_use`` has been.
+        budget_bytes: the owner's budget, or ``None`` for none.
+        allocations: live allocations.
+    """
+
+    owner: str
+    bytes_in_use: int
+    peak_bytes: int
+    budget_bytes: int | None
+    allocations: int
+
+
+@dataclass(frozen=True)
+class MemoryStats:
+    """One device's memory (``nrt_get_vnc_memory_stats``, ``bm_get_stat``).
+
+    Attributes:
+        device: the device (``"cpu:0"``; ``"host"`` for host tensors and shared memory).
+        coherent: whether its memory is host memory (NumPy views, no flush/invalidate).
+        bytes_in_use: bytes allocated and not freed.
+        peak_bytes: the most ``bytes_in_use`` has been.
+        limit_bytes: how much may be allocated (the device's usable memory).
+        allocations: live allocations.
+        failures: allocations refused so far.
+        owners: per owner, :class:`OwnerStats` (``""`` is memory no model owns).
+    """
+
+    device: str
+    coherent: bool
+    bytes_in_use: int
+    peak_bytes: int
+    limit_bytes: int
+    allocations: int
+    failures: int
+    owners: dict[str, OwnerStats]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-friendly form."""
+        return dataclasses.asdict(self)
+
+
+class _Account:
+    __slots__ = ("allocations", "budget", "in_use", "label", "peak")
+
+    def __init__(self) -> None:
+        self.in_use = self.peak = self.allocations = 0
+        self.budget: int | None = None
+        self.label = ""
+
+
+class Allocator:
+    """Allocates one device's memory through its driver's hooks, and keeps the books.
+
+    Args:
+        hooks: the driver (its memory hooks).
+        device: the device.
+        limit: bytes that may be in use at once; default the device's usable memory.
+    """
+
+    def __init__(self, hooks: MemoryHooks, device: DeviceInfo, limit: int | None = None):
+        self.hooks = hooks
+        self.device = device
+        self.coherent = is_coherent(hooks)
+        self.limit = device.memory_bytes if limit is None else limit
+        self._lock = threading.Lock()
+        self._in_use = self._peak = self._count = self._failures = 0
+        self._accounts: dict[str, _Account] = {}
+
+    def allocate(self, nbytes: int, *, owner: str = "", name: str = "") -> Allocation:
+        """Allocate ``nbytes``, charged to ``owner``.
+
+        Raises:
+            InvalidArgumentError: ``nbytes`` is negative.
+            OutOfResourcesError: (RESOURCE) the owner's budget or the device's memory would be
+                exceeded, or the driver is out of memory; ``details["memlog"]`` is the CSV
+                dump of the allocation log.
+        """
+        nbytes = _check_size(nbytes)
+        with self._lock:
+            self._admit(nbytes, owner, name)
+            try:
+                handle = self.hooks.allocate(self.device, nbytes)
+            except MemoryError as exc:
+                why = f"the driver is out of memory ({exc})"
+                raise self._refuse(nbytes, owner, name, why) from None
+            return self._book("alloc", handle, nbytes, owner, name)
+
+    def adopt(self, handle: Any, nbytes: int, *, owner: str = "", name: str = "") -> Allocation:
+        """Account for memory made elsewhere (an engine's output, a shared-memory segment).
+
+        The budget and limit apply as to :meth:`allocate`; freeing it only drops the handle.
+        """
+        nbytes = _check_size(nbytes)
+        with self._lock:
+            self._admit(nbytes, owner, name)
+            return self._book("adopt", handle, nbytes, owner, name, adopted=True)
+
+    def free(self, allocation: Allocation) -> None:
+        """Release an allocation (idempotent)."""
+        with self._lock:
+            if allocation.freed:
+                return
+            allocation.freed = True
+            account = self._accounts[allocation.owner]
+            account.in_use -= allocation.nbytes
+            account.allocations -= 1
+            self._in_use -= allocation.nbytes
+            self._count -= 1
+            in_use, owner_in_use = self._in_use, account.in_use
+        handle, allocation.handle, allocation.host = allocation.handle, None, None
+        if not allocation.adopted:
+            self.hooks.free(self.device, handle)
+        memory_log().record(
+            "free",
+            self.device.id,
+            allocation.owner,
+            allocation.name,
+            allocation.nbytes,
+            in_use,
+            owner_in_use,
+        )
+
+    def set_budget(self, owner: str, nbytes: int | None, *, label: str = "") -> None:
+        """Limit what ``owner`` may hold on this device (``None``: no limit).
+
+        ``label`` names the owner in messages (``"model 'resnet'"``).
+        """
+        if nbytes is not None:
+            nbytes = _check_size(nbytes)
+        with self._lock:
+            account = self._accounts.setdefault(owner, _Account())
+            account.budget = nbytes
+            account.label = label or account.label
+
+    def budget(self, owner: str) -> int | None:
+        """The owner's budget, or ``None``."""
+        with self._lock:
+            account = self._accounts.get(owner)
+            return None if account is None else account.budget
+
+    def owner_stats(self, owner: str) -> OwnerStats:
+        """What ``owner`` holds on this device."""
+        with self._lock:
+            a = self._accounts.get(owner) or _Account()
+            return OwnerStats(owner, a.in_use, a.peak, a.budget, a.allocations)
+
+    def stats(self) -> MemoryStats:
+        """This device's :class:`MemoryStats`."""
+        with self._lock:
+            owners = {
+                k: OwnerStats(k, a.in_use, a.peak, a.budget, a.allocations)
+                for k, a in self._accounts.items()
+            }
+            return MemoryStats(
+                self.device.id,
+                self.coherent,
+                self._in_use,
+                self._peak,
+                self.limit,
+                self._count,
+                self._failures,
+                owners,
+            )
+
+    # -- under the lock ------------------------------------------------------------------
+
+    def _admit(self, nbytes: int, owner: str, name: str) -> None:
+        account = self._accounts.setdefault(owner, _Account())
+        if account.budget is not None and account.in_use + nbytes > account.budget:
+            left = account.budget - account.in_use
+            raise self._refuse(
+                nbytes,
+                owner,
+                name,
+                f"its memory budget is {account.budget} bytes and {left} are left; raise the "
+                "budget (LoadedModel.set_memory_budget) or free tensors it no longer needs",
+                budget=account.budget,
+                available=left,
+            )
+        if self._in_use + nbytes > self.limit:
+            left = self.limit - self._in_use
+            raise self._refuse(
+                nbytes,
+                owner,
+                name,
+                f"{self.device.id} has {left} of its {self.limit} bytes left; free tensors or "
+                "device memory no longer needed",
+                available=left,
+            )
+
+    def _book(
+        self, event: str, handle: Any, nbytes: int, owner: str, name: str, adopted: bool = False
+    ) -> Allocation:
+        allocation = Allocation(self, handle, nbytes, owner, name, adopted)
+        account = self._accounts[owner]
+        account.in_use += nbytes
+        account.peak = max(account.peak, account.in_use)
+        account.allocations += 1
+        self._in_use += nbytes
+        self._peak = max(self._peak, self._in_use)
+        self._count += 1
+        log = memory_log()
+        log.record(event, self.device.id, owner, name, nbytes, self._in_use, account.in_use)
+        return allocation
+
+    def _refuse(
+        self, nbytes: int, owner: str, name: str, why: str, **details: Any
+    ) -> OutOfResourcesError:
+        self._failures += 1
+        account = self._accounts.get(owner)
+        who = (account.label if account and account.label else None) or (
+            f"owner {owner!r}" if owner else "the process"
+        )
+        log = memory_log()
+        row: MemoryEvent = log.record(
+            "fail",
+            self.device.id,
+            owner,
+            name,
+            nbytes,
+            self._in_use,
+            account.in_use if account else 0,
+            why.partition(";")[0],
+        )
+        try:
+            path: str | None = log.dump(row)
+        except OSError:
+            path = None
+        what = f"{name!r} ({nbytes} bytes)" if name else f"{nbytes} bytes"
+        where = f"; allocation log: {path}" if path else ""
+        return OutOfResourcesError(
+            f"{who} cannot allocate {what} on {self.device.id}: {why}{where}",
+            details={
+                "device": self.device.id,
+                "owner": owner,
+                "requested": nbytes,
+                "memlog": path,
+                **details,
+            },
+        )
+
+
+def _check_size(nbytes: Any) -> int:
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int | np.integer) or nbytes < 0:
+        raise InvalidArgumentError(
+            f"a memory size must be a whole number of bytes >= 0, not {nbytes!r}",
+            details={"size": repr(nbytes)},
+        )
+    return int(nbytes)
+
+
+# -- the process's allocators ----------------------------------------------------------------
+
+_allocators: dict[str, Allocator] = {}
+_registry_lock = threading.Lock()
+HOST = "host"
+"""The device name of host memory (HOST and VIRTUAL placements, shared memory)."""
+
+
+def host_allocator() -> Allocator:
+    """The allocator of host memory."""
+    with _registry_lock:
+        found = _allocators.get(HOST)
+        if found is None:
+            hooks = _HostMemory()
+            found = _allocators[HOST] = Allocator(hooks, hooks.device())
+        return found
+
+
+def device_allocator(driver: Driver, device: DeviceInfo) -> Allocator:
+    """The allocator of ``device``, created over ``driver``'s hooks on first use.
+
+    Two drivers serving one device (``cpu:0``) share its allocator. A driver registered
+    again under the same name (a new instance) gets a new allocator.
+    """
+    with _registry_lock:
+        found = _allocators.get(device.id)
+        stale = found is not None and (
+            found.hooks is not driver and getattr(found.hooks, "name", None) == driver.name
+        )
+        if found is None or stale:
+            found = _allocators[device.id] = Allocator(driver, device)
+        return found
+
+
+def allocator_for(device: str) -> Allocator:
+    """The allocator of a device string (``"cpu"``, ``"cpu:0"``, ``"host"``).
+
+    Raises:
+        DeviceUnavailableError: no available driver serves the device.
+    """
+    if device == HOST:
+        return host_allocator()
+    driver, info = resolve_device(device)
+    return device_allocator(driver, info)
+
+
+def all_stats() -> dict[str, MemoryStats]:
+    """:class:`MemoryStats` of every device memory was allocated on, by device."""
+    with _registry_lock:
+        allocators = list(_allocators.values())
+    return {a.device.id: a.stats() for a in allocators}
+
+
+__all__ = [
+    "Allocation",
+    "Allocator",
+    "MemoryStats",
+    "OwnerStats",
+    "all_stats",
+    "allocator_for",
+    "copied_bytes",
+    "count_copy",
+    "device_allocator",
+    "host_allocator",
+]

@@ -1,0 +1,204 @@
+"""``crossrt compile``: compile a model for a device into a ``.crm`` file, through the cache.
+
+A compile that takes more than a second shows a spinner with the elapsed time on stderr when
+stderr is a terminal, and one line when it is done otherwise; the summary goes to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TextIO
+
+from ..compiler import Executable, compile
+from ..compiler.cache import cache_stats
+from ..errors import CrossrtError, InvalidArgumentError
+from .common import fail, human_bytes
+
+_QUIET_S = 1.0  # compiles shorter than this show no progress at all
+_FRAMES = "|/-\\"
+
+
+def parser() -> argparse.ArgumentParser:
+    """The argument parser (also the ``--help`` text)."""
+    p = argparse.ArgumentParser(
+        prog="crossrt compile",
+        description="Compile an ONNX model for a device and write the compiled model to one "
+        ".crm file, which `crossrt run`, Runtime.load and crossrt.load_executable load without "
+        "compiling again. With a cache directory, a model compiled before for the same target "
+        "and options comes from the cache.",
+        epilog="examples:\n"
+        "  crossrt compile model.onnx -d cpu -o model.crm\n"
+        "  crossrt compile model.onnx -d cuda --fallback cpu --fp16 -o model.crm\n"
+        "  crossrt compile model.onnx -o model.crm --cache-dir ~/.cache/crossrt --cache-version 2",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("model", help="an ONNX model file")
+    p.add_argument("--device", "-d", default=None, help="target device (default: cpu)")
+    p.add_argument(
+        "--output",
+        "-o",
+        default=None,
+        help="the .crm file to write (default: the model file's name with .crm, here)",
+    )
+    p.add_argument("--driver", default=None, help="driver to use (default: the preferred one)")
+    p.add_argument(
+        "--fallback",
+        action="append",
+        default=None,
+        metavar="DEVICE",
+        help="place the nodes the target cannot run on this device; repeat for several, in "
+        "priority order (default: fail and list the nodes)",
+    )
+    p.add_argument("--fp16", action="store_true", help="allow reduced-precision arithmetic")
+    p.add_argument(
+        "--perf",
+        default=None,
+        metavar="MODE",
+        help="performance mode: NONE, LOW, MEDIUM, HIGH or EXTREME",
+    )
+    p.add_argument("--priority", default=None, help="priority: NONE, LOW, MEDIUM or HIGH")
+    p.add_argument(
+        "--cache-dir",
+        default=None,
+        metavar="DIR",
+        help="compiled-model cache to look in and store to (default: $CROSSRT_CACHE_DIR; no "
+        "cache when unset)",
+    )
+    p.add_argument(
+        "--cache-version",
+        type=int,
+        default=0,
+        metavar="N",
+        help="cache version: an entry of an older version is rebuilt, a newer one is an error "
+        "(default: 0)",
+    )
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``crossrt compile``."""
+    args = parser().parse_args(argv)
+    options: dict[str, Any] = {}
+    if args.fp16:
+        options["fp16"] = True
+    if args.perf is not None:
+        options["performance_mode"] = args.perf
+    if args.priority is not None:
+        options["priority"] = args.priority
+    fallback = args.fallback[0] if args.fallback and len(args.fallback) == 1 else args.fallback
+    before = cache_stats()
+    started = time.perf_counter()
+    try:
+        with Progress(f"compiling {Path(args.model).name}", sys.stderr):
+            exe = compile(
+                args.model,
+                args.device,
+                driver=args.driver,
+                fallback=fallback,
+                cache_dir=args.cache_dir,
+                cache_version=args.cache_version,
+                **options,
+            )
+    except CrossrtError as exc:
+        return fail("compile", exc)
+    elapsed = time.perf_counter() - started
+    output = Path(args.output or Path(args.model).with_suffix(".crm").name)
+    try:
+        exe.save(output)
+    except CrossrtError as exc:
+        return fail("compile", exc)
+    except OSError as exc:  # the container writer names most causes; this is the rest
+        why = exc.strerror or str(exc)
+        return fail(
+            "compile",
+            InvalidArgumentError(f"cannot write {str(output)!r}: {why}; give a writable path"),
+        )
+    after = cache_stats()
+    if after.hits > before.hits:
+        cache = "hit"
+    elif after.misses > before.misses:
+        cache = "miss (stored)"
+    else:
+        cache = "off"
+    print(summary(exe, output, elapsed, cache))
+    return 0
+
+
+def summary(exe: Executable, output: Path, seconds: float, cache: str) -> str:
+    """What was compiled: nodes, drivers, size, time, cache."""
+    drivers = dict.fromkeys(f"{n.driver} {n.driver_version}" for n in exe.nodes)
+    size = output.stat().st_size
+    lines = [
+        f"compiled {exe.name!r} for {exe.device} -> {output}",
+        f"  nodes:   {len(exe.nodes)}",
+    ]
+    lines += [
+        f"    {n.name}: {n.driver} on {n.device_kind}, {sum(n.op_types.values())} operators"
+        for n in exe.nodes
+    ]
+    lines += [
+        f"  drivers: {', '.join(drivers)}",
+        f"  size:    {human_bytes(size)} ({size} bytes)",
+        f"  time:    {seconds:.2f} s",
+        f"  cache:   {cache}",
+    ]
+    return "\n".join(lines)
+
+
+class Progress:
+    """A spinner with the elapsed time on ``stream`` while a long step runs.
+
+    On a terminal, a background thread redraws one line after the first second until the
+    step ends, then clears it; elsewhere (a log, a pipe) it writes one line at the end, and
+    only when the step took longer than a second.
+    """
+
+    def __init__(self, what: str, stream: TextIO, quiet_s: float = _QUIET_S) -> None:
+        self.what = what
+        self.stream = stream
+        self.quiet_s = quiet_s
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._started = 0.0
+        self._tty = bool(getattr(stream, "isatty", lambda: False)())
+
+    def __enter__(self) -> Progress:
+        self._started = time.perf_counter()
+        if self._tty:
+            self._thread = threading.Thread(target=self._spin, name="crossrt-progress", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join()
+        elapsed = time.perf_counter() - self._started
+        if not self._tty and exc is None and elapsed > self.quiet_s:
+            print(f"crossrt: {self.what}: done in {elapsed:.1f} s", file=self.stream)
+
+    def _spin(self) -> None:
+        if self._done.wait(self.quiet_s):
+            return
+        drawn = 0
+        for frame in itertools.cycle(_FRAMES):
+            line = f"{frame} {self.what} ... {time.perf_counter() - self._started:.1f} s"
+            self.stream.write("\r" + line.ljust(drawn))
+            self.stream.flush()
+            drawn = len(line)
+            if self._done.wait(0.1):
+                break
+        self.stream.write("\r" + " " * drawn + "\r")
+        self.stream.flush()
