@@ -176,3 +176,24 @@ def test_onnx_is_not_modified_by_partitioning() -> None:
     crossrt.compile(model, fallback="cpu")
     assert model.proto.SerializeToString(deterministic=True) == before
     assert onnx.checker.check_model(model.proto) is None
+
+
+def test_placement_is_a_value_and_survives_a_crm_round_trip(tmp_path) -> None:
+    exe = crossrt.compile(mixed_model(), fallback="cpu")
+    assert [(p["driver"], p["operators"]) for p in exe.placement] == [
+        ("onnxruntime", 2),
+        ("reference", 1),
+        ("onnxruntime", 2),
+    ]
+    assert exe.placement_summary() == (
+        "onnxruntime 2 nodes (4 operators), reference 1 node (1 operator)"
+    )
+    path = tmp_path / "mixed.crm"
+    exe.save(path)
+    again = crossrt.load_executable(path)
+    assert again.placement == exe.placement
+    with crossrt.Runtime() as rt:
+        first = rt.load(exe).run({"x": X})
+        second = rt.load(again).run({"x": X})
+    for name in first:
+        np.testing.assert_array_equal(first[name], second[name])

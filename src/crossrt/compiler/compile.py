@@ -117,15 +117,7 @@ def build(
                 artifact=part_drv.compile(part, part_dev, part_opts),
             )
         )
-    log.info(
-        "compiled %r for %s: %s",
-        model.name,
-        dev.id,
-        "; ".join(
-            f"{n.name} on {n.device_kind} ({sum(n.op_types.values())} operators)" for n in nodes
-        ),
-    )
-    return Executable(
+    exe = Executable(
         name=model.name,
         content_hash=model.content_hash,
         device=dev.id,
@@ -134,6 +126,8 @@ def build(
         nodes=tuple(nodes),
         options=opts,
     )
+    log.info("compiled %r for %s: %s", model.name, dev.id, exe.placement_summary())
+    return exe
 
 
 def _check_strict(model: Model, drv: Driver, dev: DeviceInfo) -> None:

@@ -83,6 +83,36 @@ class Executable:
         return self.device.partition(":")[0]
 
     @property
+    def placement(self) -> list[dict[str, Any]]:
+        """Where each node runs: node, driver, device kind, operator types and count.
+
+        A value to print or compare, never a surprise: a strict compile gives one entry, a
+        compile with ``fallback`` one per region.
+        """
+        return [
+            {
+                "node": n.name,
+                "driver": n.driver,
+                "device_kind": n.device_kind,
+                "op_types": dict(n.op_types),
+                "operators": sum(n.op_types.values()),
+            }
+            for n in self.nodes
+        ]
+
+    def placement_summary(self) -> str:
+        """``onnxruntime 2 nodes (12 operators), reference 1 node (1 operator)``."""
+        totals: dict[str, list[int]] = {}
+        for entry in self.placement:
+            count = totals.setdefault(entry["driver"], [0, 0])
+            count[0] += 1
+            count[1] += entry["operators"]
+        return ", ".join(
+            f"{driver} {n} node{'s' * (n != 1)} ({ops} operator{'s' * (ops != 1)})"
+            for driver, (n, ops) in totals.items()
+        )
+
+    @property
     def cores_required(self) -> int:
         """The fewest cores a load needs: the most any one node needs."""
         return max((n.cores for n in self.nodes), default=1)

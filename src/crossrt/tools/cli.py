@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -46,7 +47,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"crossrt: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[name][0])
-    code: int = module.main(rest)
+    try:
+        code: int = module.main(rest)
+    except BrokenPipeError:  # `crossrt inspect x.crm | head`: the reader left, not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     return code
 
 

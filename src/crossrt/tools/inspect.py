@@ -53,6 +53,9 @@ def collect(container: Container, path: str, network: str | None = None) -> dict
             "sections": "verified" if container.hashes_checked else "not checked",
         },
         "header": header,
+        "placement": {
+            exe.name: exe.placement for exe in container.networks if network in (None, exe.name)
+        },
     }
 
 
@@ -105,6 +108,7 @@ def _network(container: Container, exe: Executable) -> list[str]:
         f"  content hash    {exe.content_hash}",
         "  options         " + " ".join(f"{k}={v}" for k, v in opts.items()),
         f"  stages          {_stages(entry['stages'])}",
+        f"  placement       {exe.placement_summary()}",
         "",
         "  INPUTS",
         *(f"    {s.name:<24} {s.describe()}" for s in exe.inputs),
