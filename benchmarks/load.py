@@ -10,7 +10,11 @@ variants, all ending with a model ready to run on the CPU:
 - ``raw``: ``onnxruntime.InferenceSession(path)``, ONNX Runtime's own session creation from
   the ONNX file (default options, CPU provider).
 - ``hash`` (diagnostic): read the ONNX file and SHA-256 it, what a hit pays to recognise a
-  file.
+  file whose status changed.
+- ``zero_copy`` (diagnostic, not what crossrt does today): the same optimized graph as the
+  ``.crm`` artifact with its large initializers moved to a 64-byte-aligned blob; the blob is
+  mapped and handed to ORT as ``OrtValue`` views (``SessionOptions.add_external_initializers``),
+  so no weight byte is copied or parsed. It shows what the onnxruntime driver could load in.
 
 The variants run in rounds (one of each per round, order rotated) so that a slow moment of
 the machine falls on all of them; medians are compared. Every process also runs the model
@@ -42,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
-VARIANTS = ("cold", "hit", "crm", "raw", "hash")
+VARIANTS = ("cold", "hit", "crm", "raw", "hash", "zero_copy")
 TARGET_SPEEDUP = 2.0  # a hit or a .crm load at least this much faster than a cold compile
 
 
@@ -77,6 +81,9 @@ def child(variant: str, name: str, path: str, cache_dir: str, crm: str, profile:
     elif variant == "hash":
         hashlib.sha256(Path(path).read_bytes()).hexdigest()
         t1 = t2 = clock()
+    elif variant == "zero_copy":
+        runner = zero_copy_session(Path(crm).with_suffix(".zc"))
+        t1 = t2 = clock()
     else:
         if variant == "cold":
             exe = crossrt.compile(path, "cpu")
@@ -92,14 +99,100 @@ def child(variant: str, name: str, path: str, cache_dir: str, crm: str, profile:
     if profiler:
         profiler.disable()
         text = io.StringIO()
-        pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(25)
+        stats = pstats.Stats(profiler, stream=text)
+        stats.sort_stats("cumulative").print_stats(25)
         result["profile"] = text.getvalue()
+        result["breakdown"] = breakdown(stats)
     result.update(prepare_s=t1 - t0, load_s=t2 - t1, total_s=t2 - t0)
     if runner is not None:
         feed = models.example_input(name)
-        outs = runner.run(None, feed) if variant == "raw" else list(runner.run(feed).values())
+        raw_api = variant in ("raw", "zero_copy")
+        outs = runner.run(None, feed) if raw_api else list(runner.run(feed).values())
         result["checksum"] = [float(np.asarray(o, dtype=np.float64).sum()) for o in outs]
     print(json.dumps(result))
+
+
+# (label, file suffix, function name, "tt" own time or "ct" cumulative time)
+_PARTS = [
+    ("SHA-256 (container sections; the model file too when its status changed)", "~", "sha", "tt"),
+    ("driver registry (imports every driver)", "registry.py", "driver_statuses", "ct"),
+    ("onnxruntime driver: copy of the artifact (bytes(view))", "onnxruntime.py", "load", "tt"),
+    ("ORT: read the model bytes (protobuf)", "_collection.py", "_create_inference_session", "tt"),
+    ("ORT: initialize_session (optimize, kernels)", "~", "initialize_session", "tt"),
+]
+
+
+def breakdown(stats: Any) -> dict[str, float]:
+    """Seconds in the parts of a load that matter, from a ``pstats.Stats``."""
+    found = dict.fromkeys([label for label, *_ in _PARTS], 0.0)
+    for (file, _, func), (_, _, tt, ct, _) in stats.stats.items():
+        for label, suffix, name, which in _PARTS:
+            hit = ("sha256" in func or "_hashlib.HASH" in func) if name == "sha" else name in func
+            if hit and (file.endswith(suffix) or suffix == "~"):
+                value = tt if which == "tt" else ct
+                found[label] = max(found[label], value) if which == "ct" else found[label] + value
+    return found
+
+
+def split_weights(artifact: bytes, out: Path, threshold: int = 1024) -> None:
+    """Write ``out/graph.onnx`` (initializers of ``threshold`` bytes or more declared as external
+    data) and ``out/weights.bin`` (their bytes, 64-byte aligned) with an index."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.ModelProto.FromString(artifact)
+    out.mkdir(parents=True, exist_ok=True)
+    index, kept, offset = [], [], 0
+    with open(out / "weights.bin", "wb") as blob:
+        for init in model.graph.initializer:
+            array = numpy_helper.to_array(init)
+            if array.nbytes < threshold:
+                kept.append(init)
+                continue
+            pad = -offset % 64
+            blob.write(b"\0" * pad)
+            offset += pad
+            blob.write(np.ascontiguousarray(array).tobytes())
+            index.append([init.name, array.dtype.str, list(array.shape), offset])
+            stub = onnx.TensorProto(name=init.name, data_type=init.data_type, dims=init.dims)
+            stub.data_location = onnx.TensorProto.EXTERNAL
+            for key, value in (
+                ("location", "supplied"),
+                ("offset", offset),
+                ("length", array.nbytes),
+            ):
+                stub.external_data.add(key=key, value=str(value))
+            kept.append(stub)
+            offset += array.nbytes
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+    (out / "graph.onnx").write_bytes(model.SerializeToString())
+    (out / "index.json").write_text(json.dumps(index))
+
+
+def zero_copy_session(folder: Path) -> Any:
+    """An ORT session over ``split_weights`` output, the weights mapped, not copied."""
+    import mmap
+
+    import numpy as np
+    import onnxruntime as ort
+
+    with open(folder / "weights.bin", "rb") as f:
+        blob = np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), dtype=np.uint8)
+    names, values = [], []
+    for name, dtype, shape, offset in json.loads((folder / "index.json").read_text()):
+        size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        view = blob[offset : offset + size].view(dtype).reshape(shape)
+        names.append(name)
+        values.append(ort.OrtValue.ortvalue_from_numpy(view))
+    so = ort.SessionOptions()
+    so.add_external_initializers(names, values)
+    session = ort.InferenceSession(
+        (folder / "graph.onnx").read_bytes(), so, providers=["CPUExecutionProvider"]
+    )
+    session._crossrt_keep = values  # the OrtValues must outlive the session
+    return session
 
 
 # -- the parent ---------------------------------------------------------------------------------
@@ -134,6 +227,7 @@ def bench_model(name: str, rounds: int, profile: bool, work: Path) -> dict[str, 
     # Warm the cache and write the .crm once, in this process (not timed).
     exe = crossrt.compile(path, "cpu", cache_dir=cache_dir)
     exe.save(crm)
+    split_weights(bytes(exe.nodes[0].artifact), crm.with_suffix(".zc"))
     setup_s = time.perf_counter() - started
     common = [name, str(path), str(cache_dir), str(crm)]
     samples: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
@@ -172,8 +266,11 @@ def bench_model(name: str, rounds: int, profile: bool, work: Path) -> dict[str, 
         for v in ("hit", "crm")
     } | {f"{v}_not_slower_than_raw": result["ratio_vs_raw"][v] <= 1.0 for v in ("hit", "crm")}
     if profile:
-        result["profiles"] = {
-            v: run_child([v, *common, "--profile"], env)["profile"] for v in ("hit", "crm")
+        profiled = {v: run_child([v, *common, "--profile"], env) for v in ("hit", "crm")}
+        result["profiles"] = {v: p["profile"] for v, p in profiled.items()}
+        result["breakdown"] = {
+            v: p["breakdown"] | {"total of the profiled run": p["total_s"]}
+            for v, p in profiled.items()
         }
     return result
 
@@ -226,6 +323,7 @@ def markdown(report: dict[str, Any]) -> str:
         "crm": "load_executable(.crm) + load",
         "raw": "raw `ort.InferenceSession(path)`",
         "hash": "(read + SHA-256 of the .onnx)",
+        "zero_copy": "(prototype: ORT session, weights mapped from a blob)",
     }
     for name, r in report["models"].items():
         cold, raw = r["rows"]["cold"]["total_s"], r["rows"]["raw"]["total_s"]
@@ -240,6 +338,18 @@ def markdown(report: dict[str, Any]) -> str:
     for name, r in report["models"].items():
         for target, ok in r["targets"].items():
             lines.append(f"| {name} | {target} | {'yes' if ok else 'NO'} |")
+    if any("breakdown" in r for r in report["models"].values()):
+        lines += [
+            "",
+            "Where the time of a hit and of a `.crm` load goes (one run under cProfile, "
+            "seconds; profiling slows it a little):",
+            "",
+            "| model | variant | part | seconds |",
+            "|---|---|---|---|",
+        ]
+        for name, r in report["models"].items():
+            for v, parts in r.get("breakdown", {}).items():
+                lines += [f"| {name} | {v} | {part} | {t:.3f} |" for part, t in parts.items()]
     lines += [
         "",
         "Model files: "

@@ -60,6 +60,12 @@ from .errors import (
 )
 from .model import GraphBuilder, Model, TensorSpec, load_model
 from .runtime import LoadedModel, Runtime, TensorInfo
+from .runtime.devices import Device, DeviceMemory
+from .runtime.memory import MemoryStats, OwnerStats
+from .runtime.shm import shared_tensor, tensor_from_fd
+from .runtime.tensor import Tensor
+from .runtime.tensordesc import Format, Placement, TensorDesc
+from .runtime.tensorset import TensorSet, from_dlpack, read_batch, write_batch
 
 try:
     __version__ = _version("crossrt")
@@ -77,13 +83,16 @@ __all__ = [
     "CrossrtError",
     "DType",
     "DeadlineExceededError",
+    "Device",
     "DeviceInfo",
     "DeviceKind",
+    "DeviceMemory",
     "DeviceUnavailableError",
     "Driver",
     "Executable",
     "ExecutableNode",
     "ExecutionError",
+    "Format",
     "GraphBuilder",
     "InvalidArgumentError",
     "InvalidContainerError",
@@ -92,16 +101,22 @@ __all__ = [
     "InvalidModelError",
     "InvalidOptionError",
     "LoadedModel",
+    "MemoryStats",
     "Model",
     "ModelNotFoundError",
     "OperationForbiddenError",
     "OutOfResourcesError",
+    "OwnerStats",
     "PerformanceMode",
+    "Placement",
     "Priority",
     "Program",
     "Runtime",
     "StatusCode",
+    "Tensor",
+    "TensorDesc",
     "TensorInfo",
+    "TensorSet",
     "TensorSpec",
     "UnsupportedError",
     "__version__",
@@ -110,8 +125,13 @@ __all__ = [
     "driver_statuses",
     "dtypes",
     "executables_to_bytes",
+    "from_dlpack",
     "list_networks",
     "load_executable",
     "load_model",
+    "read_batch",
     "save_executables",
+    "shared_tensor",
+    "tensor_from_fd",
+    "write_batch",
 ]

@@ -44,7 +44,8 @@ def configurations() -> list[Config]:
     """Each registered driver alone, then onnxruntime with fallback to the other CPU drivers."""
     statuses = {s.name: s for s in crossrt.driver_statuses()}
     configs = [Config(s.name, s.name, None, s.reason) for s in statuses.values()]
-    missing = [statuses[n].reason for n in ("onnxruntime", "reference") if not statuses[n].available]
+    needed = ("onnxruntime", "reference")
+    missing = [statuses[n].reason for n in needed if not statuses[n].available]
     configs.append(Config("onnxruntime-fallback", "onnxruntime", "cpu", "; ".join(missing)))
     return configs
 

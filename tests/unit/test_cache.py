@@ -13,10 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from onnx import TensorProto
 
 import crossrt
 from crossrt import CompileCache, InvalidArgumentError, InvalidContainerError, StatusCode
 from crossrt.compiler import cache as cache_module
+from crossrt.compiler import cache_keys, cache_store
 from crossrt.compiler.cache import shared_cache
 from crossrt.config import parse_size, settings
 from crossrt.drivers.registry import resolve_device
@@ -110,6 +112,31 @@ def test_hit_on_a_known_file_neither_parses_nor_validates(
         crossrt.compile(model_file, "cpu", cache_dir=cache_dir)
 
 
+def test_an_unchanged_file_is_recognised_by_its_status_alone(
+    tmp_path: Path, model_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A file is trusted by its status only once it is older than the racy window; a test
+    # cannot wait for that, so the window is closed.
+    monkeypatch.setattr(cache_store, "RACY_NS", 0)
+    reads: list[Path] = []
+    real_read = cache_keys._read_file
+    monkeypatch.setattr(cache_keys, "_read_file", lambda p: reads.append(p) or real_read(p))
+    cache_dir = tmp_path / "cache"
+    crossrt.compile(model_file, "cpu", cache_dir=cache_dir)
+    assert len(reads) == 1
+    exe = crossrt.compile(model_file, "cpu", cache_dir=cache_dir)
+    assert len(reads) == 1  # a hit without reading the model file at all
+    np.testing.assert_allclose(_run(exe), _expected(0), rtol=1e-6)
+
+    other = _model(1).to_bytes()
+    assert len(other) == model_file.stat().st_size  # same size: only the times tell
+    model_file.write_bytes(other)
+    exe = crossrt.compile(model_file, "cpu", cache_dir=cache_dir)
+    assert len(reads) == 2
+    np.testing.assert_allclose(_run(exe), _expected(1), rtol=1e-6)
+    assert _cache(cache_dir).stats.misses == 2
+
+
 def test_different_weights_are_different_entries(tmp_path: Path) -> None:
     cache_dir = tmp_path / "cache"
     a = crossrt.compile(_model(0), "cpu", cache_dir=cache_dir)
@@ -147,6 +174,26 @@ def test_options_driver_and_version_are_in_the_key(tmp_path: Path) -> None:
     crossrt.compile(_model(0), "cpu", driver="reference", cache_dir=tmp_path / "c2")
     assert len(_crm_files(tmp_path / "c2")) == 3
     assert _cache(tmp_path / "c2").stats.misses == 3
+
+
+def test_an_executable_placed_with_fallback_is_cached(tmp_path: Path) -> None:
+    b = GraphBuilder("mixed")  # ORT has no int16 Max: that node falls back to the reference
+    x = b.input("x", "float32", [2, 4])
+    as_int = b.op("Cast", [b.op("Relu", [x])], to=TensorProto.INT16)
+    back = b.op("Cast", [b.op("Max", [as_int, as_int])], to=TensorProto.FLOAT)
+    b.output(b.op("Add", [back, x], outputs=["y"]))
+    model = b.finish()
+    cache_dir = tmp_path / "cache"
+    with pytest.raises(crossrt.UnsupportedError):
+        crossrt.compile(model, "cpu", cache_dir=cache_dir)
+    assert _crm_files(cache_dir) == []
+    first = crossrt.compile(model, "cpu", cache_dir=cache_dir, fallback="cpu")
+    again = crossrt.compile(model, "cpu", cache_dir=cache_dir, fallback=["cpu"])
+    assert _cache(cache_dir).stats.hits == 1
+    drivers = [n.driver for n in again.nodes]
+    assert drivers == [n.driver for n in first.nodes] == ["onnxruntime", "reference", "onnxruntime"]
+    want = np.maximum(X, 0).astype(np.int16).astype(np.float32) + X
+    np.testing.assert_array_equal(_run(again), want)
 
 
 def test_older_version_is_rebuilt_and_newer_is_an_error(tmp_path: Path) -> None:

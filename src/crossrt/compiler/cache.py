@@ -30,7 +30,7 @@ from ..drivers.base import CompileOptions, DeviceInfo, Driver
 from ..drivers.registry import resolve_device
 from ..errors import CrossrtError, InvalidArgumentError, StatusCode
 from ..model import Model
-from .cache_keys import fallback_material, identify, json_safe, key_of, slot_of
+from .cache_keys import SourceId, fallback_material, identify, json_safe, key_of, slot_of
 from .cache_store import CacheEntry, EntryStore
 from .container import FORMAT_VERSION, load_executable
 from .executable import Executable
@@ -141,9 +141,9 @@ class CompileCache:
     ) -> Executable:
         """The cached executable of ``source`` on this target, or ``build(model)``, stored.
 
-        A model file or buffer seen before is recognised by the SHA-256 of its bytes, so a hit
-        neither parses nor validates it; on a miss it is loaded and validated as
-        :func:`crossrt.load_model` does.
+        A model file seen before is recognised by its status while it is unchanged, else by
+        the SHA-256 of its bytes (a buffer too), so a hit neither parses nor validates it; on
+        a miss it is loaded and validated as :func:`crossrt.load_model` does.
 
         Raises:
             InvalidArgumentError: (INVALID) the cache holds this model on this target built
@@ -160,6 +160,8 @@ class CompileCache:
             )
             return build(source_id.load()[0])
         known = source_id.content_hash
+        if known is None and source_id.path is not None:
+            known = self._store.path_alias(source_id.path)  # no need to read the file
         if known is None and source_id.digest is not None:
             known = self._store.alias(source_id.digest)
         if known is not None:
@@ -167,6 +169,8 @@ class CompileCache:
             found = self._read(key_of(slot, self.version), known, device)
             if isinstance(found, Executable):
                 self._count(hits=1)
+                if source_id.file_stat is not None:  # known by its bytes: by its status next
+                    self._remember(source_id, known)
                 return found
             if found is None:
                 self._refuse_newer(slot)  # before paying for validation
@@ -188,10 +192,8 @@ class CompileCache:
                 finally:
                     self._count(compile_seconds=time.perf_counter() - started)
                 self._put(key, slot, exe, fallback)
-        if aliasable and source_id.digest is not None:
-            # Next time these bytes are recognised without parsing or validating them.
-            with contextlib.suppress(OSError):
-                self._store.set_alias(source_id.digest, model.content_hash)
+        if aliasable:
+            self._remember(source_id, model.content_hash)
         return exe
 
     # -- entries -------------------------------------------------------------------------
@@ -303,6 +305,15 @@ class CompileCache:
             for stats in (self._stats, _process_stats):
                 for name, delta in deltas.items():
                     setattr(stats, name, getattr(stats, name) + delta)
+
+    def _remember(self, source_id: SourceId, content_hash: str) -> None:
+        """Next time, recognise these bytes (and this file while unchanged) without parsing
+        or validating them."""
+        with contextlib.suppress(OSError):
+            if source_id.digest is not None:
+                self._store.set_alias(source_id.digest, content_hash)
+            if source_id.path is not None and source_id.file_stat is not None:
+                self._store.set_path_alias(source_id.path, source_id.file_stat, content_hash)
 
     def _read(self, key: str, content_hash: str, device: DeviceInfo) -> Executable | str | None:
         """The entry's executable; ``None`` when there is none; why, when it is unusable."""

@@ -25,6 +25,7 @@ from ..drivers.base import CompileOptions, DeviceInfo, Driver
 from ..drivers.registry import available_drivers, parse_device
 from ..errors import InvalidArgumentError, InvalidModelError
 from ..model import Model, load_model
+from .cache_store import stat_signature
 from .container import FORMAT_VERSION
 
 RECIPE = 1
@@ -102,26 +103,47 @@ def key_of(slot: str, version: int) -> str:
 class SourceId:
     """A model source, identified as cheaply as possible.
 
+    A file is read (once) only when its bytes are needed: to hash them, or to load the model.
+
     Attributes:
-        source: what the caller gave.
+        source: what the caller gave (bytes-like sources as ``bytes``).
         content_hash: the model's content hash when known without validation (a Model or an
             ``onnx.ModelProto`` was given).
-        digest: SHA-256 of a model file's or buffer's bytes.
-        data: a file's bytes: the very bytes ``digest`` names (read once, so that what is
-            built is what was hashed).
         model: the model when one was given or parsed.
         validated: whether ``model`` is validated.
+        path: the file, for a path source.
+        file_stat: the file's status when it was read, when it did not change while read.
     """
 
     source: Any
     content_hash: str | None = None
-    digest: str | None = None
-    data: bytes | None = None
     model: Model | None = None
     validated: bool = False
+    path: Path | None = None
+    file_stat: os.stat_result | None = None
+    _data: bytes | None = None
+    _digest: str | None = None
+
+    @property
+    def digest(self) -> str | None:
+        """SHA-256 of the file's or buffer's bytes; ``None`` for other sources or a file that
+        cannot be read (loading it then says why)."""
+        if self._digest is None and self._bytes() is not None:
+            self._digest = hashlib.sha256(self._bytes() or b"").hexdigest()
+        return self._digest
+
+    def _bytes(self) -> bytes | None:
+        if self._data is None and isinstance(self.source, bytes):
+            self._data = self.source
+        elif self._data is None and self.path is not None:
+            try:
+                self._data, self.file_stat = _read_file(self.path)
+            except OSError:
+                return None
+        return self._data
 
     def load(self) -> tuple[Model, bool]:
-        """The validated model, and whether ``digest`` alone identifies it (bytes with no
+        """The validated model, and whether :attr:`digest` alone identifies it (bytes with no
         external data beside the file).
 
         Raises:
@@ -129,32 +151,38 @@ class SourceId:
         """
         if self.model is not None:
             return (self.model if self.validated else Model(self.model.proto)), False
-        if self.data is not None:
-            path = Path(self.source)
-            try:
-                raw = load_model(self.data, validate=False)
-            except InvalidModelError:
-                return load_model(path), False  # raises again, naming the file
-            tensors = onnx.external_data_helper._get_all_tensors(raw.proto)
-            if any(onnx.external_data_helper.uses_external_data(t) for t in tensors):
-                return load_model(path), False
-            return Model(raw.proto), True  # validates what was parsed, without a second parse
-        return load_model(self.source), self.digest is not None
+        data = self._bytes()
+        if data is None or self.path is None:
+            return load_model(self.source), data is not None
+        try:
+            raw = load_model(data, validate=False)
+        except InvalidModelError:
+            return load_model(self.path), False  # raises again, naming the file
+        tensors = onnx.external_data_helper._get_all_tensors(raw.proto)
+        if any(onnx.external_data_helper.uses_external_data(t) for t in tensors):
+            return load_model(self.path), False
+        return Model(raw.proto), True  # validates what was hashed, without parsing it again
 
 
 def identify(source: Any) -> SourceId:
-    """Identify a model source without validating it (a file is read and hashed, not parsed)."""
+    """Identify a model source without validating it; a file is not even read yet."""
     if isinstance(source, Model):
         return SourceId(source, source.content_hash, model=source, validated=True)
     if isinstance(source, onnx.ModelProto):
         model = load_model(source, validate=False)
         return SourceId(source, model.content_hash, model=model)
     if isinstance(source, bytes | bytearray | memoryview):
-        return SourceId(bytes(source), digest=hashlib.sha256(source).hexdigest())
+        return SourceId(bytes(source))
     if isinstance(source, str | os.PathLike):
-        try:
-            data = Path(source).read_bytes()
-        except OSError:
-            return SourceId(source)  # load() raises the model loader's error, naming the path
-        return SourceId(source, digest=hashlib.sha256(data).hexdigest(), data=data)
+        return SourceId(source, path=Path(source))
     return SourceId(source)
+
+
+def _read_file(path: Path) -> tuple[bytes, os.stat_result | None]:
+    """A file's bytes, and its status when it provably did not change while read."""
+    with open(path, "rb") as f:
+        before = os.fstat(f.fileno())
+        data = f.read()
+        after = os.fstat(f.fileno())
+    same = stat_signature(before) == stat_signature(after) and len(data) == before.st_size
+    return data, before if same else None

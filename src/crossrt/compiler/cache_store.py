@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -25,6 +26,8 @@ from ..errors import InvalidArgumentError
 
 log = logging.getLogger("crossrt")
 
+RACY_NS = 2_000_000_000
+"""A file changed less than this before its status was recorded is hashed again next time."""
 _STALE_TEMP_S = 3600.0  # a temporary file this old belongs to a writer that died
 _KEY = re.compile(r"[0-9a-f]{64}")  # only files named so are entries: never touch others
 TAG = "CACHEDIR.TAG"
@@ -78,7 +81,7 @@ class EntryStore:
         self.directory = directory
         try:
             (directory / "locks").mkdir(parents=True, exist_ok=True)
-            (directory / "sources").mkdir(exist_ok=True)
+            (directory / "sources" / "paths").mkdir(parents=True, exist_ok=True)
             if not (directory / TAG).exists():
                 (directory / TAG).write_text(_TAG_TEXT)
         except OSError as exc:
@@ -153,7 +156,44 @@ class EntryStore:
         value = record.get("content_hash") if record else None
         return value if isinstance(value, str) else None
 
+    def path_alias(self, path: Path) -> str | None:
+        """The content hash of the model in file ``path``, from its status alone.
+
+        Trusted only when the file's device, inode, size, mtime and ctime are those recorded
+        when its bytes were hashed, and it had not changed for :data:`RACY_NS` before then
+        (so that a change within one tick of a coarse file-system clock cannot go unseen).
+        """
+        try:
+            st = path.stat()
+        except OSError:
+            return None
+        record = read_json(self._path_record(path))
+        if not record or record.get("stat") != stat_signature(st):
+            return None
+        recorded = record.get("recorded_ns")
+        if (
+            not isinstance(recorded, int)
+            or recorded - max(st.st_mtime_ns, st.st_ctime_ns) < RACY_NS
+        ):
+            return None
+        value = record.get("content_hash")
+        return value if isinstance(value, str) else None
+
     # -- writing -------------------------------------------------------------------------
+
+    def set_path_alias(self, path: Path, st: os.stat_result, content_hash: str) -> None:
+        """Record that ``path``, with status ``st`` when it was read, holds ``content_hash``."""
+        record = {
+            "path": os.path.realpath(path),
+            "stat": stat_signature(st),
+            "recorded_ns": time.time_ns(),
+            "content_hash": content_hash,
+        }
+        self.write_json(self._path_record(path), record)
+
+    def _path_record(self, path: Path) -> Path:
+        name = hashlib.sha256(os.fsencode(os.path.realpath(path))).hexdigest()
+        return self.directory / "sources" / "paths" / f"{name}.json"
 
     def set_alias(self, digest: str, content_hash: str) -> None:
         """Record that file bytes of SHA-256 ``digest`` hold model ``content_hash``."""
@@ -223,7 +263,8 @@ class EntryStore:
             with contextlib.suppress(OSError):
                 if now - path.stat().st_mtime > _STALE_TEMP_S:
                     path.unlink()
-        for path in (self.directory / "sources").glob("*.json"):
+        sources = self.directory / "sources"
+        for path in [*sources.glob("*.json"), *(sources / "paths").glob("*.json")]:
             if not is_key(path.stem):
                 continue
             record = read_json(path)
@@ -246,6 +287,12 @@ class EntryStore:
         """Replace ``path`` with ``value`` as JSON, atomically."""
         temp = self.write_temp(json.dumps(value, indent=1, sort_keys=True).encode(), ".json")
         os.replace(temp, path)
+
+
+def stat_signature(st: os.stat_result) -> list[int]:
+    """What changes when a file's content changes: device, inode, size, mtime and ctime (which
+    no user call can set back)."""
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
 def is_key(name: str) -> bool:

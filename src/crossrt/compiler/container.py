@@ -12,6 +12,7 @@ as a ``memoryview`` into the mmap (or the caller's buffer): loading copies no ar
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import mmap
 import os
@@ -153,7 +154,8 @@ def save_executables(executables: Executables, path: str | os.PathLike[str]) -> 
             os.fsync(f.fileno())
         os.replace(tmp, target)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # the parent may be a file: nothing to clean then
+            tmp.unlink(missing_ok=True)
         raise InvalidArgumentError(
             f"cannot write the container {str(target)!r}: {exc.strerror or exc}; check that the "
             "directory exists, is writable and has space",
