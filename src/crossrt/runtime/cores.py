@@ -487,7 +487,10 @@ def _give_back(directory: Path, cpu: int) -> None:
     if held.users == 0:
         del _held[(str(directory), cpu)]
         os.ftruncate(held.fd, 0)  # a living process that let go is no longer named as owner
-        os.close(held.fd)  # drops the lock
+        # Unlock before closing: a child forked a moment ago may still share this open file,
+        # and closing alone would leave the lock held until it closes its copy too.
+        fcntl.flock(held.fd, fcntl.LOCK_UN)
+        os.close(held.fd)
 
 
 def runtime_directory(path: Path, is_default: bool = False) -> Path:

@@ -20,7 +20,9 @@ from ..drivers import (
 )
 from ..errors import ClosedError, InvalidArgumentError, OutOfResourcesError, StatusCode
 from .cores import format_cpus, reserve_cores
+from .devices import Device
 from .loaded import LoadedModel
+from .memory import MemoryStats, all_stats
 
 
 class Runtime:
@@ -97,6 +99,25 @@ class Runtime:
         with self._lock:
             return list(self._models)
 
+    def device(self, device: str = "cpu:0") -> Device:
+        """One device's memory, BMLib style: ``malloc``, ``memcpy_*``, ``mmap`` (see
+        :class:`Device`).
+
+        Raises:
+            DeviceUnavailableError: no available driver serves ``device``.
+        """
+        self._check_open()
+        return Device.open(device)
+
+    def memory_stats(self) -> dict[str, MemoryStats]:
+        """Memory statistics per device (``nrt_get_vnc_memory_stats``): bytes in use, peak,
+        limit, and per loaded model (its ``memory_owner``). Memory belongs to the process,
+        so the figures cover every runtime in it; ``"host"`` is host and shared memory."""
+        self._check_open()
+        for model in self.models:
+            model.memory_stats()  # so each model's device appears, even with nothing in use
+        return all_stats()
+
     def devices(self) -> list[DeviceInfo]:
         """Every device of every available driver (a device served by two drivers twice)."""
         self._check_open()
@@ -118,8 +139,9 @@ class Runtime:
                 :class:`Model`, a path, bytes, an ``onnx.ModelProto``), compiled first.
             device: the device (``"cpu"``, ``"cpu:0"``); for an executable, default the one
                 it was compiled for.
-            cores: how many cores (the first N) or which core indices of the device to use;
-                default all. The engine uses one thread per core.
+            cores: how many cores (the first N) or which core indices to use; default all.
+                On the CPU device, indices count from 0 within :attr:`cores` (index ``i`` is
+                host CPU ``cores[i]``). The engine uses one thread per core.
             driver: for a model that is not compiled yet, the driver to compile with.
             **compile_options: for a model that is not compiled yet, the compile options.
 
