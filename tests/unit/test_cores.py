@@ -29,12 +29,13 @@ import pytest
 import crossrt
 from crossrt import InvalidArgumentError, InvalidOptionError, OutOfResourcesError, StatusCode
 from crossrt.config import settings
+from crossrt.drivers import host as hostinfo
 from crossrt.model import GraphBuilder
 from crossrt.runtime import cores
 from crossrt.tools import ls as ls_tool
 
 AFFINITY = sorted(os.sched_getaffinity(0))
-HOST = cores.host_cpus()
+HOST = hostinfo.host_cpus()
 CPUS = list(HOST.cpus)
 LAST = CPUS[-1]
 PAIR = next(((a, b) for a, b in itertools.pairwise(CPUS) if b == a + 1), None)
@@ -244,16 +245,16 @@ def test_cgroup_v2_cpuset_and_nested_quota(tmp_path):
     (tmp_path / "kube" / "cpu.max").write_text("400000 100000\n")
     (pod / "cpu.max").write_text("150000 100000\n")
     (pod / "cpuset.cpus.effective").write_text(f"{LAST}\n")
-    cpuset, quota = cores.cgroup_cpu_limits(tmp_path, "0::/kube/pod\n")
+    cpuset, quota = hostinfo.cgroup_cpu_limits(tmp_path, "0::/kube/pod\n")
     assert cpuset == {LAST} and quota == 1.5
-    host = cores.host_cpus(tmp_path, "0::/kube/pod\n")
-    assert host == cores.HostCpus((LAST,), 1)
+    host = hostinfo.host_cpus(tmp_path, "0::/kube/pod\n")
+    assert host == hostinfo.HostCpus((LAST,), 1)
 
 
 @pytest.mark.skipif(len(AFFINITY) < 2, reason="needs two CPUs in the affinity mask")
 def test_cgroup_quota_bounds_the_usable_count(tmp_path):
     (tmp_path / "cpu.max").write_text("50000 100000\n")
-    host = cores.host_cpus(tmp_path, "0::/\n")
+    host = hostinfo.host_cpus(tmp_path, "0::/\n")
     assert host.cpus == tuple(AFFINITY) and host.limit == 1  # half a CPU rounds up to one
 
 
@@ -266,27 +267,27 @@ def test_cgroup_v1_quota_and_cpuset(tmp_path):
     (cpu / "cpu.cfs_period_us").write_text("100000\n")
     (cpuset / "cpuset.effective_cpus").write_text("0-3,8\n")
     text = "5:memory:/docker/abc\n4:cpu,cpuacct:/docker/abc\n3:cpuset:/docker/abc\n"
-    assert cores.cgroup_cpu_limits(tmp_path, text) == (frozenset({0, 1, 2, 3, 8}), 2.5)
+    assert hostinfo.cgroup_cpu_limits(tmp_path, text) == (frozenset({0, 1, 2, 3, 8}), 2.5)
     (cpu / "cpu.cfs_quota_us").write_text("-1\n")
-    assert cores.cgroup_cpu_limits(tmp_path, text)[1] is None
+    assert hostinfo.cgroup_cpu_limits(tmp_path, text)[1] is None
 
 
 def test_no_cgroup_limits(tmp_path):
-    assert cores.cgroup_cpu_limits(tmp_path, "0::/\n") == (None, None)
-    assert cores.host_cpus(tmp_path, "") == cores.HostCpus(tuple(AFFINITY), len(AFFINITY))
+    assert hostinfo.cgroup_cpu_limits(tmp_path, "0::/\n") == (None, None)
+    assert hostinfo.host_cpus(tmp_path, "") == hostinfo.HostCpus(tuple(AFFINITY), len(AFFINITY))
 
 
 def test_cpu_lists():
-    assert cores.parse_cpu_set("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
-    assert cores.format_cpus([8, 0, 1, 2, 3, 10]) == "0-3,8,10"
-    assert cores.format_cpus([]) == "none"
+    assert hostinfo.parse_cpu_set("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
+    assert hostinfo.format_cpus([8, 0, 1, 2, 3, 10]) == "0-3,8,10"
+    assert hostinfo.format_cpus([]) == "none"
 
 
 # -- the default: shared, no locks -----------------------------------------------------------
 
 
 def test_default_runtime_shares_every_usable_core(runtime_dir):
-    host = cores.host_cpus()
+    host = hostinfo.host_cpus()
     with crossrt.Runtime() as rt:
         assert not rt.exclusive
         assert rt.cores == host.cpus[: host.limit]

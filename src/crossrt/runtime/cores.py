@@ -17,7 +17,6 @@ import contextlib
 import fcntl
 import json
 import logging
-import math
 import numbers
 import os
 import re
@@ -31,110 +30,21 @@ from pathlib import Path
 from typing import Any
 
 from ..config import contiguous_cores, parse_core_list, settings
+from ..drivers.host import (
+    HostCpus,
+    format_cpus,
+    host_cpus,
+)
+from ..drivers.host import read_text as _read
 from ..errors import InvalidArgumentError, InvalidOptionError, OutOfResourcesError, StatusCode
 
 log = logging.getLogger("crossrt")
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
 _LOCK_NAME = re.compile(r"cpu([0-9]+)\.lock")
 _BOTH_VARIABLES = "CROSSRT_VISIBLE_CORES and CROSSRT_NUM_CORES"
 
 
 # -- which host CPUs this process may use -----------------------------------------------------
-
-
-@dataclass(frozen=True)
-class HostCpus:
-    """The host CPUs this process may run on.
-
-    Attributes:
-        cpus: the affinity mask (``os.sched_getaffinity``) within the cgroup's
-            ``cpuset.cpus.effective``, in order.
-        limit: how many of them it can keep busy at once: ``len(cpus)``, lowered by a cgroup
-            CPU quota (``cpu.max``, rounded up, at least 1).
-    """
-
-    cpus: tuple[int, ...]
-    limit: int
-
-
-def host_cpus(cgroup_root: Path = CGROUP_ROOT, proc_cgroup: str | None = None) -> HostCpus:
-    """The host CPUs this process may use (affinity, cgroup cpuset and CPU quota).
-
-    Args:
-        cgroup_root: where the cgroup file system is mounted.
-        proc_cgroup: the text of ``/proc/self/cgroup``; read when not given.
-    """
-    try:
-        affinity = sorted(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        affinity = list(range(os.cpu_count() or 1))
-    if proc_cgroup is None:
-        proc_cgroup = _read("/proc/self/cgroup") or ""
-    cpuset, quota = cgroup_cpu_limits(cgroup_root, proc_cgroup)
-    cpus = [c for c in affinity if cpuset is None or c in cpuset] or affinity
-    limit = len(cpus) if quota is None else max(1, min(len(cpus), math.ceil(quota)))
-    return HostCpus(tuple(cpus), limit)
-
-
-def cgroup_cpu_limits(root: Path, proc_cgroup: str) -> tuple[frozenset[int] | None, float | None]:
-    """``(cpuset, quota in CPUs)`` of the process's cgroup (v2, or v1); ``None``: no limit.
-
-    The quota is the smallest ``quota / period`` of the cgroup and its ancestors, since a
-    parent's limit caps its children.
-    """
-    cpuset: frozenset[int] | None = None
-    quotas: list[float] = []
-    for line in proc_cgroup.splitlines():
-        hierarchy, _, rest = line.partition(":")
-        controllers, _, path = rest.partition(":")
-        v2 = hierarchy == "0" and not controllers
-        if not v2 and not {"cpu", "cpuset"} & set(controllers.split(",")):
-            continue
-        mount = root if v2 else root / controllers
-        here = mount / path.strip("/")
-        dirs = [d for d in (here, *here.parents) if d.is_relative_to(mount) and d.is_dir()]
-        for d in dirs:
-            text = (
-                _read(d / "cpu.max")
-                if v2
-                else f"{_read(d / 'cpu.cfs_quota_us')} {_read(d / 'cpu.cfs_period_us')}"
-            )
-            quota, _, period = (text or "").partition(" ")  # "max 100000", "-1 100000": none
-            if quota.isdigit() and period.isdigit() and int(period) > 0:
-                quotas.append(int(quota) / int(period))
-        effective = "cpuset.cpus.effective" if v2 else "cpuset.effective_cpus"
-        if cpuset is None and dirs and (text := _read(dirs[0] / effective)):
-            cpuset = parse_cpu_set(text)
-    return cpuset, min(quotas, default=None)
-
-
-def parse_cpu_set(text: str) -> frozenset[int]:
-    """CPU numbers from the kernel's list format, ``"0-3,8,10-11"``."""
-    cpus: set[int] = set()
-    for item in text.strip().split(","):
-        first, _, last = item.strip().partition("-")
-        if first.isdigit() and (not last or last.isdigit()):
-            cpus.update(range(int(first), int(last or first) + 1))
-    return frozenset(cpus)
-
-
-def _read(path: str | Path) -> str | None:
-    try:
-        return Path(path).read_text().strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-def format_cpus(cpus: Sequence[int]) -> str:
-    """``"0-3,8"`` from ``[0, 1, 2, 3, 8]``."""
-    parts: list[str] = []
-    for cpu in sorted(cpus):
-        if parts and cpu == int(parts[-1].rpartition("-")[2]) + 1:
-            parts[-1] = f"{parts[-1].partition('-')[0]}-{cpu}"
-        else:
-            parts.append(str(cpu))
-    return ",".join(parts) or "none"
 
 
 # -- who owns a core ------------------------------------------------------------------------

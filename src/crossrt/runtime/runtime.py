@@ -18,8 +18,9 @@ from ..drivers import (
     get_driver,
     resolve_device,
 )
+from ..drivers.host import format_cpus
 from ..errors import ClosedError, InvalidArgumentError, OutOfResourcesError, StatusCode
-from .cores import format_cpus, reserve_cores
+from .cores import reserve_cores
 from .devices import Device
 from .loaded import LoadedModel
 from .memory import MemoryStats, all_stats

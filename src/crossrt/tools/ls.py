@@ -9,8 +9,9 @@ from typing import Any
 
 from ..config import settings
 from ..drivers import driver_statuses
+from ..drivers.host import format_cpus, host_cpus
 from ..errors import CrossrtError
-from ..runtime.cores import core_owners, format_cpus, host_cpus
+from ..runtime.cores import core_owners
 from .common import fail, human_bytes
 
 
