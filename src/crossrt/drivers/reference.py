@@ -91,8 +91,17 @@ class ReferenceProgram(Program):
                     f"reference evaluator failed: {type(exc).__name__}: {exc}"
                 ) from None
         produced = dict(zip(self._output_names, results, strict=True))
+        # The evaluator computes into arrays of its own: results are copied into the buffers
+        # given, which must match them exactly (a dynamic output's shape is known only now).
         for name, out in (outputs or {}).items():
-            np.copyto(out, produced[name], casting="no")
+            result = np.asarray(produced[name])
+            if result.shape != out.shape or result.dtype != out.dtype:
+                raise ExecutionError(
+                    f"output {name!r} is {result.dtype} {list(result.shape)}, but the buffer "
+                    f"given for it is {out.dtype} {list(out.shape)}; pass a buffer of that "
+                    "dtype and shape, or none to receive the result"
+                )
+            np.copyto(out, result, casting="no")
             produced[name] = out
         return produced
 

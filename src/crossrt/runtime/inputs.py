@@ -15,6 +15,8 @@ import numpy as np
 
 from ..errors import InvalidInputError
 from ..model import TensorSpec
+from .memory import count_copy
+from .tensor import Tensor
 
 
 class InputChecker:
@@ -37,14 +39,20 @@ class InputChecker:
             self._plan.append((s.name, s, np_dtype, exact, s.rank if s.kind == "tensor" else None))
 
     def check(self, inputs: Any) -> dict[str, Any]:
-        """Return ``{name: array}`` ready for the engine, or raise InvalidInputError."""
+        """Return ``{name: array}`` ready for the engine, or raise InvalidInputError.
+
+        Values may be arrays, :class:`Tensor` objects (viewed without a copy when in host
+        memory) or anything ``np.asarray`` takes; ``inputs`` may be a dict, a
+        :class:`TensorSet`, or a list in input order.
+        """
         feed = self._as_dict(inputs)
         for name, spec, np_dtype, exact, rank in self._plan:
             value = feed[name]
             if np_dtype is None:
                 continue  # sequences, optionals, maps, untyped: the engine checks them
             if type(value) is not np.ndarray:
-                value = feed[name] = self._coerce(spec, value)
+                view = value._view if type(value) is Tensor else None  # a host tensor's view
+                value = feed[name] = view if view is not None else self._coerce(spec, value)
             if value.dtype != np_dtype and not _same_string(value.dtype, np_dtype):
                 raise _wrong_dtype(spec, value)
             if exact is not None:
@@ -85,7 +93,7 @@ class InputChecker:
             if inputs.keys() == self._name_set:
                 return dict(inputs)
             return self._mismatch(inputs)
-        if isinstance(inputs, np.ndarray):
+        if isinstance(inputs, np.ndarray | Tensor):
             inputs = [inputs]
         if isinstance(inputs, list | tuple):
             if len(inputs) != len(self.names):
@@ -123,6 +131,14 @@ class InputChecker:
         assert spec.dtype is not None
         if isinstance(value, np.ndarray):
             return value  # a subclass (memmap, matrix): checked like any array
+        if isinstance(value, Tensor):
+            # A host tensor is passed as a view of its memory; other memory is staged (a copy).
+            view = value._host_view()
+            if view is not None:
+                return view
+            array = value.numpy()
+            count_copy(array.nbytes)
+            return array
         try:
             array = np.asarray(value)
         except Exception as exc:

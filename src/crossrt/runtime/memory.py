@@ -19,14 +19,13 @@ from __future__ import annotations
 import dataclasses
 import threading
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from ..drivers import DeviceInfo, Driver, resolve_device
-from ..drivers.base import Capabilities
-from ..drivers.host import host_cpu
 from ..errors import InvalidArgumentError, OutOfResourcesError
+from .allocation import HOST, Allocation, HostMemory, MemoryHooks, is_coherent
 from .memlog import MemoryEvent, memory_log
 
 _copied = 0
@@ -47,155 +46,6 @@ def copied_bytes() -> int:
     outputs are bound in place adds 0.
     """
     return _copied
-
-
-class MemoryHooks(Protocol):
-    """The memory half of the driver interface (``Driver.allocate`` ... ``copy_device``)."""
-
-    def allocate(self, device: DeviceInfo, nbytes: int) -> Any: ...
-
-    def free(self, device: DeviceInfo, buffer: Any) -> None: ...
-
-    def copy_in(self, device: DeviceInfo, dst: Any, src: memoryview, offset: int = 0) -> None: ...
-
-    def copy_out(self, device: DeviceInfo, dst: memoryview, src: Any, offset: int = 0) -> None: ...
-
-    def copy_device(
-        self,
-        device: DeviceInfo,
-        dst: Any,
-        src: Any,
-        nbytes: int,
-        dst_offset: int = 0,
-        src_offset: int = 0,
-    ) -> None: ...
-
-
-class _HostMemory:
-    """Host memory as a driver's default hooks see it, but zero-filled (calloc: pages are
-    zeroed lazily, so it costs no more than ``np.empty`` and never shows stale bytes)."""
-
-    name = "host"
-
-    def device(self) -> DeviceInfo:
-        return dataclasses.replace(host_cpu("host", Capabilities()), id=HOST)
-
-    def allocate(self, device: DeviceInfo, nbytes: int) -> Any:
-        return np.zeros(nbytes, dtype=np.uint8)
-
-    def free(self, device: DeviceInfo, buffer: Any) -> None:
-        del buffer
-
-    copy_in = Driver.copy_in
-    copy_out = Driver.copy_out
-    copy_device = Driver.copy_device
-
-
-_HOOKS = ("allocate", "free", "copy_in", "copy_out", "copy_device")
-
-
-def is_coherent(driver: Any) -> bool:
-    """Whether a driver's memory is host memory: it keeps all five default memory hooks."""
-    if isinstance(driver, _HostMemory):
-        return True
-    return all(getattr(type(driver), h, None) is getattr(Driver, h) for h in _HOOKS)
-
-
-class MappingState(Protocol):
-    """What an allocation mapped into host memory on a non-coherent device checks
-    (see :mod:`.devices`)."""
-
-    def before_device_access(self, what: str) -> None: ...
-
-    def after_device_write(self) -> None: ...
-
-
-class Allocation:
-    """A block of device memory from an :class:`Allocator` (or adopted into its accounting).
-
-    Attributes:
-        allocator: where it came from.
-        handle: the driver's buffer.
-        host: a ``uint8`` NumPy view of the bytes when the device is host-coherent, else
-            ``None`` (then use :meth:`copy_in` / :meth:`copy_out`).
-        nbytes: its size.
-        owner: who it is charged to.
-        name: the name given when allocating.
-        version: bumped by every device-side write (coherence checks use it).
-        mapping: the host mapping of a non-coherent allocation (``Device.mmap``), or ``None``.
-    """
-
-    __slots__ = (
-        "adopted",
-        "allocator",
-        "freed",
-        "handle",
-        "host",
-        "mapping",
-        "name",
-        "nbytes",
-        "owner",
-        "version",
-    )
-
-    def __init__(
-        self,
-        allocator: Allocator,
-        handle: Any,
-        nbytes: int,
-        owner: str,
-        name: str,
-        adopted: bool = False,
-    ) -> None:
-        self.allocator = allocator
-        self.handle = handle
-        self.host: np.ndarray | None = handle if allocator.coherent else None
-        self.nbytes = nbytes
-        self.owner = owner
-        self.name = name
-        self.freed = False
-        self.adopted = adopted  # made elsewhere: freeing drops the handle, no driver free
-        self.version = 0
-        self.mapping: MappingState | None = None
-
-    def free(self) -> None:
-        """Return the memory to the driver (idempotent)."""
-        self.allocator.free(self)
-
-    def copy_in(self, src: np.ndarray, offset: int = 0) -> None:
-        """Copy host bytes (a ``uint8`` array) into the allocation at ``offset``."""
-        if self.mapping is not None:
-            self.mapping.before_device_access("a write to the memory")
-        a = self.allocator
-        a.hooks.copy_in(a.device, self.handle, src.data, offset)
-        self.version += 1
-        if self.mapping is not None:
-            self.mapping.after_device_write()
-
-    def copy_out(self, dst: np.ndarray, offset: int = 0) -> None:
-        """Copy ``dst.size`` bytes from ``offset`` into a host ``uint8`` array."""
-        if self.mapping is not None:
-            self.mapping.before_device_access("a read of the memory")
-        a = self.allocator
-        a.hooks.copy_out(a.device, dst.data, self.handle, offset)
-
-    def copy_from(self, src: Allocation, nbytes: int, dst_offset: int, src_offset: int) -> None:
-        """Copy ``nbytes`` from another allocation; on one device through ``copy_device``,
-        across devices through a host buffer."""
-        if src.mapping is not None:
-            src.mapping.before_device_access("a copy from the memory")
-        if src.allocator is self.allocator:
-            if self.mapping is not None:
-                self.mapping.before_device_access("a copy into the memory")
-            a = self.allocator
-            a.hooks.copy_device(a.device, self.handle, src.handle, nbytes, dst_offset, src_offset)
-            self.version += 1
-            if self.mapping is not None:
-                self.mapping.after_device_write()
-            return
-        staging = np.empty(nbytes, dtype=np.uint8)
-        src.copy_out(staging, src_offset)
-        self.copy_in(staging, dst_offset)
 
 
 @dataclass(frozen=True)
@@ -247,12 +97,13 @@ class MemoryStats:
 
 
 class _Account:
-    __slots__ = ("allocations", "budget", "in_use", "label", "peak")
+    __slots__ = ("allocations", "budget", "forgotten", "in_use", "label", "peak")
 
     def __init__(self) -> None:
         self.in_use = self.peak = self.allocations = 0
         self.budget: int | None = None
         self.label = ""
+        self.forgotten = False  # its owner is gone: drop it once its last allocation is freed
 
 
 class Allocator:
@@ -311,6 +162,8 @@ class Allocator:
             account = self._accounts[allocation.owner]
             account.in_use -= allocation.nbytes
             account.allocations -= 1
+            if account.forgotten and not account.allocations:
+                del self._accounts[allocation.owner]
             self._in_use -= allocation.nbytes
             self._count -= 1
             in_use, owner_in_use = self._in_use, account.in_use
@@ -326,6 +179,22 @@ class Allocator:
             in_use,
             owner_in_use,
         )
+
+    def register(self, owner: str, label: str) -> None:
+        """Open ``owner``'s account, named ``label`` in messages (``"model 'resnet'"``)."""
+        with self._lock:
+            account = self._accounts.setdefault(owner, _Account())
+            account.label, account.forgotten = label, False
+
+    def forget(self, owner: str) -> None:
+        """Close ``owner``'s account, now or when its last allocation is freed."""
+        with self._lock:
+            account = self._accounts.get(owner)
+            if account is not None and owner:
+                if account.allocations:
+                    account.forgotten = True
+                else:
+                    del self._accounts[owner]
 
     def set_budget(self, owner: str, nbytes: int | None, *, label: str = "") -> None:
         """Limit what ``owner`` may hold on this device (``None``: no limit).
@@ -460,8 +329,6 @@ def _check_size(nbytes: Any) -> int:
 
 _allocators: dict[str, Allocator] = {}
 _registry_lock = threading.Lock()
-HOST = "host"
-"""The device name of host memory (HOST and VIRTUAL placements, shared memory)."""
 
 
 def host_allocator() -> Allocator:
@@ -469,7 +336,7 @@ def host_allocator() -> Allocator:
     with _registry_lock:
         found = _allocators.get(HOST)
         if found is None:
-            hooks = _HostMemory()
+            hooks = HostMemory()
             found = _allocators[HOST] = Allocator(hooks, hooks.device())
         return found
 

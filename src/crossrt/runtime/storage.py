@@ -12,14 +12,18 @@ access goes through the driver's copy hooks).
 
 from __future__ import annotations
 
+import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from .. import dtypes
+from ..dtypes import DType
 from ..errors import InvalidArgumentError, OperationForbiddenError
-from .memory import Allocation
+from .allocation import Allocation
+from .tensordesc import as_dtype, as_shape, fixed_size
 
 
 class Storage:
@@ -33,10 +37,14 @@ class Storage:
         fd_offset: where in that file the bytes begin.
         on_release: called once when the last user lets go (unmap, close, unlink).
         keepalive: an object to keep referenced while in use (an attached caller buffer).
+        borrowed: the allocation belongs to someone else (``Device.malloc`` memory wrapped
+            in a tensor): releasing does not free it.
     """
 
     __slots__ = (
+        "_lock",
         "allocation",
+        "borrowed",
         "fd",
         "fd_offset",
         "host",
@@ -45,7 +53,6 @@ class Storage:
         "on_release",
         "readonly",
         "users",
-        "_lock",
     )
 
     def __init__(
@@ -58,6 +65,7 @@ class Storage:
         fd_offset: int = 0,
         on_release: Callable[[], None] | None = None,
         keepalive: Any = None,
+        borrowed: bool = False,
     ) -> None:
         self.nbytes = nbytes
         self.host = host
@@ -66,6 +74,7 @@ class Storage:
         self.fd_offset = fd_offset
         self.on_release = on_release
         self.keepalive = keepalive
+        self.borrowed = borrowed
         self.readonly = host is not None and not host.flags.writeable
         self.users = 0
         self._lock = threading.Lock()
@@ -83,8 +92,9 @@ class Storage:
                 return
             allocation, self.allocation = self.allocation, None
             on_release, self.on_release = self.on_release, None
-            self.keepalive = None
-        if allocation is not None:
+            # Drop our views too: a mapping can only be closed once no view of it is left.
+            self.keepalive = self.host = None
+        if allocation is not None and not self.borrowed:
             allocation.free()
         if on_release is not None:
             on_release()
@@ -133,7 +143,7 @@ class Storage:
             dst._device().copy_from(self._device(), nbytes, dst_offset, src_offset)
 
     def _device(self) -> Allocation:
-        if self.allocation is None:
+        if self.allocation is None or self.allocation.freed:
             raise OperationForbiddenError("the tensor's memory was released")
         return self.allocation
 
@@ -192,3 +202,34 @@ def as_array(buffer: Any, what: str) -> np.ndarray:
         return np.asarray(view)
     except (TypeError, ValueError, NotImplementedError):  # a format NumPy does not know
         return np.frombuffer(view, dtype=np.uint8)
+
+
+def buffer_storage(
+    buffer: Any, size: int | None, dtype: Any, shape: Sequence[int] | None, what: str
+) -> tuple[Storage, DType, tuple[int, ...]]:
+    """A storage over a caller's buffer (no copy), and the dtype and shape to view it as:
+    those given, else the array's own (uint8 for raw bytes or a ``size`` prefix)."""
+    array = as_array(buffer, what)
+    raw = byte_view(array, writable=False, what=what)
+    if size is not None:
+        if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= raw.size:
+            raise InvalidArgumentError(
+                f"{what}: size={size!r} but the buffer holds {raw.size} bytes; give a size "
+                f"from 0 to {raw.size}"
+            )
+        raw = raw[:size]
+    if dtype is None and shape is None and size is None:
+        try:
+            dt, dims = fixed_size(dtypes.from_numpy(array.dtype)), tuple(array.shape)
+        except InvalidArgumentError:
+            dt, dims = dtypes.from_name("uint8"), (raw.size,)
+    else:
+        dt = dtypes.from_name("uint8") if dtype is None else fixed_size(as_dtype(dtype))
+        dims = (raw.size // dt.itemsize,) if shape is None else as_shape(shape)
+    needed = math.prod(dims) * dt.itemsize
+    if needed > raw.size:
+        raise InvalidArgumentError(
+            f"{what}: {dt} {list(dims)} needs {needed} bytes but the buffer holds "
+            f"{raw.size}; attach a larger buffer"
+        )
+    return Storage(raw.size, host=raw, keepalive=buffer), dt, dims

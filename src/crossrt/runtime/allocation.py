@@ -1,0 +1,174 @@
+"""A block of device memory (:class:`Allocation`) and how bytes move in and out of it.
+
+The bytes move through the driver's memory hooks (``Driver.allocate`` ... ``copy_device``).
+Drivers that keep all five defaults serve host memory ("coherent"): a block is a NumPy
+``uint8`` array the host reads directly. Others keep memory the host cannot address; when
+such a block is mapped into host memory (``Device.mmap``), its mapping checks every device
+access (see :mod:`.devices`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from ..drivers import DeviceInfo, Driver
+from ..drivers.base import Capabilities
+from ..drivers.host import host_cpu
+
+if TYPE_CHECKING:
+    from .memory import Allocator
+
+HOST = "host"
+"""The device name of host memory (HOST and VIRTUAL placements, shared memory)."""
+
+
+class MemoryHooks(Protocol):
+    """The memory half of the driver interface (``Driver.allocate`` ... ``copy_device``)."""
+
+    def allocate(self, device: DeviceInfo, nbytes: int) -> Any: ...
+
+    def free(self, device: DeviceInfo, buffer: Any) -> None: ...
+
+    def copy_in(self, device: DeviceInfo, dst: Any, src: memoryview, offset: int = 0) -> None: ...
+
+    def copy_out(self, device: DeviceInfo, dst: memoryview, src: Any, offset: int = 0) -> None: ...
+
+    def copy_device(
+        self,
+        device: DeviceInfo,
+        dst: Any,
+        src: Any,
+        nbytes: int,
+        dst_offset: int = 0,
+        src_offset: int = 0,
+    ) -> None: ...
+
+
+class HostMemory:
+    """Host memory as a driver's default hooks see it, but zero-filled (calloc: pages are
+    zeroed lazily, so it costs no more than ``np.empty`` and never shows stale bytes)."""
+
+    name = "host"
+
+    def device(self) -> DeviceInfo:
+        return dataclasses.replace(host_cpu("host", Capabilities()), id=HOST)
+
+    def allocate(self, device: DeviceInfo, nbytes: int) -> Any:
+        return np.zeros(nbytes, dtype=np.uint8)
+
+    def free(self, device: DeviceInfo, buffer: Any) -> None:
+        del buffer
+
+    copy_in = Driver.copy_in
+    copy_out = Driver.copy_out
+    copy_device = Driver.copy_device
+
+
+_HOOKS = ("allocate", "free", "copy_in", "copy_out", "copy_device")
+
+
+def is_coherent(driver: Any) -> bool:
+    """Whether a driver's memory is host memory: it keeps all five default memory hooks."""
+    if isinstance(driver, HostMemory):
+        return True
+    return all(getattr(type(driver), h, None) is getattr(Driver, h) for h in _HOOKS)
+
+
+class MappingState(Protocol):
+    """What an allocation mapped into host memory on a non-coherent device checks
+    (see :mod:`.devices`)."""
+
+    def before_device_access(self, what: str) -> None: ...
+
+    def after_device_write(self) -> None: ...
+
+
+class Allocation:
+    """A block of device memory from an :class:`Allocator` (or adopted into its accounting).
+
+    Attributes:
+        allocator: where it came from.
+        handle: the driver's buffer.
+        host: a ``uint8`` NumPy view of the bytes when the device is host-coherent, else
+            ``None`` (then use :meth:`copy_in` / :meth:`copy_out`).
+        nbytes: its size.
+        owner: who it is charged to.
+        name: the name given when allocating.
+        version: bumped by every device-side write (coherence checks use it).
+        mapping: the host mapping of a non-coherent allocation (``Device.mmap``), or ``None``.
+    """
+
+    __slots__ = (
+        "adopted",
+        "allocator",
+        "freed",
+        "handle",
+        "host",
+        "mapping",
+        "name",
+        "nbytes",
+        "owner",
+        "version",
+    )
+
+    def __init__(
+        self,
+        allocator: Allocator,
+        handle: Any,
+        nbytes: int,
+        owner: str,
+        name: str,
+        adopted: bool = False,
+    ) -> None:
+        self.allocator = allocator
+        self.handle = handle
+        self.host: np.ndarray | None = handle if allocator.coherent else None
+        self.nbytes = nbytes
+        self.owner = owner
+        self.name = name
+        self.freed = False
+        self.adopted = adopted  # made elsewhere: freeing drops the handle, no driver free
+        self.version = 0
+        self.mapping: MappingState | None = None
+
+    def free(self) -> None:
+        """Return the memory to the driver (idempotent)."""
+        self.allocator.free(self)
+
+    def copy_in(self, src: np.ndarray, offset: int = 0) -> None:
+        """Copy host bytes (a ``uint8`` array) into the allocation at ``offset``."""
+        if self.mapping is not None:
+            self.mapping.before_device_access("a write to the memory")
+        a = self.allocator
+        a.hooks.copy_in(a.device, self.handle, src.data, offset)
+        self.version += 1
+        if self.mapping is not None:
+            self.mapping.after_device_write()
+
+    def copy_out(self, dst: np.ndarray, offset: int = 0) -> None:
+        """Copy ``dst.size`` bytes from ``offset`` into a host ``uint8`` array."""
+        if self.mapping is not None:
+            self.mapping.before_device_access("a read of the memory")
+        a = self.allocator
+        a.hooks.copy_out(a.device, dst.data, self.handle, offset)
+
+    def copy_from(self, src: Allocation, nbytes: int, dst_offset: int, src_offset: int) -> None:
+        """Copy ``nbytes`` from another allocation; on one device through ``copy_device``,
+        across devices through a host buffer."""
+        if src.mapping is not None:
+            src.mapping.before_device_access("a copy from the memory")
+        if src.allocator is self.allocator:
+            if self.mapping is not None:
+                self.mapping.before_device_access("a copy into the memory")
+            a = self.allocator
+            a.hooks.copy_device(a.device, self.handle, src.handle, nbytes, dst_offset, src_offset)
+            self.version += 1
+            if self.mapping is not None:
+                self.mapping.after_device_write()
+            return
+        staging = np.empty(nbytes, dtype=np.uint8)
+        src.copy_out(staging, src_offset)
+        self.copy_in(staging, dst_offset)

@@ -1,0 +1,197 @@
+"""Where a run's results go: caller arrays, crossrt Tensors, TensorSets, or memory the runtime
+allocates (``bmrt_launch_tensor``'s ``user_mem`` semantics).
+
+- A NumPy array or a host :class:`Tensor` for an output whose shape is known before the run
+  is bound in place: the engine writes into it, nothing is copied. A tensor with more bytes
+  than needed takes the output's shape (``set_shape``); one with fewer is refused before the
+  run, naming the bytes needed.
+- A tensor for a dynamic output (its shape is known only after the run), or one the host
+  cannot address, receives a copy of the result and its shape; one too small is refused
+  naming the bytes needed. These copies count in :func:`~.memory.copied_bytes`.
+- ``None`` (or a name missing from a :class:`TensorSet`) lets the runtime allocate: the
+  engine's result becomes a tensor charged to the model's memory budget, without a copy.
+  The caller keeps it, reuses it in later runs, or frees it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import dtypes
+from ..errors import InvalidArgumentError, InvalidInputError
+from ..model import TensorSpec
+from .inputs import InputChecker
+from .memory import Allocator, count_copy
+from .storage import Storage
+from .tensor import Tensor
+from .tensordesc import Placement
+from .tensorset import TensorSet
+
+_BOUND, _COPY, _ALLOCATE = 0, 1, 2
+
+
+class OutputBinder:
+    """Prepares and finishes the outputs of one model's runs.
+
+    Args:
+        specs: the model's outputs.
+        checker: the model's input checker (it also checks output arrays).
+        allocator: returns the allocator of the model's device.
+        owner: the model's memory owner key.
+    """
+
+    def __init__(
+        self,
+        specs: Sequence[TensorSpec],
+        checker: InputChecker,
+        allocator: Callable[[], Allocator],
+        owner: str,
+    ) -> None:
+        self._specs = tuple(specs)
+        self._by_name = {s.name: s for s in specs}
+        self._checker = checker
+        self._allocator = allocator
+        self._owner = owner
+        self._static: dict[str, tuple[tuple[int, ...], int]] = {}
+        for s in specs:
+            if s.kind == "tensor" and s.is_static and s.dtype is not None and s.dtype.itemsize:
+                shape = tuple(d for d in s.shape or () if isinstance(d, int))
+                nbytes = math.prod(shape) * s.dtype.itemsize
+                self._static[s.name] = (shape, nbytes)
+
+    def run(
+        self, execute: Callable[..., dict[str, Any]], feed: dict[str, Any], outputs: Any
+    ) -> Any:
+        """Run ``execute`` with ``outputs`` bound; return the results (the set, for a set)."""
+        if type(outputs) is dict:  # all arrays: the path as it was before tensors, kept fast
+            for value in outputs.values():
+                if type(value) is not np.ndarray:
+                    break
+            else:
+                return execute(feed, self._checker.check_outputs(outputs, self._specs))
+        # isinstance against the mapping ABCs costs ~0.5 µs each: a plain dict skips them.
+        plain = type(outputs) is dict
+        is_set = not plain and isinstance(outputs, TensorSet)
+        if not plain and not is_set and not isinstance(outputs, Mapping):
+            raise InvalidArgumentError(
+                f"outputs= must be a dict of name -> array/Tensor/None or a TensorSet, not "
+                f"{type(outputs).__name__}"
+            )
+        bound: dict[str, np.ndarray] = {}
+        after: list[tuple[TensorSpec, int, Tensor | None]] = []
+        for name, value in outputs.items():
+            if value is None or isinstance(value, Tensor):
+                spec = self._spec(name)
+                if value is None:
+                    after.append((spec, _ALLOCATE, None))
+                elif (view := self._bind(spec, value)) is not None:
+                    bound[name] = view
+                    after.append((spec, _BOUND, value))
+                else:
+                    after.append((spec, _COPY, value))
+            else:
+                bound.update(self._checker.check_outputs({name: value}, self._specs))
+        if is_set:
+            after += [(s, _ALLOCATE, None) for s in self._specs if s.name not in outputs]
+        result = execute(feed, bound) if bound else execute(feed)
+        for spec, how, tensor in after:
+            if how == _BOUND:
+                result[spec.name] = tensor
+            elif how == _COPY:
+                assert tensor is not None
+                result[spec.name] = _copy_into(spec, tensor, result[spec.name])
+            else:
+                result[spec.name] = self._adopt(spec, result[spec.name])
+        if not is_set:
+            return result
+        assert isinstance(outputs, TensorSet)
+        for name, value in result.items():
+            outputs.add(name, value)
+        return outputs
+
+    def _spec(self, name: str) -> TensorSpec:
+        spec = self._by_name.get(name)
+        if spec is None:
+            raise InvalidInputError(
+                f"unknown output {name!r} in outputs=; the model's outputs are "
+                f"{', '.join(self._by_name) or 'none'}",
+                details={"output": name},
+            )
+        if spec.kind != "tensor" or spec.dtype is None or not spec.dtype.itemsize:
+            raise InvalidInputError(
+                f"output {name!r} is {spec.describe()}, which no Tensor can hold; leave it out "
+                "of outputs= to receive it as a Python value",
+                details={"output": name},
+            )
+        return spec
+
+    def _bind(self, spec: TensorSpec, tensor: Tensor) -> np.ndarray | None:
+        """The array to bind for ``tensor``, or ``None`` to copy the result in after the run."""
+        storage = tensor._live("run")
+        if not tensor._described and spec.dtype is not None:
+            # Raw memory (Tensor.allocate, nrt_tensor_allocate) takes the output's dtype.
+            tensor.set_shape((tensor.size // spec.dtype.itemsize,), spec.dtype)
+        if tensor.dtype is not spec.dtype and tensor.dtype != spec.dtype:
+            raise InvalidInputError(
+                f"output tensor {spec.name!r} is {tensor.dtype}, the output is {spec.describe()}; "
+                f"pass a {spec.dtype} tensor",
+                details={"output": spec.name, "expected_dtype": str(spec.dtype)},
+            )
+        storage.check_writable()
+        static = self._static.get(spec.name)
+        if static is None or storage.host is None:
+            return None
+        shape, nbytes = static
+        if tensor.size < nbytes:
+            raise _too_small(spec.name, spec.describe(), nbytes, tensor)
+        if tensor.shape != shape:
+            tensor.set_shape(shape)
+        return tensor._host_view()
+
+    def _adopt(self, spec: TensorSpec, produced: Any) -> Tensor:
+        """The engine's result as a tensor charged to the model, without a copy where the
+        model's device is host memory."""
+        array = np.asarray(produced)
+        if not array.flags.c_contiguous:
+            array = np.ascontiguousarray(array)
+            count_copy(array.nbytes)
+        raw = array.reshape(-1).view(np.uint8)
+        allocator = self._allocator()
+        owner, name = self._owner, spec.name
+        if allocator.coherent:
+            allocation = allocator.adopt(array, raw.size, owner=owner, name=name)
+            storage = Storage(raw.size, host=raw, allocation=allocation)
+        else:
+            allocation = allocator.allocate(raw.size, owner=owner, name=name)
+            storage = Storage(raw.size, allocation=allocation)
+            storage.write_from(0, raw)
+            count_copy(raw.size)
+        dtype = dtypes.from_numpy(array.dtype)
+        device = allocator.device.id
+        return Tensor._wrap(
+            storage, dtype, array.shape, name=name, placement=Placement.DEVICE, device=device
+        )
+
+
+def _copy_into(spec: TensorSpec, tensor: Tensor, produced: Any) -> Tensor:
+    array = np.ascontiguousarray(produced)
+    if tensor.size < array.nbytes:
+        shape = "[" + ",".join(map(str, array.shape)) + "]"
+        raise _too_small(spec.name, f"{spec.dtype} {shape}", array.nbytes, tensor)
+    tensor.set_shape(array.shape)
+    tensor.write(array)
+    count_copy(array.nbytes)
+    return tensor
+
+
+def _too_small(name: str, what: str, needed: int, tensor: Tensor) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"output {name!r} is {what} ({needed} bytes) but the tensor given holds {tensor.size} "
+        f"bytes; pass a tensor of at least {needed} bytes, or None to let the runtime "
+        "allocate it",
+        details={"output": name, "needed": needed, "size": tensor.size},
+    )
