@@ -9,12 +9,14 @@ variants, all ending with a model ready to run on the CPU:
 - ``crm``: ``crossrt.load_executable("model.crm")``, then the load.
 - ``raw``: ``onnxruntime.InferenceSession(path)``, ONNX Runtime's own session creation from
   the ONNX file (default options, CPU provider).
+- ``crm_unhashed`` (diagnostic): ``load_executable("model.crm", validate_hash=False)`` (as
+  ``CROSSRT_VALIDATE_HASH=0``), then the load: what the section hashes cost.
 - ``hash`` (diagnostic): read the ONNX file and SHA-256 it, what a hit pays to recognise a
   file whose status changed.
-- ``zero_copy`` (diagnostic, not what crossrt does today): the same optimized graph as the
-  ``.crm`` artifact with its large initializers moved to a 64-byte-aligned blob; the blob is
-  mapped and handed to ORT as ``OrtValue`` views (``SessionOptions.add_external_initializers``),
-  so no weight byte is copied or parsed. It shows what the onnxruntime driver could load in.
+- ``zero_copy`` (diagnostic: the engine's floor): the ``.crm`` node's onnxruntime artifact
+  alone in a file, mapped, and an ORT session made from its small graph with its weights
+  handed over as views of the mapping (``SessionOptions.add_external_initializers``), as the
+  driver does, without crossrt's container checks, hashing, registry or runtime.
 
 The variants run in rounds (one of each per round, order rotated) so that a slow moment of
 the machine falls on all of them; medians are compared. Every process also runs the model
@@ -46,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
-VARIANTS = ("cold", "hit", "crm", "raw", "hash", "zero_copy")
+VARIANTS = ("cold", "hit", "crm", "raw", "crm_unhashed", "hash", "zero_copy")
 TARGET_SPEEDUP = 2.0  # a hit or a .crm load at least this much faster than a cold compile
 
 
@@ -82,7 +84,7 @@ def child(variant: str, name: str, path: str, cache_dir: str, crm: str, profile:
         hashlib.sha256(Path(path).read_bytes()).hexdigest()
         t1 = t2 = clock()
     elif variant == "zero_copy":
-        runner = zero_copy_session(Path(crm).with_suffix(".zc"))
+        runner = zero_copy_session(Path(crm).with_suffix(".ortart"))
         t1 = t2 = clock()
     else:
         if variant == "cold":
@@ -91,7 +93,7 @@ def child(variant: str, name: str, path: str, cache_dir: str, crm: str, profile:
             exe = crossrt.compile(path, "cpu", cache_dir=cache_dir)
             result["cache"] = crossrt.cache_stats().to_dict()
         else:
-            exe = crossrt.load_executable(crm)
+            exe = crossrt.load_executable(crm, validate_hash=variant == "crm")
         t1 = clock()
         rt = crossrt.Runtime()
         runner = rt.load(exe)
@@ -115,8 +117,9 @@ def child(variant: str, name: str, path: str, cache_dir: str, crm: str, profile:
 # (label, file suffix, function name, "tt" own time or "ct" cumulative time)
 _PARTS = [
     ("SHA-256 (container sections; the model file too when its status changed)", "~", "sha", "tt"),
-    ("driver registry (imports every driver)", "registry.py", "driver_statuses", "ct"),
-    ("onnxruntime driver: copy of the artifact (bytes(view))", "onnxruntime.py", "load", "tt"),
+    ("driver registry (imports and creates drivers)", "registry.py", "_load", "ct"),
+    ("onnxruntime driver: artifact index and weight views", "ort_artifact.py", "unpack", "ct"),
+    ("onnxruntime driver: OrtValues of the weights", "~", "ortvalue_from_numpy", "ct"),
     ("ORT: read the model bytes (protobuf)", "_collection.py", "_create_inference_session", "tt"),
     ("ORT: initialize_session (optimize, kernels)", "~", "initialize_session", "tt"),
 ]
@@ -134,64 +137,22 @@ def breakdown(stats: Any) -> dict[str, float]:
     return found
 
 
-def split_weights(artifact: bytes, out: Path, threshold: int = 1024) -> None:
-    """Write ``out/graph.onnx`` (initializers of ``threshold`` bytes or more declared as external
-    data) and ``out/weights.bin`` (their bytes, 64-byte aligned) with an index."""
-    import numpy as np
-    import onnx
-    from onnx import numpy_helper
-
-    model = onnx.ModelProto.FromString(artifact)
-    out.mkdir(parents=True, exist_ok=True)
-    index, kept, offset = [], [], 0
-    with open(out / "weights.bin", "wb") as blob:
-        for init in model.graph.initializer:
-            array = numpy_helper.to_array(init)
-            if array.nbytes < threshold:
-                kept.append(init)
-                continue
-            pad = -offset % 64
-            blob.write(b"\0" * pad)
-            offset += pad
-            blob.write(np.ascontiguousarray(array).tobytes())
-            index.append([init.name, array.dtype.str, list(array.shape), offset])
-            stub = onnx.TensorProto(name=init.name, data_type=init.data_type, dims=init.dims)
-            stub.data_location = onnx.TensorProto.EXTERNAL
-            for key, value in (
-                ("location", "supplied"),
-                ("offset", offset),
-                ("length", array.nbytes),
-            ):
-                stub.external_data.add(key=key, value=str(value))
-            kept.append(stub)
-            offset += array.nbytes
-    del model.graph.initializer[:]
-    model.graph.initializer.extend(kept)
-    (out / "graph.onnx").write_bytes(model.SerializeToString())
-    (out / "index.json").write_text(json.dumps(index))
-
-
-def zero_copy_session(folder: Path) -> Any:
-    """An ORT session over ``split_weights`` output, the weights mapped, not copied."""
+def zero_copy_session(path: Path) -> Any:
+    """An ORT session over an onnxruntime artifact in ``path``, its weights mapped, not copied."""
     import mmap
 
-    import numpy as np
     import onnxruntime as ort
 
-    with open(folder / "weights.bin", "rb") as f:
-        blob = np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), dtype=np.uint8)
-    names, values = [], []
-    for name, dtype, shape, offset in json.loads((folder / "index.json").read_text()):
-        size = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        view = blob[offset : offset + size].view(dtype).reshape(shape)
-        names.append(name)
-        values.append(ort.OrtValue.ortvalue_from_numpy(view))
+    from crossrt.drivers import ort_artifact
+
+    with open(path, "rb") as f:
+        view = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+    unpacked = ort_artifact.unpack(view)
+    values = [ort.OrtValue.ortvalue_from_numpy(a) for a in unpacked.arrays]
     so = ort.SessionOptions()
-    so.add_external_initializers(names, values)
-    session = ort.InferenceSession(
-        (folder / "graph.onnx").read_bytes(), so, providers=["CPUExecutionProvider"]
-    )
-    session._crossrt_keep = values  # the OrtValues must outlive the session
+    so.add_external_initializers(unpacked.names, values)
+    session = ort.InferenceSession(bytes(unpacked.graph), so, providers=["CPUExecutionProvider"])
+    session._crossrt_keep = unpacked.arrays  # the weights must outlive the session
     return session
 
 
@@ -227,7 +188,7 @@ def bench_model(name: str, rounds: int, profile: bool, work: Path) -> dict[str, 
     # Warm the cache and write the .crm once, in this process (not timed).
     exe = crossrt.compile(path, "cpu", cache_dir=cache_dir)
     exe.save(crm)
-    split_weights(bytes(exe.nodes[0].artifact), crm.with_suffix(".zc"))
+    crm.with_suffix(".ortart").write_bytes(exe.nodes[0].artifact)
     setup_s = time.perf_counter() - started
     common = [name, str(path), str(cache_dir), str(crm)]
     samples: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
@@ -321,9 +282,10 @@ def markdown(report: dict[str, Any]) -> str:
         "cold": "cold compile + load",
         "hit": "cache hit + load",
         "crm": "load_executable(.crm) + load",
+        "crm_unhashed": "(load_executable(.crm), hashes off, + load)",
         "raw": "raw `ort.InferenceSession(path)`",
         "hash": "(read + SHA-256 of the .onnx)",
-        "zero_copy": "(prototype: ORT session, weights mapped from a blob)",
+        "zero_copy": "(floor: ORT session from the artifact alone, weights mapped)",
     }
     for name, r in report["models"].items():
         cold, raw = r["rows"]["cold"]["total_s"], r["rows"]["raw"]["total_s"]

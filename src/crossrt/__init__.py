@@ -61,7 +61,9 @@ from .errors import (
 from .model import GraphBuilder, Model, TensorSpec, load_model
 from .runtime import LoadedModel, Runtime, TensorInfo
 from .runtime.devices import Device, DeviceMemory
+from .runtime.groups import CoreGroup
 from .runtime.memory import MemoryStats, OwnerStats
+from .runtime.request import Request
 from .runtime.shm import shared_tensor, tensor_from_fd
 from .runtime.tensor import Tensor
 from .runtime.tensordesc import Format, Placement, TensorDesc
@@ -80,6 +82,7 @@ __all__ = [
     "CompileCache",
     "CompileError",
     "CompileOptions",
+    "CoreGroup",
     "CrossrtError",
     "DType",
     "DeadlineExceededError",
@@ -111,6 +114,7 @@ __all__ = [
     "Placement",
     "Priority",
     "Program",
+    "Request",
     "Runtime",
     "StatusCode",
     "Tensor",

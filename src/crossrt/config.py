@@ -46,6 +46,12 @@ class Settings:
         memlog_max_entries: how many memory events the allocation log keeps, dumped as CSV
             when an allocation fails (``CROSSRT_MEMLOG_MAX_SIZE``, like Neuron's
             ``NEURON_RT_DEBUG_MEMLOG_MAX_SIZE``; default 65536; 0 keeps none).
+        exec_timeout: seconds one run of a loaded model may take before it is stopped with
+            TIMEOUT, for loads that pass no ``exec_timeout`` (``CROSSRT_EXEC_TIMEOUT``: a
+            positive number; unset or 0: no limit).
+        check_numerics: check every output for NaN and infinity, for loads that pass no
+            ``check_numerics`` (``CROSSRT_CHECK_NUMERICS``: 1/true/yes or 0/false/no, default
+            off).
     """
 
     default_device: str = "cpu"
@@ -59,6 +65,8 @@ class Settings:
     runtime_dir: str = ""
     runtime_dir_is_default: bool = True
     memlog_max_entries: int = 65536
+    exec_timeout: float | None = None
+    check_numerics: bool = False
 
 
 def settings(environ: Mapping[str, str] | None = None) -> Settings:
@@ -95,7 +103,38 @@ def settings(environ: Mapping[str, str] | None = None) -> Settings:
         runtime_dir=env.get("CROSSRT_RUNTIME_DIR", "").strip() or _default_runtime_dir(env),
         runtime_dir_is_default=not env.get("CROSSRT_RUNTIME_DIR", "").strip(),
         memlog_max_entries=_memlog_max_entries(env),
+        exec_timeout=_exec_timeout(env),
+        check_numerics=_boolean(env, "CROSSRT_CHECK_NUMERICS", False),
     )
+
+
+def _exec_timeout(env: Mapping[str, str]) -> float | None:
+    text = env.get("CROSSRT_EXEC_TIMEOUT", "").strip()
+    if not text:
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise InvalidOptionError(
+            f"CROSSRT_EXEC_TIMEOUT={text!r} is not a number of seconds; write how long one run "
+            "may take (e.g. 2.5), or 0 for no limit",
+            details={"setting": "CROSSRT_EXEC_TIMEOUT", "value": text},
+        )
+    return seconds or None
+
+
+def _boolean(env: Mapping[str, str], name: str, default: bool) -> bool:
+    text = env.get(name, "").strip().lower()
+    if not text:
+        return default
+    if text not in _BOOLEANS:
+        raise InvalidOptionError(
+            f"{name}={text!r} is not a boolean; use 1, true or yes, or 0, false or no",
+            details={"setting": name, "value": text},
+        )
+    return _BOOLEANS[text]
 
 
 def _memlog_max_entries(env: Mapping[str, str]) -> int:

@@ -49,6 +49,7 @@ def configurations() -> list[Config]:
     configs.append(Config("onnxruntime-fallback", "onnxruntime", "cpu", "; ".join(missing)))
     return configs
 
+
 _LISTED = 80  # failing cases spelled out in the assertion message
 
 

@@ -65,6 +65,13 @@ def _align(n: int) -> int:
     return -(-n // 64) * 64
 
 
+def sections_sha256(blobs: list[bytes], version: int) -> str:
+    """Format 1: the SHA-256 of all sections' bytes; 2: of their SHA-256 digests."""
+    if version == 1:
+        return hashlib.sha256(b"".join(blobs)).hexdigest()
+    return hashlib.sha256(b"".join(hashlib.sha256(b).digest() for b in blobs)).hexdigest()
+
+
 def split(data: bytes) -> tuple[dict[str, Any], list[bytes]]:
     """The header and each section's bytes."""
     (length,) = struct.unpack_from("<Q", data, 16)
@@ -73,12 +80,12 @@ def split(data: bytes) -> tuple[dict[str, Any], list[bytes]]:
     return header, blobs
 
 
-def build(header: dict[str, Any], blobs: list[bytes], version: int = 1) -> bytes:
+def build(header: dict[str, Any], blobs: list[bytes], version: int = 2) -> bytes:
     """A container with a canonical layout: offsets and hashes recomputed for ``blobs``."""
     header["sections"] = [
         {"offset": 0, "length": len(b), "sha256": hashlib.sha256(b).hexdigest()} for b in blobs
     ]
-    header["sections_sha256"] = hashlib.sha256(b"".join(blobs)).hexdigest()
+    header["sections_sha256"] = sections_sha256(blobs, version)
     start = 0
     while True:
         offset = start
@@ -273,13 +280,13 @@ def test_to_bytes_is_deterministic_and_equals_the_saved_file(tmp_path, digits, d
 
 def test_layout_matches_the_documented_format(digits_bytes):
     magic, version, flags, length, digest = struct.unpack_from("<8sIIQ32s8x", digits_bytes)
-    assert (magic, version, flags) == (b"CROSSRTM", 1, 0)
+    assert (magic, version, flags) == (b"CROSSRTM", 2, 0)
     assert digits_bytes[56:64] == bytes(8)
     text = digits_bytes[64 : 64 + length]
     assert hashlib.sha256(text).digest() == digest
     header = json.loads(text)
     assert header["producer"] == {"name": "crossrt", "version": crossrt.__version__}
-    assert header["format_version"] == 1
+    assert header["format_version"] == 2
     (net,) = header["networks"]
     assert net["stages"] == [] and net["cores_required"] == 1
     assert set(net["nodes"][0]) >= {"name", "driver", "driver_version", "section", "cores"}
@@ -287,7 +294,8 @@ def test_layout_matches_the_documented_format(digits_bytes):
     assert section["offset"] % 64 == 0 and section["offset"] >= 64 + length
     assert section["offset"] + section["length"] == len(digits_bytes)
     blob = digits_bytes[section["offset"] :]
-    assert section["sha256"] == header["sections_sha256"] == hashlib.sha256(blob).hexdigest()
+    assert section["sha256"] == hashlib.sha256(blob).hexdigest()
+    assert header["sections_sha256"] == hashlib.sha256(hashlib.sha256(blob).digest()).hexdigest()
     # A file written by this independent writer loads too.
     assert crossrt.load_executable(build(*split(digits_bytes))) == crossrt.load_executable(
         digits_bytes
@@ -476,13 +484,13 @@ def test_a_flipped_padding_bit_is_found(digits_bytes):
     assert "is not zero" in _error(_flip(digits_bytes, 64 + length)).message
 
 
-@pytest.mark.parametrize(("field", "value"), [(8, 2), (8, 999), (12, 1)])
+@pytest.mark.parametrize(("field", "value"), [(8, 3), (8, 999), (12, 1)])
 def test_a_newer_format_version_or_flag_says_upgrade(digits_bytes, field, value):
     data = bytearray(digits_bytes)
     data[field : field + 4] = struct.pack("<I", value)
     err = _error(bytes(data), UnsupportedError)
     assert err.code is StatusCode.UNSUPPORTED_NEFF_VERSION
-    assert "reads format version 1" in err.message and "upgrade crossrt" in err.message
+    assert "reads format versions 1 to 2" in err.message and "upgrade crossrt" in err.message
 
 
 def test_format_version_zero_is_corrupt(digits_bytes):
@@ -545,7 +553,7 @@ def _node(h: dict[str, Any]) -> dict[str, Any]:
 HEADER_ERRORS = [
     (lambda h: h.pop("networks"), "header field networks is missing"),
     (lambda h: h.update(networks=[]), "networks should be a non-empty list"),
-    (lambda h: h.update(format_version=2), "format_version is 2, the prelude 1"),
+    (lambda h: h.update(format_version=1), "format_version is 1, the prelude 2"),
     (lambda h: h["producer"].update(version=1), "producer.version should be a string, not 1"),
     (lambda h: _net(h).update(name=7), "networks[0].name should be a non-empty string"),
     (lambda h: _net(h).update(device="cpu:x"), "networks[0].device should be a device"),
@@ -615,6 +623,19 @@ def test_a_wrong_sections_sha256(digits_bytes):
     data = patch_header(digits_bytes, lambda h: h.update(sections_sha256="0" * 64))
     assert "sections_sha256 does not match" in _error(data).message
     assert crossrt.load_executable(data, validate_hash=False)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_formats_1_and_2_each_check_their_own_sections_sha256(digits_bytes, version):
+    header, blobs = split(digits_bytes)
+    header["format_version"] = version
+    data = build(header, blobs, version)
+    assert read_container(data, validate_hash=True).format_version == version
+    assert crossrt.load_executable(data) == crossrt.load_executable(digits_bytes)
+    other = sections_sha256(blobs, 3 - version)
+    assert other != header["sections_sha256"]
+    wrong = patch_header(data, lambda h: h.update(sections_sha256=other))
+    assert "sections_sha256 does not match" in _error(wrong).message
 
 
 @pytest.mark.parametrize(

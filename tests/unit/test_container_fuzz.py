@@ -59,7 +59,10 @@ def _align(n: int) -> int:
 
 
 def _prelude(text: bytes) -> bytes:
-    return struct.pack("<8sIIQ32s8x", b"CROSSRTM", 1, 0, len(text), hashlib.sha256(text).digest())
+    version = HEADER["format_version"]  # the prelude and the header agree in a valid container
+    return struct.pack(
+        "<8sIIQ32s8x", b"CROSSRTM", version, 0, len(text), hashlib.sha256(text).digest()
+    )
 
 
 def _in_place(header: Any) -> bytes:

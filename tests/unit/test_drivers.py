@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -13,7 +14,13 @@ import pytest
 
 import crossrt
 from crossrt import DeviceKind, DeviceUnavailableError, StatusCode
-from crossrt.drivers import available_drivers, get_driver, registry, resolve_device
+from crossrt.drivers import (
+    available_drivers,
+    get_driver,
+    ort_artifact,
+    registry,
+    resolve_device,
+)
 from crossrt.model import GraphBuilder
 
 DRIVERS = ("onnxruntime", "reference")
@@ -58,6 +65,35 @@ def test_driver_statuses_are_cached():
     second = crossrt.driver_statuses()
     assert [s.driver for s in first] == [s.driver for s in second]
     assert all(a.driver is b.driver for a, b in zip(first, second, strict=True))
+
+
+def test_a_driver_asked_for_by_name_is_loaded_alone(fresh_registry):
+    driver = get_driver("onnxruntime")
+    assert set(registry._statuses) == {"onnxruntime"}  # the reference driver is not imported
+    assert registry.driver_names() == sorted(DRIVERS)
+    with pytest.raises(DeviceUnavailableError, match="registered drivers: onnxruntime, reference"):
+        get_driver("tpu9000")
+    assert set(registry._statuses) == {"onnxruntime"}
+    # Listing loads the rest and keeps the instance already made.
+    assert set(_by_name()) == set(DRIVERS)
+    assert _by_name()["onnxruntime"].driver is driver is get_driver("onnxruntime")
+
+
+def test_loading_a_compiled_model_imports_only_its_driver(tmp_path):
+    crossrt.compile(_relu_model(), driver="onnxruntime").save(tmp_path / "relu.crm")
+    code = (
+        "import sys, numpy as np, crossrt\n"
+        f"exe = crossrt.load_executable({str(tmp_path / 'relu.crm')!r})\n"
+        "with crossrt.Runtime() as rt:\n"
+        "    y = rt.load(exe).run({'x': -np.ones((2, 3), np.float32)})\n"
+        "print(float(next(iter(y.values())).sum()), 'crossrt.drivers.reference' in sys.modules)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CROSSRT_")}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0.0", "False"]
 
 
 def test_available_drivers_most_preferred_first():
@@ -303,9 +339,9 @@ def test_ort_threads_for_a_core_list():
         assert loaded._programs[0].session.get_session_options().intra_op_num_threads == 1
 
 
-def test_ort_artifact_is_an_onnx_model():
+def test_ort_artifact_holds_an_onnx_model():
     exe = crossrt.compile(_relu_model(), driver="onnxruntime")
-    proto = onnx.ModelProto.FromString(exe.nodes[0].artifact)
+    proto = onnx.ModelProto.FromString(bytes(ort_artifact.unpack(exe.nodes[0].artifact).graph))
     assert [n.op_type for n in proto.graph.node] == ["Relu"]
 
 

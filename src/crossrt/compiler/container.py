@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import settings
-from ..drivers.registry import driver_statuses
+from ..drivers.registry import driver_names, driver_status
 from ..errors import (
     DeviceUnavailableError,
     InvalidArgumentError,
@@ -43,6 +43,7 @@ from .container_header import (
     network_header,
     node_header,
     parse_header,
+    sections_digest,
 )
 from .executable import Executable
 
@@ -166,6 +167,7 @@ def save_executables(executables: Executables, path: str | os.PathLike[str]) -> 
 def _chunks(executables: Executables) -> list[bytes | memoryview]:
     named = _named(executables)
     sections: list[bytes | memoryview] = []
+    digests: list[bytes] = []
     entries: list[dict[str, Any]] = []
     where: dict[tuple[str, int], int] = {}  # (sha256, length) -> index: identical ones shared
     networks: list[dict[str, Any]] = []
@@ -174,22 +176,21 @@ def _chunks(executables: Executables) -> list[bytes | memoryview]:
         for node in exe.nodes:
             art = node.artifact
             data = art if isinstance(art, bytes) else memoryview(art).cast("B")
-            key = (hashlib.sha256(data).hexdigest(), len(data))
+            sha = hashlib.sha256(data).digest()
+            key = (sha.hex(), len(data))
             if key not in where:
                 where[key] = len(sections)
                 sections.append(data)
+                digests.append(sha)
                 entries.append({"offset": 0, "length": key[1], "sha256": key[0]})
             nodes.append({**node_header(node), "section": where[key]})
         networks.append(network_header(name, exe, nodes))
-    whole = hashlib.sha256()
-    for data in sections:
-        whole.update(data)
     header: dict[str, Any] = {
         "producer": {"name": "crossrt", "version": _crossrt_version()},
         "format_version": FORMAT_VERSION,
         "networks": networks,
         "sections": entries,
-        "sections_sha256": whole.hexdigest(),
+        "sections_sha256": sections_digest(digests),
     }
     # Offsets are absolute, so they depend on the header's length, which depends on them:
     # grow the data start until the header fits before it (it only grows, so this ends).
@@ -276,7 +277,7 @@ def read_container(source: Source, validate_hash: bool | None = None) -> Contain
         what = f"format version {fmt}" if fmt > FORMAT_VERSION else f"flags {flags:#x}"
         raise UnsupportedError(
             f"the container uses {what}; this crossrt ({_crossrt_version()}) reads format "
-            f"version {FORMAT_VERSION} with no flags; upgrade crossrt to load it",
+            f"versions 1 to {FORMAT_VERSION} with no flags; upgrade crossrt to load it",
             code=StatusCode.UNSUPPORTED_NEFF_VERSION,
             details={"format_version": fmt, "supported": FORMAT_VERSION, "flags": flags},
         )
@@ -334,8 +335,7 @@ def list_networks(source: Source) -> list[str]:
 
 
 def _check_driver(network: str, node: str, driver: str, compiled: str) -> None:
-    statuses = {s.name: s for s in driver_statuses()}
-    status = statuses.get(driver)
+    status = driver_status(driver)  # imports that driver only, not every registered one
     install = _INSTALL.get(
         driver, f"install the package that registers the {driver!r} crossrt.drivers entry point"
     )
@@ -343,7 +343,7 @@ def _check_driver(network: str, node: str, driver: str, compiled: str) -> None:
         why = (
             f"is unavailable ({status.reason})"
             if status is not None
-            else f"is not registered (registered: {', '.join(statuses) or 'none'})"
+            else f"is not registered (registered: {', '.join(driver_names()) or 'none'})"
         )
         raise DeviceUnavailableError(
             f"node {node!r} of network {network!r} needs driver {driver!r}, which {why}; "

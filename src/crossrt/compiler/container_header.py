@@ -21,7 +21,8 @@ from .executable import Executable, ExecutableNode
 from .options import parse_options
 
 MAGIC = b"CROSSRTM"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""The version this crossrt writes; it reads every version from 1 (docs/container.md)."""
 ALIGN = 64
 PRELUDE_SIZE = 64
 
@@ -83,6 +84,12 @@ def dump_header(header: dict[str, Any]) -> bytes:
     return text.encode("utf-8")
 
 
+def sections_digest(digests: list[bytes]) -> str:
+    """``sections_sha256`` (format 2): the SHA-256 of the sections' SHA-256 digests, in table
+    order, so that no section byte is hashed twice."""
+    return hashlib.sha256(b"".join(digests)).hexdigest()
+
+
 def parse_header(
     text: memoryview, fmt: int, view: memoryview, check_hashes: bool
 ) -> tuple[dict[str, Any], tuple[Executable, ...], tuple[memoryview, ...]]:
@@ -92,7 +99,8 @@ def parse_header(
         text: the header bytes (their SHA-256 already checked).
         fmt: the format version the prelude states.
         view: the whole container.
-        check_hashes: verify each section's SHA-256 and ``sections_sha256``.
+        check_hashes: verify each section's SHA-256 and ``sections_sha256`` (each section
+            byte is hashed once, except in format 1).
 
     Returns:
         The header, the networks in file order, and each section's bytes.
@@ -122,15 +130,23 @@ def parse_header(
     if unused:
         raise corrupt(f"section {unused[0]} is used by no node")
     if check_hashes:
-        whole = hashlib.sha256()
+        digests = []
         for i, (entry, data) in enumerate(zip(entries, sections, strict=True)):
-            if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+            found = hashlib.sha256(data).digest()
+            if found.hex() != entry["sha256"]:
                 raise corrupt(
                     f"section {i} ({users[i]}, {len(data)} bytes at offset {entry['offset']}) "
                     "fails its SHA-256 check: its bytes were modified"
                 )
-            whole.update(data)
-        if whole.hexdigest() != digest:
+            digests.append(found)
+        if fmt == 1:  # format 1 hashed the sections' bytes a second time, concatenated
+            whole = hashlib.sha256()
+            for data in sections:
+                whole.update(data)
+            expected = whole.hexdigest()
+        else:
+            expected = sections_digest(digests)
+        if expected != digest:
             raise corrupt("sections_sha256 does not match the sections")
     return header, networks, sections
 

@@ -24,8 +24,9 @@ that and reports the driver as unavailable with the reason.
 from __future__ import annotations
 
 import enum
+import threading
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -182,9 +183,57 @@ class Program(ABC):
             One array per model output, by name.
         """
 
+    def run_cancellable(
+        self,
+        inputs: Mapping[str, Any],
+        cancel: CancelToken,
+        outputs: Mapping[str, np.ndarray] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Execute once, stopping early where the engine can when ``cancel`` is triggered.
+
+        The default cannot stop a call that has started: it runs to the end, and the runtime
+        reports ``TIMEOUT`` when it finishes late. Engines that can abort a call (ONNX
+        Runtime's ``RunOptions.terminate``) override this and register their abort with
+        ``cancel.on_cancel``.
+        """
+        return self.run(inputs, outputs)
+
     @abstractmethod
     def close(self) -> None:
         """Release the engine's resources. Further calls to ``run`` are not allowed."""
+
+
+class CancelToken:
+    """A one-shot signal that a running call should stop (an execution timeout expired).
+
+    The runtime's watchdog calls :meth:`cancel`; a program registers how to abort its engine
+    with :meth:`on_cancel`. Callbacks run once, in the thread that cancels.
+    """
+
+    __slots__ = ("_callbacks", "_lock", "cancelled")
+
+    def __init__(self) -> None:
+        self.cancelled = False
+        self._callbacks: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+
+    def on_cancel(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` on :meth:`cancel`, or now when already cancelled."""
+        with self._lock:
+            if not self.cancelled:
+                self._callbacks.append(callback)
+                return
+        callback()
+
+    def cancel(self) -> None:
+        """Trigger the signal; later calls do nothing."""
+        with self._lock:
+            if self.cancelled:
+                return
+            self.cancelled = True
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
 
 
 class Driver(ABC):

@@ -8,8 +8,10 @@
   float16 nodes run in float32 between inserted Casts. It knows the newest IR version and
   opsets this ORT build accepts.
 - ``compile`` runs ORT's portable graph optimizations (level EXTENDED, no hardware-specific
-  layouts) and returns the optimized ONNX model as the artifact.
-- ``load`` creates a session with as many intra-op threads as cores it is given.
+  layouts) and returns the optimized ONNX model, its large weights stored beside the graph
+  (``ort_artifact``), as the artifact.
+- ``load`` creates a session with as many intra-op threads as cores it is given, from the
+  small graph, handing ORT the weights as views of the artifact (of the ``.crm`` mapping).
 - ``run`` calls the session's C++ ``run`` directly: it is the cheapest path from NumPy inputs
   (cheaper than ``InferenceSession.run``, which re-validates inputs the runtime already
   checked, and than building an IOBinding per call); preallocated outputs go through
@@ -18,6 +20,8 @@
 
 from __future__ import annotations
 
+import mmap
+import operator
 import tempfile
 import threading
 from collections.abc import Mapping, Sequence
@@ -31,9 +35,11 @@ import onnx.inliner
 import onnxruntime as ort
 from onnx import helper
 
-from ..errors import CompileError, ExecutionError
+from ..errors import CompileError, CrossrtError, DeadlineExceededError, ExecutionError
 from ..model import Model
+from . import ort_artifact
 from .base import (
+    CancelToken,
     Capabilities,
     CompileOptions,
     DeviceInfo,
@@ -51,6 +57,7 @@ _CPU = _C.OrtDevice(_C.OrtDevice.cpu(), _C.OrtDevice.default_memory(), 0)
 _KernelRange = tuple[int, int, dict[str, list[str]]]
 _FLOAT16 = "tensor(float16)"
 _INT_MAX = 2**31 - 1  # the end version of a kernel registered without one
+_PROBE = 16  # how often a run whose arrays keep changing still offers its binding for reuse
 
 
 @dataclass(frozen=True)
@@ -164,7 +171,14 @@ class OnnxRuntimeDriver(Driver):
                     f"{_short(exc)}",
                     details={"driver": self.name},
                 ) from None
-            return out.read_bytes()
+            # Large weights go beside the graph so that a load can map them (ort_artifact).
+            # Parsed from a mapping: reading the file into bytes first costs a copy of it.
+            with (
+                open(out, "rb") as f,
+                mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped,
+                memoryview(mapped) as view,
+            ):
+                return ort_artifact.pack(view)
 
     def load(
         self,
@@ -183,25 +197,32 @@ class OnnxRuntimeDriver(Driver):
             # Low power: idle pool threads sleep instead of spin-waiting for work.
             so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         try:
-            # InferenceSession takes bytes only; a view into a .crm file is copied here, once.
-            model = bytes(artifact) if isinstance(artifact, memoryview) else artifact
+            model, weights = _model_and_weights(artifact, so)
             session = ort.InferenceSession(model, so, providers=[_PROVIDER])
+        except CrossrtError:
+            raise
         except Exception as exc:
             raise CompileError(
                 f"ONNX Runtime {self.version} could not load the artifact: {_short(exc)}",
                 details={"driver": self.name},
             ) from None
-        return OrtProgram(session)
+        return OrtProgram(session, weights=weights)
 
 
 class OrtProgram(Program):
     """An ORT session ready to run."""
 
-    def __init__(self, session: ort.InferenceSession) -> None:
+    def __init__(
+        self, session: ort.InferenceSession, *, weights: tuple[np.ndarray, ...] = ()
+    ) -> None:
         self.session = session
+        # The weights ORT reads where they lie (views of the artifact): kept while it runs.
+        self.weights = weights
         self._output_names = [o.name for o in session.get_outputs()]
         self._run = session._sess.run  # the C++ entry point; see the module docstring
         self._run_options = ort.RunOptions()
+        self._reuse = threading.local()  # per thread: the last binding _run_bound may reuse
+        self._run_binding = session._sess.run_with_iobinding
 
     def run(
         self, inputs: Mapping[str, Any], outputs: Mapping[str, np.ndarray] | None = None
@@ -214,26 +235,59 @@ class OrtProgram(Program):
             raise ExecutionError(f"ONNX Runtime failed to run: {_short(exc)}") from None
         return dict(zip(self._output_names, results, strict=True))
 
+    def run_cancellable(
+        self,
+        inputs: Mapping[str, Any],
+        cancel: CancelToken,
+        outputs: Mapping[str, np.ndarray] | None = None,
+    ) -> dict[str, np.ndarray]:
+        if outputs:  # IOBinding runs share the program's options: not cancellable
+            return self._run_bound(inputs, outputs)
+        # Per call: terminate set on shared options would stop every concurrent call.
+        options = ort.RunOptions()
+        cancel.on_cancel(lambda: setattr(options, "terminate", True))
+        try:
+            results = self._run(self._output_names, inputs, options)
+        except Exception as exc:
+            if cancel.cancelled:
+                raise DeadlineExceededError(
+                    "ONNX Runtime stopped the call: its execution timeout expired; raise "
+                    "exec_timeout (or CROSSRT_EXEC_TIMEOUT) or give the model more cores"
+                ) from None
+            raise ExecutionError(f"ONNX Runtime failed to run: {_short(exc)}") from None
+        return dict(zip(self._output_names, results, strict=True))
+
     def _run_bound(
         self, inputs: Mapping[str, Any], outputs: Mapping[str, np.ndarray]
     ) -> dict[str, np.ndarray]:
-        # The C++ binding objects directly: the Python IOBinding wrapper adds ~30 µs a call.
-        binding = _C.SessionIOBinding(self.session._sess)
-        for name, value in inputs.items():
-            binding.bind_input(name, value)
-        missing = False
-        for name in self._output_names:
-            out = outputs.get(name)
-            if out is None:
-                binding.bind_output(name, _CPU)
-                missing = True
-            else:
-                binding.bind_output(name, _CPU, out.dtype, list(out.shape), out.ctypes.data)
+        # A binding costs 6 µs or more to build; the same arrays again (the same objects under
+        # the same names, with the same shapes and dtypes: a shape can be set in place) reuse
+        # this thread's last one, as a caller of ORT's own IOBinding would.
+        last = getattr(self._reuse, "last", None)  # (arrays, signature, names, binding, misses)
+        binding = None
+        if last is not None and last[0]:
+            arrays = (*inputs.values(), *outputs.values())
+            if (
+                len(arrays) == len(last[0])
+                and all(map(operator.is_, arrays, last[0]))
+                and [(a.shape, a.dtype) for a in arrays] == last[1]
+                and (*inputs, *outputs) == last[2]
+            ):
+                binding = last[3]
+                if last[4]:
+                    self._reuse.last = (*last[:4], 0)  # reused: the miss streak is over
+        if binding is None:
+            try:
+                binding = self._bind(inputs, outputs, 0 if last is None else last[4] + 1)
+            except RuntimeError as exc:
+                if any(type(v) is not np.ndarray for v in inputs.values()):
+                    return self._run_then_copy(inputs, outputs)  # ORT binds tensors only
+                raise ExecutionError(f"ONNX Runtime could not bind: {_short(exc)}") from None
         try:
-            self.session._sess.run_with_iobinding(binding, self._run_options)
+            self._run_binding(binding, self._run_options)
         except Exception as exc:
             raise ExecutionError(f"ONNX Runtime failed to run: {_short(exc)}") from None
-        if not missing:
+        if len(outputs) == len(self._output_names):
             return dict(outputs)
         produced = binding.get_outputs()
         return {
@@ -241,9 +295,85 @@ class OrtProgram(Program):
             for i, name in enumerate(self._output_names)
         }
 
+    def _run_then_copy(
+        self, inputs: Mapping[str, Any], outputs: Mapping[str, np.ndarray]
+    ) -> dict[str, np.ndarray]:
+        """Run unbound, then copy results into the buffers given (inputs ORT cannot bind)."""
+        results = self.run(inputs)
+        for name, buf in outputs.items():
+            result = np.asarray(results[name])
+            if result.shape != buf.shape or result.dtype != buf.dtype:
+                raise ExecutionError(
+                    f"output {name!r} is {result.dtype} {list(result.shape)}, but the buffer "
+                    f"given for it is {buf.dtype} {list(buf.shape)}; pass a buffer of that dtype "
+                    "and shape, or none to receive the result"
+                )
+            np.copyto(buf, result, casting="no")
+            results[name] = buf
+        return results
+
+    def _bind(
+        self, inputs: Mapping[str, Any], outputs: Mapping[str, np.ndarray], misses: int
+    ) -> Any:
+        """A new binding of ``inputs`` and ``outputs``, kept for reuse where that is safe."""
+        # The C++ binding objects directly: the Python IOBinding wrapper adds ~30 µs a call.
+        binding = _C.SessionIOBinding(self.session._sess)
+        for name, value in inputs.items():
+            # ORT wraps a C-contiguous numeric array's memory in place (CreateTensor with
+            # use_numpy_data_memory): no copy, and ~2 µs cheaper than the by-address overload,
+            # whose ndarray.ctypes.data alone costs 1.5 µs.
+            binding.bind_input(name, value)
+        for name in self._output_names:
+            out = outputs.get(name)
+            if out is None:
+                binding.bind_output(name, _CPU)
+            else:
+                binding.bind_output(name, _CPU, out.dtype, list(out.shape), out.ctypes.data)
+        # Arrays that change every call (fresh or rotating buffers) never match: after two
+        # misses in a row only every _PROBE-th call keeps a snapshot, so such callers pay for
+        # little more than a new binding. A snapshot is kept only when ORT reads every input
+        # where it lies (a copied one would be stale next time) and writes every output into
+        # the caller's memory (an output ORT allocated would be overwritten in place by the
+        # next run, under arrays already returned); it holds the arrays until this thread
+        # binds others.
+        keep = (misses < 2 or misses % _PROBE == 0) and len(outputs) == len(self._output_names)
+        if keep and all(
+            type(v) is np.ndarray and v.flags.c_contiguous and v.dtype.kind in "iuf"
+            for v in inputs.values()
+        ):
+            arrays = (*inputs.values(), *outputs.values())
+            signature = [(a.shape, a.dtype) for a in arrays]
+            self._reuse.last = (arrays, signature, (*inputs, *outputs), binding, misses)
+        else:
+            self._reuse.last = ((), None, None, None, misses)
+        return binding
+
     def close(self) -> None:
-        del self._run
+        del self._run, self._run_binding
+        self._reuse = threading.local()  # drop the bindings (and the arrays they hold)
         del self.session
+
+
+def _model_and_weights(
+    artifact: bytes | memoryview, so: ort.SessionOptions
+) -> tuple[bytes, tuple[np.ndarray, ...]]:
+    """The model bytes to create a session from, and the weights ORT then reads in place."""
+    if not ort_artifact.is_packed(artifact):
+        # An artifact from before ort_artifact: the optimized model's plain ONNX bytes, still
+        # loaded (the engine version, which keys artifacts, did not change). InferenceSession
+        # takes bytes only, so a view into a .crm file is copied here.
+        return (bytes(artifact) if isinstance(artifact, memoryview) else artifact), ()
+    unpacked = ort_artifact.unpack(artifact)
+    # ORT wraps each array's memory as it is, without a copy, and never writes to an
+    # initializer (a read-only view of the .crm mapping is enough: a write would fault). The
+    # arrays must outlive the session: the program keeps them. ORT checks that each one
+    # matches the name, type and shape of its stub in the graph. A writable buffer (a
+    # bytearray the caller loaded from) is copied: its owner may overwrite it while the
+    # model runs; read-only ones (a mapped file, bytes) cannot change.
+    arrays = tuple(a.copy() if a.flags.writeable else a for a in unpacked.arrays)
+    values = [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays]
+    so.add_external_initializers(unpacked.names, values)
+    return bytes(unpacked.graph), arrays
 
 
 def _node_reason(

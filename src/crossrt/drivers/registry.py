@@ -1,7 +1,9 @@
 """Finding drivers: the ``crossrt.drivers`` entry-point group, imported lazily.
 
 A driver whose engine is missing (its import fails) is reported unavailable with the reason;
-the others keep working. ``crossrt ls`` prints this table.
+the others keep working. ``crossrt ls`` prints this table. A driver asked for by name
+(:func:`get_driver`, loading a compiled model) is imported alone: the others may be slow to
+import and are not needed.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ class DriverStatus:
 
 
 _lock = threading.Lock()
-_statuses: dict[str, DriverStatus] | None = None
+_statuses: dict[str, DriverStatus] | None = None  # the drivers loaded so far, by name
+_complete: dict[str, DriverStatus] | None = None  # the table that holds every registered one
 
 
 def _targets() -> dict[str, str]:
@@ -74,34 +77,67 @@ def _load(name: str, target: str) -> DriverStatus:
     return DriverStatus(name, target, driver)
 
 
-def driver_statuses() -> list[DriverStatus]:
-    """Every registered driver with its availability, loading each once."""
+def _table() -> dict[str, DriverStatus]:
     global _statuses
+    if _statuses is None:
+        _statuses = {}
+    return _statuses
+
+
+def driver_statuses() -> list[DriverStatus]:
+    """Every registered driver with its availability, by name, loading each once."""
+    global _complete
     with _lock:
-        if _statuses is None:
-            _statuses = {name: _load(name, t) for name, t in sorted(_targets().items())}
-        return list(_statuses.values())
+        table = _table()
+        if table is not _complete:
+            for name, target in _targets().items():
+                if name not in table:
+                    table[name] = _load(name, target)
+            _complete = table
+        return [table[name] for name in sorted(table)]
+
+
+def driver_status(name: str) -> DriverStatus | None:
+    """The driver called ``name`` with its availability, loading that driver only (once).
+
+    Returns:
+        Its status, or ``None`` when no driver of that name is registered.
+    """
+    with _lock:
+        table = _table()
+        status = table.get(name)
+        if status is None and table is not _complete:
+            target = _targets().get(name)
+            if target is not None:
+                status = table[name] = _load(name, target)
+        return status
+
+
+def driver_names() -> list[str]:
+    """The names of the registered drivers, without loading any."""
+    with _lock:
+        return sorted(_targets().keys() | _table().keys())
 
 
 def get_driver(name: str) -> Driver:
-    """The driver called ``name``.
+    """The driver called ``name``, loading no other.
 
     Raises:
         DeviceUnavailableError: it is not registered or its engine could not be loaded.
     """
-    for status in driver_statuses():
-        if status.name == name:
-            if status.driver is None:
-                raise DeviceUnavailableError(
-                    f"driver {name!r} is unavailable: {status.reason}",
-                    code=None,
-                    details={"driver": name},
-                )
-            return status.driver
-    known = ", ".join(s.name for s in driver_statuses())
-    raise DeviceUnavailableError(
-        f"no driver called {name!r}; registered drivers: {known}", details={"driver": name}
-    )
+    status = driver_status(name)
+    if status is None:
+        raise DeviceUnavailableError(
+            f"no driver called {name!r}; registered drivers: {', '.join(driver_names())}",
+            details={"driver": name},
+        )
+    if status.driver is None:
+        raise DeviceUnavailableError(
+            f"driver {name!r} is unavailable: {status.reason}",
+            code=None,
+            details={"driver": name},
+        )
+    return status.driver
 
 
 def available_drivers() -> list[Driver]:

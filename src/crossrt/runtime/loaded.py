@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
@@ -12,15 +14,27 @@ import numpy as np
 
 from ..compiler import Executable
 from ..drivers import DeviceInfo, Program, get_driver
-from ..errors import ClosedError, InvalidHandleError, OperationForbiddenError
+from ..drivers.base import CancelToken
+from ..errors import (
+    ClosedError,
+    DeadlineExceededError,
+    InvalidArgumentError,
+    InvalidHandleError,
+    OperationForbiddenError,
+)
 from ..model import TensorSpec
+from . import watchdog
 from .binding import OutputBinder
 from .inputs import InputChecker
-from .memory import Allocator, OwnerStats, count_copy, device_allocator
+from .memory import Allocator, OwnerStats, device_allocator
+from .numerics import checking
+from .scheduler import Instance, Scheduler
+from .serving import ConcurrentRuns
 from .shapes import DimRange, declared_ranges
 from .tensorset import TensorSet
 
 if TYPE_CHECKING:
+    from .groups import CoreGroup
     from .runtime import Runtime
 
 _serial = itertools.count(1)
@@ -45,10 +59,13 @@ class TensorInfo:
     size: int | None
 
 
-class LoadedModel:
+class LoadedModel(ConcurrentRuns):
     """An :class:`Executable` loaded on a device's cores, ready to run.
 
-    Created by :meth:`Runtime.load`. ``run`` may be called from several threads at once.
+    Created by :meth:`Runtime.load`. ``run`` may be called from several threads at once: it
+    runs in the caller's thread on an idle instance, or waits in the model's queue. For
+    queued runs see :meth:`run_async` and :meth:`infer`; for instances, the queue, core
+    groups (:meth:`start`, :meth:`stop`), timeouts and pipelining, ``docs/concurrency.md``.
 
     Attributes:
         memory_owner: the key its memory is charged to in the allocator statistics.
@@ -58,31 +75,35 @@ class LoadedModel:
         self,
         runtime: Runtime,
         executable: Executable,
-        programs: Sequence[Program],
+        instances: Sequence[Instance],
         device: DeviceInfo,
         cores: tuple[int, ...],
+        group: CoreGroup,
+        *,
+        queue_depth: int | None = None,
+        exec_timeout: float | None = None,
+        check_numerics: bool = False,
     ) -> None:
         self.executable = executable
         self.device = device
         self.cores = cores
+        self.group = group
+        self.check_numerics = check_numerics
         self._runtime = runtime
-        self._programs: list[Program] = list(programs)
+        self._instances = tuple(instances)
+        self._programs: list[Program] = [p for inst in instances for p in inst.programs]
         self._checker = InputChecker(executable.inputs)
         self._released: tuple[type[Exception], str] | None = None
+        # Why run() refuses now (unloaded, closed, stopped); None while it may run.
+        self._refusal: tuple[type[Exception], str] | None = None
         self._lock = threading.Lock()
-        # One node: call its program directly, no graph walk on the hot path.
-        execute: Callable[..., dict[str, np.ndarray]] = (
-            programs[0].run if len(programs) == 1 else self._walk
-        )
         # Only dynamic outputs need their shapes kept per run (static ones are known now), so
         # only their models pay for it.
         self._record_shapes = not all(s.is_static for s in executable.outputs)
         self._last = threading.local()
-        self._execute = _recording(execute, self._last) if self._record_shapes else execute
-        self._steps = [
-            (node.inputs, program.run)
-            for node, program in zip(executable.nodes, programs, strict=True)
-        ]
+        self._exec_timeout = exec_timeout
+        for inst in self._instances:
+            inst.call = self._inline(inst)
         self._output_names = tuple(s.name for s in executable.outputs)
         self.memory_owner = f"{executable.name}#{next(_serial)}"
         self._device_memory: Allocator | None = None
@@ -90,6 +111,40 @@ class LoadedModel:
             executable.outputs, self._checker, self._allocator, self.memory_owner
         )
         self._dim_ranges: dict[str, tuple[DimRange, ...]] | None = None
+        nodes = len(executable.nodes)
+        depth = len(instances) + nodes + 1 if queue_depth is None else queue_depth
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+            raise InvalidArgumentError(f"queue_depth={queue_depth!r}: give a whole number >= 1")
+        self._scheduler = Scheduler(executable.name, instances, self._finish, depth, exec_timeout)
+        # A model never unloaded stops its workers when collected; at exit, daemon workers
+        # just end (joining them could hold the exit up behind a long run).
+        weakref.finalize(self, self._scheduler.close).atexit = False
+        self._take = self._scheduler.idle.pop  # run() takes an instance without blocking
+        self._give = self._scheduler.idle.append
+
+    def _inline(self, inst: Instance) -> Callable[..., dict[str, np.ndarray]]:
+        """What ``run()`` calls on an instance it holds: the program itself when nothing is
+        added, so the common case costs no extra Python call."""
+        execute: Callable[..., dict[str, np.ndarray]]
+        if len(inst.programs) == 1 and self._exec_timeout is None:
+            execute = inst.programs[0].run
+        elif self._exec_timeout is None:
+            execute = inst.execute
+        else:
+            execute = _timed(self.name, inst, self._exec_timeout)
+        if self.check_numerics:
+            execute = checking(self.name, execute)
+        return _recording(execute, self._last) if self._record_shapes else execute
+
+    def _finish(
+        self, execute: Callable[..., dict[str, Any]], feed: dict[str, Any], outputs: Any
+    ) -> Any:
+        """A queued request's run in a worker: outputs bound, results checked."""
+        if self.check_numerics:
+            execute = checking(self.name, execute)
+        if outputs is None or (not outputs and type(outputs) is dict):
+            return execute(feed)
+        return self._binder.run(execute, feed, outputs)
 
     @property
     def name(self) -> str:
@@ -147,32 +202,26 @@ class LoadedModel:
             ClosedError: its runtime was closed.
             ExecutionError: the engine failed.
         """
-        execute = self._execute  # held, so an unload racing this call cannot pull it away
-        if self._released is not None:
-            raise self._released[0](self._released[1])
+        if self._refusal is not None:
+            raise self._refusal[0](self._refusal[1])
         feed = self._checker.check(inputs)
         try:
+            inst = self._take()
+        except IndexError:  # every instance busy: wait in the queue like run_async
+            future = self._scheduler.submit(feed, outputs, block=True, timeout=None, deadline=None)
+            return future.result()
+        try:
             if outputs is None or (not outputs and type(outputs) is dict):
-                return execute(feed)
-            return self._binder.run(execute, feed, outputs)
+                return inst.call(feed)
+            return self._binder.run(inst.call, feed, outputs)
         except Exception:
             if self._released is not None:  # unloaded or closed while running
                 raise self._released[0](self._released[1]) from None
             raise
-
-    def _walk(
-        self, feed: dict[str, Any], outputs: Mapping[str, np.ndarray] | None = None
-    ) -> dict[str, np.ndarray]:
-        """Run a multi-node executable: each node on its driver, tensors passed between them."""
-        values = dict(feed)
-        for inputs, run in self._steps:
-            values.update(run({name: values[name] for name in inputs}))
-        result = {name: values[name] for name in self._output_names}
-        for name, buffer in (outputs or {}).items():
-            np.copyto(buffer, result[name], casting="no")
-            count_copy(buffer.nbytes)
-            result[name] = buffer
-        return result
+        finally:
+            self._give(inst)
+            if self._scheduler.waiting:  # a worker took a request and waits for an instance
+                self._scheduler.wake()
 
     def output_shapes(self) -> dict[str, tuple[int, ...] | None]:
         """The output shapes of this thread's last run (``OH_NNExecutor_GetOutputShape``).
@@ -252,12 +301,14 @@ class LoadedModel:
         with self._lock:
             if self._released is not None:
                 return
-            self._released = (error, message)
+            self._released = self._refusal = (error, message)
             programs, self._programs = self._programs, []
+        self._scheduler.close()
         for program in programs:
             program.close()
         if self._device_memory is not None:  # its stats go once its tensors are freed
             self._device_memory.forget(self.memory_owner)
+        self.group._remove(self)
 
     def _close_from_runtime(self) -> None:
         self._release(
@@ -279,6 +330,28 @@ def _recording(
     def run(*args: Any) -> dict[str, np.ndarray]:
         result = execute(*args)
         last.shapes = {name: getattr(v, "shape", None) for name, v in result.items()}
+        return result
+
+    return run
+
+
+def _timed(name: str, inst: Instance, limit: float) -> Callable[..., dict[str, np.ndarray]]:
+    """``inst.execute`` stopped by the watchdog after ``limit`` seconds (TIMEOUT)."""
+
+    def run(feed: dict[str, Any], outputs: Any = None) -> dict[str, np.ndarray]:
+        token = CancelToken()
+        end = time.monotonic() + limit
+        watchdog.watch(token, end)
+        try:
+            result = inst.execute(feed, outputs, token)
+        finally:
+            expired = watchdog.finish(token)
+        if expired or time.monotonic() > end:
+            raise DeadlineExceededError(
+                f"model {name!r}: the run took longer than its execution timeout of {limit} s; "
+                "raise exec_timeout (or CROSSRT_EXEC_TIMEOUT) or give the model more cores",
+                details={"model": name, "exec_timeout": limit},
+            )
         return result
 
     return run

@@ -10,18 +10,25 @@ from types import TracebackType
 from typing import Any
 
 from ..compiler import Executable, compile
+from ..config import settings
 from ..drivers import (
     DeviceInfo,
     DeviceKind,
-    Program,
     available_drivers,
     get_driver,
     resolve_device,
 )
 from ..drivers.host import format_cpus
-from ..errors import ClosedError, InvalidArgumentError, OutOfResourcesError, StatusCode
+from ..errors import (
+    ClosedError,
+    InvalidArgumentError,
+    OperationForbiddenError,
+    OutOfResourcesError,
+    StatusCode,
+)
 from .cores import reserve_cores
 from .devices import Device
+from .groups import CoreGroup, load_instances, pick_free, split_instances
 from .loaded import LoadedModel
 from .memory import MemoryStats, all_stats
 
@@ -63,6 +70,7 @@ class Runtime:
     ) -> None:
         self._lock = threading.Lock()
         self._models: list[LoadedModel] = []
+        self._groups: list[CoreGroup] = []
         self._closed = False
         self._cores = reserve_cores(visible_cores, num_cores)
         # An unclosed runtime gives its cores back when collected, not only at exit.
@@ -131,24 +139,46 @@ class Runtime:
         *,
         cores: int | Sequence[int] | None = None,
         driver: str | None = None,
+        group: CoreGroup | None = None,
+        instances: int = 1,
+        cores_per_instance: int | None = None,
+        queue_depth: int | None = None,
+        exec_timeout: float | None = None,
+        check_numerics: bool | None = None,
+        mode: str = "shared",
         **compile_options: Any,
     ) -> LoadedModel:
-        """Load a model onto a device (nrt_load).
+        """Load a model onto a device (nrt_load). See ``docs/concurrency.md``.
 
         Args:
             source: an :class:`Executable`, or anything :func:`crossrt.compile` accepts (a
                 :class:`Model`, a path, bytes, an ``onnx.ModelProto``), compiled first.
             device: the device (``"cpu"``, ``"cpu:0"``); for an executable, default the one
                 it was compiled for.
-            cores: how many cores (the first N) or which core indices to use; default all.
-                On the CPU device, indices count from 0 within :attr:`cores` (index ``i`` is
-                host CPU ``cores[i]``). The engine uses one thread per core.
+            cores: how many cores (the first N that no explicit core group holds) or which
+                core indices to use; default all but those of explicit groups. On the CPU
+                device, indices count from 0 within :attr:`cores` (index ``i`` is host CPU
+                ``cores[i]``).
             driver: for a model that is not compiled yet, the driver to compile with.
+            group: an explicit :class:`CoreGroup` to load onto (instead of ``cores``); the
+                model is loaded stopped: call ``model.start()``. Without it the load makes an
+                implicit group, started at once and removed at unload.
+            instances: copies of the model on disjoint cores, run in parallel.
+            cores_per_instance: cores (engine threads) per instance; default an equal share.
+            queue_depth: requests ``run_async`` admits at once (waiting or running); default
+                instances + nodes + 1.
+            exec_timeout: seconds one run may take before it is stopped with TIMEOUT;
+                default ``CROSSRT_EXEC_TIMEOUT`` (none).
+            check_numerics: raise EXEC_COMPLETED_WITH_NUM_ERR when an output holds a NaN or
+                an infinity; default ``CROSSRT_CHECK_NUMERICS`` (off).
+            mode: for a multi-node executable, ``"shared"``: its nodes share the instance's
+                cores; ``"normal"``: each node gets cores of its own.
             **compile_options: for a model that is not compiled yet, the compile options.
 
         Raises:
             ClosedError: the runtime is closed.
-            OutOfResourcesError: (LOAD_NOT_ENOUGH_NC) more cores asked for than exist.
+            OutOfResourcesError: (LOAD_NOT_ENOUGH_NC) more cores asked for than exist, or
+                instances x cores_per_instance more than the load has.
         """
         self._check_open()
         if isinstance(source, Executable):
@@ -168,30 +198,125 @@ class Runtime:
                 f"for {info.id}",
                 details={"compiled_for": exe.device, "device": info.id},
             )
-        chosen = _choose_cores(cores, info, self.cores if info.kind is DeviceKind.CPU else None)
-        programs: list[Program] = []
+        cpu = info.kind is DeviceKind.CPU
+        if group is not None:
+            group.check_usable(self)
+            if cores is not None:
+                raise InvalidArgumentError(
+                    "give cores= or group=, not both: a model loaded onto a group uses its cores"
+                )
+            chosen = group.indices
+        elif cpu and not isinstance(cores, Sequence) and (taken := self._explicit_cores()):
+            # Cores not named: take them from those no explicit group holds.
+            free = len(self.cores) - len(taken)
+            if cores is None and not free:
+                raise OutOfResourcesError(
+                    "every core of this runtime is in an explicit core group; load onto one "
+                    "of them with group=, or destroy one",
+                    code=StatusCode.LOAD_NOT_ENOUGH_NC,
+                )
+            _choose_cores(cores, info, self.cores)  # the argument's own checks first
+            count = free if cores is None else int(cores)
+            chosen = pick_free(len(self.cores), taken, count, "a load on")
+        else:
+            chosen = _choose_cores(cores, info, self.cores if cpu else None)
+            if cpu:
+                self._check_free(chosen)
+        core_sets = split_instances(chosen, instances, cores_per_instance)
+        config = settings()
+        timeout = config.exec_timeout if exec_timeout is None else exec_timeout
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0
+        ):
+            raise InvalidArgumentError(f"exec_timeout={timeout!r}: give seconds, more than 0")
+        numerics = config.check_numerics if check_numerics is None else check_numerics
+        runs = load_instances(exe, info, core_sets, mode, len(self.cores))
+        implicit = group is None
+        with self._lock:
+            home = group or CoreGroup(self, chosen, implicit=True)
         try:
-            for node in exe.nodes:
-                drv = get_driver(node.driver)
-                if node.device_kind == info.kind.value:
-                    _, node_device = resolve_device(info.id, drv.name)
-                    node_cores = chosen
-                else:  # a fallback node on another kind of device: all of its cores
-                    _, node_device = resolve_device(node.device_kind, drv.name)
-                    cpu = node_device.kind is DeviceKind.CPU
-                    node_cores = tuple(range(len(self.cores) if cpu else node_device.cores))
-                programs.append(drv.load(node.artifact, node_device, node_cores, exe.options))
+            loaded = LoadedModel(
+                self, exe, runs, info, chosen, home,
+                queue_depth=queue_depth, exec_timeout=timeout, check_numerics=bool(numerics),
+            )  # fmt: skip
         except BaseException:
-            for program in programs:
-                program.close()
+            for inst in runs:
+                for program in inst.programs:
+                    program.close()
             raise
-        loaded = LoadedModel(self, exe, programs, info, chosen)
         with self._lock:
             if self._closed:
                 loaded._close_from_runtime()
                 raise ClosedError("the runtime was closed while the model was loading")
             self._models.append(loaded)
+            if implicit:
+                self._groups.append(home)
+        home._add(loaded)
+        if implicit:
+            loaded.start()
+        else:
+            loaded.stop()  # explicit groups load stopped: model.start() runs it
         return loaded
+
+    def create_core_group(
+        self, cores: int | None = None, *, indices: Sequence[int] | None = None
+    ) -> CoreGroup:
+        """Set cores aside for models loaded with ``group=``; no other group may use them.
+
+        Args:
+            cores: how many cores: the lowest-numbered ones in no other group.
+            indices: or exactly these core indices (within :attr:`cores`).
+
+        Raises:
+            OutOfResourcesError: (LOAD_NOT_ENOUGH_NC) not enough cores free of other groups.
+            OperationForbiddenError: a core asked for is in another group.
+        """
+        self._check_open()
+        if (cores is None) == (indices is None):
+            raise InvalidArgumentError("give cores=N or indices=[...] (one of them)")
+        with self._lock:
+            taken = {i for g in self._groups for i in g.indices}
+            if indices is not None:
+                cpu = DeviceInfo("cpu:0", "", "", DeviceKind.CPU, "", len(self.cores), 0)
+                chosen = _choose_cores(list(indices), cpu, self.cores)
+                busy = [g for g in self._groups if set(g.indices) & set(chosen)]
+                if busy:
+                    raise OperationForbiddenError(
+                        f"cores {sorted(set(busy[0].indices) & set(chosen))} are in {busy[0]!r}; "
+                        "a core belongs to one group: choose others, or unload or destroy it",
+                        details={"indices": list(chosen)},
+                    )
+            else:
+                assert cores is not None
+                chosen = pick_free(len(self.cores), taken, cores)
+            group = CoreGroup(self, tuple(chosen), implicit=False)
+            self._groups.append(group)
+        return group
+
+    @property
+    def core_groups(self) -> list[CoreGroup]:
+        """The core groups, explicit and implicit (one per model loaded without a group)."""
+        with self._lock:
+            return list(self._groups)
+
+    def _explicit_cores(self) -> set[int]:
+        with self._lock:
+            return {i for g in self._groups if not g.implicit for i in g.indices}
+
+    def _check_free(self, chosen: tuple[int, ...]) -> None:
+        with self._lock:
+            for g in self._groups:
+                if not g.implicit and set(g.indices) & set(chosen):
+                    raise OperationForbiddenError(
+                        f"cores {sorted(set(g.indices) & set(chosen))} are in explicit {g!r}; "
+                        "load onto it with group=, or choose other cores",
+                        details={"cores": list(chosen)},
+                    )
+
+    def _forget_group(self, group: CoreGroup) -> None:
+        with self._lock:
+            if group in self._groups:
+                self._groups.remove(group)
 
     def close(self) -> None:
         """Unload every model, release the cores and the runtime (nrt_close). Safe twice."""
@@ -200,6 +325,8 @@ class Runtime:
             models, self._models = self._models, []
         for m in models:
             m._close_from_runtime()
+        with self._lock:
+            self._groups.clear()
         self._release_cores()
 
     def _forget(self, model: LoadedModel) -> None:

@@ -1,0 +1,247 @@
+"""Core groups (Neuron's NeuronCore groups, NNRt devices): sets of core indices that models
+are loaded onto, at most one of them running at a time; and how a load splits a group's cores
+into instances and nodes.
+
+- An **explicit** group (``Runtime.create_core_group``) owns its cores: no other group, explicit
+  or implicit, may use them. Models load onto it stopped; ``model.start()`` makes one running.
+- An **implicit** group is made by a load without ``group=`` and removed at its unload; its
+  model starts at once. Implicit groups may share cores with each other (host CPUs are
+  time-shared, as in the shared mode of docs/cores.md), never with an explicit group.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from ..compiler import Executable
+from ..drivers import DeviceInfo, DeviceKind, Program, get_driver, resolve_device
+from ..errors import (
+    InvalidArgumentError,
+    InvalidHandleError,
+    OperationForbiddenError,
+    OutOfResourcesError,
+    StatusCode,
+)
+from .scheduler import Instance
+
+if TYPE_CHECKING:
+    from .loaded import LoadedModel
+    from .runtime import Runtime
+
+MODES = ("shared", "normal")
+
+
+class CoreGroup:
+    """A set of a runtime's core indices that models load onto.
+
+    Created by :meth:`Runtime.create_core_group` (explicit) or by a load without a group
+    (implicit). At most one of its models runs at a time.
+
+    Attributes:
+        indices: the core indices (within :attr:`Runtime.cores`).
+        implicit: made by a load and removed at its unload.
+    """
+
+    def __init__(self, runtime: Runtime, indices: tuple[int, ...], *, implicit: bool) -> None:
+        self.indices = indices
+        self.implicit = implicit
+        self._runtime = runtime
+        self._models: list[LoadedModel] = []
+        self._running: LoadedModel | None = None
+        self._lock = threading.Lock()
+        self._destroyed = False
+
+    @property
+    def host_cpus(self) -> tuple[int, ...]:
+        """The host CPUs of :attr:`indices`."""
+        return tuple(self._runtime.cores[i] for i in self.indices)
+
+    @property
+    def models(self) -> list[LoadedModel]:
+        """The models loaded onto the group, running or stopped."""
+        with self._lock:
+            return list(self._models)
+
+    @property
+    def running(self) -> LoadedModel | None:
+        """The model running on the group, if any."""
+        return self._running
+
+    def destroy(self) -> None:
+        """Give the cores back. Only an empty group can be destroyed.
+
+        Raises:
+            OperationForbiddenError: models are still loaded on it (named in the message).
+        """
+        with self._lock:
+            if self._models:
+                names = ", ".join(repr(m.name) for m in self._models)
+                raise OperationForbiddenError(
+                    f"core group {list(self.indices)} still holds models {names}; unload them "
+                    "before destroying it",
+                    details={"models": [m.name for m in self._models]},
+                )
+            self._destroyed = True
+        self._runtime._forget_group(self)
+
+    def check_usable(self, runtime: Runtime) -> None:
+        """Raise unless a model may be loaded onto the group by ``runtime``."""
+        if self._destroyed:
+            raise InvalidHandleError(
+                f"core group {list(self.indices)} was destroyed; create another"
+            )
+        if runtime is not self._runtime:
+            raise InvalidArgumentError(
+                "this core group belongs to another Runtime; create one with this runtime's "
+                "create_core_group"
+            )
+
+    def _add(self, model: LoadedModel) -> None:
+        with self._lock:
+            self._models.append(model)
+
+    def _remove(self, model: LoadedModel) -> None:
+        with self._lock:
+            if model in self._models:
+                self._models.remove(model)
+            if self._running is model:
+                self._running = None
+            empty = not self._models
+        if empty and self.implicit:
+            self._destroyed = True
+            self._runtime._forget_group(self)
+
+    def _start(self, model: LoadedModel) -> None:
+        with self._lock:
+            if self._running is not None and self._running is not model:
+                raise OperationForbiddenError(
+                    f"model {self._running.name!r} is running on core group "
+                    f"{list(self.indices)}; stop it before starting {model.name!r}",
+                    details={"running": self._running.name, "model": model.name},
+                )
+            self._running = model
+
+    def _stop(self, model: LoadedModel) -> None:
+        with self._lock:
+            if self._running is model:
+                self._running = None
+
+    def __repr__(self) -> str:
+        kind = "implicit" if self.implicit else "explicit"
+        running = self._running.name if self._running else None
+        return (
+            f"CoreGroup({list(self.indices)}, {kind}, models={len(self._models)}, "
+            f"running={running!r})"
+        )
+
+
+def pick_free(
+    total: int, taken: set[int], count: int, what: str = "a core group of"
+) -> tuple[int, ...]:
+    """The ``count`` lowest core indices below ``total`` not in ``taken``."""
+    if count < 1:
+        raise InvalidArgumentError(f"cores={count}: ask for at least one core")
+    free = [i for i in range(total) if i not in taken]
+    if count > len(free):
+        raise OutOfResourcesError(
+            f"asked for {what} {count} cores but only {len(free)} of the runtime's "
+            f"{total} are in no other core group (explicit, or the implicit group of a model "
+            "loaded without group=); unload or destroy one, or ask for fewer",
+            code=StatusCode.LOAD_NOT_ENOUGH_NC,
+            details={"requested": count, "free": len(free)},
+        )
+    return tuple(free[:count])
+
+
+def split_instances(
+    pool: tuple[int, ...], instances: int, per_instance: int | None
+) -> list[tuple[int, ...]]:
+    """``instances`` disjoint runs of ``per_instance`` cores out of ``pool``, in order."""
+    if isinstance(instances, bool) or not isinstance(instances, int) or instances < 1:
+        raise InvalidArgumentError(f"instances={instances!r}: give a whole number, at least 1")
+    each = len(pool) // instances if per_instance is None else per_instance
+    if (
+        isinstance(each, bool)
+        or not isinstance(each, int)
+        or (per_instance is not None and each < 1)
+    ):
+        raise InvalidArgumentError(
+            f"cores_per_instance={per_instance!r}: give a whole number, at least 1"
+        )
+    if each < 1 or instances * each > len(pool):
+        raise OutOfResourcesError(
+            f"{instances} instances x {max(each, 1)} cores need {instances * max(each, 1)} cores "
+            f"but the load has {len(pool)} ({list(pool)}); load fewer instances or fewer cores "
+            "per instance",
+            code=StatusCode.LOAD_NOT_ENOUGH_NC,
+            details={"instances": instances, "cores_per_instance": each, "available": len(pool)},
+        )
+    return [pool[i * each : (i + 1) * each] for i in range(instances)]
+
+
+def load_instances(
+    exe: Executable,
+    device: DeviceInfo,
+    core_sets: Sequence[tuple[int, ...]],
+    mode: str,
+    runtime_cores: int,
+) -> list[Instance]:
+    """Load every node of ``exe`` once per core set.
+
+    In ``shared`` mode every node of an instance uses all the instance's cores (one at a time
+    per request, pipelined across requests); in ``normal`` mode each node on the model's
+    device gets cores of its own, the instance's cores split between them.
+    """
+    if mode not in MODES:
+        raise InvalidArgumentError(f"mode={mode!r}: use 'shared' or 'normal'")
+    local = [n.device_kind == device.kind.value for n in exe.nodes]
+    steps = [(tuple(n.inputs), tuple(n.outputs)) for n in exe.nodes]
+    outputs = tuple(s.name for s in exe.outputs)
+    result: list[Instance] = []
+    every: list[Program] = []  # closed again when a later load fails
+    try:
+        for k, cores in enumerate(core_sets):
+            programs: list[Program] = []
+            for node, node_cores in zip(exe.nodes, _node_cores(cores, local, mode), strict=True):
+                drv = get_driver(node.driver)
+                if node_cores is not None:
+                    _, node_device = resolve_device(device.id, drv.name)
+                else:  # a fallback node on another kind of device: all of its cores
+                    _, node_device = resolve_device(node.device_kind, drv.name)
+                    cpu = node_device.kind is DeviceKind.CPU
+                    node_cores = tuple(range(runtime_cores if cpu else node_device.cores))
+                programs.append(drv.load(node.artifact, node_device, node_cores, exe.options))
+                every.append(programs[-1])
+            result.append(Instance(k, cores, programs, steps, outputs))
+    except BaseException:
+        for program in every:
+            program.close()
+        raise
+    return result
+
+
+def _node_cores(
+    cores: tuple[int, ...], local: list[bool], mode: str
+) -> list[tuple[int, ...] | None]:
+    if mode == "shared":
+        return [cores if is_local else None for is_local in local]
+    count = sum(local)
+    if len(cores) < count:
+        raise OutOfResourcesError(
+            f"normal mode gives each of the {count} nodes its own cores, but an instance has "
+            f"{len(cores)}; give it at least {count} cores or load in mode='shared'",
+            code=StatusCode.LOAD_NOT_ENOUGH_NC,
+            details={"nodes": count, "cores_per_instance": len(cores)},
+        )
+    each, i = len(cores) // count, 0
+    out: list[tuple[int, ...] | None] = []
+    for is_local in local:
+        if not is_local:
+            out.append(None)
+            continue
+        last = i == count - 1
+        out.append(cores[i * each :] if last else cores[i * each : (i + 1) * each])
+        i += 1
+    return out

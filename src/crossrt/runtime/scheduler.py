@@ -1,0 +1,364 @@
+"""Instances, the bounded request queue and the worker threads of one loaded model.
+
+- An **instance** is one copy of the model's programs on its own cores. It takes one request
+  at a time; for a multi-node executable, one request per node at a time (each node has a
+  lock, taken hand over hand, so requests pass through the nodes in a pipeline).
+- ``run()`` pops an idle instance without blocking and runs in the caller's thread; with
+  none idle it queues like ``run_async`` and waits.
+- ``run_async`` admits at most ``depth`` requests not yet finished (waiting or running):
+  ``QUEUE_FULL`` past that, or a bounded wait when asked to block. There is one worker
+  thread per instance, each taking a request, then an idle instance; for a multi-node
+  executable, each instance has one stage thread per node with a queue between stages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from ..drivers import Program
+from ..drivers.base import CancelToken
+from ..errors import (
+    ClosedError,
+    CrossrtError,
+    DeadlineExceededError,
+    OutOfResourcesError,
+    StatusCode,
+)
+from . import watchdog
+from .memory import count_copy
+
+log = logging.getLogger("crossrt")
+
+Finish = Callable[[Callable[..., dict[str, Any]], dict[str, Any], Any], Any]
+"""``finish(execute, feed, outputs)``: binds outputs, runs ``execute``, checks the results."""
+
+
+@dataclass(eq=False)
+class Instance:
+    """One copy of a model's programs on its own cores."""
+
+    index: int
+    cores: tuple[int, ...]
+    programs: list[Program]
+    steps: Sequence[tuple[Sequence[str], Sequence[str]]]  # per node: its inputs, its outputs
+    output_names: tuple[str, ...]
+    locks: list[threading.Lock] = field(default_factory=list)
+    call: Callable[..., dict[str, np.ndarray]] = field(init=False)
+    """What ``LoadedModel.run`` calls on the instance it took (set by the model)."""
+
+    def __post_init__(self) -> None:
+        self.locks = [threading.Lock() for _ in self.programs]
+
+    def execute(
+        self,
+        feed: dict[str, Any],
+        outputs: Mapping[str, np.ndarray] | None = None,
+        cancel: CancelToken | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Run once. A single node needs no lock (its caller took the instance); a multi-node
+        walk takes the nodes' locks hand over hand, sharing them with the pipeline stages."""
+        if len(self.programs) == 1:
+            program = self.programs[0]
+            if cancel is None:
+                return program.run(feed, outputs)
+            return program.run_cancellable(feed, cancel, outputs)
+        values = dict(feed)
+        held = 0
+        self.locks[0].acquire()
+        try:
+            for j, ((names, _), program) in enumerate(zip(self.steps, self.programs, strict=True)):
+                if j:
+                    self.locks[j].acquire()
+                    self.locks[j - 1].release()
+                    held = j
+                values.update(run_node(program, {n: values[n] for n in names}, cancel))
+        finally:
+            self.locks[held].release()
+        return assemble(values, self.output_names, outputs)
+
+
+def run_node(
+    program: Program, inputs: dict[str, Any], cancel: CancelToken | None
+) -> dict[str, np.ndarray]:
+    """One node's run, cancellable when a timeout applies."""
+    return program.run(inputs) if cancel is None else program.run_cancellable(inputs, cancel)
+
+
+def assemble(
+    values: dict[str, Any], names: Sequence[str], outputs: Mapping[str, np.ndarray] | None
+) -> dict[str, np.ndarray]:
+    """The graph outputs out of every value computed, copied into ``outputs`` where given."""
+    result = {name: values[name] for name in names}
+    for name, buffer in (outputs or {}).items():
+        np.copyto(buffer, result[name], casting="no")
+        count_copy(buffer.nbytes)
+        result[name] = buffer
+    return result
+
+
+@dataclass(eq=False)
+class Job:
+    """One queued request."""
+
+    future: Future[Any]
+    feed: dict[str, Any]
+    outputs: Any
+    deadline: float | None
+    values: dict[str, Any] = field(default_factory=dict)
+    token: CancelToken | None = None
+    end: float | None = None
+
+
+_STOP = None
+
+
+class Scheduler:
+    """The queue and workers of one loaded model (see the module docstring)."""
+
+    def __init__(
+        self,
+        name: str,
+        instances: Sequence[Instance],
+        finish: Finish,
+        depth: int,
+        exec_timeout: float | None,
+    ) -> None:
+        self.name = name
+        self.instances = tuple(instances)
+        self.depth = depth
+        self.exec_timeout = exec_timeout
+        # Weak: the worker threads must not keep the model (and through it its runtime and
+        # reserved cores) alive once its user lets go of it; a finalizer then stops them.
+        self._finish = weakref.WeakMethod(finish)
+        self._slots = threading.BoundedSemaphore(depth)
+        self._entry: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self._closed = False
+        # Instances no caller or worker holds. deque.pop/append are atomic and cost a third
+        # of a lock's acquire/release, on the path every synchronous run() takes.
+        self.idle: deque[Instance] = deque(self.instances)
+        self.waiting = 0  # workers waiting for an idle instance
+        self._returned = threading.Condition()
+        self.trace: list[tuple[int, int, int, float, float]] | None = None
+        """When a list: (instance, node, request id, start, end) per pipelined node run."""
+        self._threads: list[threading.Thread] = []
+        for inst in self.instances:
+            nodes = len(inst.programs)
+            stages: list[queue.SimpleQueue[Job | None]] = [self._entry]
+            stages += [queue.SimpleQueue() for _ in range(nodes - 1)]
+            for j in range(nodes):
+                target = self._serve if nodes == 1 else self._stage
+                args = () if nodes == 1 else (inst, j, stages)
+                thread = threading.Thread(
+                    target=target, args=args, name=f"crossrt-{name}-{inst.index}.{j}", daemon=True
+                )
+                thread.start()
+                self._threads.append(thread)
+
+    # -- instances ------------------------------------------------------------------------
+
+    def give_back(self, inst: Instance) -> None:
+        """Return an instance taken from :attr:`idle`, waking a worker waiting for one."""
+        self.idle.append(inst)
+        if self.waiting:
+            self.wake()
+
+    def wake(self) -> None:
+        """Wake one worker waiting in ``_take`` (call after appending to :attr:`idle`)."""
+        with self._returned:
+            self._returned.notify()
+
+    def _take(self) -> Instance:
+        """An idle instance, waiting for one while ``run()`` callers hold them all."""
+        try:
+            return self.idle.pop()
+        except IndexError:
+            pass
+        with self._returned:
+            # Counted before looking again: give_back appends first, then reads the count,
+            # so either this pop sees its instance or it sees this waiter and notifies.
+            self.waiting += 1
+            try:
+                while True:
+                    try:
+                        return self.idle.pop()
+                    except IndexError:
+                        self._returned.wait()
+            finally:
+                self.waiting -= 1
+
+    # -- admission ------------------------------------------------------------------------
+
+    def submit(
+        self,
+        feed: dict[str, Any],
+        outputs: Any,
+        *,
+        block: bool,
+        timeout: float | None,
+        deadline: float | None,
+    ) -> Future[Any]:
+        """Queue one request; its future resolves with ``finish``'s result or error."""
+        if self._closed:
+            raise ClosedError(f"model {self.name!r} is unloaded; load it again")
+        if not self._slots.acquire(blocking=block, timeout=timeout if block else None):
+            if block:
+                raise DeadlineExceededError(
+                    f"model {self.name!r}: no room in its queue of {self.depth} within "
+                    f"{timeout} s; wait longer, raise queue_depth at load, or add instances",
+                    details={"model": self.name, "queue_depth": self.depth},
+                )
+            raise OutOfResourcesError(
+                f"model {self.name!r}: its queue of {self.depth} requests is full; retry later, "
+                "pass block=True to wait, or load it with a larger queue_depth or more instances",
+                code=StatusCode.QUEUE_FULL,
+                details={"model": self.name, "queue_depth": self.depth},
+            )
+        future: Future[Any] = Future()
+        self._entry.put(Job(future, feed, outputs, deadline))
+        if self._closed:  # closed while queueing: the workers may be gone
+            self._fail(Job(future, feed, outputs, deadline), self._closed_error())
+        return future
+
+    def _closed_error(self) -> CrossrtError:
+        return ClosedError(f"model {self.name!r} was unloaded before the request ran")
+
+    def _fail(self, job: Job, error: BaseException) -> None:
+        # Resolved meanwhile (by a worker, or cancelled): nothing left to report.
+        with contextlib.suppress(Exception):
+            if job.future.set_running_or_notify_cancel():
+                job.future.set_exception(error)
+
+    def _start(self, job: Job) -> bool:
+        """Whether ``job`` may run: not cancelled, deadline not passed (else it is resolved)."""
+        if not job.future.set_running_or_notify_cancel():
+            self._slots.release()
+            return False
+        if job.deadline is not None and time.monotonic() >= job.deadline:
+            self._done(job, error=_late(self.name, "its deadline passed while it was queued"))
+            return False
+        limit = self.exec_timeout
+        end = job.deadline
+        if limit is not None:
+            end = time.monotonic() + limit if end is None else min(end, time.monotonic() + limit)
+        if end is not None:
+            job.token, job.end = CancelToken(), end
+            watchdog.watch(job.token, end)
+        return True
+
+    def _done(self, job: Job, result: Any = None, error: BaseException | None = None) -> None:
+        if job.token is not None:
+            expired = watchdog.finish(job.token)
+            if error is None and (expired or time.monotonic() > (job.end or 0.0)):
+                error = _late(self.name, "it ran past its deadline or execution timeout")
+        self._slots.release()
+        if error is not None:
+            job.future.set_exception(error)
+        else:
+            job.future.set_result(result)
+
+    # -- workers --------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        while (job := self._entry.get()) is not _STOP:
+            if not self._start(job):
+                continue
+            inst = self._take()
+            try:
+                execute = partial(_execute_with, inst, job.token)
+                result = self._call(execute, job)
+            except BaseException as exc:  # the caller gets it through the future
+                self.give_back(inst)
+                self._done(job, error=exc)
+            else:
+                self.give_back(inst)
+                self._done(job, result)
+
+    def _stage(self, inst: Instance, j: int, stages: list[queue.SimpleQueue[Job | None]]) -> None:
+        last = j == len(inst.programs) - 1
+        names = inst.steps[j][0]
+        while (job := stages[j].get()) is not _STOP:
+            if j == 0:
+                if not self._start(job):
+                    continue
+                job.values = dict(job.feed)
+            try:
+                with inst.locks[j]:
+                    start = time.monotonic()
+                    made = run_node(inst.programs[j], {n: job.values[n] for n in names}, job.token)
+                    if self.trace is not None:
+                        self.trace.append((inst.index, j, id(job.future), start, time.monotonic()))
+                job.values.update(made)
+                if last:
+                    execute = partial(_assemble_with, job.values, inst.output_names)
+                    result = self._call(execute, job)
+            except BaseException as exc:
+                self._done(job, error=exc)
+                continue
+            if last:
+                self._done(job, result)
+            else:
+                stages[j + 1].put(job)
+        if not last:
+            stages[j + 1].put(_STOP)
+
+    def _call(self, execute: Callable[..., dict[str, Any]], job: Job) -> Any:
+        finish = self._finish()
+        if finish is None:
+            raise self._closed_error()
+        return finish(execute, job.feed, job.outputs)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the workers: queued requests fail with CLOSED; running ones finish."""
+        self._closed = True
+        pending: list[Job] = []
+        try:
+            while True:
+                job = self._entry.get_nowait()
+                if job is not None:
+                    pending.append(job)
+        except queue.Empty:
+            pass
+        for job in pending:
+            if job.future.set_running_or_notify_cancel():
+                job.future.set_exception(self._closed_error())
+        for _ in self.instances:
+            self._entry.put(_STOP)
+        current = threading.current_thread()
+        for thread in self._threads:
+            if thread is not current:  # a completion callback may unload its own model
+                thread.join(timeout)
+            if thread.is_alive() and thread is not current:
+                log.warning("crossrt: worker %s did not stop within %s s", thread.name, timeout)
+
+
+def _execute_with(
+    inst: Instance, token: CancelToken | None, feed: dict[str, Any], outputs: Any = None
+) -> dict[str, np.ndarray]:
+    return inst.execute(feed, outputs, token)
+
+
+def _assemble_with(
+    values: dict[str, Any], names: Sequence[str], feed: dict[str, Any], outputs: Any = None
+) -> dict[str, np.ndarray]:
+    return assemble(values, names, outputs)
+
+
+def _late(name: str, why: str) -> DeadlineExceededError:
+    return DeadlineExceededError(
+        f"model {name!r}: request timed out, {why}; allow more time (deadline=, exec_timeout=, "
+        "CROSSRT_EXEC_TIMEOUT) or load more instances",
+        details={"model": name},
+    )

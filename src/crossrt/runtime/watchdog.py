@@ -1,0 +1,49 @@
+"""One thread per process that cancels calls whose execution timeout expired.
+
+A ``threading.Timer`` per call would start a thread per call; the watchdog keeps a heap of
+deadlines instead and sleeps until the nearest one.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+
+from ..drivers.base import CancelToken
+
+_lock = threading.Condition()
+_heap: list[tuple[float, int, CancelToken]] = []
+_order = itertools.count()
+_thread: threading.Thread | None = None
+
+
+def watch(token: CancelToken, deadline: float) -> None:
+    """Cancel ``token`` at ``deadline`` (``time.monotonic()``) unless it is finished first."""
+    global _thread
+    with _lock:
+        heapq.heappush(_heap, (deadline, next(_order), token))
+        if _thread is None or not _thread.is_alive():
+            _thread = threading.Thread(target=_loop, name="crossrt-watchdog", daemon=True)
+            _thread.start()
+        _lock.notify()
+
+
+def _loop() -> None:
+    while True:
+        with _lock:
+            while not _heap or _heap[0][0] > time.monotonic():
+                _lock.wait(None if not _heap else _heap[0][0] - time.monotonic())
+            _, _, token = heapq.heappop(_heap)
+        # A finished call's token is marked cancelled too (see finish): nothing to stop.
+        token.cancel()
+
+
+def finish(token: CancelToken) -> bool:
+    """Mark a call done; True when its timeout had already cancelled it."""
+    with token._lock:
+        expired = token.cancelled
+        token.cancelled = True  # the watchdog's later cancel() is then a no-op
+        token._callbacks.clear()
+    return expired

@@ -1,0 +1,85 @@
+"""Models and helpers shared by the scheduler and core-group tests."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from onnx import TensorProto
+
+import crossrt
+from crossrt import GraphBuilder
+from crossrt.drivers import Program
+
+
+def tiny() -> crossrt.Model:
+    """y = x @ W + 1 on [4, 8]: cheap, deterministic, different per input."""
+    b = GraphBuilder("tiny_mm")
+    x = b.input("x", "float32", [4, 8])
+    w = b.constant(np.arange(64, dtype=np.float32).reshape(8, 8) / 64)
+    b.output(b.op("Add", [b.op("MatMul", [x, w]), b.constant(np.float32(1))], outputs=["y"]))
+    return b.finish()
+
+
+def heavy(chain: int = 24, size: int = 512) -> crossrt.Model:
+    """A chain of MatMuls long enough for a timeout to strike mid-run."""
+    b = GraphBuilder("heavy")
+    x = b.input("x", "float32", [size, size])
+    w = b.constant(np.eye(size, dtype=np.float32))
+    h = x
+    for _ in range(chain):
+        h = b.op("MatMul", [h, w])
+    b.output(h)
+    return b.finish()
+
+
+def pipelined(size: int = 256, chain: int = 6) -> crossrt.Model:
+    """MatMuls (ORT) -> int16 Max (reference: ORT has none) -> MatMuls (ORT): three nodes."""
+    b = GraphBuilder("pipelined")
+    x = b.input("x", "float32", [size, size])
+    w = b.constant(np.eye(size, dtype=np.float32))
+    h = x
+    for _ in range(chain):
+        h = b.op("MatMul", [h, w])
+    as_int = b.op("Cast", [b.op("Relu", [h])], to=TensorProto.INT16)
+    back = b.op("Cast", [b.op("Max", [as_int, as_int])], to=TensorProto.FLOAT)
+    for _ in range(chain):
+        back = b.op("MatMul", [back, w])
+    b.output(back)
+    return b.finish()
+
+
+class GatedProgram(Program):
+    """Wraps a program: each run signals ``started`` then waits for ``gate`` (tests only)."""
+
+    def __init__(self, inner: Program) -> None:
+        self.inner = inner
+        self.gate = threading.Event()
+        self.started = threading.Event()
+        self.calls = 0
+        self.fail: Exception | None = None
+
+    def run(
+        self, inputs: Mapping[str, Any], outputs: Mapping[str, np.ndarray] | None = None
+    ) -> dict[str, np.ndarray]:
+        self.calls += 1
+        self.started.set()
+        assert self.gate.wait(10), "the test never opened the gate"
+        if self.fail is not None:
+            raise self.fail
+        return self.inner.run(inputs, outputs)
+
+    def close(self) -> None:
+        self.gate.set()
+        self.inner.close()
+
+
+def gate(model: crossrt.LoadedModel, instance: int = 0) -> GatedProgram:
+    """Put a :class:`GatedProgram` in front of one instance's (single) program."""
+    inst = model._instances[instance]
+    gated = GatedProgram(inst.programs[0])
+    inst.programs[0] = gated
+    inst.call = model._inline(inst)
+    return gated

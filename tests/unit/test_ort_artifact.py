@@ -1,0 +1,374 @@
+"""The onnxruntime driver's artifact: the graph with its large weights beside it, mapped on load."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import mmap
+import random
+import struct
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import helper, numpy_helper
+
+import crossrt
+from crossrt import CompileError, CrossrtError, StatusCode, UnsupportedError
+from crossrt.drivers import get_driver, ort_artifact
+from crossrt.drivers.base import CompileOptions
+from crossrt.errors import InvalidContainerError
+from crossrt.model import GraphBuilder
+
+PRELUDE = struct.Struct("<8sIIQ")
+RNG = np.random.default_rng(7)
+
+# (name, value): every dtype the format stores, a few below the threshold, one in float_data.
+TENSORS: list[tuple[str, np.ndarray]] = [
+    ("f32", RNG.standard_normal((16, 32)).astype(np.float32)),
+    ("f64", RNG.standard_normal(200)),
+    ("f16", RNG.standard_normal((8, 64)).astype(np.float16)),
+    ("i8", RNG.integers(-128, 127, 1500).astype(np.int8)),
+    ("i16", RNG.integers(-999, 999, 700).astype(np.int16)),
+    ("i32", RNG.integers(-(2**31), 2**31 - 1, 300).astype(np.int32)),
+    ("i64", RNG.integers(-(2**62), 2**62, 130)),
+    ("u8", RNG.integers(0, 255, 1024).astype(np.uint8)),
+    ("u16", RNG.integers(0, 2**16 - 1, 600).astype(np.uint16)),
+    ("u32", RNG.integers(0, 2**32 - 1, 400).astype(np.uint32)),
+    ("u64", RNG.integers(0, 2**63, 150).astype(np.uint64)),
+    ("b", RNG.integers(0, 2, 2048).astype(bool)),
+    ("small", np.arange(10, dtype=np.float32)),  # below the threshold: stays in the graph
+    ("text", np.array(["a", "bc"] * 600, dtype=object)),  # strings always stay in the graph
+    ("typed", RNG.standard_normal(400).astype(np.float32)),  # stored in float_data
+]
+INLINE = {"small", "text"}
+
+
+def _tensor_model() -> bytes:
+    """A model whose outputs are its initializers, one Identity each."""
+    inits = []
+    for name, value in TENSORS:
+        if name == "typed":
+            inits.append(helper.make_tensor(name, onnx.TensorProto.FLOAT, value.shape, value))
+        else:
+            inits.append(numpy_helper.from_array(value, name))
+    nodes = [helper.make_node("Identity", [name], [f"out_{name}"]) for name, _ in TENSORS]
+    outputs = [
+        helper.make_tensor_value_info(f"out_{t.name}", t.data_type, list(t.dims)) for t in inits
+    ]
+    graph = helper.make_graph(nodes, "tensors", [], outputs, initializer=inits)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 8
+    assert not proto.graph.initializer[-1].raw_data  # the typed-field case is real
+    return proto.SerializeToString()
+
+
+def _mlp() -> crossrt.Model:
+    """x[N,64] -> MatMul 64x64 (16 KiB) -> + bias -> Relu -> Gather of 256 columns (int64)."""
+    b = GraphBuilder("mlp")
+    x = b.input("x", "float32", ["N", 64])
+    w = b.constant(RNG.standard_normal((64, 64)).astype(np.float32) / 8, "W")
+    bias = b.constant(RNG.standard_normal(64).astype(np.float32), "bias")
+    index = b.constant(RNG.integers(0, 64, 256), "index")
+    hidden = b.op("Relu", [b.op("Add", [b.op("MatMul", [x, w]), bias])])
+    b.output(b.op("Gather", [hidden, index], axis=1, outputs=["y"]))
+    return b.finish()
+
+
+X = RNG.standard_normal((5, 64)).astype(np.float32)
+
+
+def _load(artifact: bytes | memoryview) -> Any:
+    driver = get_driver("onnxruntime")
+    (device,) = driver.devices()
+    return driver.load(artifact, device, [0], CompileOptions())
+
+
+def _index(artifact: bytes) -> dict[str, Any]:
+    _, _, _, length = PRELUDE.unpack_from(artifact)
+    doc: dict[str, Any] = json.loads(artifact[PRELUDE.size : PRELUDE.size + length])
+    return doc
+
+
+def _with_index(artifact: bytes, change: Callable[[dict[str, Any]], Any]) -> bytes:
+    """The artifact with its index edited: 128 bytes more room for it, the rest moved along."""
+    index = _index(artifact)
+    start = index["graph"]["offset"]
+    for entry in (index["graph"], *index["weights"]):
+        entry["offset"] += 128
+    change(index)
+    text = json.dumps(index, separators=(",", ":")).encode()
+    room = start + 128 - PRELUDE.size
+    assert len(text) <= room, "the edited index does not fit before the graph"
+    text += b" " * (room - len(text))  # JSON allows trailing whitespace
+    magic, version, reserved, _ = PRELUDE.unpack_from(artifact)
+    return PRELUDE.pack(magic, version, reserved, len(text)) + text + artifact[start:]
+
+
+def _plain(artifact: bytes | memoryview) -> bytes:
+    """The artifact in the previous format: the optimized model's ONNX bytes, weights inside."""
+    unpacked = ort_artifact.unpack(artifact)
+    proto = onnx.ModelProto.FromString(bytes(unpacked.graph))
+    values = dict(zip(unpacked.names, unpacked.arrays, strict=True))
+    for init in proto.graph.initializer:
+        if init.name in values:
+            init.CopyFrom(numpy_helper.from_array(values[init.name], init.name))
+    return proto.SerializeToString()
+
+
+@pytest.fixture(scope="module")
+def packed() -> bytes:
+    return ort_artifact.pack(_tensor_model())
+
+
+@pytest.fixture(scope="module")
+def mlp_exe() -> crossrt.Executable:
+    return crossrt.compile(_mlp(), "cpu", driver="onnxruntime")
+
+
+# -- the format -----------------------------------------------------------------------------
+
+
+def test_round_trip_of_every_stored_dtype(packed):
+    unpacked = ort_artifact.unpack(packed)
+    expected = {name: value for name, value in TENSORS if name not in INLINE}
+    assert unpacked.names == list(expected)
+    for name, array in zip(unpacked.names, unpacked.arrays, strict=True):
+        assert array.dtype == expected[name].dtype and array.shape == expected[name].shape
+        np.testing.assert_array_equal(array, expected[name])
+    graph = onnx.ModelProto.FromString(bytes(unpacked.graph)).graph
+    stubs = {t.name: t for t in graph.initializer}
+    for name in expected:
+        assert stubs[name].data_location == onnx.TensorProto.EXTERNAL
+        assert not stubs[name].raw_data and not stubs[name].float_data
+    for name in INLINE:
+        assert stubs[name].data_location == onnx.TensorProto.DEFAULT
+    # ORT, given the weights as views, returns every tensor as it was.
+    program = _load(packed)
+    results = program.run({})
+    for name, value in TENSORS:
+        got = results[f"out_{name}"]
+        assert got.shape == value.shape
+        if name == "text":
+            assert got.tolist() == value.tolist()
+        else:
+            assert got.dtype == value.dtype and np.array_equal(got, value)
+    program.close()
+
+
+def test_layout_matches_the_documented_format(packed):
+    magic, version, reserved, length = PRELUDE.unpack_from(packed)
+    assert (magic, version, reserved) == (b"CRORTART", 1, 0)
+    index = _index(packed)
+    graph = index["graph"]
+    assert graph["offset"] >= PRELUDE.size + length
+    padding = packed[PRELUDE.size + length : graph["offset"]]
+    assert padding == bytes(len(padding)) and len(padding) < 64
+    end = graph["offset"] + graph["length"]
+    for entry, (name, value) in zip(
+        index["weights"], [t for t in TENSORS if t[0] not in INLINE], strict=True
+    ):
+        assert entry["name"] == name
+        assert entry["dtype"] == value.dtype.name and entry["shape"] == list(value.shape)
+        assert entry["offset"] % 64 == 0 and entry["offset"] >= end
+        assert packed[end : entry["offset"]] == bytes(entry["offset"] - end)
+        blob = packed[entry["offset"] : entry["offset"] + entry["length"]]
+        assert blob == value.astype(value.dtype.newbyteorder("<")).tobytes()
+        end = entry["offset"] + entry["length"]
+    assert end == len(packed)
+
+
+def test_small_and_shape_tensors_stay_in_the_graph(mlp_exe):
+    unpacked = ort_artifact.unpack(mlp_exe.nodes[0].artifact)
+    # W (16 KiB) and the int64 index (2 KiB) move out; the 256-byte bias stays in the graph,
+    # and so would the small shape and axes tensors ORT's shape inference reads on load.
+    assert set(unpacked.names) == {"W", "index"}
+    assert all(a.nbytes >= ort_artifact.THRESHOLD for a in unpacked.arrays)
+
+
+def test_a_model_without_large_weights_still_packs():
+    b = GraphBuilder("tiny")
+    b.output(b.op("Relu", [b.input("x", "float32", [2])], outputs=["y"]))
+    exe = crossrt.compile(b.finish(), driver="onnxruntime")
+    artifact = exe.nodes[0].artifact
+    assert ort_artifact.is_packed(artifact) and ort_artifact.unpack(artifact).names == []
+    with crossrt.Runtime() as rt:
+        x = np.array([-1.0, 2.0], np.float32)
+        assert rt.load(exe).run({"x": x})["y"].tolist() == [0.0, 2.0]
+
+
+# -- zero copy --------------------------------------------------------------------------------
+
+
+def test_the_session_weights_are_views_of_the_crm_mapping(tmp_path, mlp_exe):
+    mlp_exe.save(tmp_path / "mlp.crm")
+    exe = crossrt.load_executable(tmp_path / "mlp.crm")
+    artifact = exe.nodes[0].artifact
+    assert isinstance(artifact, memoryview) and isinstance(artifact.obj, mmap.mmap)
+    mapping = np.frombuffer(artifact.obj, np.uint8)
+    with crossrt.Runtime() as rt:
+        model = rt.load(exe)
+        program = model._programs[0]
+        assert len(program.weights) == 2
+        for array in program.weights:
+            assert np.shares_memory(array, mapping)
+            assert not array.flags.writeable and not array.flags.owndata
+        got = model.run({"x": X})["y"]
+        # The same as from the bytes compile() returned, and as raw ORT on the plain graph.
+        assert np.array_equal(got, rt.load(mlp_exe).run({"x": X})["y"])
+    raw = ort.InferenceSession(_plain(artifact), providers=["CPUExecutionProvider"])
+    assert np.array_equal(got, raw.run(None, {"x": X})[0])
+
+
+def test_the_program_keeps_the_mapping_alive(tmp_path, mlp_exe):
+    mlp_exe.save(tmp_path / "mlp.crm")
+    exe = crossrt.load_executable(tmp_path / "mlp.crm")
+    program = _load(exe.nodes[0].artifact)
+    expected = program.run({"x": X})["y"].copy()
+    del exe  # the executable and its view go; the weights the session reads must not
+    assert np.array_equal(program.run({"x": X})["y"], expected)
+    program.close()
+
+
+def test_weights_in_a_writable_buffer_are_copied(mlp_exe):
+    # The caller may overwrite a bytearray after the load: the session must not read it.
+    data = bytearray(mlp_exe.to_bytes())
+    exe = crossrt.load_executable(data)
+    program = _load(exe.nodes[0].artifact)
+    buffer = np.frombuffer(data, np.uint8)
+    assert program.weights and not any(np.shares_memory(w, buffer) for w in program.weights)
+    expected = program.run({"x": X})["y"].copy()
+    data[:] = bytes(len(data))
+    assert np.array_equal(program.run({"x": X})["y"], expected)
+    program.close()
+
+
+# -- the previous format ----------------------------------------------------------------------
+
+
+def test_an_artifact_of_the_previous_format_still_loads(tmp_path, mlp_exe):
+    plain = _plain(mlp_exe.nodes[0].artifact)
+    assert plain[:1] == b"\x08" and not ort_artifact.is_packed(plain)  # ir_version comes first
+    old = dataclasses.replace(
+        mlp_exe, nodes=(dataclasses.replace(mlp_exe.nodes[0], artifact=plain),)
+    )
+    old.save(tmp_path / "old.crm")
+    with crossrt.Runtime() as rt:
+        model = rt.load(crossrt.load_executable(tmp_path / "old.crm"))
+        assert model._programs[0].weights == ()
+        assert np.array_equal(model.run({"x": X})["y"], rt.load(mlp_exe).run({"x": X})["y"])
+
+
+# -- corrupt artifacts ------------------------------------------------------------------------
+
+
+def _first(change: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], Any]:
+    return lambda index: change(index["weights"][0])
+
+
+BAD_INDEXES = [
+    (_first(lambda w: w.update(offset=10**12)), "truncated: weights[0] ends at byte"),
+    (_first(lambda w: w.update(offset=-64)), "weights[0].offset is negative"),
+    (_first(lambda w: w.update(offset=w["offset"] + 4)), "not a multiple of 64"),
+    (_first(lambda w: w.update(offset=0)), "weights[0] at byte 0 overlaps"),
+    (lambda i: i["weights"][1].update(offset=i["weights"][0]["offset"]), "weights[1] at byte"),
+    (_first(lambda w: w.update(length=w["length"] + 1)), "shape and dtype need a different"),
+    (_first(lambda w: w.update(length=True)), "weights[0].length is missing or not an integer"),
+    (_first(lambda w: w.update(shape=[-1, 512])), "weights[0].shape is not a list of sizes"),
+    (_first(lambda w: w.update(shape=[2**40, 2**40])), "shape and dtype need a different"),
+    (_first(lambda w: w.update(dtype="bfloat16")), "dtype 'bfloat16' is not one it stores"),
+    (_first(lambda w: w.update(dtype="<f4")), "dtype '<f4' is not one it stores"),
+    (_first(lambda w: w.pop("name")), "weights[0].name is missing"),
+    (lambda i: i["weights"][1].update(name=i["weights"][0]["name"]), "repeats an earlier name"),
+    (lambda i: i["weights"].append(7), "weights[13] is not an object"),
+    (lambda i: i.update(weights={}), "index field weights is missing or not a list"),
+    (lambda i: i["graph"].update(offset=8), "the graph at byte 8 overlaps"),
+    (lambda i: i["graph"].update(length=10**9), "truncated: the graph ends at byte"),
+    (lambda i: i.pop("graph"), "index field graph is missing or not an object"),
+]
+
+
+@pytest.mark.parametrize(("change", "message"), BAD_INDEXES)
+def test_a_bad_index_is_refused_by_name(packed, change, message):
+    with pytest.raises(InvalidContainerError, match="onnxruntime artifact is corrupt") as info:
+        ort_artifact.unpack(_with_index(packed, change))
+    assert message in info.value.message
+    assert info.value.code is StatusCode.INVALID
+    assert "recompile the model with `crossrt compile`" in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("cut", "message"),
+    [(10, "less than its 24-byte prelude"), (40, "its index needs"), (-1, "weights[12] ends at")],
+)
+def test_a_truncated_artifact(packed, cut, message):
+    with pytest.raises(InvalidContainerError, match="truncated") as info:
+        ort_artifact.unpack(packed[:cut])
+    assert message in info.value.message
+
+
+def test_a_bad_prelude(packed):
+    with pytest.raises(InvalidContainerError, match="does not start with"):
+        ort_artifact.unpack(b"X" + packed[1:])
+    for field, value in ((8, 0), (12, 1)):
+        data = bytearray(packed)
+        data[field : field + 4] = struct.pack("<I", value)
+        with pytest.raises(InvalidContainerError, match="prelude is damaged"):
+            ort_artifact.unpack(bytes(data))
+    data = bytearray(packed)
+    data[8:12] = struct.pack("<I", 2)
+    with pytest.raises(UnsupportedError, match="artifact is version 2") as info:
+        _load(bytes(data))
+    assert info.value.code is StatusCode.UNSUPPORTED_NEFF_VERSION
+
+
+@pytest.mark.parametrize("text", [b"[]", b"{", b"\xff", b'{"graph": NaN}', b"[" * 100_000])
+def test_an_index_that_is_not_a_json_object(text):
+    data = PRELUDE.pack(b"CRORTART", 1, 0, len(text)) + text
+    with pytest.raises(InvalidContainerError, match="its index is not"):
+        ort_artifact.unpack(data)
+
+
+def test_ort_checks_each_weight_against_its_stub(packed):
+    # A consistent index whose entries no longer match the graph: ORT refuses, nothing runs.
+    def swap(index: dict[str, Any]) -> None:
+        first, second = index["weights"][:2]
+        first["name"], second["name"] = second["name"], first["name"]
+
+    with pytest.raises(CompileError, match="could not load the artifact"):
+        _load(_with_index(packed, swap))
+    with pytest.raises(CompileError):
+        _load(_with_index(packed, _first(lambda w: w.update(name="nothing-of-that-name"))))
+
+
+def test_a_corrupt_artifact_in_an_unhashed_container_is_an_error(mlp_exe):
+    bad = _with_index(bytes(mlp_exe.nodes[0].artifact), _first(lambda w: w.update(offset=64)))
+    exe = dataclasses.replace(mlp_exe, nodes=(dataclasses.replace(mlp_exe.nodes[0], artifact=bad),))
+    loaded = crossrt.load_executable(exe.to_bytes(), validate_hash=False)
+    with crossrt.Runtime() as rt, pytest.raises(InvalidContainerError, match="overlaps"):
+        rt.load(loaded)
+
+
+def test_random_index_damage_raises_only_crossrt_errors(mlp_exe):
+    artifact = bytes(mlp_exe.nodes[0].artifact)
+    index_end = PRELUDE.size + PRELUDE.unpack_from(artifact)[3]  # the padding is not read
+    rng = random.Random(1)
+    refused = loaded = 0
+    for _ in range(300):
+        data = bytearray(artifact)
+        for _ in range(rng.randint(1, 4)):
+            data[rng.randrange(index_end)] = rng.randrange(256)
+        if rng.random() < 0.2:
+            del data[rng.randrange(len(data)) :]
+        try:
+            program = _load(bytes(data))
+        except CrossrtError:
+            refused += 1
+            continue
+        loaded += 1  # a change the index tolerates (whitespace, a digit of a same-size dim...)
+        program.run({"x": X})
+        program.close()
+    assert refused > 270, (refused, loaded)

@@ -1,0 +1,362 @@
+"""Instances, the request queue, run_async, callbacks, asyncio, timeouts and pipelining."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import CancelledError, Future
+
+import numpy as np
+import pytest
+from concurrency_models import gate, heavy, pipelined, tiny
+
+import crossrt
+from crossrt import StatusCode
+
+WAIT = 10  # seconds: the bound on every wait; reached only when something is broken
+
+
+def x(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((4, 8)).astype(np.float32)
+
+
+@pytest.fixture
+def rt() -> Iterator[crossrt.Runtime]:
+    with crossrt.Runtime() as runtime:
+        yield runtime
+
+
+@pytest.fixture(scope="module")
+def tiny_exe() -> crossrt.Executable:
+    return crossrt.compile(tiny())
+
+
+def test_run_async_matches_run(rt: crossrt.Runtime, tiny_exe: crossrt.Executable) -> None:
+    model = rt.load(tiny_exe)
+    future = model.run_async({"x": x(1)})
+    assert isinstance(future, Future)
+    np.testing.assert_array_equal(future.result(WAIT)["y"], model.run({"x": x(1)})["y"])
+
+
+def test_full_queue_raises_queue_full_and_block_times_out(
+    rt: crossrt.Runtime, tiny_exe: crossrt.Executable
+) -> None:
+    model = rt.load(tiny_exe, queue_depth=2)
+    gated = gate(model)
+    running = model.run_async({"x": x(1)})
+    assert gated.started.wait(WAIT)
+    queued = model.run_async({"x": x(2)})
+    with pytest.raises(crossrt.OutOfResourcesError) as full:
+        model.run_async({"x": x(3)})
+    assert full.value.code is StatusCode.QUEUE_FULL
+    assert "queue_depth" in full.value.message
+    with pytest.raises(crossrt.DeadlineExceededError) as late:
+        model.run_async({"x": x(3)}, block=True, timeout=0.01)
+    assert late.value.code is StatusCode.TIMEOUT
+    gated.gate.set()
+    assert running.result(WAIT)["y"].shape == (4, 8)
+    assert queued.result(WAIT)["y"].shape == (4, 8)
+    assert model.run_async({"x": x(3)}).result(WAIT)["y"].shape == (4, 8)  # room again
+
+
+def test_cancelled_queued_request_never_runs(
+    rt: crossrt.Runtime, tiny_exe: crossrt.Executable
+) -> None:
+    model = rt.load(tiny_exe)
+    gated = gate(model)
+    first = model.run_async({"x": x(1)})
+    assert gated.started.wait(WAIT)
+    second = model.run_async({"x": x(2)})
+    assert second.cancel()
+    gated.gate.set()
+    first.result(WAIT)
+    assert second.cancelled()
+    model.run_async({"x": x(3)}).result(WAIT)  # the worker went past the cancelled one
+    assert gated.calls == 2  # first and third: the cancelled request never ran
+
+
+def test_queued_request_past_its_deadline_times_out_without_running(
+    rt: crossrt.Runtime, tiny_exe: crossrt.Executable
+) -> None:
+    model = rt.load(tiny_exe)
+    gated = gate(model)
+    first = model.run_async({"x": x(1)})
+    assert gated.started.wait(WAIT)
+    late = model.run_async({"x": x(2)}, deadline=time.monotonic())
+    gated.gate.set()
+    first.result(WAIT)
+    with pytest.raises(crossrt.DeadlineExceededError) as info:
+        late.result(WAIT)
+    assert info.value.code is StatusCode.TIMEOUT
+    assert gated.calls == 1
+
+
+def test_callback_gets_result_or_error_and_user_data(
+    rt: crossrt.Runtime, tiny_exe: crossrt.Executable
+) -> None:
+    model = rt.load(tiny_exe)
+    got: list[tuple[object, object]] = []
+    done = threading.Event()
+
+    def on_done(outcome: object, user_data: object) -> None:
+        got.append((outcome, user_data))
+        if len(got) == 2:
+            done.set()
+
+    want = model.run({"x": x(1)})["y"]
+    model.run_async({"x": x(1)}, callback=on_done, user_data="ok").result(WAIT)
+    gated = gate(model)
+    gated.fail = crossrt.ExecutionError("engine broke")
+    gated.gate.set()
+    model.run_async({"x": x(2)}, callback=on_done, user_data=7)
+    assert done.wait(WAIT)
+    by_data = {data: outcome for outcome, data in got}
+    result = by_data["ok"]
+    assert isinstance(result, dict)
+    np.testing.assert_array_equal(result["y"], want)
+    assert isinstance(by_data[7], crossrt.ExecutionError)
+
+
+def test_asyncio_infer_without_a_thread_per_request(
+    rt: crossrt.Runtime, tiny_exe: crossrt.Executable
+) -> None:
+    model = rt.load(tiny_exe, instances=1, queue_depth=64)
+    before = threading.active_count()
+
+    async def main() -> list[dict[str, np.ndarray]]:
+        return await asyncio.gather(*(model.infer({"x": x(i)}) for i in range(32)))
+
+    results = asyncio.run(main())
+    assert threading.active_count() <= before + 1  # the watchdog at most, none per request
+    for i, result in enumerate(results):
+        np.testing.assert_array_equal(result["y"], model.run({"x": x(i)})["y"])
+
+
+def test_eight_threads_of_200_requests_get_their_own_results(
+    rt: crossrt.Runtime, tiny_exe: crossrt.Executable
+) -> None:
+    cores = len(rt.cores)
+    model = rt.load(tiny_exe, instances=min(2, cores), queue_depth=16)
+    inputs = [x(i) for i in range(50)]
+    want = [model.run({"x": a})["y"] for a in inputs]
+    errors: list[str] = []
+
+    def client(t: int) -> None:
+        for n in range(200):
+            i = (t * 200 + n) % len(inputs)
+            if n % 2:
+                got = model.run({"x": inputs[i]})["y"]
+            else:
+                got = model.run_async({"x": inputs[i]}, block=True, timeout=WAIT).result(WAIT)["y"]
+            if not np.array_equal(got, want[i]):
+                errors.append(f"thread {t} request {n}: wrong result for input {i}")
+
+    run_clients(client, 8)
+    assert errors == []
+
+
+def test_instances_use_disjoint_cores_and_that_many_threads(rt: crossrt.Runtime) -> None:
+    exe = crossrt.compile(tiny())
+    cores = len(rt.cores)
+    model = rt.load(exe, instances=cores, cores_per_instance=1)
+    assert model.instance_count == cores
+    assert model.instance_cores == [(i,) for i in range(cores)]
+    for program in model._programs:
+        assert program.session.get_session_options().intra_op_num_threads == 1
+    whole = rt.load(exe)
+    assert whole._programs[0].session.get_session_options().intra_op_num_threads == cores
+    with pytest.raises(crossrt.OutOfResourcesError) as info:
+        rt.load(exe, instances=cores + 1, cores_per_instance=1)
+    assert info.value.code is StatusCode.LOAD_NOT_ENOUGH_NC
+
+
+def test_unload_stops_the_workers(rt: crossrt.Runtime, tiny_exe: crossrt.Executable) -> None:
+    model = rt.load(tiny_exe, instances=1)
+    workers = list(model._scheduler._threads)
+    assert all(t.is_alive() and t.daemon for t in workers)
+    model.unload()
+    assert not any(t.is_alive() for t in workers)
+    with pytest.raises(crossrt.InvalidHandleError):
+        model.run_async({"x": x(1)})
+
+
+def test_exec_timeout_stops_an_ort_run(rt: crossrt.Runtime) -> None:
+    model = rt.load(crossrt.compile(heavy()), exec_timeout=0.001)
+    a = np.ones((512, 512), np.float32)
+    with pytest.raises(crossrt.DeadlineExceededError) as info:
+        model.run({"x": a})
+    assert info.value.code is StatusCode.TIMEOUT
+    with pytest.raises(crossrt.DeadlineExceededError):
+        model.run_async({"x": a}).result(WAIT)
+    # A run that cannot be stopped (results bound into caller buffers) is reported late.
+    with pytest.raises(crossrt.DeadlineExceededError):
+        model.run({"x": a}, outputs={model.outputs[0].name: np.empty((512, 512), np.float32)})
+
+
+def test_exec_timeout_from_the_environment(
+    rt: crossrt.Runtime, monkeypatch: pytest.MonkeyPatch, tiny_exe: crossrt.Executable
+) -> None:
+    monkeypatch.setenv("CROSSRT_EXEC_TIMEOUT", "2.5")
+    assert rt.load(tiny_exe).exec_timeout == 2.5
+    assert rt.load(tiny_exe, exec_timeout=1).exec_timeout == 1
+    with pytest.raises(crossrt.InvalidArgumentError):
+        rt.load(tiny_exe, exec_timeout=-1)
+    monkeypatch.setenv("CROSSRT_EXEC_TIMEOUT", "soon")
+    with pytest.raises(crossrt.InvalidOptionError):
+        rt.load(tiny_exe)
+    monkeypatch.setenv("CROSSRT_EXEC_TIMEOUT", "0")
+    assert rt.load(tiny_exe).exec_timeout is None
+
+
+def test_nodes_of_different_requests_overlap_in_the_pipeline(rt: crossrt.Runtime) -> None:
+    exe = crossrt.compile(pipelined(), fallback="cpu")
+    assert [n.driver for n in exe.nodes] == ["onnxruntime", "reference", "onnxruntime"]
+    model = rt.load(exe, queue_depth=16)
+    model._scheduler.trace = trace = []
+    inputs = [np.random.default_rng(i).random((256, 256), dtype=np.float32) for i in range(12)]
+    futures = [model.run_async({"x": a}, block=True, timeout=WAIT) for a in inputs]
+    for future, a in zip(futures, inputs, strict=True):
+        np.testing.assert_array_equal(
+            future.result(WAIT)[model.outputs[0].name], model.run({"x": a})[model.outputs[0].name]
+        )
+    order = {id(f): i for i, f in enumerate(futures)}
+    spans = {(order[r], node): (start, end) for _, node, r, start, end in trace if r in order}
+    assert len(spans) == 3 * len(futures)
+    overlaps = [
+        (i, k)
+        for i in range(1, len(futures))
+        for k in range(2)
+        if spans[(i, k)][0] < spans[(i - 1, k + 1)][1]
+        and spans[(i - 1, k + 1)][0] < spans[(i, k)][1]
+    ]
+    assert overlaps, "no node of a request ran while the next node ran the request before it"
+
+
+def test_cancelled_future_callback_gets_cancelled_error(
+    rt: crossrt.Runtime, tiny_exe: crossrt.Executable
+) -> None:
+    model = rt.load(tiny_exe)
+    gated = gate(model)
+    model.run_async({"x": x(1)})
+    assert gated.started.wait(WAIT)
+    got: list[object] = []
+    queued = model.run_async({"x": x(2)}, callback=lambda o, d: got.append(o))
+    assert queued.cancel()
+    gated.gate.set()
+    assert len(got) == 1 and isinstance(got[0], CancelledError)
+
+
+def test_run_queues_and_waits_when_every_instance_is_busy(
+    rt: crossrt.Runtime, tiny_exe: crossrt.Executable
+) -> None:
+    model = rt.load(tiny_exe)
+    want = model.run({"x": x(2)})["y"]
+    gated = gate(model)
+    busy = model.run_async({"x": x(1)})
+    assert gated.started.wait(WAIT)
+    got: list[np.ndarray] = []
+    caller = threading.Thread(target=lambda: got.append(model.run({"x": x(2)})["y"]))
+    caller.start()
+    gated.gate.set()
+    caller.join(WAIT)
+    busy.result(WAIT)
+    assert not caller.is_alive()
+    np.testing.assert_array_equal(got[0], want)
+    assert gated.calls == 2
+
+
+def test_threads_mixing_run_and_run_async_on_a_pipeline_get_their_own_results(
+    rt: crossrt.Runtime,
+) -> None:
+    model = rt.load(crossrt.compile(pipelined(size=32, chain=2), fallback="cpu"), queue_depth=8)
+    name = model.outputs[0].name
+    inputs = [np.random.default_rng(i).random((32, 32), dtype=np.float32) for i in range(10)]
+    want = [model.run({"x": a})[name] for a in inputs]
+    errors: list[str] = []
+
+    def client(t: int) -> None:
+        for n in range(60):
+            i = (t + n) % len(inputs)
+            if (t + n) % 2:
+                got = model.run({"x": inputs[i]})[name]
+            else:
+                future = model.run_async({"x": inputs[i]}, block=True, timeout=WAIT)
+                got = future.result(WAIT)[name]
+            if not np.array_equal(got, want[i]):
+                errors.append(f"thread {t} request {n}")
+
+    run_clients(client, 4)
+    assert errors == []
+
+
+def test_an_unclosed_runtime_with_models_is_collected_and_its_workers_stop(
+    tiny_exe: crossrt.Executable,
+) -> None:
+    import gc
+    import weakref
+
+    runtime = crossrt.Runtime()
+    model = runtime.load(tiny_exe, instances=1)
+    model.run_async({"x": x(1)}).result(WAIT)
+    workers = list(model._scheduler._threads)
+    alive = weakref.ref(runtime)
+    del runtime, model
+    gc.collect()
+    assert alive() is None  # the worker threads do not keep the runtime (or its cores) alive
+    for worker in workers:
+        worker.join(WAIT)
+    assert not any(w.is_alive() for w in workers)
+
+
+def test_a_refused_run_of_a_pipeline_leaves_its_nodes_free(rt: crossrt.Runtime) -> None:
+    model = rt.load(crossrt.compile(pipelined(size=8, chain=1), fallback="cpu"))
+    name = model.outputs[0].name
+    a = np.ones((8, 8), np.float32)
+    with pytest.raises(crossrt.InvalidInputError):
+        model.run({"x": a}, outputs={name: np.empty((8, 8), np.int64)})  # refused before it runs
+    done: list[dict[str, np.ndarray]] = []
+    caller = threading.Thread(target=lambda: done.append(model.run({"x": a})), daemon=True)
+    caller.start()
+    caller.join(WAIT)
+    assert done and done[0][name].shape == (8, 8)  # not stuck behind a lock left held
+    assert all(not lock.locked() for lock in model._instances[0].locks)
+
+
+def run_clients(client: Callable[[int], None], count: int) -> None:
+    """Run ``client(0..count-1)`` in threads and wait for all of them (bounded)."""
+    threads = [threading.Thread(target=client, args=(t,), daemon=True) for t in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+
+
+def test_exec_timeout_applies_to_pipelined_requests(rt: crossrt.Runtime) -> None:
+    exe = crossrt.compile(pipelined(size=256, chain=6), fallback="cpu")
+    model = rt.load(exe, exec_timeout=1e-4)
+    a = np.ones((256, 256), np.float32)
+    with pytest.raises(crossrt.DeadlineExceededError) as queued:
+        model.run_async({"x": a}).result(WAIT)
+    assert queued.value.code is StatusCode.TIMEOUT
+    with pytest.raises(crossrt.DeadlineExceededError):
+        model.run({"x": a})
+    assert all(not lock.locked() for lock in model._instances[0].locks)
+
+
+def test_a_worker_waits_for_the_instance_a_run_holds(
+    rt: crossrt.Runtime, tiny_exe: crossrt.Executable
+) -> None:
+    model = rt.load(tiny_exe)
+    want = model.run({"x": x(2)})["y"]
+    gated = gate(model)
+    inline = threading.Thread(target=lambda: model.run({"x": x(1)}), daemon=True)
+    inline.start()
+    assert gated.started.wait(WAIT)  # run() holds the only instance, in its own thread
+    queued = model.run_async({"x": x(2)})
+    gated.gate.set()
+    np.testing.assert_array_equal(queued.result(WAIT)["y"], want)
+    inline.join(WAIT)
+    assert gated.calls == 2 and list(model._scheduler.idle) == list(model._instances)
