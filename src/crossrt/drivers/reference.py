@@ -14,8 +14,6 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx.reference import ReferenceEvaluator
-from onnx.reference.ops import load_op
 
 from ..errors import ExecutionError
 from ..model import Model
@@ -75,6 +73,8 @@ class ReferenceProgram(Program):
     """A reference evaluator ready to run."""
 
     def __init__(self, proto: onnx.ModelProto) -> None:
+        from onnx.reference import ReferenceEvaluator  # ~0.1 s to import: only when used
+
         self._evaluator = ReferenceEvaluator(proto)
         self._output_names = [o.name for o in proto.graph.output]
         # The evaluator keeps per-run state in its operator objects: one run at a time.
@@ -121,6 +121,12 @@ def _reason(
         return f"the reference {node.op_type} needs the {missing} package"
     if (node.domain, node.op_type) in functions:
         return None
+    # Imported here, not at module load: listing drivers or loading another driver's model
+    # should not pay ~0.1 s for the evaluator's operator tables.
+    from onnx.reference import ReferenceEvaluator
+    from onnx.reference.op_run import RuntimeContextError
+    from onnx.reference.ops import load_op
+
     loader = _LOADERS.get(domain)
     if loader is None:
         return f"the reference evaluator has no operators in domain {domain!r}"
@@ -130,7 +136,7 @@ def _reason(
             load_op(domain, node.op_type, version, evaluator_cls=ReferenceEvaluator)
         else:
             importlib.import_module(loader).load_op(domain, node.op_type, version)
-    except onnx.reference.op_run.RuntimeContextError:
+    except RuntimeContextError:
         return None  # a function the evaluator expands with the node's types at load
     except Exception as exc:
         return f"the reference evaluator has no {node.op_type} ({domain or 'ai.onnx'}): {exc}"
