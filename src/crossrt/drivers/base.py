@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DeviceUnavailableError
+from ..errors import DeviceUnavailableError, ExecutionError
 from ..model import Model
 
 
@@ -234,6 +234,28 @@ class CancelToken:
             callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             callback()
+
+
+def copy_into(
+    results: dict[str, np.ndarray], outputs: Mapping[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    """Copy each result into the caller's buffer for it, for engines that cannot write there.
+
+    Raises:
+        ExecutionError: a buffer's dtype or shape differs from the result (for a dynamic
+            output, known only after the run).
+    """
+    for name, buffer in outputs.items():
+        result = np.asarray(results[name])
+        if result.shape != buffer.shape or result.dtype != buffer.dtype:
+            raise ExecutionError(
+                f"output {name!r} is {result.dtype} {list(result.shape)}, but the buffer given "
+                f"for it is {buffer.dtype} {list(buffer.shape)}; pass a buffer of that dtype "
+                "and shape, or none to receive the result"
+            )
+        np.copyto(buffer, result, casting="no")
+        results[name] = buffer
+    return results
 
 
 class Driver(ABC):

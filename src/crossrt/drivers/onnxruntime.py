@@ -38,6 +38,7 @@ from .base import (
     Driver,
     PerformanceMode,
     Program,
+    copy_into,
 )
 from .host import host_cpu
 
@@ -229,18 +230,7 @@ class OrtProgram(Program):
         self, inputs: Mapping[str, Any], outputs: Mapping[str, np.ndarray]
     ) -> dict[str, np.ndarray]:
         """Run unbound, then copy results into the buffers given (inputs ORT cannot bind)."""
-        results = self.run(inputs)
-        for name, buf in outputs.items():
-            result = np.asarray(results[name])
-            if result.shape != buf.shape or result.dtype != buf.dtype:
-                raise ExecutionError(
-                    f"output {name!r} is {result.dtype} {list(result.shape)}, but the buffer "
-                    f"given for it is {buf.dtype} {list(buf.shape)}; pass a buffer of that dtype "
-                    "and shape, or none to receive the result"
-                )
-            np.copyto(buf, result, casting="no")
-            results[name] = buf
-        return results
+        return copy_into(self.run(inputs), outputs)
 
     def _bind(
         self, inputs: Mapping[str, Any], outputs: Mapping[str, np.ndarray], misses: int

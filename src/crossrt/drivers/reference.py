@@ -17,7 +17,7 @@ import onnx
 
 from ..errors import ExecutionError
 from ..model import Model
-from .base import Capabilities, CompileOptions, DeviceInfo, Driver, Program
+from .base import Capabilities, CompileOptions, DeviceInfo, Driver, Program, copy_into
 from .host import host_cpu
 
 # Operators the evaluator implements only when an optional package is present.
@@ -90,20 +90,10 @@ class ReferenceProgram(Program):
                 raise ExecutionError(
                     f"reference evaluator failed: {type(exc).__name__}: {exc}"
                 ) from None
-        produced = dict(zip(self._output_names, results, strict=True))
         # The evaluator computes into arrays of its own: results are copied into the buffers
         # given, which must match them exactly (a dynamic output's shape is known only now).
-        for name, out in (outputs or {}).items():
-            result = np.asarray(produced[name])
-            if result.shape != out.shape or result.dtype != out.dtype:
-                raise ExecutionError(
-                    f"output {name!r} is {result.dtype} {list(result.shape)}, but the buffer "
-                    f"given for it is {out.dtype} {list(out.shape)}; pass a buffer of that "
-                    "dtype and shape, or none to receive the result"
-                )
-            np.copyto(out, result, casting="no")
-            produced[name] = out
-        return produced
+        produced: dict[str, np.ndarray] = dict(zip(self._output_names, results, strict=True))
+        return copy_into(produced, outputs or {})
 
     def close(self) -> None:
         del self._evaluator
