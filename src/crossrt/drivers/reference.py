@@ -10,7 +10,7 @@ import importlib
 import importlib.util
 import threading
 from collections.abc import Mapping, Sequence, Set
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import onnx
@@ -92,7 +92,9 @@ class ReferenceProgram(Program):
                 ) from None
         # The evaluator computes into arrays of its own: results are copied into the buffers
         # given, which must match them exactly (a dynamic output's shape is known only now).
-        produced: dict[str, np.ndarray] = dict(zip(self._output_names, results, strict=True))
+        produced: dict[str, np.ndarray] = dict(
+            zip(self._output_names, cast(list[np.ndarray], results), strict=True)
+        )
         return copy_into(produced, outputs or {})
 
     def close(self) -> None:
