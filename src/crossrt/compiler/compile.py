@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..config import settings
@@ -17,6 +17,7 @@ from .cache import shared_cache
 from .executable import Executable, ExecutableNode
 from .options import parse_options
 from .partition import assign, region_model, regions
+from .stages import parse_stages, stage_model, staged
 
 log = logging.getLogger("crossrt")
 
@@ -31,6 +32,7 @@ def compile(
     fallback: str | Sequence[str] | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     cache_version: int = 0,
+    stages: Sequence[Mapping[str, Sequence[int]]] | None = None,
     **options: Any,
 ) -> Executable:
     """Compile a model for a device.
@@ -49,6 +51,9 @@ def compile(
             executable without compiling, or, for a model file seen before, even parsing it.
         cache_version: the cache version (NNRt's): a cached entry of an older version is
             rebuilt; one of a newer version is an error.
+        stages: compile for these static input shapes instead (bmodel stages), one
+            ``{input name: shape}`` per stage, e.g. ``[{"x": [1, 3, 224, 224]},
+            {"x": [8, 3, 224, 224]}]``: a run then takes exactly one of those shapes.
         **options: ``performance_mode``, ``priority``, ``fp16``, ``extensions``.
 
     Returns:
@@ -57,7 +62,8 @@ def compile(
     Raises:
         InvalidArgumentError: the cache holds the model at a newer ``cache_version``, or the
             cache directory cannot be used.
-        InvalidOptionError: an unknown option or a bad value.
+        InvalidOptionError: an unknown option or a bad value, or a bad stage (an unknown
+            input, a wrong rank, a static dim changed, a stage given twice).
         DeviceUnavailableError: no such device, or an option it cannot honour.
         UnsupportedError: the driver cannot run some nodes (listed by name and op type).
         CompileError: the engine failed to compile.
@@ -68,12 +74,39 @@ def compile(
     opts = parse_options(**options)
     drv, dev = resolve_device(device or settings().default_device, driver)
     drv.check_options(opts, dev)
+    if stages is not None:
+        return _compile_stages(model, stages, cache, drv, dev, opts, fallback)
     if cache is not None:
         # The cache loads (and validates) the model only on a miss.
         return cache.get_or_compile(
             model, drv, dev, opts, lambda m: build(m, drv, dev, opts, fallback), fallback
         )
     return build(model, drv, dev, opts, fallback)
+
+
+def _compile_stages(
+    source: Any,
+    stages: Any,
+    cache: Any,
+    drv: Driver,
+    dev: DeviceInfo,
+    opts: CompileOptions,
+    fallback: str | Sequence[str] | None,
+) -> Executable:
+    """Compile one single-stage executable per stage shape, joined in one executable."""
+    model = load_model(source)
+    exes = []
+    for shapes in parse_stages(model.name, model.inputs, stages):
+        part = stage_model(model, shapes, load_model)
+        if cache is None:
+            exes.append(build(part, drv, dev, opts, fallback))
+        else:  # each stage is a model of its own content hash, so the cache keeps it apart
+            exes.append(
+                cache.get_or_compile(
+                    part, drv, dev, opts, lambda m: build(m, drv, dev, opts, fallback), fallback
+                )
+            )
+    return staged(model, exes)
 
 
 def build(

@@ -44,6 +44,7 @@ from .container_header import (
     node_header,
     parse_header,
     sections_digest,
+    stage_header,
 )
 from .executable import Executable
 
@@ -171,7 +172,8 @@ def _chunks(executables: Executables) -> list[bytes | memoryview]:
     entries: list[dict[str, Any]] = []
     where: dict[tuple[str, int], int] = {}  # (sha256, length) -> index: identical ones shared
     networks: list[dict[str, Any]] = []
-    for name, exe in named:
+
+    def serialize(exe: Executable) -> list[dict[str, Any]]:
         nodes = []
         for node in exe.nodes:
             art = node.artifact
@@ -184,7 +186,11 @@ def _chunks(executables: Executables) -> list[bytes | memoryview]:
                 digests.append(sha)
                 entries.append({"offset": 0, "length": key[1], "sha256": key[0]})
             nodes.append({**node_header(node), "section": where[key]})
-        networks.append(network_header(name, exe, nodes))
+        return nodes
+
+    for name, exe in named:
+        stages = [stage_header(stage, serialize(stage)) for stage in exe.stages]
+        networks.append(network_header(name, exe, serialize(exe), stages))
     header: dict[str, Any] = {
         "producer": {"name": "crossrt", "version": _crossrt_version()},
         "format_version": FORMAT_VERSION,

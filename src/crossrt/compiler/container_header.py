@@ -19,6 +19,7 @@ from ..errors import CrossrtError, InvalidArgumentError, InvalidContainerError
 from ..model import TensorSpec
 from .executable import Executable, ExecutableNode
 from .options import parse_options
+from .stages import parse_stages
 
 MAGIC = b"CROSSRTM"
 FORMAT_VERSION = 2
@@ -42,8 +43,13 @@ def corrupt(why: str) -> InvalidContainerError:
     )
 
 
-def network_header(name: str, exe: Executable, nodes: list[dict[str, Any]]) -> dict[str, Any]:
-    """One entry of the header's ``networks``, given its ``nodes`` entries."""
+def network_header(
+    name: str,
+    exe: Executable,
+    nodes: list[dict[str, Any]],
+    stages: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """One entry of the header's ``networks``, given its ``nodes`` and ``stages`` entries."""
     return {
         "name": name,
         "content_hash": exe.content_hash,
@@ -53,7 +59,16 @@ def network_header(name: str, exe: Executable, nodes: list[dict[str, Any]]) -> d
         "outputs": [s.to_dict() for s in exe.outputs],
         "options": exe.options.to_dict(),
         "cores_required": exe.cores_required,
-        "stages": [],  # reserved for shape stages
+        "stages": stages or [],
+        "nodes": nodes,
+    }
+
+
+def stage_header(stage: Executable, nodes: list[dict[str, Any]]) -> dict[str, Any]:
+    """One entry of a network's ``stages``: its input shapes, outputs and ``nodes``."""
+    return {
+        "inputs": {s.name: list(s.shape or ()) for s in stage.inputs},
+        "outputs": [s.to_dict() for s in stage.outputs],
         "nodes": nodes,
     }
 
@@ -234,12 +249,61 @@ def _network(
     except CrossrtError as exc:
         raise corrupt(f"{where}.options: {exc.message}") from None
     cores_required = _get(net, "cores_required", where, "an integer >= 1", _is_positive)
-    stages = _get(net, "stages", where, "a list", _is_list)
-    for j, stage in enumerate(stages):  # reserved: checked for shape, not used yet
+    raw_stages = _get(net, "stages", where, "a list", _is_list)
+    nodes = _nodes(net, where, name, inputs, outputs, sections, users)
+    base = Executable(name, content_hash, device, inputs, outputs, nodes, options)
+    stages = _stages(raw_stages, where, base, sections, users)
+    if stages and net["nodes"] != raw_stages[0]["nodes"]:
+        # Plain loaders run the network's nodes for the first stage's shapes.
+        raise corrupt(f"{where}.nodes differ from {where}.stages[0].nodes; they must be equal")
+    exe = dataclasses.replace(base, stages=stages)
+    most = max(n.cores for e in (exe, *stages) for n in e.nodes)
+    if cores_required != most:
+        raise corrupt(f"{where}.cores_required is {cores_required}, but a node needs {most}")
+    return exe
+
+
+def _stages(
+    raw_stages: list[Any],
+    where: str,
+    base: Executable,
+    sections: tuple[memoryview, ...],
+    users: dict[int, str],
+) -> tuple[Executable, ...]:
+    shapes = []
+    for j, stage in enumerate(raw_stages):
         if not (_is_dict(stage) and _is_dict(stage.get("inputs")) and _is_list(stage.get("nodes"))):
             raise _bad(
-                f"{where}.stages[{j}]", "an object with inputs (object), nodes (list)", stage
+                f"{where}.stages[{j}]",
+                "an object with inputs (object), outputs (list), nodes (list)",
+                stage,
             )
+        shapes.append(stage["inputs"])
+    try:
+        parsed = parse_stages(base.name, base.inputs, shapes) if shapes else []
+    except CrossrtError as exc:
+        raise corrupt(f"{where}.stages: {exc.message}") from None
+    stages = []
+    for j, (stage, dims) in enumerate(zip(raw_stages, parsed, strict=True)):
+        at = f"{where}.stages[{j}]"
+        ins = tuple(dataclasses.replace(s, shape=dims[s.name]) for s in base.inputs)
+        outs = _specs(stage, "outputs", at)
+        if [s.name for s in outs] != [s.name for s in base.outputs]:
+            raise corrupt(f"{at}.outputs name other tensors than {where}.outputs")
+        nodes = _nodes(stage, at, base.name, ins, outs, sections, users)
+        stages.append(dataclasses.replace(base, inputs=ins, outputs=outs, nodes=nodes))
+    return tuple(stages)
+
+
+def _nodes(
+    net: dict[str, Any],
+    where: str,
+    name: str,
+    inputs: tuple[TensorSpec, ...],
+    outputs: tuple[TensorSpec, ...],
+    sections: tuple[memoryview, ...],
+    users: dict[int, str],
+) -> tuple[ExecutableNode, ...]:
     raw_nodes = _get(net, "nodes", where, "a non-empty list", _is_nonempty_list)
     available = {s.name for s in inputs}
     nodes: list[ExecutableNode] = []
@@ -260,10 +324,7 @@ def _network(
     missing = [s.name for s in outputs if s.name not in available]
     if missing:
         raise corrupt(f"{where}: no node produces the network output {missing[0]!r}")
-    most = max(n.cores for n in nodes)
-    if cores_required != most:
-        raise corrupt(f"{where}.cores_required is {cores_required}, but a node needs {most}")
-    return Executable(name, content_hash, device, inputs, outputs, tuple(nodes), options)
+    return tuple(nodes)
 
 
 def _node(raw: Any, where: str, sections: int) -> ExecutableNode:

@@ -67,6 +67,10 @@ class Executable:
         outputs: the model outputs.
         nodes: the executable's nodes, in execution order (one for now).
         options: the compile options it was built with.
+        stages: for a model compiled for several static input shapes (``stages=`` of
+            :func:`crossrt.compile`), one single-stage executable per shape, with static
+            inputs; the run picks the one whose shapes match. Then ``inputs`` and ``outputs``
+            are the model's (dynamic) ones and ``nodes`` the first stage's. Empty otherwise.
     """
 
     name: str
@@ -76,6 +80,7 @@ class Executable:
     outputs: tuple[TensorSpec, ...]
     nodes: tuple[ExecutableNode, ...]
     options: CompileOptions
+    stages: tuple[Executable, ...] = ()
 
     @property
     def device_kind(self) -> str:
@@ -115,7 +120,7 @@ class Executable:
     @property
     def cores_required(self) -> int:
         """The fewest cores a load needs: the most any one node needs."""
-        return max((n.cores for n in self.nodes), default=1)
+        return max((n.cores for exe in (self, *self.stages) for n in exe.nodes), default=1)
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write this executable to a ``.crm`` container file (see docs/container.md).
@@ -148,4 +153,7 @@ class Executable:
             "nodes": [n.describe() for n in self.nodes],
             "options": self.options.to_dict(),
             "cores_required": self.cores_required,
+            "stages": [
+                {s.name: list(s.shape or ()) for s in stage.inputs} for stage in self.stages
+            ],
         }

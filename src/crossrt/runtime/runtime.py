@@ -31,6 +31,7 @@ from .devices import Device
 from .groups import CoreGroup, load_instances, pick_free, split_instances
 from .loaded import LoadedModel
 from .memory import MemoryStats, all_stats
+from .staged import StagedModel
 
 
 class Runtime:
@@ -152,7 +153,9 @@ class Runtime:
 
         Args:
             source: an :class:`Executable`, or anything :func:`crossrt.compile` accepts (a
-                :class:`Model`, a path, bytes, an ``onnx.ModelProto``), compiled first.
+                :class:`Model`, a path, bytes, an ``onnx.ModelProto``), compiled first. With
+                shape ``stages``, every stage is loaded on the same cores and each run goes
+                to the stage its input shapes match.
             device: the device (``"cpu"``, ``"cpu:0"``); for an executable, default the one
                 it was compiled for.
             cores: how many cores (the first N that no explicit core group holds) or which
@@ -238,6 +241,10 @@ class Runtime:
             loaded = LoadedModel(
                 self, exe, runs, info, chosen, home,
                 queue_depth=queue_depth, exec_timeout=timeout, check_numerics=bool(numerics),
+            ) if not exe.stages else StagedModel(
+                self, exe, runs, info, chosen, home,
+                queue_depth=queue_depth, exec_timeout=timeout, check_numerics=bool(numerics),
+                load=lambda stage: load_instances(stage, info, core_sets, mode, len(self.cores)),
             )  # fmt: skip
         except BaseException:
             for inst in runs:

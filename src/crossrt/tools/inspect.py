@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..compiler import Container, Executable, ExecutableNode, read_container
+from ..compiler.stages import describe
 from ..drivers import driver_statuses
 from ..errors import CrossrtError
 from ..model import TensorSpec
@@ -133,10 +134,7 @@ def _network(container: Container, exe: Executable) -> list[str]:
 def _stages(stages: list[Any]) -> str:
     if not stages:
         return "none (one stage: any shape the dynamic axes allow)"
-    return "; ".join(
-        ", ".join(f"{k}={v}" for k, v in stage["inputs"].items()) or "(no inputs)"
-        for stage in stages
-    )
+    return f"{len(stages)}: " + "; ".join(describe(stage["inputs"]) for stage in stages)
 
 
 def _driver_state(node: ExecutableNode, installed: dict[str, Any]) -> str:

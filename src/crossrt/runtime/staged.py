@@ -1,0 +1,98 @@
+"""A model loaded with shape stages (bmrt's stages): each run goes to the stage whose static
+input shapes equal the inputs' shapes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+from ..compiler import Executable
+from ..compiler.stages import describe, stage_shapes
+from ..errors import InvalidHandleError, InvalidInputError
+from .loaded import LoadedModel
+from .scheduler import Instance
+
+
+class StagedModel(LoadedModel):
+    """A :class:`LoadedModel` of an executable with ``stages``.
+
+    It is itself the first stage (the executable's nodes are that stage's); every other stage
+    is an inner model loaded on the same cores, which runs only through this one, so that
+    start, stop, unload and close act on all stages at once.
+    """
+
+    def __init__(
+        self, *args: Any, load: Callable[[Executable], Sequence[Instance]], **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        exe = self.executable
+        self._shapes = [stage_shapes(s) for s in exe.stages]
+        self._inner: list[LoadedModel] = []
+        try:
+            for stage in exe.stages[1:]:
+                # The inner models share this one's group without joining it: only this one
+                # runs there, and it forwards runs to them.
+                self._inner.append(
+                    LoadedModel(
+                        self._runtime,
+                        stage,
+                        load(stage),
+                        self.device,
+                        self.cores,
+                        self.group,
+                        queue_depth=kwargs.get("queue_depth"),
+                        exec_timeout=self._exec_timeout,
+                        check_numerics=self.check_numerics,
+                    )
+                )
+        except BaseException:  # the caller closes this one's programs; close the stages'
+            for inner in self._inner:
+                inner._release(InvalidHandleError, f"model {self.name!r} failed to load")
+            raise
+        keys = [tuple(s.items()) for s in self._shapes]
+        self._by_shape = dict(zip(keys, [self, *self._inner], strict=True))
+
+    def _stage(self, inputs: Any) -> LoadedModel:
+        feed = self._checker.check(inputs)
+        key = tuple((n, tuple(getattr(feed[n], "shape", ()))) for n, _ in self._shapes[0].items())
+        found = self._by_shape.get(key)
+        if found is None:
+            given = describe(dict(key))
+            listed = "; ".join(describe(s) for s in self._shapes)
+            raise InvalidInputError(
+                f"no stage of {self.name!r} takes {given}; stages: {listed}. Give inputs of "
+                "one of those shapes (pad or split a batch), or compile with a stage for it",
+                details={"model": self.name, "stages": [dict(s) for s in self._shapes]},
+            )
+        return found
+
+    def run(self, inputs: Any, outputs: Mapping[str, Any] | None = None) -> Any:
+        """Run the stage whose input shapes equal the inputs' (see :meth:`LoadedModel.run`).
+
+        Raises:
+            InvalidInputError: (EXEC_BAD_INPUT) no stage takes these shapes; the message
+                lists the stages.
+        """
+        if self._refusal is not None:
+            raise self._refusal[0](self._refusal[1])
+        stage = self._stage(inputs)
+        if stage is self:
+            return super().run(inputs, outputs)
+        return stage.run(inputs, outputs)
+
+    def run_async(
+        self, inputs: Any, outputs: Mapping[str, Any] | None = None, **options: Any
+    ) -> Future[Any]:
+        """:meth:`LoadedModel.run_async` on the stage whose shapes equal the inputs'."""
+        if self._refusal is not None:
+            raise self._refusal[0](self._refusal[1])
+        stage = self._stage(inputs)
+        if stage is self:
+            return super().run_async(inputs, outputs, **options)
+        return stage.run_async(inputs, outputs, **options)
+
+    def _release(self, error: type[Exception], message: str) -> None:
+        super()._release(error, message)
+        for inner in self._inner:
+            inner._release(error, message)
