@@ -138,3 +138,35 @@ def test_inspect_lists_the_stages(staged, tmp_path: Path, capsys):
     assert inspect_tool.main([str(path)]) == 0
     out = capsys.readouterr().out
     assert "stages          2: x [1,3,4]; x [8,3,4]" in out
+
+
+def _edited(staged: crossrt.Executable, change: Any) -> bytes:
+    """The staged container with its header changed and its layout and hashes made valid."""
+    import importlib.util
+
+    # Reuse the header editor of the container tests (tests/ is not a package).
+    spec = importlib.util.spec_from_file_location(
+        "_container_tests", Path(__file__).with_name("test_container.py")
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    edited: bytes = module.edit(staged.to_bytes(), change)
+    return edited
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda h: h["networks"][0]["stages"][1]["nodes"][0].update(section=99), "section"),
+        (lambda h: h["networks"][0]["stages"][0]["nodes"][0].update(name="other"), "stages"),
+        (lambda h: h["networks"][0]["stages"][1]["inputs"].update(x=[8, 3]), "x"),
+        (lambda h: h["networks"][0]["stages"][1].pop("nodes"), "nodes"),
+    ],
+    ids=["bad-section", "nodes-differ-from-first-stage", "bad-shape", "missing-nodes"],
+)
+def test_a_tampered_stage_entry_is_refused(staged, change, message):
+    with pytest.raises(crossrt.InvalidContainerError) as info:
+        crossrt.load_executable(_edited(staged, change))
+    assert info.value.code is StatusCode.INVALID
+    assert message in info.value.message
