@@ -16,7 +16,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _version
 
-from . import dtypes
+from . import config, dtypes
 from .compiler import (
     Executable,
     ExecutableNode,
@@ -68,6 +68,8 @@ from .runtime.shm import shared_tensor, tensor_from_fd
 from .runtime.tensor import Tensor
 from .runtime.tensordesc import Format, Placement, TensorDesc
 from .runtime.tensorset import TensorSet, from_dlpack, read_batch, write_batch
+
+config.apply_log_level()
 
 try:
     __version__ = _version("crossrt")

@@ -7,6 +7,7 @@ first. Later capabilities add their variables here, never by reading ``os.enviro
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import re
 import tempfile
@@ -25,7 +26,8 @@ class Settings:
 
     Attributes:
         default_device: device used when a call names none (``CROSSRT_DEFAULT_DEVICE``, "cpu").
-        log_level: level of the ``crossrt`` logger (``CROSSRT_LOG_LEVEL``, "WARNING").
+        log_level: level of the ``crossrt`` logger (``CROSSRT_LOG_LEVEL``: DEBUG, INFO,
+            WARNING...); ``None``: leave it to the application's logging configuration.
         disabled_drivers: drivers not to use even when installed (``CROSSRT_DISABLE_DRIVERS``,
             a comma-separated list).
         cache_dir: directory of the compiled-model cache ``compile()`` uses when a call names
@@ -55,7 +57,7 @@ class Settings:
     """
 
     default_device: str = "cpu"
-    log_level: str = "WARNING"
+    log_level: str | None = None
     disabled_drivers: frozenset[str] = frozenset()
     validate_hash: bool = True
     cache_dir: str | None = None
@@ -72,8 +74,8 @@ class Settings:
 def settings(environ: Mapping[str, str] | None = None) -> Settings:
     """Read and validate the settings from ``environ`` (default: ``os.environ``)."""
     env = os.environ if environ is None else environ
-    level = env.get("CROSSRT_LOG_LEVEL", "WARNING").strip().upper()
-    if level not in _LOG_LEVELS:
+    level = env.get("CROSSRT_LOG_LEVEL", "").strip().upper() or None
+    if level is not None and level not in _LOG_LEVELS:
         raise InvalidOptionError(
             f"CROSSRT_LOG_LEVEL={level!r} is not a log level; use one of {', '.join(_LOG_LEVELS)}"
         )
@@ -255,3 +257,13 @@ def _default_runtime_dir(env: Mapping[str, str]) -> str:
         return "/run/crossrt"
     uid = os.getuid() if hasattr(os, "getuid") else 0
     return os.path.join(tempfile.gettempdir(), f"crossrt-{uid}")
+
+
+def apply_log_level(environ: Mapping[str, str] | None = None) -> None:
+    """Set the ``crossrt`` logger's level from ``CROSSRT_LOG_LEVEL`` when it is set.
+
+    Unset, the application's own logging configuration decides, as for any library.
+    """
+    level = settings(environ).log_level
+    if level is not None:
+        logging.getLogger("crossrt").setLevel(level)

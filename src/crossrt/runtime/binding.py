@@ -72,7 +72,7 @@ class OutputBinder:
                 if type(value) is not np.ndarray:
                     break
             else:
-                return execute(feed, self._checker.check_outputs(outputs, self._specs))
+                return execute(feed, self._checker.check_outputs(outputs, self._by_name))
         # isinstance against the mapping ABCs costs ~0.5 µs each: a plain dict skips them.
         plain = type(outputs) is dict
         is_set = not plain and isinstance(outputs, TensorSet)
@@ -94,7 +94,7 @@ class OutputBinder:
                 else:
                     after.append((spec, _COPY, value))
             else:
-                bound.update(self._checker.check_outputs({name: value}, self._specs))
+                bound.update(self._checker.check_outputs({name: value}, self._by_name))
         if is_set:
             after += [(s, _ALLOCATE, None) for s in self._specs if s.name not in outputs]
         result = execute(feed, bound) if bound else execute(feed)

@@ -67,10 +67,10 @@ class InputChecker:
         return feed
 
     def check_outputs(
-        self, outputs: Mapping[str, Any], specs: Sequence[TensorSpec]
+        self, outputs: Mapping[str, Any], by_name: Mapping[str, TensorSpec]
     ) -> dict[str, np.ndarray]:
-        """Check preallocated output buffers: known name, dtype, static dims, C-contiguous."""
-        by_name = {s.name: s for s in specs}
+        """Check preallocated output buffers against the outputs ``by_name``: known name,
+        dtype, static dims, C-contiguous."""
         for name, buf in outputs.items():
             spec = by_name.get(name)
             if spec is None:
