@@ -12,13 +12,13 @@ import os
 import struct
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 import pytest
+from crm_layout import build, edit, patch_header, sections_sha256, split
 
 import crossrt
 from crossrt import (
@@ -56,75 +56,6 @@ def digits_bytes(digits) -> bytes:
 def _run(exe: crossrt.Executable, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     with crossrt.Runtime() as rt:
         return rt.load(exe, cores=1).run(feed)
-
-
-# -- helpers that write the format independently of crossrt's writer (docs/container.md) ----
-
-
-def _align(n: int) -> int:
-    return -(-n // 64) * 64
-
-
-def sections_sha256(blobs: list[bytes], version: int) -> str:
-    """Format 1: the SHA-256 of all sections' bytes; 2: of their SHA-256 digests."""
-    if version == 1:
-        return hashlib.sha256(b"".join(blobs)).hexdigest()
-    return hashlib.sha256(b"".join(hashlib.sha256(b).digest() for b in blobs)).hexdigest()
-
-
-def split(data: bytes) -> tuple[dict[str, Any], list[bytes]]:
-    """The header and each section's bytes."""
-    (length,) = struct.unpack_from("<Q", data, 16)
-    header = json.loads(data[64 : 64 + length])
-    blobs = [data[s["offset"] : s["offset"] + s["length"]] for s in header["sections"]]
-    return header, blobs
-
-
-def build(header: dict[str, Any], blobs: list[bytes], version: int = 2) -> bytes:
-    """A container with a canonical layout: offsets and hashes recomputed for ``blobs``."""
-    header["sections"] = [
-        {"offset": 0, "length": len(b), "sha256": hashlib.sha256(b).hexdigest()} for b in blobs
-    ]
-    header["sections_sha256"] = sections_sha256(blobs, version)
-    start = 0
-    while True:
-        offset = start
-        for entry in header["sections"]:
-            entry["offset"] = offset
-            offset = _align(offset + entry["length"])
-        text = json.dumps(header).encode()
-        if _align(64 + len(text)) <= start:
-            break
-        start = _align(64 + len(text))
-    out = bytearray(struct.pack("<8sIIQ32s8x", b"CROSSRTM", version, 0, len(text), b""))
-    out[24:56] = hashlib.sha256(text).digest()
-    out += text
-    for entry, blob in zip(header["sections"], blobs, strict=True):
-        out += bytes(entry["offset"] - len(out)) + blob
-    return bytes(out)
-
-
-def edit(data: bytes, change: Callable[[dict[str, Any]], Any]) -> bytes:
-    """Apply ``change`` to the header and rebuild with a valid layout and valid hashes."""
-    header, blobs = split(data)
-    change(header)
-    return build(header, blobs)
-
-
-def patch_header(data: bytes, change: Callable[[dict[str, Any]], Any]) -> bytes:
-    """Change the header in place (sections stay where they are), with its hash recomputed."""
-    (length,) = struct.unpack_from("<Q", data, 16)
-    header = json.loads(data[64 : 64 + length])
-    change(header)
-    room = min(s["offset"] for s in split(data)[0]["sections"]) - 64
-    text = json.dumps(header, separators=(",", ":")).encode()
-    assert len(text) <= room, "the edited header does not fit before the first section"
-    text += b" " * (room - len(text))  # JSON allows trailing whitespace
-    out = bytearray(data)
-    out[16:24] = struct.pack("<Q", len(text))
-    out[24:56] = hashlib.sha256(text).digest()
-    out[64 : 64 + len(text)] = text
-    return bytes(out)
 
 
 def _flip(data: bytes, position: int, bit: int = 0) -> bytes:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from crm_layout import align, build
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -54,10 +55,6 @@ HEADER: dict[str, Any] = json.loads(VALID[64 : 64 + _LENGTH])
 BLOBS = [VALID[s["offset"] : s["offset"] + s["length"]] for s in HEADER["sections"]]
 
 
-def _align(n: int) -> int:
-    return -(-n // 64) * 64
-
-
 def _prelude(text: bytes) -> bytes:
     version = HEADER["format_version"]  # the prelude and the header agree in a valid container
     return struct.pack(
@@ -72,7 +69,7 @@ def _in_place(header: Any) -> bytes:
     if len(text) <= room:
         text += b" " * (room - len(text))
         return _prelude(text) + text + VALID[64 + room :]
-    pad = bytes(_align(64 + len(text)) - 64 - len(text))
+    pad = bytes(align(64 + len(text)) - 64 - len(text))
     return _prelude(text) + text + pad + VALID[64 + room :]
 
 
@@ -80,23 +77,7 @@ def _relaid(header: Any) -> bytes:
     """The edited header with valid offsets and hashes where it still has a section table."""
     if not isinstance(header, dict) or not isinstance(header.get("sections"), list):
         return _in_place(header)
-    header["sections"] = [
-        {"offset": 0, "length": len(b), "sha256": hashlib.sha256(b).hexdigest()} for b in BLOBS
-    ]
-    start = 0
-    while True:
-        offset = start
-        for entry in header["sections"]:
-            entry["offset"] = offset
-            offset = _align(offset + entry["length"])
-        text = json.dumps(header).encode()
-        if _align(64 + len(text)) <= start:
-            break
-        start = _align(64 + len(text))
-    out = bytearray(_prelude(text) + text)
-    for entry, blob in zip(header["sections"], BLOBS, strict=True):
-        out += bytes(entry["offset"] - len(out)) + blob
-    return bytes(out)
+    return build(header, BLOBS, HEADER["format_version"])
 
 
 def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:

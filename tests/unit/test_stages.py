@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from crm_layout import edit
 
 import crossrt
 from crossrt import InvalidInputError, InvalidOptionError, StatusCode
@@ -142,17 +143,7 @@ def test_inspect_lists_the_stages(staged, tmp_path: Path, capsys):
 
 def _edited(staged: crossrt.Executable, change: Any) -> bytes:
     """The staged container with its header changed and its layout and hashes made valid."""
-    import importlib.util
-
-    # Reuse the header editor of the container tests (tests/ is not a package).
-    spec = importlib.util.spec_from_file_location(
-        "_container_tests", Path(__file__).with_name("test_container.py")
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    edited: bytes = module.edit(staged.to_bytes(), change)
-    return edited
+    return edit(staged.to_bytes(), change)
 
 
 @pytest.mark.parametrize(
