@@ -64,7 +64,14 @@ class SeparateMemoryDriver(Driver):
     def compile(self, model: Any, device: DeviceInfo, options: Any) -> bytes:
         raise NotImplementedError
 
-    def load(self, artifact: bytes, device: DeviceInfo, cores: Sequence[int], options: Any) -> Any:
+    def load(
+        self,
+        artifact: bytes,
+        device: DeviceInfo,
+        cores: Sequence[int],
+        options: Any,
+        **_: Any,
+    ) -> Any:
         raise NotImplementedError
 
     def allocate(self, device: DeviceInfo, nbytes: int) -> Any:

@@ -161,8 +161,9 @@ def test_round_trip_of_every_stored_dtype(packed):
 
 def test_layout_matches_the_documented_format(packed):
     magic, version, reserved, length = PRELUDE.unpack_from(packed)
-    assert (magic, version, reserved) == (b"CRORTART", 1, 0)
+    assert (magic, version, reserved) == (b"CRORTART", 2, 0)
     index = _index(packed)
+    assert index["target"] == {"level": "extended", "features": []}
     graph = index["graph"]
     assert graph["offset"] >= PRELUDE.size + length
     padding = packed[PRELUDE.size + length : graph["offset"]]
@@ -203,30 +204,77 @@ def test_a_model_without_large_weights_still_packs():
 # -- zero copy --------------------------------------------------------------------------------
 
 
-def test_the_session_weights_are_views_of_the_crm_mapping(tmp_path, mlp_exe):
+def test_ort_maps_the_weights_from_the_crm_file_itself(tmp_path, mlp_exe):
     mlp_exe.save(tmp_path / "mlp.crm")
     exe = crossrt.load_executable(tmp_path / "mlp.crm")
-    artifact = exe.nodes[0].artifact
-    assert isinstance(artifact, memoryview) and isinstance(artifact.obj, mmap.mmap)
-    mapping = np.frombuffer(artifact.obj, np.uint8)
+    node = exe.nodes[0]
+    assert node.artifact_file is not None
+    assert node.artifact_file.path == str((tmp_path / "mlp.crm").resolve())
+    with open(tmp_path / "mlp.crm", "rb") as f:  # the recorded offset is the artifact's
+        f.seek(node.artifact_file.offset)
+        assert f.read(64) == bytes(node.artifact[:64])
     with crossrt.Runtime() as rt:
         model = rt.load(exe)
-        program = model._programs[0]
-        assert len(program.weights) == 2
-        for array in program.weights:
-            assert np.shares_memory(array, mapping)
-            assert not array.flags.writeable and not array.flags.owndata
+        assert model._programs[0].weights == ()  # none handed over in memory
         got = model.run({"x": X})["y"]
         # The same as from the bytes compile() returned, and as raw ORT on the plain graph.
         assert np.array_equal(got, rt.load(mlp_exe).run({"x": X})["y"])
-    raw = ort.InferenceSession(_plain(artifact), providers=["CPUExecutionProvider"])
+    raw = ort.InferenceSession(_plain(node.artifact), providers=["CPUExecutionProvider"])
     assert np.array_equal(got, raw.run(None, {"x": X})[0])
+
+
+def test_weights_from_memory_are_views_of_the_buffer_handed_to_ort(mlp_exe):
+    exe = crossrt.load_executable(mlp_exe.to_bytes())
+    assert exe.nodes[0].artifact_file is None
+    program = _load(exe.nodes[0].artifact)
+    buffer = np.frombuffer(exe.nodes[0].artifact.obj, np.uint8)
+    assert len(program.weights) == 2
+    assert all(np.shares_memory(w, buffer) and not w.flags.writeable for w in program.weights)
+    program.close()
+
+
+def test_a_crm_replaced_after_it_was_read_is_not_read_again(tmp_path, mlp_exe):
+    mlp_exe.save(tmp_path / "mlp.crm")
+    exe = crossrt.load_executable(tmp_path / "mlp.crm")
+    (tmp_path / "other.crm").write_bytes(b"not this")
+    (tmp_path / "other.crm").replace(tmp_path / "mlp.crm")  # a new file at the path
+    assert not exe.nodes[0].artifact_file.unchanged()
+    with crossrt.Runtime() as rt:
+        model = rt.load(exe)  # the weights come from the mapping read and checked before
+        assert len(model._programs[0].weights) == 2
+        assert np.array_equal(model.run({"x": X})["y"], rt.load(mlp_exe).run({"x": X})["y"])
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda names: names.pop(), "is in no initializer"),
+        (lambda names: names.append("ghost"), "has no stored bytes"),
+    ],
+)
+def test_a_graph_and_index_that_disagree_are_refused_before_ort_reads_the_file(
+    mlp_exe, edit, message
+):
+    unpacked = ort_artifact.unpack(mlp_exe.nodes[0].artifact)
+    proto = onnx.ModelProto.FromString(bytes(unpacked.graph))
+    stubs = [i for i in proto.graph.initializer if i.data_location == onnx.TensorProto.EXTERNAL]
+    names = [i.name for i in stubs]
+    edit(names)
+    if len(names) > len(stubs):  # a stub for a weight the index does not have
+        ghost = proto.graph.initializer.add()
+        ghost.CopyFrom(stubs[0])
+        ghost.name = "ghost"
+    else:
+        proto.graph.initializer.remove(stubs[-1])
+    changed = dataclasses.replace(unpacked, graph=memoryview(proto.SerializeToString()))
+    with pytest.raises(InvalidContainerError, match=message):
+        ort_artifact.graph_reading(changed, "mlp.crm", 0)
 
 
 def test_the_program_keeps_the_mapping_alive(tmp_path, mlp_exe):
     mlp_exe.save(tmp_path / "mlp.crm")
     exe = crossrt.load_executable(tmp_path / "mlp.crm")
-    program = _load(exe.nodes[0].artifact)
+    program = _load(exe.nodes[0].artifact)  # no file given: the weights are views of the map
     expected = program.run({"x": X})["y"].copy()
     del exe  # the executable and its view go; the weights the session reads must not
     assert np.array_equal(program.run({"x": X})["y"], expected)
@@ -288,6 +336,10 @@ BAD_INDEXES = [
     (lambda i: i["graph"].update(offset=8), "the graph at byte 8 overlaps"),
     (lambda i: i["graph"].update(length=10**9), "truncated: the graph ends at byte"),
     (lambda i: i.pop("graph"), "index field graph is missing or not an object"),
+    (lambda i: i.pop("target"), "index field target is missing or not an object"),
+    (lambda i: i["target"].update(level="fast"), "target has an unknown level"),
+    (lambda i: i["target"].update(features=[1]), "features not strings"),
+    (lambda i: i["target"].update(features="avx"), "target.features is missing or not a list"),
 ]
 
 
@@ -319,8 +371,8 @@ def test_a_bad_prelude(packed):
         with pytest.raises(InvalidContainerError, match="prelude is damaged"):
             ort_artifact.unpack(bytes(data))
     data = bytearray(packed)
-    data[8:12] = struct.pack("<I", 2)
-    with pytest.raises(UnsupportedError, match="artifact is version 2") as info:
+    data[8:12] = struct.pack("<I", 3)
+    with pytest.raises(UnsupportedError, match="artifact is version 3") as info:
         _load(bytes(data))
     assert info.value.code is StatusCode.UNSUPPORTED_NEFF_VERSION
 
@@ -372,3 +424,52 @@ def test_random_index_damage_raises_only_crossrt_errors(mlp_exe):
         program.run({"x": X})
         program.close()
     assert refused > 270, (refused, loaded)
+
+
+# -- the target CPU ---------------------------------------------------------------------------
+
+
+def _device(**changes: Any) -> Any:
+    (device,) = get_driver("onnxruntime").devices()
+    return dataclasses.replace(device, **changes)
+
+
+def test_a_compile_is_for_this_cpu_and_records_its_features(mlp_exe):
+    unpacked = ort_artifact.unpack(mlp_exe.nodes[0].artifact)
+    assert unpacked.level == "all"
+    assert unpacked.features == _device().features and unpacked.features[0]  # the machine
+
+
+def test_a_cpu_with_other_features_refuses_the_artifact_and_says_what_to_do(mlp_exe):
+    machine, *extensions = _device().features
+    other = _device(features=(machine, *extensions[:-1], "avx512f"))
+    driver = get_driver("onnxruntime")
+    with pytest.raises(UnsupportedError, match="compiled for a CPU with") as info:
+        driver.load(mlp_exe.nodes[0].artifact, other, [0], CompileOptions())
+    assert info.value.code is StatusCode.UNSUPPORTED_NEFF_VERSION
+    assert "this CPU lacks" in info.value.message and "this CPU adds avx512f" in info.value.message
+    assert "portable=True" in info.value.message and "recompile" in info.value.message
+
+
+def test_a_portable_compile_loads_on_any_cpu_of_the_architecture():
+    exe = crossrt.compile(_mlp(), "cpu", driver="onnxruntime", portable=True)
+    assert exe.options.portable
+    unpacked = ort_artifact.unpack(exe.nodes[0].artifact)
+    assert (unpacked.level, unpacked.features) == ("extended", ())
+    machine = _device().features[0]
+    program = get_driver("onnxruntime").load(
+        exe.nodes[0].artifact, _device(features=(machine, "sse2")), [0], exe.options
+    )
+    assert program.run({"x": X})["y"].shape == (5, 256)
+    program.close()
+
+
+def test_an_artifact_of_version_1_loads_as_portable(packed):
+    def drop_target(index: dict[str, Any]) -> None:
+        del index["target"]
+
+    data = bytearray(_with_index(packed, drop_target))
+    data[8:12] = struct.pack("<I", 1)
+    unpacked = ort_artifact.unpack(bytes(data))
+    assert (unpacked.level, unpacked.features) == ("extended", ())
+    assert _load(bytes(data)).run({})["out_f32"].shape == (16, 32)

@@ -33,9 +33,9 @@ RECIPE = 1
 
 
 def fingerprint(device: DeviceInfo) -> dict[str, Any]:
-    """What of a device an artifact depends on: kind, name, vendor and capabilities."""
+    """What of a device an artifact depends on: kind, name, vendor, capabilities, features."""
     info = device.to_dict()
-    return {k: info[k] for k in ("kind", "name", "vendor", "capabilities")}
+    return {k: info[k] for k in ("kind", "name", "vendor", "capabilities", "features")}
 
 
 def fallback_material(fallback: str | Sequence[str] | None) -> Any:

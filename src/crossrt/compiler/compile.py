@@ -54,7 +54,7 @@ def compile(
         stages: compile for these static input shapes instead (bmodel stages), one
             ``{input name: shape}`` per stage, e.g. ``[{"x": [1, 3, 224, 224]},
             {"x": [8, 3, 224, 224]}]``: a run then takes exactly one of those shapes.
-        **options: ``performance_mode``, ``priority``, ``fp16``, ``extensions``.
+        **options: ``performance_mode``, ``priority``, ``fp16``, ``portable``, ``extensions``.
 
     Returns:
         The :class:`Executable`.

@@ -13,6 +13,7 @@ as a ``memoryview`` into the mmap (or the caller's buffer): loading copies no ar
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import mmap
 import os
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import settings
+from ..drivers.base import ArtifactFile
 from ..drivers.registry import driver_names, driver_status
 from ..errors import (
     DeviceUnavailableError,
@@ -270,7 +272,7 @@ def read_container(source: Source, validate_hash: bool | None = None) -> Contain
         UnsupportedError: (UNSUPPORTED_NEFF_VERSION) it was written in a newer format.
     """
     check = settings().validate_hash if validate_hash is None else bool(validate_hash)
-    view = _open(source)
+    view, file = _open(source)
     if len(view) < PRELUDE_SIZE:
         raise corrupt(f"it is truncated: {len(view)} bytes, less than the 64-byte prelude")
     magic, fmt, flags, length, digest = _PRELUDE.unpack_from(view)
@@ -300,7 +302,23 @@ def read_container(source: Source, validate_hash: bool | None = None) -> Contain
     if hashlib.sha256(text).digest() != digest:
         raise corrupt("the header's SHA-256 does not match (the header bytes were modified)")
     header, networks, sections = parse_header(text, fmt, view, check)
+    if file is not None:
+        entries = header["sections"]
+        offsets = {id(data): e["offset"] for data, e in zip(sections, entries, strict=True)}
+        networks = tuple(_located(exe, *file, offsets) for exe in networks)
     return Container(fmt, header["producer"], header, networks, sections, len(view), check)
+
+
+def _located(
+    exe: Executable, path: str, identity: tuple[int, int, int, int], offsets: dict[int, int]
+) -> Executable:
+    """``exe`` with each node's :class:`ArtifactFile`: its section's place in the file."""
+    nodes = tuple(
+        dataclasses.replace(n, artifact_file=ArtifactFile(path, offsets[id(n.artifact)], identity))
+        for n in exe.nodes
+    )
+    stages = tuple(_located(stage, path, identity, offsets) for stage in exe.stages)
+    return dataclasses.replace(exe, nodes=nodes, stages=stages)
 
 
 def load_executable(
@@ -368,7 +386,8 @@ def _check_driver(network: str, node: str, driver: str, compiled: str) -> None:
         )
 
 
-def _open(source: Source) -> memoryview:
+def _open(source: Source) -> tuple[memoryview, tuple[str, tuple[int, int, int, int]] | None]:
+    """The container's bytes, and for a file its absolute path and identity when mapped."""
     if isinstance(source, bytes | bytearray | memoryview):
         try:
             view = memoryview(source)
@@ -381,7 +400,7 @@ def _open(source: Source) -> memoryview:
                 f"cannot read a container from this buffer ({exc}); pass bytes, a bytearray "
                 "or a contiguous memoryview"
             ) from None
-        return view
+        return view, None
     if not isinstance(source, str | os.PathLike):
         raise InvalidArgumentError(
             f"cannot read a container from a {type(source).__name__}; give a path, bytes, "
@@ -390,10 +409,12 @@ def _open(source: Source) -> memoryview:
     path = os.fspath(source)
     try:
         with open(path, "rb") as f:
-            if os.fstat(f.fileno()).st_size == 0:
-                return memoryview(b"")  # mmap refuses empty files; the caller reports it
+            stat = os.fstat(f.fileno())
+            if stat.st_size == 0:
+                return memoryview(b""), None  # mmap refuses empty files; the caller reports it
             # The view keeps the mapping alive; the mapping keeps its own descriptor.
-            return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+            view = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+            return view, (os.path.abspath(path), ArtifactFile.identity_of(stat))
     except FileNotFoundError:
         raise ModelNotFoundError(
             f"no container at {path!r}; check the path (write one with crossrt compile "

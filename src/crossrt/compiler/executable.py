@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..drivers.base import CompileOptions
+from ..drivers.base import ArtifactFile, CompileOptions
 from ..model import TensorSpec
 
 
@@ -26,6 +26,8 @@ class ExecutableNode:
             compiled, a read-only ``memoryview`` into the file's mmap (or the caller's buffer)
             when loaded from a ``.crm`` container, so loading copies nothing.
         cores: the fewest cores of its device the node needs.
+        artifact_file: where ``artifact`` lies on disk when it was mapped from a ``.crm``
+            file (drivers may map it themselves); ``None`` otherwise.
     """
 
     name: str
@@ -37,6 +39,7 @@ class ExecutableNode:
     op_types: dict[str, int]
     artifact: bytes | memoryview = field(repr=False)
     cores: int = 1
+    artifact_file: ArtifactFile | None = field(default=None, repr=False, compare=False)
 
     def describe(self) -> dict[str, Any]:
         """A JSON-friendly description (without the artifact)."""

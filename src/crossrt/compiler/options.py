@@ -13,6 +13,7 @@ KNOWN_OPTIONS = {
     "performance_mode": "NONE, LOW, MEDIUM, HIGH or EXTREME (OH_NN_PerformanceMode)",
     "priority": "NONE, LOW, MEDIUM or HIGH (OH_NN_Priority)",
     "fp16": "True to allow reduced-precision arithmetic",
+    "portable": "True to compile for any device of the kind, not only this one (slower loads)",
     "extensions": "a dict of driver-specific settings",
 }
 
@@ -37,6 +38,9 @@ def parse_options(**options: Any) -> CompileOptions:
     fp16 = options.get("fp16", False)
     if not isinstance(fp16, bool):
         raise _bad("fp16", fp16)
+    portable = options.get("portable", False)
+    if not isinstance(portable, bool):
+        raise _bad("portable", portable)
     extensions = options.get("extensions")
     if extensions is None:
         extensions = {}
@@ -46,6 +50,7 @@ def parse_options(**options: Any) -> CompileOptions:
         performance_mode=_enum(PerformanceMode, "performance_mode", options),
         priority=_enum(Priority, "priority", options),
         fp16=fp16,
+        portable=portable,
         extensions=dict(extensions),
     )
 

@@ -24,6 +24,7 @@ that and reports the driver as unavailable with the reason.
 from __future__ import annotations
 
 import enum
+import os
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
@@ -100,6 +101,8 @@ class DeviceInfo:
         status: ``"available"``, ``"busy"`` or ``"offline"``.
         capabilities: see :class:`Capabilities`.
         links: ids of devices it has a direct link to (topology).
+        features: what compiled code for it may depend on beyond its name: for a CPU, the
+            machine architecture then its vector extensions (``("x86_64", "avx", "avx2")``).
     """
 
     id: str
@@ -112,6 +115,7 @@ class DeviceInfo:
     status: str = "available"
     capabilities: Capabilities = field(default_factory=Capabilities)
     links: tuple[str, ...] = ()
+    features: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly form."""
@@ -134,6 +138,7 @@ class DeviceInfo:
                 "cache_export": caps.cache_export,
             },
             "links": list(self.links),
+            "features": list(self.features),
         }
 
 
@@ -145,12 +150,16 @@ class CompileOptions:
         performance_mode: :class:`PerformanceMode`.
         priority: :class:`Priority`.
         fp16: allow reduced-precision arithmetic.
+        portable: compile for any device of the kind rather than for the one at hand (for a
+            CPU: any CPU of its architecture, without layouts tied to its vector extensions);
+            a portable artifact loads more slowly.
         extensions: driver-specific settings, passed to the driver as they are.
     """
 
     performance_mode: PerformanceMode = PerformanceMode.NONE
     priority: Priority = Priority.NONE
     fp16: bool = False
+    portable: bool = False
     extensions: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -159,8 +168,40 @@ class CompileOptions:
             "performance_mode": self.performance_mode.name,
             "priority": self.priority.name,
             "fp16": self.fp16,
+            "portable": self.portable,
             "extensions": dict(self.extensions),
         }
+
+
+@dataclass(frozen=True)
+class ArtifactFile:
+    """Where an artifact's bytes lie in a file (the ``.crm`` it was mapped from).
+
+    An engine that maps weight files itself (ONNX Runtime) reads them from here: every session
+    over one file then shares the operating system's page cache instead of holding a private
+    copy, across instances and processes.
+
+    Attributes:
+        path: the file's absolute path.
+        offset: where the artifact's first byte lies in the file.
+        identity: ``(device, inode, size, mtime_ns)`` of the file when it was mapped.
+    """
+
+    path: str
+    offset: int
+    identity: tuple[int, int, int, int]
+
+    @staticmethod
+    def identity_of(stat: os.stat_result) -> tuple[int, int, int, int]:
+        """The identity of a file from its status."""
+        return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+    def unchanged(self) -> bool:
+        """Whether the path still names the file that was mapped, unmodified."""
+        try:
+            return self.identity_of(os.stat(self.path)) == self.identity
+        except OSError:
+            return False
 
 
 class Program(ABC):
@@ -325,8 +366,14 @@ class Driver(ABC):
         device: DeviceInfo,
         cores: Sequence[int],
         options: CompileOptions,
+        *,
+        file: ArtifactFile | None = None,
     ) -> Program:
-        """Stage an artifact on ``cores`` (indices within the device), using that many threads."""
+        """Stage an artifact on ``cores`` (indices within the device), using that many threads.
+
+        ``file`` says where ``artifact`` lies on disk when it was mapped from a file; a driver
+        may read it from there instead (see :class:`ArtifactFile`).
+        """
 
     # Memory hooks. The defaults serve devices whose memory is the host's (coherent): a buffer
     # is a NumPy byte array and copies are NumPy copies. Drivers for devices with their own

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import platform
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -151,6 +152,27 @@ def cpu_model() -> tuple[str, str]:
     return name, vendor or "unknown"
 
 
+# The instruction-set extensions compiled CPU code may depend on (kernels chosen, data layouts
+# such as ONNX Runtime's NCHWc block size); other cpuinfo flags (hypervisor, power
+# management) differ between identical CPUs and would split caches for nothing.
+_SIMD = re.compile(
+    r"^(sse\d?|ssse3|sse4_[12]|avx.*|fma\d?|f16c|amx.*|asimd.*|sve.*|sme(?!p).*|i8mm|bf16|fphp)$"
+)
+
+
+@cache
+def cpu_features() -> tuple[str, ...]:
+    """The host CPU's vector instruction-set extensions, sorted (``("avx", "avx2", "fma")``)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("flags", "Features"):  # x86, Arm
+                return tuple(sorted({f for f in value.split() if _SIMD.match(f)}))
+    except OSError:
+        pass
+    return ()
+
+
 def host_cpu(driver: str, capabilities: Capabilities) -> DeviceInfo:
     """The host CPU as device ``cpu:0`` of ``driver``."""
     name, vendor = cpu_model()
@@ -163,4 +185,5 @@ def host_cpu(driver: str, capabilities: Capabilities) -> DeviceInfo:
         cores=host_cpus().limit,
         memory_bytes=usable_memory(),
         capabilities=capabilities,
+        features=(platform.machine(), *cpu_features()),
     )

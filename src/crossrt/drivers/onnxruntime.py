@@ -3,11 +3,15 @@
 - ``supported_nodes`` decides as an ORT session would (``ort_support``): ORT's own schemas and
   kernel registry, its version matching and fallbacks, and the newest IR version and opsets
   this build accepts.
-- ``compile`` runs ORT's portable graph optimizations (level EXTENDED, no hardware-specific
-  layouts) and returns the optimized ONNX model, its large weights stored beside the graph
-  (``ort_artifact``), as the artifact.
+- ``compile`` runs ORT's graph optimizations and returns the optimized ONNX model, its large
+  weights stored beside the graph (``ort_artifact``), as the artifact: all of them (level
+  ALL, layouts for this CPU's vector extensions), or with ``portable=True`` those that hold
+  on any CPU (level EXTENDED).
 - ``load`` creates a session with as many intra-op threads as cores it is given, from the
-  small graph, handing ORT the weights as views of the artifact (of the ``.crm`` mapping).
+  small graph: a level-ALL artifact without optimizing again (on a CPU with the features it
+  was compiled for), a portable one optimized the rest of the way. ORT maps the weights from
+  the ``.crm`` file itself when the artifact lies in one (shared between sessions and
+  processes); from memory it takes (and copies) them as external initializers.
 - ``run`` calls the session's C++ ``run`` directly: it is the cheapest path from NumPy inputs
   (cheaper than ``InferenceSession.run``, which re-validates inputs the runtime already
   checked, and than building an IOBinding per call); preallocated outputs go through
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import mmap
 import operator
+import os
 import tempfile
 import threading
 from collections.abc import Mapping, Sequence
@@ -27,10 +32,18 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from ..errors import CompileError, CrossrtError, DeadlineExceededError, ExecutionError
+from ..errors import (
+    CompileError,
+    CrossrtError,
+    DeadlineExceededError,
+    ExecutionError,
+    StatusCode,
+    UnsupportedError,
+)
 from ..model import Model
 from . import ort_artifact, ort_support
 from .base import (
+    ArtifactFile,
     CancelToken,
     Capabilities,
     CompileOptions,
@@ -45,6 +58,10 @@ from .host import host_cpu
 _PROVIDER = ort_support.PROVIDER
 _C = ort.capi._pybind_state
 _CPU = _C.OrtDevice(_C.OrtDevice.cpu(), _C.OrtDevice.default_memory(), 0)
+_LEVELS = {
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+}
 _PROBE = 16  # how often a run whose arrays keep changing still offers its binding for reuse
 
 
@@ -86,10 +103,23 @@ class OnnxRuntimeDriver(Driver):
     # -- compile and load ----------------------------------------------------------------
 
     def compile(self, model: Model, device: DeviceInfo, options: CompileOptions) -> bytes:
+        # Level ALL adds layouts tied to this CPU's vector extensions (NCHWc blocks): such an
+        # artifact loads only on a CPU with the same features, but loads without optimizing
+        # again, and its reordered weights are stored, so sessions map and share them instead
+        # of each building its own. A portable compile stops at EXTENDED; its load applies ALL.
+        if not options.portable:
+            artifact = self._optimize(model, "all", device.features)
+            try:  # ORT cannot reload every model it saves at level ALL: check, else stop short
+                self.load(artifact, device, (0,), options).close()
+                return artifact
+            except CrossrtError:
+                pass
+        return self._optimize(model, "extended", ())
+
+    def _optimize(self, model: Model, level: str, features: tuple[str, ...]) -> bytes:
+        """ORT's optimized model at ``level``, packed as the artifact (``ort_artifact``)."""
         so = ort.SessionOptions()
-        # EXTENDED, not ALL: ALL adds layouts tied to this CPU's instruction set, and the
-        # artifact must stay portable; the load applies the rest on the target machine.
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        so.graph_optimization_level = _LEVELS[level]
         so.log_severity_level = 3
         with tempfile.TemporaryDirectory(prefix="crossrt-ort-") as tmp:
             out = Path(tmp) / "optimized.onnx"
@@ -109,7 +139,7 @@ class OnnxRuntimeDriver(Driver):
                 mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped,
                 memoryview(mapped) as view,
             ):
-                return ort_artifact.pack(view)
+                return ort_artifact.pack(view, level=level, features=features)
 
     def load(
         self,
@@ -117,18 +147,19 @@ class OnnxRuntimeDriver(Driver):
         device: DeviceInfo,
         cores: Sequence[int],
         options: CompileOptions,
+        *,
+        file: ArtifactFile | None = None,
     ) -> Program:
         so = ort.SessionOptions()
         so.intra_op_num_threads = max(1, len(cores))
         so.inter_op_num_threads = 1
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         so.log_severity_level = 3
         if options.performance_mode is PerformanceMode.LOW:
             # Low power: idle pool threads sleep instead of spin-waiting for work.
             so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         try:
-            model, weights = _model_and_weights(artifact, so)
+            model, weights = self._model_and_weights(artifact, device, file, so)
             session = ort.InferenceSession(model, so, providers=[_PROVIDER])
         except CrossrtError:
             raise
@@ -137,7 +168,51 @@ class OnnxRuntimeDriver(Driver):
                 f"ONNX Runtime {self.version} could not load the artifact: {_short(exc)}",
                 details={"driver": self.name},
             ) from None
+        if file is not None and not weights and not file.unchanged():
+            raise CompileError(  # ORT read the weights from a path that now names another file
+                f"the file {file.path!r} changed while the model was loading; load it again",
+                details={"driver": self.name, "path": file.path},
+            )
         return OrtProgram(session, weights=weights)
+
+    def _model_and_weights(
+        self,
+        artifact: bytes | memoryview,
+        device: DeviceInfo,
+        file: ArtifactFile | None,
+        so: ort.SessionOptions,
+    ) -> tuple[bytes, tuple[np.ndarray, ...]]:
+        """The model bytes to create a session from, and the weight arrays ORT reads in place.
+
+        Sets the optimization level on ``so``, and where the weights come from.
+        """
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if not ort_artifact.is_packed(artifact):
+            # An artifact from before ort_artifact: the optimized model's plain ONNX bytes,
+            # still loaded (the engine version, which keys artifacts, did not change).
+            # InferenceSession takes bytes only, so a view into a .crm file is copied here.
+            return (bytes(artifact) if isinstance(artifact, memoryview) else artifact), ()
+        unpacked = ort_artifact.unpack(artifact)
+        if unpacked.level == "all":
+            if unpacked.features != device.features:
+                raise _other_cpu(unpacked.features, device)
+            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        if file is not None and unpacked.names and file.unchanged():
+            # ORT maps the weights from the file itself: one copy in the page cache for every
+            # session and process, where in-memory initializers would each be copied.
+            folder, name = os.path.split(file.path)
+            so.add_session_config_entry(
+                "session.model_external_initializers_file_folder_path", folder
+            )
+            return ort_artifact.graph_reading(unpacked, name, file.offset), ()
+        # ORT copies initializers handed to it in memory (it never writes to them): a
+        # read-only view of the mapping or of bytes is enough. ORT checks that each matches
+        # the name, type and shape of its stub in the graph. A writable buffer (a bytearray
+        # the caller loaded from) is copied first: its owner may overwrite it meanwhile.
+        arrays = tuple(a.copy() if a.flags.writeable else a for a in unpacked.arrays)
+        values = [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays]
+        so.add_external_initializers(unpacked.names, values)
+        return bytes(unpacked.graph), arrays
 
 
 class OrtProgram(Program):
@@ -274,26 +349,24 @@ class OrtProgram(Program):
         del self.session
 
 
-def _model_and_weights(
-    artifact: bytes | memoryview, so: ort.SessionOptions
-) -> tuple[bytes, tuple[np.ndarray, ...]]:
-    """The model bytes to create a session from, and the weights ORT then reads in place."""
-    if not ort_artifact.is_packed(artifact):
-        # An artifact from before ort_artifact: the optimized model's plain ONNX bytes, still
-        # loaded (the engine version, which keys artifacts, did not change). InferenceSession
-        # takes bytes only, so a view into a .crm file is copied here.
-        return (bytes(artifact) if isinstance(artifact, memoryview) else artifact), ()
-    unpacked = ort_artifact.unpack(artifact)
-    # ORT wraps each array's memory as it is, without a copy, and never writes to an
-    # initializer (a read-only view of the .crm mapping is enough: a write would fault). The
-    # arrays must outlive the session: the program keeps them. ORT checks that each one
-    # matches the name, type and shape of its stub in the graph. A writable buffer (a
-    # bytearray the caller loaded from) is copied: its owner may overwrite it while the
-    # model runs; read-only ones (a mapped file, bytes) cannot change.
-    arrays = tuple(a.copy() if a.flags.writeable else a for a in unpacked.arrays)
-    values = [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays]
-    so.add_external_initializers(unpacked.names, values)
-    return bytes(unpacked.graph), arrays
+def _other_cpu(compiled: tuple[str, ...], device: DeviceInfo) -> UnsupportedError:
+    missing = sorted(set(compiled) - set(device.features))
+    extra = sorted(set(device.features) - set(compiled))
+    diff = "; ".join(
+        part
+        for part in (
+            f"this CPU lacks {', '.join(missing)}" if missing else "",
+            f"this CPU adds {', '.join(extra)}" if extra else "",
+        )
+        if part
+    )
+    return UnsupportedError(
+        f"the onnxruntime artifact was compiled for a CPU with {' '.join(compiled)} ({diff}); "
+        "its layouts depend on them: recompile on this machine, or compile with "
+        "portable=True (crossrt compile --portable) for any CPU of the architecture",
+        code=StatusCode.UNSUPPORTED_NEFF_VERSION,
+        details={"driver": "onnxruntime", "compiled_for": list(compiled)},
+    )
 
 
 def _short(exc: BaseException) -> str:

@@ -5,17 +5,24 @@ Layout (all integers little-endian, every offset from the artifact's first byte)
     magic "CRORTART" | version u32 | reserved u32 (zero) | index length N u64
     | JSON index (N bytes) | zero padding | ONNX graph | weights, each at a multiple of 64
 
-The index is ``{"graph": {"offset", "length"}, "weights": [{"name", "dtype", "shape",
-"offset", "length"}, ...]}``. The graph is ORT's optimized model in which every initializer of
-:data:`THRESHOLD` bytes or more is a stub marked as external data; its bytes follow as raw
-little-endian tensors, in index order. Loading parses only the small graph: each weight
-becomes a NumPy view of the artifact (of the ``.crm`` mapping when loaded from a file), which
-ORT takes as it is (``SessionOptions.add_external_initializers``). Nothing in the index is
+The index is ``{"target": {"level", "features"}, "graph": {"offset", "length"}, "weights":
+[{"name", "dtype", "shape", "offset", "length"}, ...]}``. The graph is ORT's optimized model
+in which every initializer of :data:`THRESHOLD` bytes or more is a stub marked as external
+data; its bytes follow as raw little-endian tensors, in index order. ``target.level`` says how
+far ORT optimized the graph: ``"all"`` includes layouts tied to the CPU's vector extensions
+(ORT's NCHWc blocks), so such an artifact loads only on a CPU with ``target.features`` (the
+compiling host's architecture and extensions) and is loaded without optimizing again;
+``"extended"`` is portable, and ORT applies the rest at load. Nothing in the index is
 trusted: every field, offset and length is checked before a view is made.
 
-Artifacts written before this format are the optimized model's plain ONNX bytes. A serialized
-ModelProto from ORT starts with its ``ir_version`` field (byte ``0x08``), never with ``C``, so
-the magic tells the two apart.
+Loading parses only the small graph. When the artifact lies in a file, the stubs are pointed
+at the file and ORT maps the weights itself (:func:`graph_reading`), shared between sessions
+and processes through the page cache; otherwise each weight becomes a NumPy view of the
+artifact that ORT takes as an external initializer (and copies).
+
+Version 1 (no ``target``: always ``"extended"``) still loads. Artifacts written before this
+format are the optimized model's plain ONNX bytes. A serialized ModelProto from ORT starts
+with its ``ir_version`` field (byte ``0x08``), never with ``C``, so the magic tells them apart.
 """
 
 from __future__ import annotations
@@ -34,11 +41,13 @@ from onnx import numpy_helper
 from ..errors import InvalidContainerError, StatusCode, UnsupportedError
 
 MAGIC = b"CRORTART"
-VERSION = 1
+VERSION = 2
 THRESHOLD = 1024
 """Initializers of this many bytes or more are stored outside the graph."""
 
 ALIGN = 64
+LEVELS = ("all", "extended")
+"""How far ORT optimized the graph; see the module docstring."""
 _PRELUDE = struct.Struct("<8sIIQ")
 _LOCATION = "crossrt-artifact"  # never opened: ORT receives these tensors in memory
 
@@ -73,11 +82,17 @@ class Unpacked:
         names: the external initializers' names.
         arrays: their values, NumPy views of the artifact (read-only when it is), in
             ``names`` order.
+        offsets: where each lies in the artifact, in ``names`` order.
+        level: ``"all"`` (optimized for CPUs with ``features`` only) or ``"extended"``.
+        features: for ``"all"``: the compiling host's architecture and vector extensions.
     """
 
     graph: memoryview
     names: list[str]
     arrays: list[np.ndarray]
+    offsets: list[int]
+    level: str = "extended"
+    features: tuple[str, ...] = ()
 
 
 def is_packed(artifact: bytes | memoryview) -> bool:
@@ -85,11 +100,19 @@ def is_packed(artifact: bytes | memoryview) -> bool:
     return bytes(artifact[: len(MAGIC)]) == MAGIC
 
 
-def pack(model: bytes | memoryview, threshold: int = THRESHOLD) -> bytes:
+def pack(
+    model: bytes | memoryview,
+    threshold: int = THRESHOLD,
+    *,
+    level: str = "extended",
+    features: tuple[str, ...] = (),
+) -> bytes:
     """The artifact for ``model``, ORT's optimized ONNX model (its serialized bytes).
 
-    Every initializer of the main graph of ``threshold`` bytes or more whose type NumPy and
-    ORT exchange in place is moved out of the graph; the rest of the model is unchanged.
+    ``level`` and ``features`` record how far ORT optimized it and, for ``"all"``, on which
+    CPU (see the module docstring). Every initializer of the main graph of ``threshold``
+    bytes or more whose type NumPy and ORT exchange in place is moved out of the graph; the
+    rest of the model is unchanged.
     """
     proto = onnx.ModelProto.FromString(model)
     blobs: list[bytes] = []
@@ -119,7 +142,11 @@ def pack(model: bytes | memoryview, threshold: int = THRESHOLD) -> bytes:
         blobs.append(blob)
         entries.append({"name": stub.name, "dtype": dtype_name, "shape": list(stub.dims)})
     graph = proto.SerializeToString()
-    index: dict[str, Any] = {"graph": {"offset": 0, "length": len(graph)}, "weights": entries}
+    index: dict[str, Any] = {
+        "target": {"level": level, "features": list(features)},
+        "graph": {"offset": 0, "length": len(graph)},
+        "weights": entries,
+    }
     # Offsets are absolute, so they depend on the index's length, which depends on them: grow
     # the start of the data until the index fits before it (it only grows, so this ends).
     start = 0
@@ -172,6 +199,14 @@ def unpack(artifact: bytes | memoryview) -> Unpacked:
             f"it is truncated: its index needs {length} bytes, {size - _PRELUDE.size} follow"
         )
     index = _decode(bytes(view[_PRELUDE.size : _PRELUDE.size + length]))
+    level: str = "extended"
+    features: tuple[str, ...] = ()
+    if version >= 2:
+        target = _field(index, "target", "", dict)
+        level = _field(target, "level", "target", str)
+        features = tuple(_field(target, "features", "target", list))
+        if level not in LEVELS or not all(type(f) is str for f in features):
+            raise _corrupt("index field target has an unknown level or features not strings")
     graph = _field(index, "graph", "", dict)
     start = _count(graph, "offset", "graph")
     graph_length = _count(graph, "length", "graph")
@@ -180,6 +215,7 @@ def unpack(artifact: bytes | memoryview) -> Unpacked:
     names: list[str] = []
     seen: set[str] = set()
     arrays: list[np.ndarray] = []
+    offsets: list[int] = []
     for i, entry in enumerate(entries):
         where = f"weights[{i}]"
         if not isinstance(entry, dict):
@@ -209,7 +245,52 @@ def unpack(artifact: bytes | memoryview) -> Unpacked:
             array = array.astype(dtype.newbyteorder("="))  # a copy ORT can read natively
         names.append(name)
         arrays.append(array)
-    return Unpacked(memoryview(view)[start : start + graph_length], names, arrays)
+        offsets.append(offset)
+    graph_view = memoryview(view)[start : start + graph_length]
+    return Unpacked(graph_view, names, arrays, offsets, level, features)
+
+
+def graph_reading(unpacked: Unpacked, location: str, base: int) -> bytes:
+    """The graph with each weight stub pointing into the file ``location``.
+
+    Args:
+        unpacked: the artifact, validated.
+        location: the file's name, relative to the folder ORT is told to read weights from.
+        base: where the artifact's first byte lies in that file.
+
+    Raises:
+        InvalidContainerError: the graph's external initializers and the index disagree (a
+            stub no weight fills, a weight no stub names, or another type or shape).
+    """
+    try:
+        proto = onnx.ModelProto.FromString(unpacked.graph)
+    except Exception:  # protobuf's DecodeError, or worse on hostile bytes
+        raise _corrupt("its graph is not a valid ONNX model") from None
+    stored = {
+        name: (offset, array)
+        for name, offset, array in zip(
+            unpacked.names, unpacked.offsets, unpacked.arrays, strict=True
+        )
+    }
+    for init in proto.graph.initializer:
+        if init.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        found = stored.pop(init.name, None)
+        if found is None:
+            raise _corrupt(f"the graph's initializer {init.name!r} has no stored bytes")
+        offset, array = found
+        if _BY_ONNX.get(init.data_type) != array.dtype.name or list(init.dims) != list(array.shape):
+            raise _corrupt(f"the graph's initializer {init.name!r} and its stored bytes differ")
+        del init.external_data[:]
+        for key, value in (
+            ("location", location),
+            ("offset", str(base + offset)),
+            ("length", str(array.nbytes)),
+        ):
+            init.external_data.add(key=key, value=value)
+    if stored:
+        raise _corrupt(f"the stored weight {next(iter(stored))!r} is in no initializer")
+    return bytes(proto.SerializeToString())
 
 
 def _align(offset: int) -> int:

@@ -17,7 +17,15 @@ import onnx
 
 from ..errors import ExecutionError
 from ..model import Model
-from .base import Capabilities, CompileOptions, DeviceInfo, Driver, Program, copy_into
+from .base import (
+    ArtifactFile,
+    Capabilities,
+    CompileOptions,
+    DeviceInfo,
+    Driver,
+    Program,
+    copy_into,
+)
 from .host import host_cpu
 
 # Operators the evaluator implements only when an optional package is present.
@@ -64,6 +72,8 @@ class ReferenceDriver(Driver):
         device: DeviceInfo,
         cores: Sequence[int],
         options: CompileOptions,
+        *,
+        file: ArtifactFile | None = None,
     ) -> Program:
         # protobuf parses a memoryview (a view into a .crm file) without a copy.
         return ReferenceProgram(onnx.ModelProto.FromString(artifact))

@@ -212,7 +212,15 @@ def load_instances(
                     _, node_device = resolve_device(node.device_kind, drv.name)
                     cpu = node_device.kind is DeviceKind.CPU
                     node_cores = tuple(range(runtime_cores if cpu else node_device.cores))
-                programs.append(drv.load(node.artifact, node_device, node_cores, exe.options))
+                programs.append(
+                    drv.load(
+                        node.artifact,
+                        node_device,
+                        node_cores,
+                        exe.options,
+                        file=node.artifact_file,
+                    )
+                )
                 every.append(programs[-1])
             result.append(Instance(k, cores, programs, steps, outputs))
     except BaseException:

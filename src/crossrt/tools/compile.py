@@ -58,6 +58,11 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--fp16", action="store_true", help="allow reduced-precision arithmetic")
     p.add_argument(
+        "--portable",
+        action="store_true",
+        help="compile for any CPU of this architecture, not only this one (slower loads)",
+    )
+    p.add_argument(
         "--perf",
         default=None,
         metavar="MODE",
@@ -88,6 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     options: dict[str, Any] = {}
     if args.fp16:
         options["fp16"] = True
+    if args.portable:
+        options["portable"] = True
     if args.perf is not None:
         options["performance_mode"] = args.perf
     if args.priority is not None:
