@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import mmap
 import random
 import struct
 from collections.abc import Callable

@@ -368,11 +368,15 @@ class Driver(ABC):
         options: CompileOptions,
         *,
         file: ArtifactFile | None = None,
+        pin: Sequence[int] | None = None,
     ) -> Program:
         """Stage an artifact on ``cores`` (indices within the device), using that many threads.
 
         ``file`` says where ``artifact`` lies on disk when it was mapped from a file; a driver
-        may read it from there instead (see :class:`ArtifactFile`).
+        may read it from there instead (see :class:`ArtifactFile`). ``pin`` (CPU devices) names
+        the host CPU of each core, in order, when the node runs on part of the process's CPUs:
+        a driver pins the threads it starts to them (the thread that calls ``run`` is the
+        caller's, pinned by the runtime's workers, never by the driver).
         """
 
     # Memory hooks. The defaults serve devices whose memory is the host's (coherent): a buffer

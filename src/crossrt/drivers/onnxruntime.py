@@ -149,10 +149,16 @@ class OnnxRuntimeDriver(Driver):
         options: CompileOptions,
         *,
         file: ArtifactFile | None = None,
+        pin: Sequence[int] | None = None,
     ) -> Program:
         so = ort.SessionOptions()
         so.intra_op_num_threads = max(1, len(cores))
         so.inter_op_num_threads = 1
+        if pin is not None and len(pin) == len(cores) > 1:
+            # One pool thread per core after the first, which is the calling thread's: ORT
+            # never pins that one. Logical processors count from 1 in ORT's syntax.
+            affinities = ";".join(str(cpu + 1) for cpu in pin[1:])
+            so.add_session_config_entry("session.intra_op_thread_affinities", affinities)
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         so.log_severity_level = 3
         if options.performance_mode is PerformanceMode.LOW:

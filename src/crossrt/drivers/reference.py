@@ -74,6 +74,7 @@ class ReferenceDriver(Driver):
         options: CompileOptions,
         *,
         file: ArtifactFile | None = None,
+        pin: Sequence[int] | None = None,
     ) -> Program:
         # protobuf parses a memoryview (a view into a .crm file) without a copy.
         return ReferenceProgram(onnx.ModelProto.FromString(artifact))

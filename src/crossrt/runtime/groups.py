@@ -186,13 +186,15 @@ def load_instances(
     device: DeviceInfo,
     core_sets: Sequence[tuple[int, ...]],
     mode: str,
-    runtime_cores: int,
+    host_cpus: tuple[int, ...],
 ) -> list[Instance]:
     """Load every node of ``exe`` once per core set.
 
     In ``shared`` mode every node of an instance uses all the instance's cores (one at a time
     per request, pipelined across requests); in ``normal`` mode each node on the model's
-    device gets cores of its own, the instance's cores split between them.
+    device gets cores of its own, the instance's cores split between them. ``host_cpus`` are
+    the runtime's cores (core ``i`` is host CPU ``host_cpus[i]``): a node or instance on part
+    of them has its threads pinned to its own.
     """
     if mode not in MODES:
         raise InvalidArgumentError(f"mode={mode!r}: use 'shared' or 'normal'")
@@ -211,7 +213,8 @@ def load_instances(
                 else:  # a fallback node on another kind of device: all of its cores
                     _, node_device = resolve_device(node.device_kind, drv.name)
                     cpu = node_device.kind is DeviceKind.CPU
-                    node_cores = tuple(range(runtime_cores if cpu else node_device.cores))
+                    node_cores = tuple(range(len(host_cpus) if cpu else node_device.cores))
+                pin = _pin(node_cores, host_cpus) if node_device.kind is DeviceKind.CPU else None
                 programs.append(
                     drv.load(
                         node.artifact,
@@ -219,15 +222,25 @@ def load_instances(
                         node_cores,
                         exe.options,
                         file=node.artifact_file,
+                        pin=pin,
                     )
                 )
                 every.append(programs[-1])
-            result.append(Instance(k, cores, programs, steps, outputs))
+            pin = _pin(cores, host_cpus) if device.kind is DeviceKind.CPU else None
+            result.append(Instance(k, cores, programs, steps, outputs, pin=pin))
     except BaseException:
         for program in every:
             program.close()
         raise
     return result
+
+
+def _pin(cores: Sequence[int], host_cpus: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The host CPUs of ``cores``, when they are only part of the runtime's: threads are pinned
+    to keep instances (and nodes) off each other's cores; on all of them the OS places them."""
+    if len(set(cores)) >= len(host_cpus):
+        return None
+    return tuple(host_cpus[i] for i in cores)
 
 
 def _node_cores(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import queue
 import threading
 import time
@@ -30,6 +31,7 @@ import numpy as np
 
 from ..drivers import Program
 from ..drivers.base import CancelToken
+from ..drivers.host import usable_cores
 from ..errors import (
     ClosedError,
     CrossrtError,
@@ -55,6 +57,9 @@ class Instance:
     programs: list[Program]
     steps: Sequence[tuple[Sequence[str], Sequence[str]]]  # per node: its inputs, its outputs
     output_names: tuple[str, ...]
+    pin: tuple[int, ...] | None = None
+    """The host CPUs of its cores when they are part of the process's: workers running it
+    pin themselves there (a ``run()`` caller's thread is never pinned)."""
     locks: list[threading.Lock] = field(default_factory=list)
     call: Callable[..., dict[str, np.ndarray]] = field(init=False)
     """What ``LoadedModel.run`` calls on the instance it took (set by the model)."""
@@ -272,10 +277,13 @@ class Scheduler:
     # -- workers --------------------------------------------------------------------------
 
     def _serve(self) -> None:
+        pinned: tuple[int, ...] | None = None
         while (job := self._entry.get()) is not _STOP:
             if not self._start(job):
                 continue
             inst = self._take()
+            if inst.pin != pinned:  # a worker serves whichever instance is idle
+                pinned = _pin_thread(inst.pin)
             try:
                 execute = partial(_execute_with, inst, job.token)
                 result = self._call(execute, job)
@@ -287,6 +295,7 @@ class Scheduler:
                 self._done(job, result)
 
     def _stage(self, inst: Instance, j: int, stages: list[queue.SimpleQueue[Job | None]]) -> None:
+        _pin_thread(inst.pin)
         last = j == len(inst.programs) - 1
         names = inst.steps[j][0]
         while (job := stages[j].get()) is not _STOP:
@@ -362,3 +371,22 @@ def _late(name: str, why: str) -> DeadlineExceededError:
         "CROSSRT_EXEC_TIMEOUT) or load more instances",
         details={"model": name},
     )
+
+
+_ALL_CPUS: set[int] | None = None
+
+
+def _pin_thread(cpus: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """Pin the calling thread to ``cpus`` (all of the process's CPUs for ``None``) where the OS
+    allows; return what it is pinned to now."""
+    global _ALL_CPUS
+    setaffinity = getattr(os, "sched_setaffinity", None)
+    if setaffinity is None:  # not Linux: threads stay where the OS puts them
+        return cpus
+    try:
+        if _ALL_CPUS is None:
+            _ALL_CPUS = set(usable_cores())
+        setaffinity(0, _ALL_CPUS if cpus is None else cpus)  # 0: this thread, on Linux
+    except OSError as exc:  # a CPU taken away since (cgroup change): keep running unpinned
+        log.debug("could not pin a worker to CPUs %s: %s", cpus, exc)
+    return cpus

@@ -1,0 +1,98 @@
+"""Threads pinned to their instance's cores: crossrt's workers and ONNX Runtime's pool threads."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from concurrency_models import tiny
+
+import crossrt
+from crossrt.drivers import get_driver
+
+WAIT = 10
+CPUS = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+pytestmark = pytest.mark.skipif(len(CPUS) < 2, reason="pinning needs 2 CPUs and Linux")
+X = np.ones((4, 8), np.float32)
+
+
+def affinities() -> dict[int, set[int]]:
+    """Each thread of this process (by native id) and the CPUs it may run on."""
+    return {
+        int(t.name): os.sched_getaffinity(int(t.name)) for t in Path("/proc/self/task").iterdir()
+    }
+
+
+def _new_threads(before: set[int]) -> dict[int, set[int]]:
+    return {tid: cpus for tid, cpus in affinities().items() if tid not in before}
+
+
+@pytest.fixture
+def rt() -> Iterator[crossrt.Runtime]:
+    with crossrt.Runtime() as runtime:
+        yield runtime
+
+
+@pytest.fixture(scope="module")
+def exe() -> crossrt.Executable:
+    return crossrt.compile(tiny())
+
+
+def test_each_worker_runs_pinned_to_the_instance_it_serves(
+    rt: crossrt.Runtime, exe: crossrt.Executable
+) -> None:
+    model = rt.load(exe, instances=2, cores_per_instance=1)
+    instances = model._scheduler.instances
+    assert [inst.pin for inst in instances] == [(rt.cores[0],), (rt.cores[1],)]
+    seen: list[set[int]] = []
+    lock = threading.Lock()
+
+    def record(result: object, user_data: object) -> None:
+        with lock:
+            seen.append(os.sched_getaffinity(0))
+
+    futures = [model.run_async({"x": X}, block=True, callback=record) for _ in range(8)]
+    for future in futures:
+        future.result(WAIT)
+    # Each callback ran on its worker right after the run: pinned to one instance's CPU.
+    assert len(seen) == 8 and all(cpus in ({rt.cores[0]}, {rt.cores[1]}) for cpus in seen)
+
+
+def test_the_callers_thread_is_never_pinned(rt: crossrt.Runtime, exe: crossrt.Executable) -> None:
+    model = rt.load(exe, instances=2, cores_per_instance=1)
+    before = os.sched_getaffinity(0)
+    for _ in range(4):
+        model.run({"x": X})
+    assert os.sched_getaffinity(0) == before
+
+
+def test_a_model_on_every_core_is_not_pinned(rt: crossrt.Runtime, exe: crossrt.Executable) -> None:
+    model = rt.load(exe)
+    assert model._scheduler.instances[0].pin is None
+    model.unload()
+    one = rt.load(exe, cores=1)
+    assert one._scheduler.instances[0].pin == (rt.cores[0],)
+
+
+def test_ort_pins_its_pool_threads_to_the_cores_after_the_first() -> None:
+    driver = get_driver("onnxruntime")
+    (device,) = driver.devices()
+    artifact = crossrt.compile(tiny()).nodes[0].artifact
+    before = set(affinities())
+    options = crossrt.compile(tiny()).options
+    program = driver.load(artifact, device, (0, 1), options, pin=(CPUS[1], CPUS[0]))
+    try:
+        assert program.run({"x": X})["y"].shape == (4, 8)
+        # Two cores: the calling thread plus one pool thread, which pins itself to pin[1] as it
+        # starts (soon after the session exists, not before it returns).
+        deadline = time.monotonic() + WAIT
+        while {CPUS[0]} not in (new := _new_threads(before)).values():
+            assert time.monotonic() < deadline, new
+            os.sched_yield()
+    finally:
+        program.close()
