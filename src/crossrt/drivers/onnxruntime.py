@@ -20,8 +20,8 @@
 
 from __future__ import annotations
 
+import contextlib
 import mmap
-import operator
 import os
 import tempfile
 import threading
@@ -58,6 +58,9 @@ from .host import host_cpu
 _PROVIDER = ort_support.PROVIDER
 _C = ort.capi._pybind_state
 _CPU = _C.OrtDevice(_C.OrtDevice.cpu(), _C.OrtDevice.default_memory(), 0)
+_SAVE_DATA = "session.optimized_model_external_initializers_file_name"
+_SAVE_DATA_MIN = "session.optimized_model_external_initializers_min_size_in_bytes"
+_SAVE_PREPACKED = "session.save_external_prepacked_constant_initializers"
 _LEVELS = {
     "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
@@ -103,17 +106,15 @@ class OnnxRuntimeDriver(Driver):
     # -- compile and load ----------------------------------------------------------------
 
     def compile(self, model: Model, device: DeviceInfo, options: CompileOptions) -> bytes:
-        # Level ALL adds layouts tied to this CPU's vector extensions (NCHWc blocks): such an
-        # artifact loads only on a CPU with the same features, but loads without optimizing
-        # again, and its reordered weights are stored, so sessions map and share them instead
-        # of each building its own. A portable compile stops at EXTENDED; its load applies ALL.
+        # Level ALL adds layouts tied to this CPU's vector extensions (NCHWc blocks) and keeps
+        # the weights ORT's kernels pre-pack: such an artifact loads only on a CPU with the
+        # same features, but without optimizing or packing again, and sessions map its
+        # weights from the .crm instead of each building its own. A portable compile stops at
+        # EXTENDED, and its load applies the rest.
         if not options.portable:
             artifact = self._optimize(model, "all", device.features)
-            try:  # ORT cannot reload every model it saves at level ALL: check, else stop short
-                self.load(artifact, device, (0,), options).close()
+            if self._reloads(artifact, device, options):
                 return artifact
-            except CrossrtError:
-                pass
         return self._optimize(model, "extended", ())
 
     def _optimize(self, model: Model, level: str, features: tuple[str, ...]) -> bytes:
@@ -124,6 +125,14 @@ class OnnxRuntimeDriver(Driver):
         with tempfile.TemporaryDirectory(prefix="crossrt-ort-") as tmp:
             out = Path(tmp) / "optimized.onnx"
             so.optimized_model_filepath = str(out)
+            if level == "all":
+                # Large weights to a data file, with the forms ORT's kernels pack them into
+                # (only this way does ORT save those). Not for the portable form: a data file
+                # can make ORT save a model it then refuses (test_loop16_seq_none), and an
+                # artifact of level ALL that does not load again is replaced by a portable one.
+                so.add_session_config_entry(_SAVE_DATA, "weights.bin")
+                so.add_session_config_entry(_SAVE_DATA_MIN, str(ort_artifact.THRESHOLD))
+                so.add_session_config_entry(_SAVE_PREPACKED, "1")
             try:
                 ort.InferenceSession(model.to_bytes(), so, providers=[_PROVIDER])
             except Exception as exc:
@@ -132,14 +141,28 @@ class OnnxRuntimeDriver(Driver):
                     f"{_short(exc)}",
                     details={"driver": self.name},
                 ) from None
-            # Large weights go beside the graph so that a load can map them (ort_artifact).
-            # Parsed from a mapping: reading the file into bytes first costs a copy of it.
-            with (
-                open(out, "rb") as f,
-                mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped,
-                memoryview(mapped) as view,
-            ):
-                return ort_artifact.pack(view, level=level, features=features)
+            # Parsed from mappings: reading the files into bytes first costs a copy of them.
+            with contextlib.ExitStack() as stack:
+                model_view, data = (
+                    _mapped(stack, path) if path.exists() and path.stat().st_size else None
+                    for path in (out, out.parent / "weights.bin")
+                )
+                if model_view is None:
+                    raise CompileError(f"ONNX Runtime wrote no optimized model for {model.name!r}")
+                return ort_artifact.pack(model_view, data=data, level=level, features=features)
+
+    def _reloads(self, artifact: bytes, device: DeviceInfo, options: CompileOptions) -> bool:
+        """Whether ORT loads ``artifact`` from a file, as a ``.crm`` would give it: ORT cannot
+        reload every model it saves at level ALL."""
+        with tempfile.TemporaryDirectory(prefix="crossrt-ort-") as tmp:
+            path = Path(tmp) / "artifact.bin"
+            path.write_bytes(artifact)
+            file = ArtifactFile(str(path), 0, ArtifactFile.identity_of(path.stat()))
+            try:
+                self.load(artifact, device, (0,), options, file=file).close()
+            except CrossrtError:
+                return False
+            return True
 
     def load(
         self,
@@ -275,19 +298,17 @@ class OrtProgram(Program):
         # A binding costs 6 µs or more to build; the same arrays again (the same objects under
         # the same names, with the same shapes and dtypes: a shape can be set in place) reuse
         # this thread's last one, as a caller of ORT's own IOBinding would.
-        last = getattr(self._reuse, "last", None)  # (arrays, signature, names, binding, misses)
+        last = getattr(self._reuse, "last", None)  # (kept, inputs, outputs, binding, misses)
         binding = None
-        if last is not None and last[0]:
-            arrays = (*inputs.values(), *outputs.values())
-            if (
-                len(arrays) == len(last[0])
-                and all(map(operator.is_, arrays, last[0]))
-                and [(a.shape, a.dtype) for a in arrays] == last[1]
-                and (*inputs, *outputs) == last[2]
-            ):
-                binding = last[3]
-                if last[4]:
-                    self._reuse.last = (*last[:4], 0)  # reused: the miss streak is over
+        if (
+            last is not None
+            and len(inputs) == last[1]
+            and len(outputs) == last[2]
+            and self._same_arrays(last[0], inputs, outputs)
+        ):
+            binding = last[3]
+            if last[4]:
+                self._reuse.last = (*last[:4], 0)  # reused: the miss streak is over
         if binding is None:
             try:
                 binding = self._bind(inputs, outputs, 0 if last is None else last[4] + 1)
@@ -306,6 +327,25 @@ class OrtProgram(Program):
             name: outputs[name] if name in outputs else produced[i].numpy()
             for i, name in enumerate(self._output_names)
         }
+
+    @staticmethod
+    def _same_arrays(
+        kept: tuple[tuple[str, np.ndarray, tuple[int, ...], np.dtype[Any]], ...],
+        inputs: Mapping[str, Any],
+        outputs: Mapping[str, np.ndarray],
+    ) -> bool:
+        """Whether ``inputs`` then ``outputs`` are the arrays ``kept`` by ``_bind``: the same
+        objects under the same names, with the same shapes and dtypes."""
+        i = 0
+        for items in (inputs.items(), outputs.items()):
+            for name, array in items:
+                was, same, shape, dtype = kept[i]
+                if array is not same or array.shape != shape or array.dtype is not dtype:
+                    return False
+                if name != was:
+                    return False
+                i += 1
+        return True
 
     def _run_then_copy(
         self, inputs: Mapping[str, Any], outputs: Mapping[str, np.ndarray]
@@ -342,17 +382,28 @@ class OrtProgram(Program):
             type(v) is np.ndarray and v.flags.c_contiguous and v.dtype.kind in "iuf"
             for v in inputs.values()
         ):
-            arrays = (*inputs.values(), *outputs.values())
-            signature = [(a.shape, a.dtype) for a in arrays]
-            self._reuse.last = (arrays, signature, (*inputs, *outputs), binding, misses)
+            kept = tuple(
+                (name, a, a.shape, a.dtype) for name, a in (*inputs.items(), *outputs.items())
+            )
+            self._reuse.last = (kept, len(inputs), len(outputs), binding, misses)
         else:
-            self._reuse.last = ((), None, None, None, misses)
+            self._reuse.last = ((), -1, -1, None, misses)
         return binding
 
     def close(self) -> None:
         del self._run, self._run_binding
         self._reuse = threading.local()  # drop the bindings (and the arrays they hold)
         del self.session
+
+
+def _mapped(stack: contextlib.ExitStack, path: Path) -> memoryview:
+    """A read-only view of the file at ``path``, closed with ``stack``."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        mapped = stack.enter_context(mmap.mmap(fd, 0, access=mmap.ACCESS_READ))
+    finally:
+        os.close(fd)  # the mapping keeps its own descriptor
+    return stack.enter_context(memoryview(mapped))
 
 
 def _other_cpu(compiled: tuple[str, ...], device: DeviceInfo) -> UnsupportedError:

@@ -31,7 +31,7 @@ import json
 import math
 import struct
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -70,7 +70,7 @@ _DTYPES = {
         ("bool", onnx.TensorProto.BOOL),
     ]
 }
-_BY_ONNX = {onnx_type: name for name, (_, onnx_type) in _DTYPES.items()}
+_BY_ONNX: dict[int, str] = {onnx_type: name for name, (_, onnx_type) in _DTYPES.items()}
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,8 @@ class Unpacked:
         arrays: their values, NumPy views of the artifact (read-only when it is), in
             ``names`` order.
         offsets: where each lies in the artifact, in ``names`` order.
+        prepacked: per weight, in ``names`` order: the forms ORT's kernels pre-packed it into,
+            as ``(key, [(offset, length), ...])`` in the artifact (read from a file only).
         level: ``"all"`` (optimized for CPUs with ``features`` only) or ``"extended"``.
         features: for ``"all"``: the compiling host's architecture and vector extensions.
     """
@@ -91,6 +93,7 @@ class Unpacked:
     names: list[str]
     arrays: list[np.ndarray]
     offsets: list[int]
+    prepacked: list[list[tuple[str, list[tuple[int, int]]]]] = field(default_factory=list)
     level: str = "extended"
     features: tuple[str, ...] = ()
 
@@ -104,43 +107,51 @@ def pack(
     model: bytes | memoryview,
     threshold: int = THRESHOLD,
     *,
+    data: bytes | memoryview | None = None,
     level: str = "extended",
     features: tuple[str, ...] = (),
 ) -> bytes:
     """The artifact for ``model``, ORT's optimized ONNX model (its serialized bytes).
 
-    ``level`` and ``features`` record how far ORT optimized it and, for ``"all"``, on which
-    CPU (see the module docstring). Every initializer of the main graph of ``threshold``
-    bytes or more whose type NumPy and ORT exchange in place is moved out of the graph; the
-    rest of the model is unchanged.
+    Every initializer of the main graph of ``threshold`` bytes or more whose type NumPy and
+    ORT exchange in place is moved out of the graph; the rest of the model is unchanged.
+    ``data`` is the external initializers file ORT wrote beside the model, if it wrote one:
+    the initializers it holds are moved too, with the weights ORT pre-packed for its kernels
+    (``prepacked_N`` entries, ORT's ``key|offset;length;checksum|...``), and the others are
+    put back into the graph. ``level`` and ``features`` record how far ORT optimized the
+    model and, for ``"all"``, on which CPU (see the module docstring).
     """
     proto = onnx.ModelProto.FromString(model)
-    blobs: list[bytes] = []
+    parts: list[list[bytes | memoryview]] = []  # per weight: its bytes, then its packs'
     entries: list[dict[str, Any]] = []
     for init in proto.graph.initializer:
-        dtype_name = _BY_ONNX.get(init.data_type)
-        if dtype_name is None or init.data_location == onnx.TensorProto.EXTERNAL:
-            continue
-        dtype = _DTYPES[dtype_name][0]
-        nbytes = math.prod(init.dims) * dtype.itemsize
-        if nbytes < threshold:
-            continue
-        if len(init.raw_data) == nbytes:
-            blob = init.raw_data  # ONNX raw data is little-endian, as the artifact stores it
-        else:  # the typed fields (float_data...)
-            try:
-                blob = numpy_helper.to_array(init).astype(dtype, copy=False).tobytes()
-            except (ValueError, TypeError):
-                continue  # inconsistent with its dims: left in the graph for ORT to judge
-            if len(blob) != nbytes:
+        blob: bytes | memoryview
+        packs: list[tuple[str, list[memoryview]]] = []
+        if init.data_location == onnx.TensorProto.EXTERNAL:
+            if data is None:
                 continue
+            blob, packs = _external(init, memoryview(data))
+            if init.data_type not in _BY_ONNX or len(blob) < threshold:
+                _embed(init, blob)  # a type NumPy cannot view, or small: back into the graph
+                continue
+        else:
+            found = _embedded(init, threshold)
+            if found is None:
+                continue
+            blob = found
+        dtype_name = _BY_ONNX[init.data_type]
         stub = onnx.TensorProto(name=init.name, data_type=init.data_type, dims=init.dims)
         stub.data_location = onnx.TensorProto.EXTERNAL
-        for key, value in (("location", _LOCATION), ("offset", "0"), ("length", str(nbytes))):
+        for key, value in (("location", _LOCATION), ("offset", "0"), ("length", str(len(blob)))):
             stub.external_data.add(key=key, value=value)
         init.CopyFrom(stub)
-        blobs.append(blob)
-        entries.append({"name": stub.name, "dtype": dtype_name, "shape": list(stub.dims)})
+        parts.append([blob, *(b for _, buffers in packs for b in buffers)])
+        entry: dict[str, Any] = {"name": stub.name, "dtype": dtype_name, "shape": list(stub.dims)}
+        if packs:
+            entry["prepacked"] = [
+                {"key": key, "buffers": [{} for _ in buffers]} for key, buffers in packs
+            ]
+        entries.append(entry)
     graph = proto.SerializeToString()
     index: dict[str, Any] = {
         "target": {"level": level, "features": list(features)},
@@ -153,21 +164,65 @@ def pack(
     while True:
         index["graph"]["offset"] = start
         end = start + len(graph)
-        for entry, blob in zip(entries, blobs, strict=True):
-            entry["offset"] = _align(end)
-            entry["length"] = len(blob)
-            end = entry["offset"] + len(blob)
+        for entry, blobs in zip(entries, parts, strict=True):
+            places = [entry] + [b for p in entry.get("prepacked", []) for b in p["buffers"]]
+            for place, blob in zip(places, blobs, strict=True):
+                place["offset"] = _align(end)
+                place["length"] = len(blob)
+                end = place["offset"] + len(blob)
         text = json.dumps(index, separators=(",", ":")).encode()
         if _align(_PRELUDE.size + len(text)) <= start:
             break
         start = _align(_PRELUDE.size + len(text))
-    chunks: list[bytes] = [_PRELUDE.pack(MAGIC, VERSION, 0, len(text)), text]
+    chunks: list[bytes | memoryview] = [_PRELUDE.pack(MAGIC, VERSION, 0, len(text)), text]
     at = _PRELUDE.size + len(text)
-    offsets = [start, *(e["offset"] for e in entries)]
-    for offset, data in zip(offsets, [graph, *blobs], strict=True):
-        chunks += [bytes(offset - at), data]
-        at = offset + len(data)
+    placed: list[tuple[int, bytes | memoryview]] = [(start, graph)]
+    for entry, blobs in zip(entries, parts, strict=True):
+        places = [entry] + [b for p in entry.get("prepacked", []) for b in p["buffers"]]
+        placed += [(place["offset"], blob) for place, blob in zip(places, blobs, strict=True)]
+    for offset, blob in placed:
+        chunks += [bytes(offset - at), blob]
+        at = offset + len(blob)
     return b"".join(chunks)
+
+
+def _embedded(init: onnx.TensorProto, threshold: int) -> bytes | None:
+    """The little-endian bytes of an initializer stored in the graph, when it moves out."""
+    dtype_name = _BY_ONNX.get(init.data_type)
+    if dtype_name is None:
+        return None
+    dtype = _DTYPES[dtype_name][0]
+    nbytes = math.prod(init.dims) * dtype.itemsize
+    if nbytes < threshold:
+        return None
+    if len(init.raw_data) == nbytes:
+        return bytes(init.raw_data)  # ONNX raw data is little-endian, as the artifact stores it
+    try:  # the typed fields (float_data...)
+        blob = bytes(numpy_helper.to_array(init).astype(dtype, copy=False).tobytes())
+    except (ValueError, TypeError):
+        return None  # inconsistent with its dims: left in the graph for ORT to judge
+    return blob if len(blob) == nbytes else None
+
+
+def _external(
+    init: onnx.TensorProto, data: memoryview
+) -> tuple[memoryview, list[tuple[str, list[memoryview]]]]:
+    """An initializer ORT wrote to its data file: its bytes and its pre-packed buffers."""
+    fields = {e.key: e.value for e in init.external_data}
+    offset, length = int(fields.get("offset", "0")), int(fields["length"])
+    packs = []
+    for key, value in fields.items():
+        if key.startswith("prepacked_"):
+            name, *buffers = value.split("|")
+            spans = [tuple(int(n) for n in b.split(";")[:2]) for b in buffers]
+            packs.append((name, [data[o : o + n] for o, n in spans]))
+    return data[offset : offset + length], packs
+
+
+def _embed(init: onnx.TensorProto, blob: memoryview) -> None:
+    del init.external_data[:]
+    init.data_location = onnx.TensorProto.DEFAULT
+    init.raw_data = bytes(blob)
 
 
 def unpack(artifact: bytes | memoryview) -> Unpacked:
@@ -216,6 +271,7 @@ def unpack(artifact: bytes | memoryview) -> Unpacked:
     seen: set[str] = set()
     arrays: list[np.ndarray] = []
     offsets: list[int] = []
+    prepacked: list[list[tuple[str, list[tuple[int, int]]]]] = []
     for i, entry in enumerate(entries):
         where = f"weights[{i}]"
         if not isinstance(entry, dict):
@@ -240,14 +296,45 @@ def unpack(artifact: bytes | memoryview) -> Unpacked:
         if nbytes != count * dtype.itemsize:
             raise _corrupt(f"{where} is {nbytes} bytes, its shape and dtype need a different size")
         end = _inside(offset, nbytes, end, size, where)
+        packs, end = _packs(entry, where, end, size)
         array = np.frombuffer(view, dtype, count, offset).reshape(shape)
         if not array.flags.aligned or sys.byteorder != "little":
             array = array.astype(dtype.newbyteorder("="))  # a copy ORT can read natively
         names.append(name)
         arrays.append(array)
         offsets.append(offset)
+        prepacked.append(packs)
     graph_view = memoryview(view)[start : start + graph_length]
-    return Unpacked(graph_view, names, arrays, offsets, level, features)
+    return Unpacked(graph_view, names, arrays, offsets, prepacked, level, features)
+
+
+def _packs(
+    entry: dict[str, Any], where: str, end: int, size: int
+) -> tuple[list[tuple[str, list[tuple[int, int]]]], int]:
+    """A weight's pre-packed forms, checked to follow it in order; and where they end."""
+    packs: list[tuple[str, list[tuple[int, int]]]] = []
+    for j, pack in enumerate(
+        _field(entry, "prepacked", where, list) if "prepacked" in entry else []
+    ):
+        at = f"{where}.prepacked[{j}]"
+        if not isinstance(pack, dict):
+            raise _corrupt(f"index field {at} is not an object")
+        key = _field(pack, "key", at, str)
+        if not key or "|" in key or ";" in key:  # ORT's separators: the key is written as is
+            raise _corrupt(f"index field {at}.key is empty or holds '|' or ';'")
+        buffers = _field(pack, "buffers", at, list)
+        if not buffers or not all(isinstance(b, dict) for b in buffers):
+            raise _corrupt(f"index field {at}.buffers is not a non-empty list of objects")
+        spans = []
+        for k, buffer in enumerate(buffers):
+            offset = _count(buffer, "offset", f"{at}.buffers[{k}]")
+            length = _count(buffer, "length", f"{at}.buffers[{k}]")
+            if offset % ALIGN:
+                raise _corrupt(f"{at}.buffers[{k}] starts at {offset}, not a multiple of {ALIGN}")
+            end = _inside(offset, length, end, size, f"{at}.buffers[{k}]")
+            spans.append((offset, length))
+        packs.append((key, spans))
+    return packs, end
 
 
 def graph_reading(unpacked: Unpacked, location: str, base: int) -> bytes:
@@ -266,10 +353,11 @@ def graph_reading(unpacked: Unpacked, location: str, base: int) -> bytes:
         proto = onnx.ModelProto.FromString(unpacked.graph)
     except Exception:  # protobuf's DecodeError, or worse on hostile bytes
         raise _corrupt("its graph is not a valid ONNX model") from None
+    packs = unpacked.prepacked or [[] for _ in unpacked.names]
     stored = {
-        name: (offset, array)
-        for name, offset, array in zip(
-            unpacked.names, unpacked.offsets, unpacked.arrays, strict=True
+        name: (offset, array, pre)
+        for name, offset, array, pre in zip(
+            unpacked.names, unpacked.offsets, unpacked.arrays, packs, strict=True
         )
     }
     for init in proto.graph.initializer:
@@ -278,15 +366,19 @@ def graph_reading(unpacked: Unpacked, location: str, base: int) -> bytes:
         found = stored.pop(init.name, None)
         if found is None:
             raise _corrupt(f"the graph's initializer {init.name!r} has no stored bytes")
-        offset, array = found
+        offset, array, pre = found
         if _BY_ONNX.get(init.data_type) != array.dtype.name or list(init.dims) != list(array.shape):
             raise _corrupt(f"the graph's initializer {init.name!r} and its stored bytes differ")
         del init.external_data[:]
-        for key, value in (
+        entries = [
             ("location", location),
             ("offset", str(base + offset)),
             ("length", str(array.nbytes)),
-        ):
+        ]
+        for j, (key, spans) in enumerate(pre):  # ORT's format: key|offset;length;checksum|...
+            text = "|".join(f"{base + o};{n};0" for o, n in spans)
+            entries.append((f"prepacked_{j}", f"{key}|{text}"))
+        for key, value in entries:
             init.external_data.add(key=key, value=value)
     if stored:
         raise _corrupt(f"the stored weight {next(iter(stored))!r} is in no initializer")
