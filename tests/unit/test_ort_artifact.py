@@ -7,6 +7,7 @@ import json
 import random
 import struct
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,7 @@ from crossrt.drivers import get_driver, ort_artifact
 from crossrt.drivers.base import CompileOptions
 from crossrt.errors import InvalidContainerError
 from crossrt.model import GraphBuilder
+from crossrt.runtime import spill
 
 PRELUDE = struct.Struct("<8sIIQ")
 RNG = np.random.default_rng(7)
@@ -493,11 +495,7 @@ def _mappings_of(path: str) -> int:
 
 def test_instances_share_the_weights_ort_maps_from_the_crm(tmp_path):
     # 32 MiB of weights: two instances from a .crm add far less private memory than that.
-    b = GraphBuilder("wide")
-    x = b.input("x", "float32", [1, 2048])
-    w = b.constant(RNG.standard_normal((2048, 4096)).astype(np.float32), "W")
-    b.output(b.op("MatMul", [x, w], outputs=["y"]))
-    crossrt.compile(b.finish(), "cpu", driver="onnxruntime").save(tmp_path / "wide.crm")
+    crossrt.compile(_wide_model(), "cpu", driver="onnxruntime").save(tmp_path / "wide.crm")
     path = str((tmp_path / "wide.crm").resolve())
     exe = crossrt.load_executable(path)
     feed = {"x": np.ones((1, 2048), np.float32)}
@@ -556,3 +554,63 @@ def test_a_bad_prepacked_entry_is_refused(change, message):
 
     with pytest.raises(InvalidContainerError, match=message):
         ort_artifact.unpack(_with_index(_wide_artifact(), edit))
+
+
+def _wide_model() -> crossrt.Model:
+    b = GraphBuilder("wide")
+    x = b.input("x", "float32", [1, 2048])
+    w = b.constant(np.random.default_rng(3).standard_normal((2048, 4096)).astype(np.float32), "W")
+    b.output(b.op("MatMul", [x, w], outputs=["y"]))
+    return b.finish()
+
+
+def _crossrt_files() -> set[str]:
+    folder = spill.SHM if spill.SHM.is_dir() else None
+    return {p.name for p in folder.iterdir() if p.name.startswith("crossrt-")} if folder else set()
+
+
+def test_instances_of_a_model_compiled_in_memory_share_it_through_one_file():
+    exe = crossrt.compile(_wide_model(), "cpu", driver="onnxruntime")
+    feed = {"x": np.ones((1, 2048), np.float32)}
+    leftovers = _crossrt_files()
+    with crossrt.Runtime() as rt:
+        before = _private_bytes()
+        model = rt.load(exe, instances=2, cores_per_instance=1)
+        for future in [model.run_async(feed, block=True) for _ in range(4)]:
+            future.result(10)
+        grown = _private_bytes() - before
+        assert grown < 8 * 2**20, f"{grown / 2**20:.1f} MiB private for 32 MiB of weights x 2"
+        assert _crossrt_files() == leftovers  # the file went once the instances mapped it
+        got = model.run(feed)["y"]
+    with crossrt.Runtime() as rt:  # one instance: from memory, as before
+        assert np.array_equal(got, rt.load(exe).run(feed)["y"])
+
+
+def test_without_room_for_the_file_instances_load_from_memory(monkeypatch):
+    def full(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(spill.tempfile, "NamedTemporaryFile", full)
+    exe = crossrt.compile(_wide_model(), "cpu", driver="onnxruntime")
+    with crossrt.Runtime() as rt:
+        model = rt.load(exe, instances=2, cores_per_instance=1)
+        assert all(len(p.weights) == 1 for p in model._programs)  # handed over in memory
+        assert model.run({"x": np.ones((1, 2048), np.float32)})["y"].shape == (1, 4096)
+
+
+def test_a_spilled_artifact_is_an_owner_only_file_gone_after_the_load():
+    data = bytes(range(256)) * 40
+    with spill.spilled(data) as file:
+        assert file is not None and file.unchanged()
+        path = Path(file.path)
+        assert path.read_bytes() == data and path.stat().st_mode & 0o077 == 0
+    assert not path.exists()
+
+
+def test_instances_of_a_model_without_large_weights_load_from_a_spilled_file():
+    b = GraphBuilder("small")
+    b.output(b.op("Relu", [b.input("x", "float32", [2])], outputs=["y"]))
+    exe = crossrt.compile(b.finish(), "cpu", driver="onnxruntime")
+    with crossrt.Runtime() as rt:
+        model = rt.load(exe, instances=2, cores_per_instance=1)
+        assert model.run({"x": np.array([-1, 1], np.float32)})["y"].tolist() == [0, 1]

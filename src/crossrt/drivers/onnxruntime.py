@@ -188,7 +188,7 @@ class OnnxRuntimeDriver(Driver):
             # Low power: idle pool threads sleep instead of spin-waiting for work.
             so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         try:
-            model, weights = self._model_and_weights(artifact, device, file, so)
+            model, weights, mapped = self._model_and_weights(artifact, device, file, so)
             session = ort.InferenceSession(model, so, providers=[_PROVIDER])
         except CrossrtError:
             raise
@@ -197,7 +197,7 @@ class OnnxRuntimeDriver(Driver):
                 f"ONNX Runtime {self.version} could not load the artifact: {_short(exc)}",
                 details={"driver": self.name},
             ) from None
-        if file is not None and not weights and not file.unchanged():
+        if mapped and file is not None and not file.unchanged():
             raise CompileError(  # ORT read the weights from a path that now names another file
                 f"the file {file.path!r} changed while the model was loading; load it again",
                 details={"driver": self.name, "path": file.path},
@@ -210,8 +210,9 @@ class OnnxRuntimeDriver(Driver):
         device: DeviceInfo,
         file: ArtifactFile | None,
         so: ort.SessionOptions,
-    ) -> tuple[bytes, tuple[np.ndarray, ...]]:
-        """The model bytes to create a session from, and the weight arrays ORT reads in place.
+    ) -> tuple[bytes, tuple[np.ndarray, ...], bool]:
+        """The model bytes to create a session from, the weight arrays handed to ORT, and
+        whether ORT maps the weights from ``file``.
 
         Sets the optimization level on ``so``, and where the weights come from.
         """
@@ -220,7 +221,7 @@ class OnnxRuntimeDriver(Driver):
             # An artifact from before ort_artifact: the optimized model's plain ONNX bytes,
             # still loaded (the engine version, which keys artifacts, did not change).
             # InferenceSession takes bytes only, so a view into a .crm file is copied here.
-            return (bytes(artifact) if isinstance(artifact, memoryview) else artifact), ()
+            return (bytes(artifact) if isinstance(artifact, memoryview) else artifact), (), False
         unpacked = ort_artifact.unpack(artifact)
         if unpacked.level == "all":
             if unpacked.features != device.features:
@@ -233,7 +234,7 @@ class OnnxRuntimeDriver(Driver):
             so.add_session_config_entry(
                 "session.model_external_initializers_file_folder_path", folder
             )
-            return ort_artifact.graph_reading(unpacked, name, file.offset), ()
+            return ort_artifact.graph_reading(unpacked, name, file.offset), (), True
         # ORT copies initializers handed to it in memory (it never writes to them): a
         # read-only view of the mapping or of bytes is enough. ORT checks that each matches
         # the name, type and shape of its stub in the graph. A writable buffer (a bytearray
@@ -241,7 +242,7 @@ class OnnxRuntimeDriver(Driver):
         arrays = tuple(a.copy() if a.flags.writeable else a for a in unpacked.arrays)
         values = [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays]
         so.add_external_initializers(unpacked.names, values)
-        return bytes(unpacked.graph), arrays
+        return bytes(unpacked.graph), arrays, False
 
 
 class OrtProgram(Program):

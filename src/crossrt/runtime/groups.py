@@ -11,6 +11,7 @@ into instances and nodes.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -25,6 +26,7 @@ from ..errors import (
     StatusCode,
 )
 from .scheduler import Instance
+from .spill import spilled
 
 if TYPE_CHECKING:
     from .loaded import LoadedModel
@@ -203,10 +205,19 @@ def load_instances(
     outputs = tuple(s.name for s in exe.outputs)
     result: list[Instance] = []
     every: list[Program] = []  # closed again when a later load fails
+    files = contextlib.ExitStack()
     try:
+        # Several instances of an artifact in memory: one file the engines can share.
+        located = [
+            node.artifact_file
+            if node.artifact_file is not None or len(core_sets) < 2
+            else files.enter_context(spilled(node.artifact))
+            for node in exe.nodes
+        ]
         for k, cores in enumerate(core_sets):
             programs: list[Program] = []
-            for node, node_cores in zip(exe.nodes, _node_cores(cores, local, mode), strict=True):
+            plan = zip(exe.nodes, located, _node_cores(cores, local, mode), strict=True)
+            for node, file, node_cores in plan:
                 drv = get_driver(node.driver)
                 if node_cores is not None:
                     _, node_device = resolve_device(device.id, drv.name)
@@ -221,7 +232,7 @@ def load_instances(
                         node_device,
                         node_cores,
                         exe.options,
-                        file=node.artifact_file,
+                        file=file,
                         pin=pin,
                     )
                 )
@@ -232,6 +243,8 @@ def load_instances(
         for program in every:
             program.close()
         raise
+    finally:
+        files.close()  # the engines map what they read: the files' names can go
     return result
 
 
