@@ -18,6 +18,7 @@ import pytest
 from onnx import TensorProto
 
 import crossrt
+from crossrt.drivers import ort_artifact
 from crossrt.model import GraphBuilder
 from crossrt.tools import cache as cache_tool
 from crossrt.tools import cli
@@ -77,6 +78,16 @@ def test_compile_writes_a_crm_that_runs(capsys, models, tmp_path):
     assert "nodes:   1" in captured.out and "cache:   off" in captured.out
     assert f"({out.stat().st_size} bytes)" in captured.out
     assert captured.err == ""  # no progress line for a compile under a second
+    np.testing.assert_allclose(_run_crm(out), _expected(1), rtol=1e-5)
+
+
+def test_compile_portable_records_the_option_and_an_unspecific_artifact(capsys, models, tmp_path):
+    out = tmp_path / "p.crm"
+    assert compile_tool.main([str(models["scaled1.onnx"]), "--portable", "-o", str(out)]) == 0
+    exe = crossrt.load_executable(out)
+    assert exe.options.portable
+    unpacked = ort_artifact.unpack(exe.nodes[0].artifact)
+    assert (unpacked.level, unpacked.features) == ("extended", ())
     np.testing.assert_allclose(_run_crm(out), _expected(1), rtol=1e-5)
 
 
