@@ -11,13 +11,17 @@ allocates (``bmrt_launch_tensor``'s ``user_mem`` semantics).
 - ``None`` (or a name missing from a :class:`TensorSet`) lets the runtime allocate: the
   engine's result becomes a tensor charged to the model's memory budget, without a copy.
   The caller keeps it, reuses it in later runs, or frees it.
+
+A call that passes the same inputs and output tensors as the last one, unchanged, skips the
+checks (:meth:`OutputBinder.reuse`): the caller of a bound loop pays for them once, as a
+caller of ONNX Runtime's IOBinding binds once.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,7 +35,41 @@ from .tensor import Tensor
 from .tensordesc import Placement
 from .tensorset import TensorSet
 
+if TYPE_CHECKING:
+    from .scheduler import Instance
+
 _BOUND, _COPY, _ALLOCATE = 0, 1, 2
+_PROBE = 16  # how often calls whose objects keep changing are still kept for reuse
+
+# Per input then per output of a checked call: (name, host view of a tensor, None) or (name,
+# array, (shape, dtype)).
+_Kept = tuple[str, np.ndarray, tuple[tuple[int, ...], np.dtype[Any]] | None]
+
+
+class CheckedCall:
+    """A bound call that passed the checks, kept for :meth:`OutputBinder.reuse`.
+
+    Attributes:
+        feed: the inputs as the checks passed them to the engine.
+        bound: the output arrays bound in place.
+        calls: per instance, its engine call bound to ``feed`` and ``bound`` (see
+            :meth:`OutputBinder.repeat`), filled as instances run it.
+    """
+
+    __slots__ = ("bound", "calls", "feed", "kept", "sizes")
+
+    def __init__(
+        self,
+        sizes: tuple[int, int],
+        kept: tuple[_Kept, ...],
+        feed: dict[str, Any],
+        bound: dict[str, np.ndarray],
+    ) -> None:
+        self.sizes = sizes
+        self.kept = kept
+        self.feed = feed
+        self.bound = bound
+        self.calls: dict[Instance, Callable[[], None]] = {}
 
 
 class OutputBinder:
@@ -62,11 +100,83 @@ class OutputBinder:
                 shape = tuple(d for d in s.shape or () if isinstance(d, int))
                 nbytes = math.prod(shape) * s.dtype.itemsize
                 self._static[s.name] = (shape, nbytes)
+        self._last: CheckedCall | None = None
+        self._misses = 0  # checked calls since the last reuse
+
+    def reuse(self, inputs: Any, outputs: Any) -> CheckedCall | None:
+        """The last checked call when this one passes the same objects under the same names,
+        none changed since; else ``None`` (check them).
+
+        A tensor's host view is made by that tensor alone and replaced whenever its dtype,
+        shape or memory change (``set_shape``, ``attach_buffer``, ``detach``, ``free``): the
+        same view means the same tensor, which the checks would pass again and bind to the
+        same bytes. An array is the same object with the same shape and dtype (both can be
+        set in place). Only plain dicts of arrays and host tensors in, tensors bound in place
+        out, are kept (see :meth:`_checked`). Its dicts are shared: read them only.
+        """
+        last = self._last
+        if (
+            last is None
+            or type(outputs) is not dict
+            or type(inputs) is not dict
+            or (len(inputs), len(outputs)) != last.sizes
+        ):
+            return None
+        kept = last.kept
+        # Written out by hand, not zipped: this runs on every bound call.
+        i = 0
+        for name, value in inputs.items():
+            was, same, array = kept[i]
+            if array is None:
+                if type(value) is not Tensor or value._view is not same:
+                    return None
+            elif value is not same or value.shape != array[0] or value.dtype is not array[1]:
+                return None
+            if name != was:
+                return None
+            i += 1
+        for name, value in outputs.items():
+            was, same, _ = kept[i]
+            if type(value) is not Tensor or value._view is not same or name != was:
+                return None
+            i += 1
+        if self._misses:
+            self._misses = 0
+        return last
+
+    def repeat(
+        self, checked: CheckedCall, outputs: Mapping[str, Any], inst: Instance, direct: bool
+    ) -> dict[str, Any]:
+        """Run a call :meth:`reuse` returned on ``inst``. Where ``inst.call`` is its single
+        program with nothing around it (``direct``) and the program offers its engine call
+        bound to these arrays (``bound_call``, as
+        :class:`~crossrt.drivers.onnxruntime.OrtProgram` does), keep that in
+        ``checked.calls``: the next time, the caller runs it and nothing else."""
+        result: dict[str, Any] = inst.call(checked.feed, checked.bound)
+        result.update(outputs)  # each output is a tensor bound in place
+        bound_call = getattr(inst.programs[0], "bound_call", None) if direct else None
+        if bound_call is not None:
+            call = bound_call(checked.feed, checked.bound)
+            if call is not None:
+                checked.calls[inst] = call
+        return result
+
+    def forget(self) -> None:
+        """Drop the last checked call (and the arrays it holds)."""
+        self._last = None
 
     def run(
-        self, execute: Callable[..., dict[str, Any]], feed: dict[str, Any], outputs: Any
+        self,
+        execute: Callable[..., dict[str, Any]],
+        feed: dict[str, Any],
+        outputs: Any,
+        inputs: Any = None,
     ) -> Any:
-        """Run ``execute`` with ``outputs`` bound; return the results (the set, for a set)."""
+        """Run ``execute`` with ``outputs`` bound; return the results (the set, for a set).
+
+        With ``inputs`` (what the caller passed, before :meth:`InputChecker.check` made
+        ``feed`` of it), a call that :meth:`reuse` can repeat is kept for it.
+        """
         if type(outputs) is dict:  # all arrays: the path as it was before tensors, kept fast
             for value in outputs.values():
                 if type(value) is not np.ndarray:
@@ -97,6 +207,13 @@ class OutputBinder:
                 bound.update(self._checker.check_outputs({name: value}, self._by_name))
         if is_set:
             after += [(s, _ALLOCATE, None) for s in self._specs if s.name not in outputs]
+        if inputs is not None and plain:
+            # Objects that change every call (fresh or rotating arrays) never match: after two
+            # misses in a row only every _PROBE-th call is kept, so such callers pay for
+            # little more than the checks they always paid for.
+            self._misses = misses = self._misses + 1
+            keep = misses <= 2 or misses % _PROBE == 0
+            self._last = self._checked(inputs, feed, outputs, bound, after) if keep else None
         result = execute(feed, bound) if bound else execute(feed)
         for spec, how, tensor in after:
             if how == _BOUND:
@@ -112,6 +229,33 @@ class OutputBinder:
         for name, value in result.items():
             outputs.add(name, value)
         return outputs
+
+    def _checked(
+        self,
+        inputs: Any,
+        feed: dict[str, Any],
+        outputs: dict[str, Any],
+        bound: dict[str, np.ndarray],
+        after: list[tuple[TensorSpec, int, Tensor | None]],
+    ) -> CheckedCall | None:
+        """A checked call for :meth:`reuse`, when every output is a tensor bound in place and
+        every input an array or a host tensor that the engine reads where it lies."""
+        if type(inputs) is not dict or len(after) != len(outputs):
+            return None
+        kept: list[_Kept] = []
+        for name, value in inputs.items():
+            checked = feed[name]
+            if type(value) is Tensor and checked is value._view and checked is not None:
+                kept.append((name, checked, None))
+            elif type(value) is np.ndarray and checked is value:
+                kept.append((name, value, (value.shape, value.dtype)))
+            else:  # converted, or staged (a copy made each run): checked each time
+                return None
+        for spec, how, _ in after:
+            if how != _BOUND:
+                return None
+            kept.append((spec.name, bound[spec.name], None))
+        return CheckedCall((len(inputs), len(outputs)), tuple(kept), feed, bound)
 
     def _spec(self, name: str) -> TensorSpec:
         spec = self._by_name.get(name)
