@@ -239,6 +239,18 @@ class Program(ABC):
         """
         return self.run(inputs, outputs)
 
+    def bound_call(
+        self, inputs: Mapping[str, Any], outputs: Mapping[str, np.ndarray]
+    ) -> Callable[[], None] | None:
+        """The last run on exactly these arrays, as a call that runs it again as it is.
+
+        For a caller that checks, before each call, that it passes the same arrays with the
+        same shapes and dtypes, and never calls from two threads at once (the runtime's
+        repeated bound runs). The default offers none; engines with a reusable binding
+        (ONNX Runtime's IOBinding) return one, skipping every per-call step.
+        """
+        return None
+
     @abstractmethod
     def close(self) -> None:
         """Release the engine's resources. Further calls to ``run`` are not allowed."""

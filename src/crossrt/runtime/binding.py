@@ -149,14 +149,12 @@ class OutputBinder:
     ) -> dict[str, Any]:
         """Run a call :meth:`reuse` returned on ``inst``. Where ``inst.call`` is its single
         program with nothing around it (``direct``) and the program offers its engine call
-        bound to these arrays (``bound_call``, as
-        :class:`~crossrt.drivers.onnxruntime.OrtProgram` does), keep that in
+        bound to these arrays (:meth:`Program.bound_call`), keep that in
         ``checked.calls``: the next time, the caller runs it and nothing else."""
         result: dict[str, Any] = inst.call(checked.feed, checked.bound)
         result.update(outputs)  # each output is a tensor bound in place
-        bound_call = getattr(inst.programs[0], "bound_call", None) if direct else None
-        if bound_call is not None:
-            call = bound_call(checked.feed, checked.bound)
+        if direct:
+            call = inst.programs[0].bound_call(checked.feed, checked.bound)
             if call is not None:
                 checked.calls[inst] = call
         return result
