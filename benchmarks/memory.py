@@ -125,9 +125,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     raw = {r["model"]: r for r in rows if r["variant"] == "raw"}
     for r in rows:
         base = raw.get(r["model"])
-        ratio = (
-            f"{r['private_k'] / base['private_k']:.2f}x" if base and base["private_k"] else "-"
-        )
+        ratio = f"{r['private_k'] / base['private_k']:.2f}x" if base and base["private_k"] else "-"
         lines.append(
             f"| {r['model']} | {LABELS[r['variant']].replace('K', str(r['instances']))} "
             f"| {r['private_1'] / MIB:.0f} MiB | {r['private_k'] / MIB:.0f} MiB "
