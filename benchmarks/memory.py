@@ -14,7 +14,8 @@ Variants:
   optimized at compile for this CPU, and ORT maps the weights from the ``.crm`` file.
 - **crossrt .crm, portable**: the same from a ``compile(..., portable=True)`` container, which
   ORT optimizes for this CPU at load: each session builds its own reordered weights.
-- **crossrt from memory**: ``load_executable(bytes)``: ORT copies in-memory weights.
+- **crossrt from memory**: ``load_executable(bytes)``: one instance has ORT copy the weights;
+  several share one copy spilled to ``/dev/shm`` (the "shared memory" column).
 
     python benchmarks/memory.py                  # resnet50 and bert, K = 2
     python benchmarks/memory.py --models resnet50 --instances 2
@@ -54,13 +55,19 @@ MIB = 2**20
 
 
 def memory() -> dict[str, int]:
-    """This process's anonymous (private) memory and resident set, in bytes."""
+    """This process's anonymous (private) memory, resident set and resident shared memory
+    (``/dev/shm`` pages it maps, such as an artifact spilled for several instances), in bytes."""
     found: dict[str, int] = {}
     with open("/proc/self/smaps_rollup") as f:
         for line in f:
             key, _, value = line.partition(":")
             if key in ("Rss", "Anonymous"):
                 found[key.lower()] = int(value.split()[0]) * 1024
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key == "RssShmem":
+                found["shmem"] = int(value.split()[0]) * 1024
     return found
 
 
@@ -108,6 +115,7 @@ def measure(model: str, variant: str, instances: int, crm: Path, portable: Path)
         "private_1": one[-1]["anonymous"] - one[0]["anonymous"],
         "private_k": many[-1]["anonymous"] - many[0]["anonymous"],
         "rss_k": many[-1]["rss"] - many[0]["rss"],
+        "shmem_k": many[-1]["shmem"] - many[0]["shmem"],
         "private_per_extra": (
             (many[-1]["anonymous"] - many[0]["anonymous"])
             - (one[-1]["anonymous"] - one[0]["anonymous"])
@@ -119,8 +127,9 @@ def measure(model: str, variant: str, instances: int, crm: Path, portable: Path)
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| model | variant | private, 1 | private, K | per extra instance | vs raw | RSS, K |",
-        "|---|---|---|---|---|---|---|",
+        "| model | variant | private, 1 | private, K | per extra instance | vs raw | RSS, K "
+        "| shared memory, K |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     raw = {r["model"]: r for r in rows if r["variant"] == "raw"}
     for r in rows:
@@ -129,7 +138,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {r['model']} | {LABELS[r['variant']].replace('K', str(r['instances']))} "
             f"| {r['private_1'] / MIB:.0f} MiB | {r['private_k'] / MIB:.0f} MiB "
-            f"| {r['private_per_extra'] / MIB:.0f} MiB | {ratio} | {r['rss_k'] / MIB:.0f} MiB |"
+            f"| {r['private_per_extra'] / MIB:.0f} MiB | {ratio} | {r['rss_k'] / MIB:.0f} MiB "
+            f"| {r['shmem_k'] / MIB:.0f} MiB |"
         )
     return "\n".join(lines)
 
@@ -169,7 +179,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{when} on {meta['machine']}; Python {meta['versions']['python']}, onnxruntime "
         f"{meta['versions']['onnxruntime']}.\n\nCommand: `{meta['command'].strip()}`. Private = "
         "anonymous memory the process gained (loaded, then one run per instance); file pages "
-        "mapped by several sessions are shared and not in it.\n\n" + table(rows) + "\n"
+        "mapped by several sessions are shared and not in it. Shared memory = the /dev/shm "
+        "pages the process maps (an in-memory artifact spilled for several instances: RAM "
+        "too, once, however many sessions map it; counted once per mapping here).\n\n"
+        + table(rows)
+        + "\n"
     )
     args.out.with_suffix(".md").write_text(text)
     print(text)
