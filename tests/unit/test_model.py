@@ -523,3 +523,60 @@ def test_property_corrupted_bytes_raise_only_crossrt_errors(
 @given(data=st.binary(max_size=512))
 def test_property_arbitrary_bytes_raise_only_crossrt_errors(data: bytes) -> None:
     _load_and_describe(data)
+
+
+# -- large weights: validated and hashed through the skeleton ----------------------------------
+
+
+def big_proto(
+    weight: np.ndarray | None = None, extra: onnx.NodeProto | None = None
+) -> onnx.ModelProto:
+    """x[N,64] -> MatMul(W: 64x64 float32, 16 KiB: a stub in the skeleton) -> y[N,64]."""
+    w = np.ones((64, 64), np.float32) if weight is None else weight
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["y"])] + ([extra] if extra else [])
+    graph = helper.make_graph(
+        nodes,
+        "big",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 64])],
+        [numpy_helper.from_array(w, "W")],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    proto.ir_version = 10
+    return proto
+
+
+def test_a_large_weight_is_left_in_place_and_typed() -> None:
+    model = load_model(big_proto())
+    assert model._skeleton.stubbed == (0,)
+    assert len(model.proto.graph.initializer[0].raw_data) == 64 * 64 * 4  # untouched
+    assert not model._skeleton.proto.graph.initializer[0].raw_data
+    types = model.value_types()
+    assert [d.dim_value for d in types["W"].tensor_type.shape.dim] == [64, 64]
+    assert types["y"].tensor_type.shape.dim[1].dim_value == 64
+    np.testing.assert_array_equal(
+        numpy_helper.to_array(onnx.load_from_string(model.to_bytes()).graph.initializer[0]),
+        np.ones((64, 64), np.float32),
+    )
+
+
+def test_content_hash_changes_with_one_value_of_a_large_weight() -> None:
+    w = np.ones((64, 64), np.float32)
+    changed = w.copy()
+    changed[63, 63] = 2
+    assert load_model(big_proto(w)).content_hash == load_model(big_proto(w.copy())).content_hash
+    assert load_model(big_proto(w)).content_hash != load_model(big_proto(changed)).content_hash
+
+
+def test_large_weight_bytes_that_do_not_fit_their_shape_are_refused() -> None:
+    proto = big_proto()
+    proto.graph.initializer[0].raw_data = proto.graph.initializer[0].raw_data[:-4]
+    with pytest.raises(InvalidModelError, match="failed the ONNX checker") as info:
+        load_model(proto)
+    assert "'W' holds 16380 bytes" in info.value.message and "need 16384" in info.value.message
+
+
+def test_a_bad_node_is_found_with_large_weights_too() -> None:
+    stray = helper.make_node("Relu", ["nothing"], ["z"])
+    with pytest.raises(InvalidModelError, match="checker"):
+        load_model(big_proto(extra=stray))

@@ -614,3 +614,41 @@ def test_instances_of_a_model_without_large_weights_load_from_a_spilled_file():
     with crossrt.Runtime() as rt:
         model = rt.load(exe, instances=2, cores_per_instance=1)
         assert model.run({"x": np.array([-1, 1], np.float32)})["y"].tolist() == [0, 1]
+
+
+def test_large_tensors_inside_subgraphs_survive_a_compile_for_this_cpu(tmp_path):
+    # ORT writes every large tensor to its data file, those of an If's branches too: they
+    # go back into the graph (only the main graph's weights are stored beside it).
+    big = RNG.standard_normal((32, 32)).astype(np.float32)
+    branches = []
+    for sign, name in ((1, "then"), (-1, "else")):
+        weight = numpy_helper.from_array(sign * big, f"{name}_w")
+        body = helper.make_graph(
+            [helper.make_node("MatMul", ["x", f"{name}_w"], [f"{name}_y"])],
+            name,
+            [],
+            [helper.make_tensor_value_info(f"{name}_y", onnx.TensorProto.FLOAT, [1, 32])],
+            initializer=[weight],
+        )
+        branches.append(body)
+    node = helper.make_node("If", ["c"], ["y"], then_branch=branches[0], else_branch=branches[1])
+    graph = helper.make_graph(
+        [node],
+        "branches",
+        [
+            helper.make_tensor_value_info("c", onnx.TensorProto.BOOL, []),
+            helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 32]),
+        ],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 32])],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 8
+    crossrt.compile(proto, "cpu", driver="onnxruntime").save(tmp_path / "if.crm")
+    exe = crossrt.load_executable(tmp_path / "if.crm")
+    assert ort_artifact.unpack(exe.nodes[0].artifact).level == "all"
+    x = RNG.standard_normal((1, 32)).astype(np.float32)
+    with crossrt.Runtime() as rt:
+        model = rt.load(exe)
+        for cond, sign in ((True, 1), (False, -1)):
+            got = model.run({"c": np.array(cond), "x": x})["y"]
+            np.testing.assert_allclose(got, x @ (sign * big), rtol=1e-5, atol=1e-5)

@@ -112,14 +112,18 @@ class OnnxRuntimeDriver(Driver):
         # same features, but without optimizing or packing again, and sessions map its
         # weights from the .crm instead of each building its own. A portable compile stops at
         # EXTENDED, and its load applies the rest.
-        if not options.portable:
-            artifact = self._optimize(model, "all", device.features)
-            if self._reloads(artifact, device, options):
-                return artifact
-        return self._optimize(model, "extended", ())
+        artifact = None if options.portable else self._optimize(model, "all", device.features)
+        if artifact is not None and not self._loads(artifact, device, options):
+            artifact = None  # a form of ORT's output the artifact does not carry over
+        if artifact is None:
+            artifact = self._optimize(model, "extended", ())
+        assert artifact is not None  # level EXTENDED is always reloaded as it is saved
+        return artifact
 
-    def _optimize(self, model: Model, level: str, features: tuple[str, ...]) -> bytes:
-        """ORT's optimized model at ``level``, packed as the artifact (``ort_artifact``)."""
+    def _optimize(self, model: Model, level: str, features: tuple[str, ...]) -> bytes | None:
+        """ORT's optimized model at ``level``, packed as the artifact (``ort_artifact``);
+        ``None`` when ORT cannot load what it saved at level ALL (it happens: a model with
+        a subgraph constant can come back in a form ORT's own checker refuses)."""
         so = ort.SessionOptions()
         so.graph_optimization_level = _LEVELS[level]
         so.log_severity_level = 3
@@ -142,6 +146,8 @@ class OnnxRuntimeDriver(Driver):
                     f"{_short(exc)}",
                     details={"driver": self.name},
                 ) from None
+            if level == "all" and not _reloads(out):
+                return None
             # Parsed from mappings: reading the files into bytes first costs a copy of them.
             with contextlib.ExitStack() as stack:
                 model_view, data = (
@@ -152,18 +158,14 @@ class OnnxRuntimeDriver(Driver):
                     raise CompileError(f"ONNX Runtime wrote no optimized model for {model.name!r}")
                 return ort_artifact.pack(model_view, data=data, level=level, features=features)
 
-    def _reloads(self, artifact: bytes, device: DeviceInfo, options: CompileOptions) -> bool:
-        """Whether ORT loads ``artifact`` from a file, as a ``.crm`` would give it: ORT cannot
-        reload every model it saves at level ALL."""
-        with tempfile.TemporaryDirectory(prefix="crossrt-ort-") as tmp:
-            path = Path(tmp) / "artifact.bin"
-            path.write_bytes(artifact)
-            file = ArtifactFile(str(path), 0, ArtifactFile.identity_of(path.stat()))
-            try:
-                self.load(artifact, device, (0,), options, file=file).close()
-            except CrossrtError:
-                return False
-            return True
+    def _loads(self, artifact: bytes, device: DeviceInfo, options: CompileOptions) -> bool:
+        """Whether ``artifact`` loads (from memory: quick, and parses everything a load
+        from a file does but the pre-packed weights' places, which ``_reloads`` saw)."""
+        try:
+            self.load(artifact, device, (0,), options).close()
+        except CrossrtError:
+            return False
+        return True
 
     def load(
         self,
@@ -427,6 +429,20 @@ class OrtProgram(Program):
         del self._run, self._run_binding
         self._reuse = threading.local()  # drop the bindings (and the arrays they hold)
         del self.session
+
+
+def _reloads(path: Path) -> bool:
+    """Whether ORT loads the optimized model it saved at ``path`` (with its data file), as a
+    load of the artifact will: without optimizing again."""
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.log_severity_level = 3
+    so.intra_op_num_threads = 1
+    try:
+        ort.InferenceSession(str(path), so, providers=[_PROVIDER])
+    except Exception:
+        return False
+    return True
 
 
 def _mapped(stack: contextlib.ExitStack, path: Path) -> memoryview:

@@ -31,6 +31,7 @@ import json
 import math
 import struct
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,6 +153,10 @@ def pack(
                 {"key": key, "buffers": [{} for _ in buffers]} for key, buffers in packs
             ]
         entries.append(entry)
+    if data is not None:  # tensors of subgraphs and attributes ORT also wrote out: back in
+        for tensor in _nested_tensors(proto.graph):
+            if tensor.data_location == onnx.TensorProto.EXTERNAL:
+                _embed(tensor, _external(tensor, memoryview(data))[0])
     graph = proto.SerializeToString()
     index: dict[str, Any] = {
         "target": {"level": level, "features": list(features)},
@@ -217,6 +222,20 @@ def _external(
             spans = [tuple(int(n) for n in b.split(";")[:2]) for b in buffers]
             packs.append((name, [data[o : o + n] for o, n in spans]))
     return data[offset : offset + length], packs
+
+
+def _nested_tensors(graph: onnx.GraphProto, top: bool = True) -> Iterator[onnx.TensorProto]:
+    """The tensors of ``graph`` other than its own initializers (``top``): those of its
+    subgraphs (``If``, ``Loop``, ``Scan`` bodies), and tensor attributes at any depth."""
+    if not top:
+        yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            for sub in (*([attr.g] if attr.HasField("g") else []), *attr.graphs):
+                yield from _nested_tensors(sub, top=False)
 
 
 def _embed(init: onnx.TensorProto, blob: memoryview) -> None:

@@ -12,6 +12,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from ..errors import InvalidModelError, ModelNotFoundError
+from .skeleton import Skeleton, checkable, misfit_weights, skeleton
 from .spec import TensorSpec, spec_from_value_info
 
 
@@ -30,7 +31,12 @@ class Model:
         _name_nodes(proto.graph)
         self._inferred: onnx.ModelProto | None = None
         if validate:
-            self._inferred = _validate(proto)
+            self._inferred = _validate(proto, self._skeleton)
+
+    @cached_property
+    def _skeleton(self) -> Skeleton:
+        """The graph without its large weights' bytes, for validation and hashing."""
+        return skeleton(self.proto)
 
     @property
     def name(self) -> str:
@@ -68,7 +74,13 @@ class Model:
         h = hashlib.sha256()
         for domain, version in sorted(self.opsets.items()):
             h.update(f"{domain}:{version};".encode())
-        h.update(self.proto.graph.SerializeToString(deterministic=True))
+        # The skeleton (every name, type and shape), then the bytes it leaves out, in order:
+        # serializing a graph with its weights would copy them all first.
+        light = self._skeleton
+        h.update(light.proto.graph.SerializeToString(deterministic=True))
+        initializers = self.proto.graph.initializer
+        for index in light.stubbed:
+            h.update(initializers[index].raw_data)
         for fn in self.proto.functions:
             h.update(fn.SerializeToString(deterministic=True))
         return h.hexdigest()
@@ -188,21 +200,25 @@ def _name_nodes(graph: onnx.GraphProto) -> None:
             taken.add(name)
 
 
-def _validate(proto: onnx.ModelProto) -> onnx.ModelProto:
+def _validate(proto: onnx.ModelProto, light: Skeleton) -> onnx.ModelProto:
+    """The checker and strict shape inference, on the skeleton; the model with types."""
     try:
-        onnx.checker.check_model(proto)
+        onnx.checker.check_model(checkable(light))
+        misfit = misfit_weights(proto, light.stubbed)
+        if misfit is not None:
+            raise onnx.checker.ValidationError(misfit)
     except (onnx.checker.ValidationError, ValueError) as exc:
         raise InvalidModelError(
             f"model failed the ONNX checker: {_first_lines(str(exc))}",
             details={"stage": "checker"},
         ) from None
     try:
-        return _infer(proto)
+        return _infer(light.proto)
     except (onnx.shape_inference.InferenceError, RuntimeError, ValueError) as exc:
         # onnx infers the body of a function operator (MeanVarianceNormalization...) without
         # the schema's defaults for attributes the node omits, and fails on a valid node.
         # An omitted attribute means its default, so infer again with defaults written out.
-        explicit = _with_default_attributes(proto)
+        explicit = _with_default_attributes(light.proto)
         if explicit is not None:
             try:
                 return _infer(explicit)
