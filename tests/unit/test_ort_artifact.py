@@ -652,3 +652,22 @@ def test_large_tensors_inside_subgraphs_survive_a_compile_for_this_cpu(tmp_path)
         for cond, sign in ((True, 1), (False, -1)):
             got = model.run({"c": np.array(cond), "x": x})["y"]
             np.testing.assert_allclose(got, x @ (sign * big), rtol=1e-5, atol=1e-5)
+
+
+def test_a_full_shared_memory_falls_back_to_the_temporary_directory(monkeypatch, tmp_path):
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(spill, "SHM", shm)
+    real = spill.tempfile.NamedTemporaryFile
+
+    def picky(*args: Any, dir: str | None = None, **kwargs: Any) -> Any:
+        if dir == str(shm):
+            raise OSError(28, "No space left on device")
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(spill.tempfile, "NamedTemporaryFile", picky)
+    with spill.spilled(b"weights" * 100) as file:
+        assert file is not None
+        assert Path(file.path).parent == Path(spill.tempfile.gettempdir())
+        assert Path(file.path).read_bytes() == b"weights" * 100
+    assert not Path(file.path).exists() and not list(shm.iterdir())

@@ -4,8 +4,9 @@ An engine that maps weight files itself (ONNX Runtime, see ``ArtifactFile``) kee
 of a ``.crm``'s weights for every session over it; weights handed to it in memory it copies
 into each session. When several instances load an artifact that lies in memory (a model
 compiled in this process), the runtime writes it once to an owner-only file in shared memory
-(``/dev/shm``, else the temporary directory), lets the engine map it, and unlinks it when the
-instances are loaded: the mappings keep the pages for as long as the sessions live.
+(``/dev/shm``; the temporary directory where that is missing or too small, as a container's
+64 MB often is), lets the engine map it, and unlinks it when the instances are loaded: the
+mappings keep the pages for as long as the sessions live.
 """
 
 from __future__ import annotations
@@ -27,7 +28,23 @@ def spilled(artifact: bytes | memoryview) -> Iterator[ArtifactFile | None]:
 
     The file is created owner-only with an unguessable name and removed when the block ends.
     """
-    folder = str(SHM) if SHM.is_dir() and os.access(SHM, os.W_OK) else None
+    folders = [str(SHM)] if SHM.is_dir() and os.access(SHM, os.W_OK) else []
+    file = None
+    for folder in (*folders, None):  # None: the temporary directory
+        file = _write(artifact, folder)
+        if file is not None:
+            break
+    if file is None:  # nowhere to write: the engine takes the artifact from memory
+        yield None
+        return
+    try:
+        yield file
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(file.path)
+
+
+def _write(artifact: bytes | memoryview, folder: str | None) -> ArtifactFile | None:
     path = None
     try:
         with tempfile.NamedTemporaryFile(
@@ -36,15 +53,9 @@ def spilled(artifact: bytes | memoryview) -> Iterator[ArtifactFile | None]:
             path = handle.name
             handle.write(artifact)
             handle.flush()  # the identity must include the size written
-            identity = ArtifactFile.identity_of(os.fstat(handle.fileno()))
-    except OSError:  # no room in shared memory: the engine takes the artifact from memory
+            return ArtifactFile(path, 0, ArtifactFile.identity_of(os.fstat(handle.fileno())))
+    except OSError:  # no room there
         if path is not None:
             with contextlib.suppress(OSError):
                 os.unlink(path)
-        yield None
-        return
-    try:
-        yield ArtifactFile(path, 0, identity)
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+        return None
