@@ -12,6 +12,7 @@ import onnxruntime as ort
 import pytest
 
 import crossrt
+from crossrt.drivers import get_driver
 from crossrt.tools import cli
 from crossrt.tools import inspect as inspect_tool
 
@@ -47,6 +48,8 @@ def test_table_output(capsys, files):
     assert "NETWORK digits_mlp" in out
     assert "input                    float32 [?,64]" in out
     assert f"driver onnxruntime {ort.__version__} (installed)" in out
+    features = " ".join(get_driver("onnxruntime").devices()[0].features)
+    assert "       optimization: all" in out and f"       cpu: {features}" in out
     header = next(line for line in lines if line.split()[:2] == ["NODE", "EXECUTOR"])
     assert header.split() == [
         "NODE", "EXECUTOR", "DEVICE", "NAME", "TENSOR", "SIZE", "TYPE", "FORMAT", "SHAPE", "DTYPE",

@@ -505,6 +505,8 @@ HEADER_ERRORS = [
     (lambda h: _node(h).update(cores=1.5), "cores should be an integer >= 1, not 1.5"),
     (lambda h: _node(h).update(inputs="input"), "inputs should be a list of tensor names"),
     (lambda h: _node(h)["op_types"].update(Add=-1), "op_types should be an object"),
+    (lambda h: _node(h).update(target=["cpu"]), "target should be an object of strings"),
+    (lambda h: _node(h).update(target={"cpu": 1}), "target should be an object of strings"),
     (lambda h: _node(h).update(outputs=["label"]), "no node produces the network output"),
     (lambda h: _net(h)["nodes"].append(_node(h)), "two nodes called 'onnxruntime_0'"),
     (lambda h: h["networks"].append(_net(h)), "two networks are called 'digits_mlp'"),
@@ -692,3 +694,11 @@ def test_crossrt_run_accepts_a_container(tmp_path, capsys, digits, two):
         run_tool.main([str(tmp_path / "two.crm"), "--network", "exact", "-o", str(tmp_path)]) == 0
     )
     assert "(reference)" in capsys.readouterr().out
+
+
+def test_a_node_carries_its_drivers_description_of_the_artifact(digits_bytes):
+    exe = crossrt.load_executable(digits_bytes)
+    assert exe.nodes[0].target["optimization"] == "all"
+    assert exe.nodes[0].describe()["target"] == exe.nodes[0].target
+    untargeted = edit(digits_bytes, lambda h: _node(h).pop("target"))  # files from before
+    assert crossrt.load_executable(untargeted).nodes[0].target == {}

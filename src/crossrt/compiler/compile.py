@@ -138,6 +138,7 @@ def build(
     for n, (c, part, ins, outs) in enumerate(parts):
         part_drv, part_dev = candidates[c]
         part_opts = opts if c == 0 else _options_for(part_drv, part_dev, opts)
+        artifact = part_drv.compile(part, part_dev, part_opts)
         nodes.append(
             ExecutableNode(
                 name=f"{part_drv.name}_{n}",
@@ -147,7 +148,8 @@ def build(
                 inputs=ins,
                 outputs=outs,
                 op_types=dict(Counter(node.op_type for node in part.nodes)),
-                artifact=part_drv.compile(part, part_dev, part_opts),
+                artifact=artifact,
+                target=part_drv.describe_artifact(artifact),
             )
         )
     exe = Executable(

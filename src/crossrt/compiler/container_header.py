@@ -75,7 +75,7 @@ def stage_header(stage: Executable, nodes: list[dict[str, Any]]) -> dict[str, An
 
 def node_header(node: ExecutableNode) -> dict[str, Any]:
     """One entry of a network's ``nodes``, less its ``section``."""
-    return {
+    header: dict[str, Any] = {
         "name": node.name,
         "driver": node.driver,
         "driver_version": node.driver_version,
@@ -85,6 +85,9 @@ def node_header(node: ExecutableNode) -> dict[str, Any]:
         "op_types": dict(node.op_types),
         "cores": node.cores,
     }
+    if node.target:  # left out when empty: such nodes are written as before
+        header["target"] = dict(node.target)
+    return header
 
 
 def dump_header(header: dict[str, Any]) -> bytes:
@@ -336,6 +339,9 @@ def _node(raw: Any, where: str, sections: int) -> ExecutableNode:
     op_types = _get(raw, "op_types", where, "an object of operator counts", _is_dict)
     if not all(_is_count(v) for v in op_types.values()):
         raise _bad(f"{where}.op_types", "an object of operator counts (integers >= 0)", op_types)
+    target = raw.get("target", {})
+    if not _is_dict(target) or not all(_is_str(v) for v in target.values()):
+        raise _bad(f"{where}.target", "an object of strings", target)
     return ExecutableNode(
         name=_get(raw, "name", where, "a non-empty string", _is_name),
         driver=_get(raw, "driver", where, "a non-empty string", _is_name),
@@ -346,6 +352,7 @@ def _node(raw: Any, where: str, sections: int) -> ExecutableNode:
         op_types=dict(op_types),
         artifact=b"",  # the caller puts the section's view here
         cores=_get(raw, "cores", where, "an integer >= 1", _is_positive),
+        target=dict(target),
     )
 
 

@@ -28,6 +28,8 @@ class ExecutableNode:
         cores: the fewest cores of its device the node needs.
         artifact_file: where ``artifact`` lies on disk when it was mapped from a ``.crm``
             file (drivers may map it themselves); ``None`` otherwise.
+        target: what the artifact is tied to beyond the engine version, as the driver
+            describes it (``Driver.describe_artifact``): ``{"cpu": "x86_64 avx avx2"}``.
     """
 
     name: str
@@ -40,6 +42,7 @@ class ExecutableNode:
     artifact: bytes | memoryview = field(repr=False)
     cores: int = 1
     artifact_file: ArtifactFile | None = field(default=None, repr=False, compare=False)
+    target: dict[str, str] = field(default_factory=dict)
 
     def describe(self) -> dict[str, Any]:
         """A JSON-friendly description (without the artifact)."""
@@ -55,6 +58,7 @@ class ExecutableNode:
             if isinstance(self.artifact, memoryview)
             else len(self.artifact),
             "cores": self.cores,
+            "target": dict(self.target),
         }
 
 

@@ -371,6 +371,12 @@ class Driver(ABC):
     def compile(self, model: Model, device: DeviceInfo, options: CompileOptions) -> bytes:
         """Compile ``model`` for ``device`` into an opaque artifact the runtime stores."""
 
+    def describe_artifact(self, artifact: bytes | memoryview) -> dict[str, str]:
+        """What an artifact is tied to beyond the engine version, for people: short labels
+        and values (``{"cpu": "x86_64 avx avx2"}``), stored in the ``.crm`` header and shown
+        by ``crossrt inspect``. The default says nothing."""
+        return {}
+
     @abstractmethod
     def load(
         self,

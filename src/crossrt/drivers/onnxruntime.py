@@ -158,6 +158,13 @@ class OnnxRuntimeDriver(Driver):
                     raise CompileError(f"ONNX Runtime wrote no optimized model for {model.name!r}")
                 return ort_artifact.pack(model_view, data=data, level=level, features=features)
 
+    def describe_artifact(self, artifact: bytes | memoryview) -> dict[str, str]:
+        if not ort_artifact.is_packed(artifact):
+            return {}
+        unpacked = ort_artifact.unpack(artifact)
+        cpu = " ".join(unpacked.features) if unpacked.level == "all" else "any (portable)"
+        return {"optimization": unpacked.level, "cpu": cpu}
+
     def _loads(self, artifact: bytes, device: DeviceInfo, options: CompileOptions) -> bool:
         """Whether ``artifact`` loads (from memory: quick, and parses everything a load
         from a file does but the pre-packed weights' places, which ``_reloads`` saw)."""

@@ -126,6 +126,7 @@ def _network(container: Container, exe: Executable) -> list[str]:
             f"({_driver_state(node, installed)}), {node.device_kind}, {node.cores} core(s), "
             f"artifact {human_bytes(len(node.artifact))} (section {raw['section']})",
             f"       operators: {ops or 'none'}",
+            *(f"       {key}: {value}" for key, value in node.target.items()),
         ]
     lines += ["", "  TENSORS BY NODE", *_table(exe)]
     return lines
