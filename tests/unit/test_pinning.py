@@ -99,3 +99,17 @@ def test_ort_pins_its_pool_threads_to_the_cores_after_the_first() -> None:
             os.sched_yield()
     finally:
         program.close()
+
+
+def test_a_runtime_that_owns_its_cores_pins_a_load_on_all_of_them(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, exe: crossrt.Executable
+) -> None:
+    monkeypatch.setenv("CROSSRT_RUNTIME_DIR", str(tmp_path))
+    with crossrt.Runtime(visible_cores=CPUS[1]) as owner:
+        assert owner.exclusive and owner.cores == (CPUS[1],)
+        model = owner.load(exe)
+        assert model._scheduler.instances[0].pin == (CPUS[1],)
+        seen: list[set[int]] = []
+        model.run_async({"x": X}, callback=lambda r, d: seen.append(os.sched_getaffinity(0)))
+        model.run_async({"x": X}, block=True).result(WAIT)
+        assert seen == [{CPUS[1]}]

@@ -189,6 +189,7 @@ def load_instances(
     core_sets: Sequence[tuple[int, ...]],
     mode: str,
     host_cpus: tuple[int, ...],
+    exclusive: bool = False,
 ) -> list[Instance]:
     """Load every node of ``exe`` once per core set.
 
@@ -196,7 +197,7 @@ def load_instances(
     per request, pipelined across requests); in ``normal`` mode each node on the model's
     device gets cores of its own, the instance's cores split between them. ``host_cpus`` are
     the runtime's cores (core ``i`` is host CPU ``host_cpus[i]``): a node or instance on part
-    of them has its threads pinned to its own.
+    of them, or on cores the runtime owns (``exclusive``), has its threads pinned to its own.
     """
     if mode not in MODES:
         raise InvalidArgumentError(f"mode={mode!r}: use 'shared' or 'normal'")
@@ -225,7 +226,11 @@ def load_instances(
                     _, node_device = resolve_device(node.device_kind, drv.name)
                     cpu = node_device.kind is DeviceKind.CPU
                     node_cores = tuple(range(len(host_cpus) if cpu else node_device.cores))
-                pin = _pin(node_cores, host_cpus) if node_device.kind is DeviceKind.CPU else None
+                pin = (
+                    _pin(node_cores, host_cpus, exclusive)
+                    if node_device.kind is DeviceKind.CPU
+                    else None
+                )
                 programs.append(
                     drv.load(
                         node.artifact,
@@ -237,7 +242,7 @@ def load_instances(
                     )
                 )
                 every.append(programs[-1])
-            pin = _pin(cores, host_cpus) if device.kind is DeviceKind.CPU else None
+            pin = _pin(cores, host_cpus, exclusive) if device.kind is DeviceKind.CPU else None
             result.append(Instance(k, cores, programs, steps, outputs, pin=pin))
     except BaseException:
         for program in every:
@@ -248,10 +253,15 @@ def load_instances(
     return result
 
 
-def _pin(cores: Sequence[int], host_cpus: tuple[int, ...]) -> tuple[int, ...] | None:
-    """The host CPUs of ``cores``, when they are only part of the runtime's: threads are pinned
-    to keep instances (and nodes) off each other's cores; on all of them the OS places them."""
-    if len(set(cores)) >= len(host_cpus):
+def _pin(
+    cores: Sequence[int], host_cpus: tuple[int, ...], exclusive: bool
+) -> tuple[int, ...] | None:
+    """The host CPUs of ``cores`` (core ``i`` is ``host_cpus[i]``) when threads on them are
+    pinned: when they are part of the runtime's cores (to keep instances and nodes off each
+    other's), or when the runtime owns its cores (to keep it off CPUs others own). A shared
+    runtime's load on all its cores is not: the OS places threads better among programs that
+    share the CPUs."""
+    if not exclusive and len(set(cores)) >= len(host_cpus):
         return None
     return tuple(host_cpus[i] for i in cores)
 

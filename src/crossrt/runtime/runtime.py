@@ -233,7 +233,7 @@ class Runtime:
         ):
             raise InvalidArgumentError(f"exec_timeout={timeout!r}: give seconds, more than 0")
         numerics = config.check_numerics if check_numerics is None else check_numerics
-        runs = load_instances(exe, info, core_sets, mode, self.cores)
+        runs = load_instances(exe, info, core_sets, mode, self.cores, self.exclusive)
         implicit = group is None
         with self._lock:
             home = group or CoreGroup(self, chosen, implicit=True)
@@ -244,7 +244,9 @@ class Runtime:
             ) if not exe.stages else StagedModel(
                 self, exe, runs, info, chosen, home,
                 queue_depth=queue_depth, exec_timeout=timeout, check_numerics=bool(numerics),
-                load=lambda stage: load_instances(stage, info, core_sets, mode, self.cores),
+                load=lambda stage: load_instances(
+                    stage, info, core_sets, mode, self.cores, self.exclusive
+                ),
             )  # fmt: skip
         except BaseException:
             for inst in runs:
