@@ -43,7 +43,7 @@ def test_table_output(capsys, files):
     size = files["digits.crm"].stat().st_size
     assert f"({size} bytes)" in out
     assert f"producer        crossrt {crossrt.__version__}" in out
-    assert "format version  2" in out
+    assert "format version  3" in out
     assert "sections        1," in out and "SHA-256 verified" in out
     assert "NETWORK digits_mlp" in out
     assert "input                    float32 [?,64]" in out
@@ -67,7 +67,7 @@ def test_json_is_parseable_and_holds_the_header(capsys, files):
     assert cli.main(["inspect", str(files["two.crm"]), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["size"] == files["two.crm"].stat().st_size
-    assert doc["format_version"] == 2
+    assert doc["format_version"] == 3
     assert doc["hashes"] == {"header": "verified", "sections": "verified"}
     assert [n["name"] for n in doc["header"]["networks"]] == ["fast", "exact"]
     assert doc["header"]["networks"][1]["nodes"][0]["driver"] == "reference"

@@ -14,11 +14,22 @@ def align(n: int) -> int:
     return -(-n // 64) * 64
 
 
+CHUNK = 16 << 20
+
+
+def section_sha256(blob: bytes, version: int) -> bytes:
+    """Formats 1 and 2: the SHA-256 of the bytes; 3: of the digests of its 16 MiB chunks."""
+    if version < 3:
+        return hashlib.sha256(blob).digest()
+    chunks = [blob[at : at + CHUNK] for at in range(0, len(blob), CHUNK)]
+    return hashlib.sha256(b"".join(hashlib.sha256(c).digest() for c in chunks)).digest()
+
+
 def sections_sha256(blobs: list[bytes], version: int) -> str:
-    """Format 1: the SHA-256 of all sections' bytes; 2: of their SHA-256 digests."""
+    """Format 1: the SHA-256 of all sections' bytes; 2 and 3: of their digests."""
     if version == 1:
         return hashlib.sha256(b"".join(blobs)).hexdigest()
-    return hashlib.sha256(b"".join(hashlib.sha256(b).digest() for b in blobs)).hexdigest()
+    return hashlib.sha256(b"".join(section_sha256(b, version) for b in blobs)).hexdigest()
 
 
 def split(data: bytes) -> tuple[dict[str, Any], list[bytes]]:
@@ -29,10 +40,10 @@ def split(data: bytes) -> tuple[dict[str, Any], list[bytes]]:
     return header, blobs
 
 
-def build(header: dict[str, Any], blobs: list[bytes], version: int = 2) -> bytes:
+def build(header: dict[str, Any], blobs: list[bytes], version: int = 3) -> bytes:
     """A container with a canonical layout: offsets and hashes recomputed for ``blobs``."""
     header["sections"] = [
-        {"offset": 0, "length": len(b), "sha256": hashlib.sha256(b).hexdigest()} for b in blobs
+        {"offset": 0, "length": len(b), "sha256": section_sha256(b, version).hex()} for b in blobs
     ]
     header["sections_sha256"] = sections_sha256(blobs, version)
     start = 0

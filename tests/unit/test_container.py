@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 import pytest
-from crm_layout import build, edit, patch_header, sections_sha256, split
+from crm_layout import build, edit, patch_header, section_sha256, sections_sha256, split
 
 import crossrt
 from crossrt import (
@@ -211,13 +211,13 @@ def test_to_bytes_is_deterministic_and_equals_the_saved_file(tmp_path, digits, d
 
 def test_layout_matches_the_documented_format(digits_bytes):
     magic, version, flags, length, digest = struct.unpack_from("<8sIIQ32s8x", digits_bytes)
-    assert (magic, version, flags) == (b"CROSSRTM", 2, 0)
+    assert (magic, version, flags) == (b"CROSSRTM", 3, 0)
     assert digits_bytes[56:64] == bytes(8)
     text = digits_bytes[64 : 64 + length]
     assert hashlib.sha256(text).digest() == digest
     header = json.loads(text)
     assert header["producer"] == {"name": "crossrt", "version": crossrt.__version__}
-    assert header["format_version"] == 2
+    assert header["format_version"] == 3
     (net,) = header["networks"]
     assert net["stages"] == [] and net["cores_required"] == 1
     assert set(net["nodes"][0]) >= {"name", "driver", "driver_version", "section", "cores"}
@@ -225,8 +225,10 @@ def test_layout_matches_the_documented_format(digits_bytes):
     assert section["offset"] % 64 == 0 and section["offset"] >= 64 + length
     assert section["offset"] + section["length"] == len(digits_bytes)
     blob = digits_bytes[section["offset"] :]
-    assert section["sha256"] == hashlib.sha256(blob).hexdigest()
-    assert header["sections_sha256"] == hashlib.sha256(hashlib.sha256(blob).digest()).hexdigest()
+    assert len(blob) < 16 << 20  # one chunk: the digest of its digest
+    one = hashlib.sha256(hashlib.sha256(blob).digest()).digest()
+    assert section["sha256"] == one.hex()
+    assert header["sections_sha256"] == hashlib.sha256(one).hexdigest()
     # A file written by this independent writer loads too.
     assert crossrt.load_executable(build(*split(digits_bytes))) == crossrt.load_executable(
         digits_bytes
@@ -415,13 +417,13 @@ def test_a_flipped_padding_bit_is_found(digits_bytes):
     assert "is not zero" in _error(_flip(digits_bytes, 64 + length)).message
 
 
-@pytest.mark.parametrize(("field", "value"), [(8, 3), (8, 999), (12, 1)])
+@pytest.mark.parametrize(("field", "value"), [(8, 4), (8, 999), (12, 1)])
 def test_a_newer_format_version_or_flag_says_upgrade(digits_bytes, field, value):
     data = bytearray(digits_bytes)
     data[field : field + 4] = struct.pack("<I", value)
     err = _error(bytes(data), UnsupportedError)
     assert err.code is StatusCode.UNSUPPORTED_NEFF_VERSION
-    assert "reads format versions 1 to 2" in err.message and "upgrade crossrt" in err.message
+    assert "reads format versions 1 to 3" in err.message and "upgrade crossrt" in err.message
 
 
 def test_format_version_zero_is_corrupt(digits_bytes):
@@ -484,7 +486,7 @@ def _node(h: dict[str, Any]) -> dict[str, Any]:
 HEADER_ERRORS = [
     (lambda h: h.pop("networks"), "header field networks is missing"),
     (lambda h: h.update(networks=[]), "networks should be a non-empty list"),
-    (lambda h: h.update(format_version=1), "format_version is 1, the prelude 2"),
+    (lambda h: h.update(format_version=1), "format_version is 1, the prelude 3"),
     (lambda h: h["producer"].update(version=1), "producer.version should be a string, not 1"),
     (lambda h: _net(h).update(name=7), "networks[0].name should be a non-empty string"),
     (lambda h: _net(h).update(device="cpu:x"), "networks[0].device should be a device"),
@@ -558,17 +560,48 @@ def test_a_wrong_sections_sha256(digits_bytes):
     assert crossrt.load_executable(data, validate_hash=False)
 
 
-@pytest.mark.parametrize("version", [1, 2])
-def test_formats_1_and_2_each_check_their_own_sections_sha256(digits_bytes, version):
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_each_format_checks_its_own_section_digests(digits_bytes, version):
     header, blobs = split(digits_bytes)
     header["format_version"] = version
     data = build(header, blobs, version)
     assert read_container(data, validate_hash=True).format_version == version
     assert crossrt.load_executable(data) == crossrt.load_executable(digits_bytes)
-    other = sections_sha256(blobs, 3 - version)
+    other = sections_sha256(blobs, 1 if version > 1 else 2)
     assert other != header["sections_sha256"]
     wrong = patch_header(data, lambda h: h.update(sections_sha256=other))
     assert "sections_sha256 does not match" in _error(wrong).message
+    if version > 1:  # a section digest of another format is refused by name
+        other_section = section_sha256(blobs[0], 2 if version == 3 else 3).hex()
+        wrong = edit_sections(data, other_section, version)
+        assert "section 0" in _error(wrong).message and "SHA-256" in _error(wrong).message
+
+
+def edit_sections(data: bytes, digest: str, version: int) -> bytes:
+    """``data`` with section 0's ``sha256`` replaced (``sections_sha256`` kept consistent)."""
+    header, _ = split(data)
+    header["sections"][0]["sha256"] = digest
+    rest = [bytes.fromhex(s["sha256"]) for s in header["sections"]]
+    header["sections_sha256"] = hashlib.sha256(b"".join(rest)).hexdigest()
+    return patch_header(
+        data,
+        lambda h: h.update(sections=header["sections"], sections_sha256=header["sections_sha256"]),
+    )
+
+
+def test_a_section_of_several_chunks_is_hashed_chunk_by_chunk_and_checked(digits_bytes):
+    header, blobs = split(digits_bytes)
+    big = blobs[0] + bytes((16 << 20) * 2 + 5 - len(blobs[0]))  # 3 chunks; padding after
+    data = build(header, [big], 3)
+    (entry,) = json.loads(data[64 : 64 + struct.unpack_from("<Q", data, 16)[0]])["sections"]
+    chunks = [big[at : at + (16 << 20)] for at in range(0, len(big), 16 << 20)]
+    assert len(chunks) == 3
+    expected = hashlib.sha256(b"".join(hashlib.sha256(c).digest() for c in chunks)).hexdigest()
+    assert entry["sha256"] == expected
+    assert read_container(data, validate_hash=True).hashes_checked
+    flipped = bytearray(data)
+    flipped[entry["offset"] + (16 << 20) + 7] ^= 1  # a byte of the middle chunk
+    assert "section 0" in _error(bytes(flipped)).message
 
 
 @pytest.mark.parametrize(

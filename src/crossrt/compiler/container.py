@@ -45,6 +45,7 @@ from .container_header import (
     network_header,
     node_header,
     parse_header,
+    section_digests,
     sections_digest,
     stage_header,
 )
@@ -180,7 +181,7 @@ def _chunks(executables: Executables) -> list[bytes | memoryview]:
         for node in exe.nodes:
             art = node.artifact
             data = art if isinstance(art, bytes) else memoryview(art).cast("B")
-            sha = hashlib.sha256(data).digest()
+            (sha,) = section_digests([data], FORMAT_VERSION)
             key = (sha.hex(), len(data))
             if key not in where:
                 where[key] = len(sections)
