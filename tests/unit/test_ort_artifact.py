@@ -671,3 +671,24 @@ def test_a_full_shared_memory_falls_back_to_the_temporary_directory(monkeypatch,
         assert Path(file.path).parent == Path(spill.tempfile.gettempdir())
         assert Path(file.path).read_bytes() == b"weights" * 100
     assert not Path(file.path).exists() and not list(shm.iterdir())
+
+
+@pytest.mark.parametrize("from_file", [True, False])
+def test_a_tensor_inside_the_graph_may_not_name_a_file(tmp_path, from_file):
+    # A crafted artifact whose subgraph tensor points at a file beside the .crm (or in the
+    # working directory) is refused before ORT would read that file.
+    (tmp_path / "secret.txt").write_bytes(b"s" * 4096)
+    artifact = _wide_artifact()
+    unpacked = ort_artifact.unpack(artifact)
+    proto = onnx.ModelProto.FromString(bytes(unpacked.graph))
+    leak = onnx.TensorProto(name="leak", data_type=onnx.TensorProto.UINT8, dims=[4096])
+    leak.data_location = onnx.TensorProto.EXTERNAL
+    leak.external_data.add(key="location", value="secret.txt")
+    const = helper.make_node("Constant", [], ["leaked"], value=leak)
+    proto.graph.node.append(const)
+    forged = dataclasses.replace(unpacked, graph=memoryview(proto.SerializeToString()))
+    with pytest.raises(InvalidContainerError, match="'leak' inside its graph refers to a file"):
+        if from_file:
+            ort_artifact.graph_reading(forged, "m.crm", 0)
+        else:
+            ort_artifact.parse_graph(forged)

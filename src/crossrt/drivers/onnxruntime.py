@@ -249,6 +249,7 @@ class OnnxRuntimeDriver(Driver):
         # read-only view of the mapping or of bytes is enough. ORT checks that each matches
         # the name, type and shape of its stub in the graph. A writable buffer (a bytearray
         # the caller loaded from) is copied first: its owner may overwrite it meanwhile.
+        ort_artifact.parse_graph(unpacked)  # names no file ORT would read from the directory
         arrays = tuple(a.copy() if a.flags.writeable else a for a in unpacked.arrays)
         values = [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays]
         so.add_external_initializers(unpacked.names, values)

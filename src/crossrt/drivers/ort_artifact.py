@@ -356,6 +356,29 @@ def _packs(
     return packs, end
 
 
+def parse_graph(unpacked: Unpacked) -> onnx.ModelProto:
+    """The artifact's graph, checked to name no file of its own.
+
+    Only the main graph's weight stubs are external data, and the driver says where they lie.
+    Any other tensor marked as external (in a subgraph, or an attribute) would make ORT read
+    whatever file of that name sits beside the ``.crm`` (or in the working directory): a
+    damaged or crafted artifact must not reach other files.
+
+    Raises:
+        InvalidContainerError: the graph cannot be parsed, or a tensor other than a main-graph
+            initializer is external data.
+    """
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(unpacked.graph)
+    except Exception:  # protobuf's DecodeError, or worse on hostile bytes
+        raise _corrupt("its graph is not a valid ONNX model") from None
+    for tensor in _nested_tensors(proto.graph):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            raise _corrupt(f"tensor {tensor.name!r} inside its graph refers to a file")
+    return proto
+
+
 def graph_reading(unpacked: Unpacked, location: str, base: int) -> bytes:
     """The graph with each weight stub pointing into the file ``location``.
 
@@ -366,12 +389,10 @@ def graph_reading(unpacked: Unpacked, location: str, base: int) -> bytes:
 
     Raises:
         InvalidContainerError: the graph's external initializers and the index disagree (a
-            stub no weight fills, a weight no stub names, or another type or shape).
+            stub no weight fills, a weight no stub names, or another type or shape), or a
+            tensor inside the graph refers to a file (see :func:`parse_graph`).
     """
-    try:
-        proto = onnx.ModelProto.FromString(unpacked.graph)
-    except Exception:  # protobuf's DecodeError, or worse on hostile bytes
-        raise _corrupt("its graph is not a valid ONNX model") from None
+    proto = parse_graph(unpacked)
     packs = unpacked.prepacked or [[] for _ in unpacked.names]
     stored = {
         name: (offset, array, pre)
