@@ -83,6 +83,8 @@ TABLE: tuple[DType, ...] = (
     _row("float8e5m2fnuz", ml_dtypes.float8_e5m2fnuz, 20, None, None, None, None),
     _row("uint4", ml_dtypes.uint4, 21, None, None, None, 10),
     _row("int4", ml_dtypes.int4, 22, None, None, None, 9),
+    _row("uint2", ml_dtypes.uint2, 25, None, None, None, None),
+    _row("int2", ml_dtypes.int2, 26, None, None, None, None),
 )
 
 _BY_NAME = {d.name: d for d in TABLE}

@@ -42,7 +42,7 @@ from ..errors import (
     UnsupportedError,
 )
 from ..model import Model
-from . import ort_artifact, ort_support
+from . import ort_artifact, ort_support, ort_types
 from .base import (
     ArtifactFile,
     CancelToken,
@@ -267,6 +267,13 @@ class OrtProgram(Program):
         self.weights = weights
         self._output_names = [o.name for o in session.get_outputs()]
         self._run = session._sess.run  # the C++ entry point; see the module docstring
+        # Inputs or outputs of types ORT's binding cannot exchange as NumPy arrays (bfloat16,
+        # float8, int4): every run converts them (ort_types), the fast paths stay for others.
+        kinds_in = ort_types.special_kinds(session.get_inputs())
+        kinds_out = ort_types.special_kinds(session.get_outputs())
+        self._special = bool(kinds_in or kinds_out)
+        if self._special:
+            self._run = functools.partial(_run_converting, session._sess, kinds_in, kinds_out)
         self._run_options = ort.RunOptions()
         self._reuse = threading.local()  # per thread: the last binding _run_bound may reuse
         self._run_binding = session._sess.run_with_iobinding
@@ -307,6 +314,8 @@ class OrtProgram(Program):
     def _run_bound(
         self, inputs: Mapping[str, Any], outputs: Mapping[str, np.ndarray]
     ) -> dict[str, np.ndarray]:
+        if self._special:  # converted on every run: nothing to bind
+            return self._run_then_copy(inputs, outputs)
         # A binding costs 6 µs or more to build; the same arrays again (the same objects under
         # the same names, with the same shapes and dtypes: a shape can be set in place) reuse
         # this thread's last one, as a caller of ORT's own IOBinding would.
@@ -370,6 +379,8 @@ class OrtProgram(Program):
         at once: ``LoadedModel`` (``OutputBinder.repeat``). The call holds the arrays, since
         ORT writes the outputs by address. ``None`` when no such binding was kept.
         """
+        if self._special:
+            return None
         last = getattr(self._reuse, "last", None)
         if (
             last is None
@@ -437,6 +448,21 @@ class OrtProgram(Program):
         del self._run, self._run_binding
         self._reuse = threading.local()  # drop the bindings (and the arrays they hold)
         del self.session
+
+
+def _run_converting(
+    session: Any,
+    kinds_in: Mapping[str, ort_types.Kind],
+    kinds_out: Mapping[str, ort_types.Kind],
+    names: Sequence[str],
+    inputs: Mapping[str, Any],
+    options: ort.RunOptions,
+) -> list[np.ndarray]:
+    """``session.run`` for a model with bfloat16, float8 or int4 tensors (``ort_types``)."""
+    try:
+        return ort_types.run_converting(session, inputs, kinds_in, names, kinds_out, options)
+    except TypeError as exc:
+        raise ExecutionError(str(exc)) from None
 
 
 def _reloads(path: Path) -> bool:

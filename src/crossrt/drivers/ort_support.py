@@ -20,10 +20,14 @@ import onnxruntime as ort
 from onnx import helper
 
 from ..model import Model
+from . import ort_types
 
 PROVIDER = "CPUExecutionProvider"
-# ONNX element types NumPy has only through ml_dtypes: bfloat16 and newer (16 and up).
-_UNEXCHANGEABLE = frozenset(range(onnx.TensorProto.BFLOAT16, 64))
+# ONNX element types NumPy has only through ml_dtypes (bfloat16 and newer, 16 and up) that the
+# driver cannot convert at a session's boundary (ort_types converts bfloat16, float8, int4).
+_UNEXCHANGEABLE = frozenset(range(onnx.TensorProto.BFLOAT16, 64)) - {
+    kind.onnx for kind in ort_types.KINDS.values()
+}
 _KernelRange = tuple[int, int, dict[str, list[str]]]
 _FLOAT16 = "tensor(float16)"
 _INT_MAX = 2**31 - 1  # the end version of a kernel registered without one
@@ -76,9 +80,10 @@ def unsupported_reasons(model: Model, known: OrtRegistry) -> list[str | None]:
         return [f"{why} (max {known.max_opset})"] * len(nodes)
     types = model.value_types()
     reasons = [_node_reason(node, model.opsets, types, known, depth=0) for node in nodes]
-    # ORT's Python binding cannot take or return NumPy arrays of ml_dtypes' types
-    # (bfloat16, float8, int4...), so nodes reading or writing such a graph input or output
-    # cannot run here, even with a kernel; inside the graph those types are fine.
+    # ORT's Python binding cannot take or return NumPy arrays of ml_dtypes' types; the driver
+    # converts bfloat16, float8 and int4 (ort_types), not the rest (int2, float4...), so nodes
+    # reading or writing such a graph input or output cannot run here, even with a kernel;
+    # inside the graph those types are fine.
     boundary = {
         v.name: v.type.tensor_type.elem_type
         for v in (*model.proto.graph.input, *model.proto.graph.output)
