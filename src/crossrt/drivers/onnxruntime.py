@@ -42,7 +42,7 @@ from ..errors import (
     UnsupportedError,
 )
 from ..model import Model
-from . import ort_artifact, ort_support, ort_types
+from . import ort_artifact, ort_lower, ort_support, ort_types
 from .base import (
     ArtifactFile,
     CancelToken,
@@ -120,6 +120,16 @@ class OnnxRuntimeDriver(Driver):
         assert artifact is not None  # level EXTENDED is always reloaded as it is saved
         return artifact
 
+    def _engine_bytes(self, model: Model) -> bytes:
+        """The model as ORT reads it: lowered to ORT's IR version and opset when it is newer
+        and means the same there (``ort_lower``; ``supported_nodes`` vouched for its nodes)."""
+        known = self._registry()
+        onnx_opset = model.opsets.get("", model.opsets.get("ai.onnx", 0))
+        if model.proto.ir_version <= known.max_ir and onnx_opset <= known.max_opset:
+            return model.to_bytes()
+        lowered = ort_lower.lowered(model.proto, known.max_ir, known.max_opset)
+        return bytes(lowered.SerializeToString())
+
     def _optimize(self, model: Model, level: str, features: tuple[str, ...]) -> bytes | None:
         """ORT's optimized model at ``level``, packed as the artifact (``ort_artifact``);
         ``None`` when ORT cannot load what it saved at level ALL (it happens: a model with
@@ -139,7 +149,7 @@ class OnnxRuntimeDriver(Driver):
                 so.add_session_config_entry(_SAVE_DATA_MIN, str(ort_artifact.THRESHOLD))
                 so.add_session_config_entry(_SAVE_PREPACKED, "1")
             try:
-                ort.InferenceSession(model.to_bytes(), so, providers=[_PROVIDER])
+                ort.InferenceSession(self._engine_bytes(model), so, providers=[_PROVIDER])
             except Exception as exc:
                 raise CompileError(
                     f"ONNX Runtime {self.version} could not compile model {model.name!r}: "

@@ -20,7 +20,7 @@ import onnxruntime as ort
 from onnx import helper
 
 from ..model import Model
-from . import ort_types
+from . import ort_lower, ort_types
 
 PROVIDER = "CPUExecutionProvider"
 # ONNX element types NumPy has only through ml_dtypes (bfloat16 and newer, 16 and up) that the
@@ -71,15 +71,34 @@ def unsupported_reasons(model: Model, known: OrtRegistry) -> list[str | None]:
     """Per node: ``None`` when ORT can run it, else why not."""
     version = ort.__version__
     nodes = model.nodes
-    if model.proto.ir_version > known.max_ir:
-        why = f"IR version {model.proto.ir_version} is newer than ORT {version} reads"
-        return [f"{why} (max {known.max_ir})"] * len(nodes)
-    onnx_opset = model.opsets.get("", model.opsets.get("ai.onnx", 0))
-    if onnx_opset > known.max_opset:
-        why = f"ai.onnx opset {onnx_opset} is newer than ORT {version} supports"
-        return [f"{why} (max {known.max_opset})"] * len(nodes)
     types = model.value_types()
-    reasons = [_node_reason(node, model.opsets, types, known, depth=0) for node in nodes]
+    opsets = dict(model.opsets)
+    onnx_opset = opsets.get("", opsets.get("ai.onnx", 0))
+    blockers: list[str | None] = [None] * len(nodes)
+    if model.proto.ir_version > known.max_ir or onnx_opset > known.max_opset:
+        # Newer than ORT reads: nodes that mean the same at ORT's versions are checked there
+        # (the driver lowers the model: ort_lower); the others say why not.
+        newest = (
+            ort_lower.newest_type(known.max_ir) if model.proto.ir_version > known.max_ir else None
+        )
+        if model.proto.ir_version > known.max_ir and newest is None:
+            why = f"IR version {model.proto.ir_version} is newer than ORT {version} reads"
+            return [f"{why} (max {known.max_ir})"] * len(nodes)
+        blocked = _blocked_functions(model, known)
+        blockers = [
+            blocked.get((n.domain, n.op_type))
+            or ort_lower.node_blocker(n, onnx_opset, known.max_opset, newest, types)
+            for n in nodes
+        ]
+        for domain in ("", "ai.onnx"):
+            if domain in opsets:
+                opsets[domain] = min(opsets[domain], known.max_opset)
+    reasons = [
+        f"ONNX Runtime {version}: {blocker}"
+        if blocker is not None
+        else _node_reason(node, opsets, types, known, depth=0)
+        for node, blocker in zip(nodes, blockers, strict=True)
+    ]
     # ORT's Python binding cannot take or return NumPy arrays of ml_dtypes' types; the driver
     # converts bfloat16, float8 and int4 (ort_types), not the rest (int2, float4...), so nodes
     # reading or writing such a graph input or output cannot run here, even with a kernel;
@@ -99,6 +118,20 @@ def unsupported_reasons(model: Model, known: OrtRegistry) -> list[str | None]:
                     f"{touched[0]!r} in or out of a session"
                 )
     return reasons
+
+
+def _blocked_functions(model: Model, known: OrtRegistry) -> dict[tuple[str, str], str]:
+    """The model's local functions whose bodies cannot be lowered, with why."""
+    blocked = {}
+    for function in model.proto.functions:
+        imports = {(o.domain or ""): o.version for o in function.opset_import}
+        opset = imports.get("", imports.get("ai.onnx", 0))
+        for inner in function.node:
+            why = ort_lower.node_blocker(inner, opset, known.max_opset, None, {})
+            if why is not None:
+                blocked[(function.domain, function.name)] = f"function {function.name}: {why}"
+                break
+    return blocked
 
 
 def _node_reason(
@@ -136,7 +169,8 @@ def _node_reason(
     if ranges and _kernel_matches(ranges, bound):
         return None
     # A node no kernel claims is inlined when it is an ONNX function...
-    body = _function_body(node, schema, types) if schema is not None else None
+    onnx_version = opsets.get("", opsets.get("ai.onnx", 0))  # what the body's nodes resolve at
+    body = _function_body(node, schema, types, onnx_version) if schema is not None else None
     if body is not None and depth < 4:
         return _body_reason(node, schema, body, opsets, types, known, depth)
     # ...else, with float16 inputs, run in float32 between inserted Casts when a float kernel
@@ -161,12 +195,15 @@ def _kernel_matches(ranges: Sequence[_KernelRange], bound: Mapping[str, str]) ->
 
 
 def _function_body(
-    node: onnx.NodeProto, schema: Any, types: Mapping[str, onnx.TypeProto]
+    node: onnx.NodeProto, schema: Any, types: Mapping[str, onnx.TypeProto], opset: int
 ) -> onnx.FunctionProto | None:
     """The body ORT inlines for ``node`` when no kernel takes it, or ``None``.
 
     ORT asks ONNX for the body registered for the newest opset not after the operator's own
     version: Relu-14's body is registered for opset 18 only, so ORT cannot inline Relu-14.
+    The body's nodes then resolve at the model's ``opset``, and ONNX refuses a body one of
+    whose operators changed in between: Swish-24's body uses CastLike-24, which became
+    CastLike-25, so ORT cannot inline Swish in an opset-25 or 26 model.
     """
     since = schema.since_version
     if schema.has_function:
@@ -186,11 +223,29 @@ def _function_body(
                 max(fitting), node.SerializeToString(), [t.SerializeToString() for t in in_types]
             )
         body: onnx.FunctionProto = onnx.FunctionProto.FromString(raw)
-        return body
     except Exception:
         # onnx cannot build the body here (too little type information); ORT may still, so
         # an empty body: nothing in it to refuse.
         return onnx.FunctionProto()
+    if not _unchanged_since(body, max(fitting), opset):
+        return None
+    return body
+
+
+def _unchanged_since(body: onnx.FunctionProto, written: int, opset: int) -> bool:
+    """Whether every ai.onnx operator of ``body`` (written for opset ``written``) is the same
+    at ``opset``."""
+    for inner in body.node:
+        if inner.domain not in ("", "ai.onnx"):
+            continue
+        try:
+            then = onnx.defs.get_schema(inner.op_type, written, "").since_version
+            now = onnx.defs.get_schema(inner.op_type, opset, "").since_version
+        except onnx.defs.SchemaError:
+            continue
+        if then != now:
+            return False
+    return True
 
 
 def _body_reason(
