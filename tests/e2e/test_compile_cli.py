@@ -76,6 +76,7 @@ def test_compile_writes_a_crm_that_runs(capsys, models, tmp_path):
     assert f"compiled 'scaled1' for cpu:0 -> {out}" in captured.out
     assert f"onnxruntime {ort.__version__}" in captured.out
     assert "nodes:   1" in captured.out and "cache:   off" in captured.out
+    assert "onnxruntime_0: onnxruntime on cpu, 2 operators; optimization all; cpu " in captured.out
     assert f"({out.stat().st_size} bytes)" in captured.out
     assert captured.err == ""  # no progress line for a compile under a second
     np.testing.assert_allclose(_run_crm(out), _expected(1), rtol=1e-5)

@@ -146,10 +146,12 @@ def summary(exe: Executable, output: Path, seconds: float, cache: str) -> str:
         f"compiled {exe.name!r} for {exe.device} -> {output}",
         f"  nodes:   {len(exe.nodes)}",
     ]
-    lines += [
-        f"    {n.name}: {n.driver} on {n.device_kind}, {sum(n.op_types.values())} operators"
-        for n in exe.nodes
-    ]
+    for n in exe.nodes:
+        tied = "".join(f"; {key} {value}" for key, value in n.target.items())
+        lines.append(
+            f"    {n.name}: {n.driver} on {n.device_kind}, {sum(n.op_types.values())} "
+            f"operators{tied}"
+        )
     lines += [
         f"  drivers: {', '.join(drivers)}",
         f"  size:    {human_bytes(size)} ({size} bytes)",
