@@ -548,9 +548,9 @@ def big_proto(
 
 def test_a_large_weight_is_left_in_place_and_typed() -> None:
     model = load_model(big_proto())
-    assert model._skeleton.stubbed == (0,)
+    assert model.skeleton.stubbed == (0,)
     assert len(model.proto.graph.initializer[0].raw_data) == 64 * 64 * 4  # untouched
-    assert not model._skeleton.proto.graph.initializer[0].raw_data
+    assert not model.skeleton.proto.graph.initializer[0].raw_data
     types = model.value_types()
     assert [d.dim_value for d in types["W"].tensor_type.shape.dim] == [64, 64]
     assert types["y"].tensor_type.shape.dim[1].dim_value == 64

@@ -120,36 +120,54 @@ class OnnxRuntimeDriver(Driver):
         assert artifact is not None  # level EXTENDED is always reloaded as it is saved
         return artifact
 
-    def _engine_bytes(self, model: Model) -> bytes:
-        """The model as ORT reads it: lowered to ORT's IR version and opset when it is newer
-        and means the same there (``ort_lower``; ``supported_nodes`` vouched for its nodes)."""
+    def _engine_model(
+        self, model: Model, so: ort.SessionOptions, whole: bool = False
+    ) -> tuple[bytes, list[np.ndarray]]:
+        """The model as ORT reads it: its skeleton, the large weights handed over beside it
+        on ``so`` (serializing them would cost a second per 400 MB), or with ``whole`` the
+        model with its weights inside; lowered to ORT's IR version and opset when it is
+        newer and means the same there (``ort_lower``; ``supported_nodes`` vouched for its
+        nodes). The arrays ORT reads the weights from come back too: they must outlive the
+        session's creation."""
+        light = model.skeleton
+        initializers = model.proto.graph.initializer
+        weights = [initializers[i] for i in light.stubbed]
+        dtypes = [ort_artifact.numpy_dtype(w.data_type) for w in weights]
+        proto = light.proto
+        arrays: list[np.ndarray] = []
+        if whole or any(d is None for d in dtypes):  # a type NumPy cannot hand ORT
+            proto = model.proto
+        else:
+            arrays = [
+                np.frombuffer(w.raw_data, d).reshape(w.dims)
+                for w, d in zip(weights, dtypes, strict=True)
+            ]
+            values = [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays]
+            so.add_external_initializers([w.name for w in weights], values)
         known = self._registry()
         onnx_opset = model.opsets.get("", model.opsets.get("ai.onnx", 0))
-        if model.proto.ir_version <= known.max_ir and onnx_opset <= known.max_opset:
-            return model.to_bytes()
-        lowered = ort_lower.lowered(model.proto, known.max_ir, known.max_opset)
-        return bytes(lowered.SerializeToString())
+        if proto.ir_version > known.max_ir or onnx_opset > known.max_opset:
+            proto = ort_lower.lowered(proto, known.max_ir, known.max_opset)
+        return bytes(proto.SerializeToString()), arrays
 
     def _optimize(self, model: Model, level: str, features: tuple[str, ...]) -> bytes | None:
         """ORT's optimized model at ``level``, packed as the artifact (``ort_artifact``);
         ``None`` when ORT cannot load what it saved at level ALL (it happens: a model with
         a subgraph constant can come back in a form ORT's own checker refuses)."""
-        so = ort.SessionOptions()
-        so.graph_optimization_level = _LEVELS[level]
-        so.log_severity_level = 3
         with tempfile.TemporaryDirectory(prefix="crossrt-ort-") as tmp:
             out = Path(tmp) / "optimized.onnx"
-            so.optimized_model_filepath = str(out)
-            if level == "all":
-                # Large weights to a data file, with the forms ORT's kernels pack them into
-                # (only this way does ORT save those). Not for the portable form: a data file
-                # can make ORT save a model it then refuses (test_loop16_seq_none), and an
-                # artifact of level ALL that does not load again is replaced by a portable one.
-                so.add_session_config_entry(_SAVE_DATA, "weights.bin")
-                so.add_session_config_entry(_SAVE_DATA_MIN, str(ort_artifact.THRESHOLD))
-                so.add_session_config_entry(_SAVE_PREPACKED, "1")
             try:
-                ort.InferenceSession(self._engine_bytes(model), so, providers=[_PROVIDER])
+                try:
+                    so = _save_options(level, out)
+                    graph, weights = self._engine_model(model, so)
+                    ort.InferenceSession(graph, so, providers=[_PROVIDER])
+                except Exception:
+                    # ORT drops an initializer no node reads before it takes the ones given
+                    # beside the graph, then misses it: hand it the model whole.
+                    so = _save_options(level, out)
+                    graph, weights = self._engine_model(model, so, whole=True)
+                    ort.InferenceSession(graph, so, providers=[_PROVIDER])
+                del weights  # ORT has its own copy now
             except Exception as exc:
                 raise CompileError(
                     f"ONNX Runtime {self.version} could not compile model {model.name!r}: "
@@ -473,6 +491,23 @@ def _run_converting(
         return ort_types.run_converting(session, inputs, kinds_in, names, kinds_out, options)
     except TypeError as exc:
         raise ExecutionError(str(exc)) from None
+
+
+def _save_options(level: str, out: Path) -> ort.SessionOptions:
+    """Options for a session that optimizes at ``level`` and saves the result to ``out``."""
+    so = ort.SessionOptions()
+    so.graph_optimization_level = _LEVELS[level]
+    so.log_severity_level = 3
+    so.optimized_model_filepath = str(out)
+    if level == "all":
+        # Large weights to a data file, with the forms ORT's kernels pack them into (only
+        # this way does ORT save those). Not for the portable form: a data file can make ORT
+        # save a model it then refuses (test_loop16_seq_none), and an artifact of level ALL
+        # that does not load again is replaced by a portable one.
+        so.add_session_config_entry(_SAVE_DATA, "weights.bin")
+        so.add_session_config_entry(_SAVE_DATA_MIN, str(ort_artifact.THRESHOLD))
+        so.add_session_config_entry(_SAVE_PREPACKED, "1")
+    return so
 
 
 def _reloads(path: Path) -> bool:

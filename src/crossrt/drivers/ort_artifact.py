@@ -99,6 +99,12 @@ class Unpacked:
     features: tuple[str, ...] = ()
 
 
+def numpy_dtype(onnx_type: int) -> np.dtype[Any] | None:
+    """The NumPy dtype ORT exchanges in place for an ONNX element type, or ``None``."""
+    name = _BY_ONNX.get(onnx_type)
+    return None if name is None else _DTYPES[name][0]
+
+
 def is_packed(artifact: bytes | memoryview) -> bool:
     """Whether ``artifact`` is in this format (else it is a plain ONNX model)."""
     return bytes(artifact[: len(MAGIC)]) == MAGIC

@@ -31,11 +31,13 @@ class Model:
         _name_nodes(proto.graph)
         self._inferred: onnx.ModelProto | None = None
         if validate:
-            self._inferred = _validate(proto, self._skeleton)
+            self._inferred = _validate(proto, self.skeleton)
 
     @cached_property
-    def _skeleton(self) -> Skeleton:
-        """The graph without its large weights' bytes, for validation and hashing."""
+    def skeleton(self) -> Skeleton:
+        """A copy of the model without its large weights' bytes (``model/skeleton.py``):
+        validated, hashed and handed to engines with the weights beside it, so that nothing
+        serializes hundreds of megabytes of weights."""
         return skeleton(self.proto)
 
     @property
@@ -76,7 +78,7 @@ class Model:
             h.update(f"{domain}:{version};".encode())
         # The skeleton (every name, type and shape), then the bytes it leaves out, in order:
         # serializing a graph with its weights would copy them all first.
-        light = self._skeleton
+        light = self.skeleton
         h.update(light.proto.graph.SerializeToString(deterministic=True))
         initializers = self.proto.graph.initializer
         for index in light.stubbed:
