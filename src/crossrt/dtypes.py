@@ -30,6 +30,11 @@ class DType:
         nrt: Neuron ``nrt_dtype_t`` value.
         oh_nn: OpenHarmony ``OH_NN_DataType`` value.
         bm: Sophgo ``bm_data_type_t`` value.
+        bits: bits per element in ONNX raw data, which packs int4 two and int2 four to a
+            byte (NumPy, through ``ml_dtypes``, keeps one per byte: ``itemsize`` 1); 0 for
+            strings.
+        native: NumPy's own type (not an ``ml_dtypes`` one), which other libraries' NumPy
+            bindings (ONNX Runtime's) take and return.
     """
 
     name: str
@@ -40,6 +45,8 @@ class DType:
     nrt: int | None
     oh_nn: int | None
     bm: int | None
+    bits: int
+    native: bool
 
     def __str__(self) -> str:
         return self.name
@@ -56,7 +63,12 @@ def _row(
 ) -> DType:
     dt = np.dtype(numpy)
     itemsize = 0 if dt.kind == "O" else dt.itemsize
-    return DType(name, itemsize, dt, onnx, kserve, nrt, oh_nn, bm)
+    bits = _PACKED_BITS.get(name, itemsize * 8)
+    native = dt.type.__module__ == "numpy"
+    return DType(name, itemsize, dt, onnx, kserve, nrt, oh_nn, bm, bits, native)
+
+
+_PACKED_BITS = {"uint4": 4, "int4": 4, "uint2": 2, "int2": 2}
 
 
 # name, numpy, ONNX, KServe, NRT, OH_NN, BM

@@ -580,3 +580,23 @@ def test_a_bad_node_is_found_with_large_weights_too() -> None:
     stray = helper.make_node("Relu", ["nothing"], ["z"])
     with pytest.raises(InvalidModelError, match="checker"):
         load_model(big_proto(extra=stray))
+
+
+@pytest.mark.parametrize("dtype", ["int4", "uint4", "int2", "uint2"])
+def test_a_large_packed_weight_is_not_mistaken_for_a_misfit(dtype: str) -> None:
+    # ONNX packs int4 two and int2 four to a byte: its raw data is not one byte per element.
+    dt = crossrt.dtypes.from_name(dtype)
+    values = np.ones(8192, dt.numpy)
+    w = numpy_helper.from_array(values, "W")
+    assert len(w.raw_data) == 8192 * dt.bits // 8 >= 1024
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["W"], ["y"])],
+        "packed",
+        [],
+        [helper.make_tensor_value_info("y", dt.onnx, [8192])],
+        [w],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 25)])
+    proto.ir_version = 11
+    model = load_model(proto)
+    assert model.skeleton.stubbed == ()  # left to the checker, which knows the packing

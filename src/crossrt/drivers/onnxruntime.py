@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from ..dtypes import DType
 from ..errors import (
     CompileError,
     CrossrtError,
@@ -480,8 +481,8 @@ class OrtProgram(Program):
 
 def _run_converting(
     session: Any,
-    kinds_in: Mapping[str, ort_types.Kind],
-    kinds_out: Mapping[str, ort_types.Kind],
+    kinds_in: Mapping[str, DType],
+    kinds_out: Mapping[str, DType],
     names: Sequence[str],
     inputs: Mapping[str, Any],
     options: ort.RunOptions,

@@ -39,6 +39,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ..dtypes import TABLE
 from ..errors import InvalidContainerError, StatusCode, UnsupportedError
 
 MAGIC = b"CRORTART"
@@ -52,24 +53,12 @@ LEVELS = ("all", "extended")
 _PRELUDE = struct.Struct("<8sIIQ")
 _LOCATION = "crossrt-artifact"  # never opened: ORT receives these tensors in memory
 
-# The element types ORT can take from NumPy in place; others (strings, bfloat16, float8,
-# int4...) stay inside the graph.
+# The element types ORT can take from NumPy in place: NumPy's own numbers and bool. Others
+# (strings, complex, bfloat16, float8, int4...) stay inside the graph.
 _DTYPES = {
-    np.dtype(name).name: (np.dtype(name).newbyteorder("<"), onnx_type)
-    for name, onnx_type in [
-        ("float32", onnx.TensorProto.FLOAT),
-        ("float64", onnx.TensorProto.DOUBLE),
-        ("float16", onnx.TensorProto.FLOAT16),
-        ("int8", onnx.TensorProto.INT8),
-        ("int16", onnx.TensorProto.INT16),
-        ("int32", onnx.TensorProto.INT32),
-        ("int64", onnx.TensorProto.INT64),
-        ("uint8", onnx.TensorProto.UINT8),
-        ("uint16", onnx.TensorProto.UINT16),
-        ("uint32", onnx.TensorProto.UINT32),
-        ("uint64", onnx.TensorProto.UINT64),
-        ("bool", onnx.TensorProto.BOOL),
-    ]
+    d.numpy.name: (d.numpy.newbyteorder("<"), d.onnx)
+    for d in TABLE
+    if d.native and d.numpy.kind in "biuf"
 }
 _BY_ONNX: dict[int, str] = {onnx_type: name for name, (_, onnx_type) in _DTYPES.items()}
 

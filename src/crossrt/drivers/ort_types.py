@@ -17,42 +17,17 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto
 
-_C = ort.capi._pybind_state
+from ..dtypes import TABLE, DType
 
-
-@dataclass(frozen=True)
-class Kind:
-    """One such element type: its ONNX number, its ``ml_dtypes`` dtype, bits per element."""
-
-    onnx: int
-    dtype: np.dtype[Any]
-    bits: int
-
-
-KINDS = {
-    "tensor(bfloat16)": Kind(TensorProto.BFLOAT16, np.dtype(ml_dtypes.bfloat16), 16),
-    "tensor(float8e4m3fn)": Kind(TensorProto.FLOAT8E4M3FN, np.dtype(ml_dtypes.float8_e4m3fn), 8),
-    "tensor(float8e4m3fnuz)": Kind(
-        TensorProto.FLOAT8E4M3FNUZ, np.dtype(ml_dtypes.float8_e4m3fnuz), 8
-    ),
-    "tensor(float8e5m2)": Kind(TensorProto.FLOAT8E5M2, np.dtype(ml_dtypes.float8_e5m2), 8),
-    "tensor(float8e5m2fnuz)": Kind(
-        TensorProto.FLOAT8E5M2FNUZ, np.dtype(ml_dtypes.float8_e5m2fnuz), 8
-    ),
-    "tensor(int4)": Kind(TensorProto.INT4, np.dtype(ml_dtypes.int4), 4),
-    "tensor(uint4)": Kind(TensorProto.UINT4, np.dtype(ml_dtypes.uint4), 4),
-    "tensor(int2)": Kind(TensorProto.INT2, np.dtype(ml_dtypes.int2), 2),
-    "tensor(uint2)": Kind(TensorProto.UINT2, np.dtype(ml_dtypes.uint2), 2),
-}
-_SIGNED = {TensorProto.INT4, TensorProto.INT2}
+KINDS = {f"tensor({TensorProto.DataType.Name(d.onnx).lower()})": d for d in TABLE if not d.native}
+"""The element types handled here, by ORT's name for them (``"tensor(bfloat16)"``): the
+``ml_dtypes`` rows of the one table of element types."""
 _STORAGE: dict[int, np.dtype[Any]] = {
     16: np.dtype(np.uint16),
     8: np.dtype(np.uint8),
@@ -60,14 +35,14 @@ _STORAGE: dict[int, np.dtype[Any]] = {
 }
 
 
-def special_kinds(args: Sequence[Any]) -> dict[str, Kind]:
+def special_kinds(args: Sequence[Any]) -> dict[str, DType]:
     """The inputs or outputs (``session.get_inputs()``...) of such types, by name."""
     return {a.name: KINDS[a.type] for a in args if a.type in KINDS}
 
 
-def to_ortvalue(value: Any, kind: Kind) -> Any:
+def to_ortvalue(value: Any, kind: DType) -> Any:
     """A C ``OrtValue`` of ``kind`` holding ``value`` (an array of the kind's dtype)."""
-    array = np.ascontiguousarray(value, dtype=kind.dtype)
+    array = np.ascontiguousarray(value, dtype=kind.numpy)
     if kind.bits > 4:  # the same bytes: ORT reads the array in place
         storage = array.view(_STORAGE[kind.bits])
         return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(storage, kind.onnx)._ortvalue
@@ -77,7 +52,7 @@ def to_ortvalue(value: Any, kind: Kind) -> Any:
     return result
 
 
-def from_ortvalue(value: Any, kind: Kind) -> np.ndarray:
+def from_ortvalue(value: Any, kind: DType) -> np.ndarray:
     """The array of an ORT result of ``kind`` (a copy: ORT's buffer goes with the value)."""
     shape = tuple(value.shape())
     count = int(np.prod(shape, dtype=np.int64))
@@ -85,7 +60,7 @@ def from_ortvalue(value: Any, kind: Kind) -> np.ndarray:
         out = np.empty(shape, _STORAGE[kind.bits])
         if count:
             ctypes.memmove(out.ctypes.data, value.data_ptr(), out.nbytes)
-        result: np.ndarray = out.view(kind.dtype)
+        result: np.ndarray = out.view(kind.numpy)
         return result
     per_byte = 8 // kind.bits
     packed = np.empty(-(-count // per_byte), np.uint8)
@@ -97,9 +72,9 @@ def from_ortvalue(value: Any, kind: Kind) -> np.ndarray:
 def run_converting(
     session: Any,
     inputs: Mapping[str, Any],
-    kinds_in: Mapping[str, Kind],
+    kinds_in: Mapping[str, DType],
     names: Sequence[str],
-    kinds_out: Mapping[str, Kind],
+    kinds_out: Mapping[str, DType],
     options: ort.RunOptions,
 ) -> list[np.ndarray]:
     """Run ``session`` (the C session) on ``inputs``, converting the inputs and outputs of
@@ -140,15 +115,15 @@ def _pack(array: np.ndarray, bits: int) -> np.ndarray:
     return packed
 
 
-def _unpack(packed: np.ndarray, count: int, kind: Kind) -> np.ndarray:
+def _unpack(packed: np.ndarray, count: int, kind: DType) -> np.ndarray:
     """``count`` elements of ``kind`` out of ``packed`` bytes, one per byte."""
     per_byte, mask = 8 // kind.bits, (1 << kind.bits) - 1
     fields = np.empty(packed.size * per_byte, np.uint8)
     for k in range(per_byte):
         fields[k::per_byte] = (packed >> (k * kind.bits)) & mask
     fields = fields[:count]
-    if kind.onnx in _SIGNED:  # sign-extend: the upper half of the range is negative
+    if kind.name.startswith("int"):  # sign-extend: the upper half of the range is negative
         values = fields.astype(np.int8)
         values[values >= 1 << (kind.bits - 1)] -= 1 << kind.bits
-        return values.view(kind.dtype)
-    return fields.view(kind.dtype)
+        return values.view(kind.numpy)
+    return fields.view(kind.numpy)

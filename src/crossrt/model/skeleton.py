@@ -22,8 +22,9 @@ STUB_BYTES = 1024
 """Initializers whose ``raw_data`` is this long or longer become stubs."""
 
 _LOCATION = "crossrt-skeleton"  # never read: shape inference takes types from the stub
-# Element types whose raw data is itemsize bytes per element (not strings, not 4-bit types).
-_ITEMSIZE = {d.onnx: d.itemsize for d in TABLE if d.itemsize and d.name not in ("int4", "uint4")}
+# Element types whose raw data is whole bytes per element (not strings, not int4 or int2,
+# which ONNX packs several to a byte).
+_ITEMSIZE = {d.onnx: d.bits // 8 for d in TABLE if d.bits and d.bits % 8 == 0}
 
 
 @dataclass(frozen=True)
