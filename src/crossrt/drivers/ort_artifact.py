@@ -27,6 +27,7 @@ with its ``ir_version`` field (byte ``0x08``), never with ``C``, so the magic te
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import struct
@@ -149,7 +150,7 @@ def pack(
             ]
         entries.append(entry)
     if data is not None:  # tensors of subgraphs and attributes ORT also wrote out: back in
-        for tensor in _nested_tensors(proto.graph):
+        for tensor in _nested_tensors(proto):
             if tensor.data_location == onnx.TensorProto.EXTERNAL:
                 _embed(tensor, _external(tensor, memoryview(data))[0])
     graph = proto.SerializeToString()
@@ -219,18 +220,12 @@ def _external(
     return data[offset : offset + length], packs
 
 
-def _nested_tensors(graph: onnx.GraphProto, top: bool = True) -> Iterator[onnx.TensorProto]:
-    """The tensors of ``graph`` other than its own initializers (``top``): those of its
-    subgraphs (``If``, ``Loop``, ``Scan`` bodies), and tensor attributes at any depth."""
-    if not top:
-        yield from graph.initializer
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.HasField("t"):
-                yield attr.t
-            yield from attr.tensors
-            for sub in (*([attr.g] if attr.HasField("g") else []), *attr.graphs):
-                yield from _nested_tensors(sub, top=False)
+def _nested_tensors(proto: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    """Every tensor of ``proto`` but its main graph's initializers: those of subgraphs (If,
+    Loop, Scan bodies), of attributes and of functions. onnx's own walk, which yields the main
+    graph's initializers first."""
+    tensors = onnx.external_data_helper._get_all_tensors(proto)
+    return itertools.islice(tensors, len(proto.graph.initializer), None)
 
 
 def _embed(init: onnx.TensorProto, blob: memoryview) -> None:
@@ -368,7 +363,7 @@ def parse_graph(unpacked: Unpacked) -> onnx.ModelProto:
         proto.ParseFromString(unpacked.graph)
     except Exception:  # protobuf's DecodeError, or worse on hostile bytes
         raise _corrupt("its graph is not a valid ONNX model") from None
-    for tensor in _nested_tensors(proto.graph):
+    for tensor in _nested_tensors(proto):
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             raise _corrupt(f"tensor {tensor.name!r} inside its graph refers to a file")
     return proto

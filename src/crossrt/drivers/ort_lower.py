@@ -13,7 +13,7 @@ keeps the reason ORT cannot read it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 import onnx
 
@@ -37,21 +37,31 @@ def node_blocker(
     """Why ``node`` (and the subgraphs it holds) cannot be lowered to ``max_opset`` and to the
     IR version whose newest element type is ``newest_type`` (``None``: no IR lowering), or
     ``None`` when it can."""
-    for inner in _nodes_within(node):
-        if inner.domain not in ("", "ai.onnx"):
-            continue
-        try:
-            since = onnx.defs.get_schema(inner.op_type, opset, "").since_version
-        except onnx.defs.SchemaError:
-            continue  # unknown: the engine's own check names it
-        if since > max_opset:
-            return f"{inner.op_type}-{since} is newer than the newest opset it reads ({max_opset})"
+    changed = changed_operator(_nodes_within(node), opset, max_opset)
+    if changed is not None:
+        return f"{changed} is newer than the newest opset it reads ({max_opset})"
     if newest_type is not None:
         for name in (*node.input, *node.output):
             elem = types[name].tensor_type.elem_type if name in types else 0
             if elem > newest_type:
                 kind = onnx.TensorProto.DataType.Name(elem).lower()
                 return f"tensor {name!r} is {kind}, a type newer than the IR version it reads"
+    return None
+
+
+def changed_operator(nodes: Iterable[onnx.NodeProto], opset: int, other: int) -> str | None:
+    """The first ai.onnx operator of ``nodes`` whose schema differs between ``opset`` and
+    ``other`` (``"Cast-28"``: as at ``opset``), or ``None`` when each means the same at both.
+    An operator unknown to onnx counts as unchanged: the engine's own check names it."""
+    for node in nodes:
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        try:
+            since = onnx.defs.get_schema(node.op_type, opset, "").since_version
+            if since != onnx.defs.get_schema(node.op_type, other, "").since_version:
+                return f"{node.op_type}-{since}"
+        except onnx.defs.SchemaError:
+            continue
     return None
 
 

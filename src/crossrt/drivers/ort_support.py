@@ -227,25 +227,9 @@ def _function_body(
         # onnx cannot build the body here (too little type information); ORT may still, so
         # an empty body: nothing in it to refuse.
         return onnx.FunctionProto()
-    if not _unchanged_since(body, max(fitting), opset):
+    if ort_lower.changed_operator(body.node, max(fitting), opset) is not None:
         return None
     return body
-
-
-def _unchanged_since(body: onnx.FunctionProto, written: int, opset: int) -> bool:
-    """Whether every ai.onnx operator of ``body`` (written for opset ``written``) is the same
-    at ``opset``."""
-    for inner in body.node:
-        if inner.domain not in ("", "ai.onnx"):
-            continue
-        try:
-            then = onnx.defs.get_schema(inner.op_type, written, "").since_version
-            now = onnx.defs.get_schema(inner.op_type, opset, "").since_version
-        except onnx.defs.SchemaError:
-            continue
-        if then != now:
-            return False
-    return True
 
 
 def _body_reason(
