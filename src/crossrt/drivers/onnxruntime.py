@@ -400,26 +400,23 @@ class OrtProgram(Program):
     def bound_call(
         self, inputs: Mapping[str, Any], outputs: Mapping[str, np.ndarray]
     ) -> Callable[[], None] | None:
-        """This thread's last binding, when it binds ``inputs`` and ``outputs`` as they are now
-        and every output of the model, as a call that runs it again without looking at them.
+        """A binding of ``inputs`` and ``outputs`` as a call that runs it again as it is.
 
         For a caller that checks on its own, before each call, that they are still the same
         arrays with the same shapes and dtypes, and that never makes the call from two threads
         at once: ``LoadedModel`` (``OutputBinder.repeat``). The call holds the arrays, since
-        ORT writes the outputs by address. ``None`` when no such binding was kept.
+        ORT writes the outputs by address. ``None`` where a binding could not be run again
+        as it is: types converted on every run, an output left to ORT, an input ORT copies.
         """
-        if self._special:
+        if self._special or len(outputs) != len(self._output_names) or not _in_place(inputs):
             return None
-        last = getattr(self._reuse, "last", None)
-        if (
-            last is None
-            or len(inputs) != last[1]
-            or len(outputs) != last[2]
-            or not self._same_arrays(last[0], inputs, outputs)
-        ):
+        try:
+            binding = self._new_binding(inputs, outputs)
+        except RuntimeError:
             return None
+        kept = (inputs, outputs)
         return functools.partial(
-            self._run_again, self._run_binding, last[3], self._run_options, last[0]
+            self._run_again, self._run_binding, binding, self._run_options, kept
         )
 
     @staticmethod
@@ -436,10 +433,8 @@ class OrtProgram(Program):
         """Run unbound, then copy results into the buffers given (inputs ORT cannot bind)."""
         return copy_into(self.run(inputs), outputs)
 
-    def _bind(
-        self, inputs: Mapping[str, Any], outputs: Mapping[str, np.ndarray], misses: int
-    ) -> Any:
-        """A new binding of ``inputs`` and ``outputs``, kept for reuse where that is safe."""
+    def _new_binding(self, inputs: Mapping[str, Any], outputs: Mapping[str, np.ndarray]) -> Any:
+        """An IOBinding of ``inputs`` and ``outputs`` (ORT allocates the outputs not given)."""
         # The C++ binding objects directly: the Python IOBinding wrapper adds ~30 µs a call.
         binding = _C.SessionIOBinding(self.session._sess)
         for name, value in inputs.items():
@@ -453,6 +448,13 @@ class OrtProgram(Program):
                 binding.bind_output(name, _CPU)
             else:
                 binding.bind_output(name, _CPU, out.dtype, list(out.shape), out.ctypes.data)
+        return binding
+
+    def _bind(
+        self, inputs: Mapping[str, Any], outputs: Mapping[str, np.ndarray], misses: int
+    ) -> Any:
+        """A new binding of ``inputs`` and ``outputs``, kept for reuse where that is safe."""
+        binding = self._new_binding(inputs, outputs)
         # Arrays that change every call (fresh or rotating buffers) never match: after two
         # misses in a row only every _PROBE-th call keeps a snapshot, so such callers pay for
         # little more than a new binding. A snapshot is kept only when ORT reads every input
@@ -461,10 +463,7 @@ class OrtProgram(Program):
         # next run, under arrays already returned); it holds the arrays until this thread
         # binds others.
         keep = (misses < 2 or misses % _PROBE == 0) and len(outputs) == len(self._output_names)
-        if keep and all(
-            type(v) is np.ndarray and v.flags.c_contiguous and v.dtype.kind in "iuf"
-            for v in inputs.values()
-        ):
+        if keep and _in_place(inputs):
             kept = tuple(
                 (name, a, a.shape, a.dtype) for name, a in (*inputs.items(), *outputs.items())
             )
@@ -477,6 +476,15 @@ class OrtProgram(Program):
         del self._run, self._run_binding
         self._reuse = threading.local()  # drop the bindings (and the arrays they hold)
         del self.session
+
+
+def _in_place(inputs: Mapping[str, Any]) -> bool:
+    """Whether ORT reads every input where it lies (C-contiguous numeric arrays): a binding
+    of other inputs holds copies, stale the next time."""
+    return all(
+        type(v) is np.ndarray and v.flags.c_contiguous and v.dtype.kind in "iuf"
+        for v in inputs.values()
+    )
 
 
 def _run_converting(
