@@ -703,3 +703,24 @@ def test_a_large_initializer_no_node_reads_does_not_stop_a_compile():
     with crossrt.Runtime() as rt:
         out = rt.load(exe).run({"x": np.ones((1, 2048), np.float32)})["y"]
     assert out.shape == (1, 4096)
+
+
+def test_only_drivers_that_read_files_get_a_spilled_one(monkeypatch):
+    # The reference evaluator parses its artifact in memory: writing it out would be waste.
+    from crossrt.runtime import groups
+
+    written: list[int] = []
+    real = groups.spilled
+
+    def counting(artifact: Any) -> Any:
+        written.append(len(artifact))
+        return real(artifact)
+
+    monkeypatch.setattr(groups, "spilled", counting)
+    b = GraphBuilder("small")
+    b.output(b.op("Relu", [b.input("x", "float32", [2])], outputs=["y"]))
+    with crossrt.Runtime() as rt:
+        rt.load(crossrt.compile(b.finish(), "cpu", driver="reference"), instances=2)
+        assert written == []
+        rt.load(crossrt.compile(_wide_model(), "cpu", driver="onnxruntime"), instances=2)
+        assert len(written) == 1

@@ -320,6 +320,11 @@ class Driver(ABC):
     preference: int = 50
     """When several drivers serve a device kind, the highest preference is the default."""
 
+    reads_files: bool = False
+    """Whether :meth:`load` reads an artifact from its file when given one (``file=``): then
+    the runtime writes an artifact held in memory to a file for a load of several instances,
+    which the engine maps once for all of them."""
+
     @property
     @abstractmethod
     def version(self) -> str:

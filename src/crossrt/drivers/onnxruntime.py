@@ -75,6 +75,7 @@ class OnnxRuntimeDriver(Driver):
 
     name = "onnxruntime"
     preference = 100
+    reads_files = True  # ORT maps the weights from the file (ort_artifact.graph_reading)
 
     def __init__(self) -> None:
         # ORT's console warnings would interleave with the user's output; errors still raise.

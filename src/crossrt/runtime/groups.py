@@ -210,9 +210,11 @@ def load_instances(
     try:
         # Several instances of an artifact in memory: one file the engines can share.
         located = [
-            node.artifact_file
-            if node.artifact_file is not None or len(core_sets) < 2
-            else files.enter_context(spilled(node.artifact))
+            files.enter_context(spilled(node.artifact))
+            if node.artifact_file is None
+            and len(core_sets) > 1
+            and get_driver(node.driver).reads_files
+            else node.artifact_file
             for node in exe.nodes
         ]
         for k, cores in enumerate(core_sets):
