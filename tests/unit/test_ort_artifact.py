@@ -696,7 +696,7 @@ def test_a_tensor_inside_the_graph_may_not_name_a_file(tmp_path, from_file):
 
 def test_a_large_initializer_no_node_reads_does_not_stop_a_compile():
     # ORT drops unused initializers before it takes those handed beside the graph, then
-    # misses them: the driver hands such a model over whole.
+    # looks for such a stub's data as a file: the driver leaves unread stubs out.
     proto = _wide_model().proto
     proto.graph.initializer.append(numpy_helper.from_array(np.zeros(1024, np.float32), "unused"))
     exe = crossrt.compile(crossrt.load_model(proto), "cpu", driver="onnxruntime")

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
 from ..dtypes import DType
@@ -122,30 +123,34 @@ class OnnxRuntimeDriver(Driver):
         assert artifact is not None  # level EXTENDED is always reloaded as it is saved
         return artifact
 
-    def _engine_model(
-        self, model: Model, so: ort.SessionOptions, whole: bool = False
-    ) -> tuple[bytes, list[np.ndarray]]:
+    def _engine_model(self, model: Model, so: ort.SessionOptions) -> tuple[bytes, list[np.ndarray]]:
         """The model as ORT reads it: its skeleton, the large weights handed over beside it
-        on ``so`` (serializing them would cost a second per 400 MB), or with ``whole`` the
-        model with its weights inside; lowered to ORT's IR version and opset when it is
-        newer and means the same there (``ort_lower``; ``supported_nodes`` vouched for its
-        nodes). The arrays ORT reads the weights from come back too: they must outlive the
-        session's creation."""
+        on ``so`` (serializing them would cost a second per 400 MB); lowered to ORT's IR
+        version and opset when it is newer and means the same there (``ort_lower``;
+        ``supported_nodes`` vouched for its nodes). The arrays ORT reads the weights from
+        come back too: they must outlive the session's creation."""
         light = model.skeleton
         initializers = model.proto.graph.initializer
-        weights = [initializers[i] for i in light.stubbed]
-        dtypes = [ort_artifact.numpy_dtype(w.data_type) for w in weights]
-        proto = light.proto
+        dtypes = [ort_artifact.numpy_dtype(initializers[i].data_type) for i in light.stubbed]
         arrays: list[np.ndarray] = []
-        if whole or any(d is None for d in dtypes):  # a type NumPy cannot hand ORT
+        if any(d is None for d in dtypes):  # a type NumPy cannot hand ORT: the model whole
             proto = model.proto
         else:
-            arrays = [
-                np.frombuffer(w.raw_data, d).reshape(w.dims)
-                for w, d in zip(weights, dtypes, strict=True)
-            ]
+            # ORT drops an initializer nothing reads before it takes those given beside the
+            # graph, then looks for that stub's data as a file: leave such stubs out.
+            read = _names_read(model.proto.graph)
+            proto = onnx.ModelProto()
+            proto.CopyFrom(light.proto)  # small: the stubs hold no data
+            names = []
+            for i, dtype in reversed(list(zip(light.stubbed, dtypes, strict=True))):
+                weight = initializers[i]
+                if weight.name not in read:
+                    del proto.graph.initializer[i]
+                else:
+                    names.append(weight.name)
+                    arrays.append(np.frombuffer(weight.raw_data, dtype).reshape(weight.dims))
             values = [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays]
-            so.add_external_initializers([w.name for w in weights], values)
+            so.add_external_initializers(names, values)
         known = self._registry()
         onnx_opset = model.opsets.get("", model.opsets.get("ai.onnx", 0))
         if proto.ir_version > known.max_ir or onnx_opset > known.max_opset:
@@ -159,16 +164,9 @@ class OnnxRuntimeDriver(Driver):
         with tempfile.TemporaryDirectory(prefix="crossrt-ort-") as tmp:
             out = Path(tmp) / "optimized.onnx"
             try:
-                try:
-                    so = _save_options(level, out)
-                    graph, weights = self._engine_model(model, so)
-                    ort.InferenceSession(graph, so, providers=[_PROVIDER])
-                except Exception:
-                    # ORT drops an initializer no node reads before it takes the ones given
-                    # beside the graph, then misses it: hand it the model whole.
-                    so = _save_options(level, out)
-                    graph, weights = self._engine_model(model, so, whole=True)
-                    ort.InferenceSession(graph, so, providers=[_PROVIDER])
+                so = _save_options(level, out)
+                graph, weights = self._engine_model(model, so)
+                ort.InferenceSession(graph, so, providers=[_PROVIDER])
                 del weights  # ORT has its own copy now
             except Exception as exc:
                 raise CompileError(
@@ -501,6 +499,18 @@ def _run_converting(
         return ort_types.run_converting(session, inputs, kinds_in, names, kinds_out, options)
     except TypeError as exc:
         raise ExecutionError(str(exc)) from None
+
+
+def _names_read(graph: onnx.GraphProto) -> set[str]:
+    """The names ``graph`` reads: its inputs and outputs, every node's inputs, and those of
+    the subgraphs its nodes hold (which may read the outer graph's initializers)."""
+    names = {v.name for v in (*graph.input, *graph.output)}
+    for node in graph.node:
+        names.update(node.input)
+        for attr in node.attribute:
+            for sub in (*([attr.g] if attr.HasField("g") else []), *attr.graphs):
+                names |= _names_read(sub)
+    return names
 
 
 def _save_options(level: str, out: Path) -> ort.SessionOptions:
