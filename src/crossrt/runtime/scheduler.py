@@ -31,7 +31,6 @@ import numpy as np
 
 from ..drivers import Program
 from ..drivers.base import CancelToken
-from ..drivers.host import usable_cores
 from ..errors import (
     ClosedError,
     CrossrtError,
@@ -282,7 +281,7 @@ class Scheduler:
             if not self._start(job):
                 continue
             inst = self._take()
-            if inst.pin != pinned:  # a worker serves whichever instance is idle
+            if inst.pin is not None and inst.pin != pinned:  # it serves any idle instance
                 pinned = _pin_thread(inst.pin)
             try:
                 execute = partial(_execute_with, inst, job.token)
@@ -295,7 +294,8 @@ class Scheduler:
                 self._done(job, result)
 
     def _stage(self, inst: Instance, j: int, stages: list[queue.SimpleQueue[Job | None]]) -> None:
-        _pin_thread(inst.pin)
+        if inst.pin is not None:
+            _pin_thread(inst.pin)
         last = j == len(inst.programs) - 1
         names = inst.steps[j][0]
         while (job := stages[j].get()) is not _STOP:
@@ -373,20 +373,12 @@ def _late(name: str, why: str) -> DeadlineExceededError:
     )
 
 
-_ALL_CPUS: set[int] | None = None
-
-
-def _pin_thread(cpus: tuple[int, ...] | None) -> tuple[int, ...] | None:
-    """Pin the calling thread to ``cpus`` (all of the process's CPUs for ``None``) where the OS
-    allows; return what it is pinned to now."""
-    global _ALL_CPUS
+def _pin_thread(cpus: tuple[int, ...]) -> tuple[int, ...]:
+    """Pin the calling thread to ``cpus`` where the OS allows; return them."""
     setaffinity = getattr(os, "sched_setaffinity", None)
-    if setaffinity is None:  # not Linux: threads stay where the OS puts them
-        return cpus
-    try:
-        if _ALL_CPUS is None:
-            _ALL_CPUS = set(usable_cores())
-        setaffinity(0, _ALL_CPUS if cpus is None else cpus)  # 0: this thread, on Linux
-    except OSError as exc:  # a CPU taken away since (cgroup change): keep running unpinned
-        log.debug("could not pin a worker to CPUs %s: %s", cpus, exc)
+    if setaffinity is not None:  # not on Linux: threads stay where the OS puts them
+        try:
+            setaffinity(0, cpus)  # 0: this thread, on Linux
+        except OSError as exc:  # a CPU taken away since (cgroup change): run unpinned
+            log.debug("could not pin a worker to CPUs %s: %s", cpus, exc)
     return cpus
