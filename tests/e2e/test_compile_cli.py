@@ -141,7 +141,7 @@ def test_compile_with_fallback_places_nodes_on_two_drivers(capsys, models, tmp_p
         (["{scaled1}", "--perf", "turbo"], "INVALID_OPTION", "performance_mode"),
         (["{scaled1}", "--priority", "urgent"], "INVALID_OPTION", "priority"),
         (["{scaled1}", "-d", "tpu"], "DEVICE_UNAVAILABLE", "no device 'tpu'"),
-        (["{scaled1}", "--driver", "reference", "--fp16"], "DEVICE_UNAVAILABLE", "fp16"),
+        (["{scaled1}", "--driver", "reference", "--fp16"], "INVALID_OPTION", "fp16"),
     ],
 )
 def test_compile_errors_are_one_line(capsys, models, tmp_path, argv, code, fragment):

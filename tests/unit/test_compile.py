@@ -262,10 +262,10 @@ def test_bad_option_values_are_rejected(option, value):
 )
 @pytest.mark.parametrize("driver", DRIVERS)
 def test_options_a_driver_cannot_honour_are_refused_by_name(driver, options, named):
-    with pytest.raises(DeviceUnavailableError) as info:
+    with pytest.raises(crossrt.InvalidOptionError) as info:
         crossrt.compile(_relu_model(), driver=driver, **options)
     err = info.value
-    assert err.code is StatusCode.DEVICE_UNAVAILABLE
+    assert err.code is StatusCode.INVALID_OPTION
     assert f"option {named}" in err.message
     assert driver in err.message and "cpu:0" in err.message
     assert err.details["driver"] == driver
@@ -273,7 +273,7 @@ def test_options_a_driver_cannot_honour_are_refused_by_name(driver, options, nam
 
 @pytest.mark.parametrize("mode", ["high", "HIGH", 3, PerformanceMode.HIGH])
 def test_reference_refuses_performance_modes(mode):
-    with pytest.raises(DeviceUnavailableError) as info:
+    with pytest.raises(crossrt.InvalidOptionError) as info:
         crossrt.compile(_relu_model(), driver="reference", performance_mode=mode)
     assert "performance_mode" in info.value.message
     assert "NONE" in info.value.message  # what it supports

@@ -13,8 +13,15 @@ The life of a model on a driver:
 2. :meth:`Driver.supported_nodes` answers, node by node, before anything is compiled.
 3. :meth:`Driver.check_options` refuses, by name, an option the device cannot honour.
 4. :meth:`Driver.compile` turns the model into an opaque, serializable artifact.
-5. :meth:`Driver.load` stages an artifact on a set of cores and returns a :class:`Program`.
-6. :meth:`Program.run` executes it; :meth:`Program.close` releases it.
+5. :meth:`Driver.load` stages an artifact on a :class:`CoreSet` and returns a :class:`Program`.
+6. :meth:`Program.residence` says where it wants each input and output (host memory or the
+   device's own, :class:`Residence`); the runtime moves data through the driver's memory hooks
+   (:meth:`Driver.allocate` ... :meth:`Driver.copy_device`) only where that differs from where
+   the caller's data lies, and counts every byte it moves.
+7. :meth:`Program.run` executes it; :meth:`Program.bind` prepares a call on fixed inputs and
+   outputs to run many times; :meth:`Program.close` releases it.
+
+``docs/writing-a-driver.md`` walks through it line by line; ``drivers/sim.py`` is the template.
 
 A driver class must be importable even when its engine is missing only if it raises
 ``ImportError`` at import time with a message that says what to install; the registry catches
@@ -24,6 +31,7 @@ that and reports the driver as unavailable with the reason.
 from __future__ import annotations
 
 import enum
+import functools
 import os
 import threading
 from abc import ABC, abstractmethod
@@ -33,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DeviceUnavailableError, ExecutionError
+from ..errors import ExecutionError, InvalidOptionError
 from ..model import Model
 
 
@@ -63,6 +71,75 @@ class Priority(enum.IntEnum):
     LOW = 1
     MEDIUM = 2
     HIGH = 3
+
+
+class Residence(enum.Enum):
+    """Where a program wants one of its inputs or outputs to lie when it runs."""
+
+    HOST = "host"
+    """Host memory: the program takes and returns NumPy arrays."""
+    DEVICE = "device"
+    """The memory of the program's device: it takes and returns :class:`DeviceArray` values."""
+
+
+@dataclass(frozen=True)
+class DeviceArray:
+    """A tensor in a device's own memory, as a :class:`Program` takes or returns it.
+
+    Attributes:
+        buffer: the driver's handle, as :meth:`Driver.allocate` returned it.
+        device: the id of the device whose memory holds it (``"sim:3"``).
+        dtype: its element type.
+        shape: its dimensions.
+        offset: where its first byte lies in ``buffer``.
+    """
+
+    buffer: Any
+    device: str
+    dtype: np.dtype[Any]
+    shape: tuple[int, ...]
+    offset: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Its size in bytes."""
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class CoreSet:
+    """The cores a program is staged on, built and validated by the runtime in one place.
+
+    Attributes:
+        indices: the cores, as indices within the device (``0 .. DeviceInfo.cores - 1``).
+            A program uses one engine thread per core.
+        host_cpus: for a CPU device, the host CPU number of each core, in order.
+        pinned: whether the program should pin the threads it starts, one per core, to
+            ``host_cpus`` (the node runs on part of the process's CPUs, or the runtime owns
+            its CPUs). The thread that calls ``run`` is the caller's: never pinned by a driver.
+    """
+
+    indices: tuple[int, ...]
+    host_cpus: tuple[int, ...] = ()
+    pinned: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.indices:
+            raise ValueError("a CoreSet holds at least one core")
+        if self.host_cpus and len(self.host_cpus) != len(self.indices):
+            raise ValueError("a CoreSet names one host CPU per core, or none")
+        if self.pinned and not self.host_cpus:
+            raise ValueError("a pinned CoreSet names the host CPU of each core")
+
+    @property
+    def threads(self) -> int:
+        """How many engine threads a program on these cores uses: one per core."""
+        return len(self.indices)
+
+    @property
+    def pin(self) -> tuple[int, ...] | None:
+        """The host CPUs to pin threads to, or ``None`` when threads are not pinned."""
+        return self.host_cpus if self.pinned else None
 
 
 @dataclass(frozen=True)
@@ -210,6 +287,16 @@ class Program(ABC):
     ``run`` must be safe to call from several threads at once.
     """
 
+    def residence(self) -> Mapping[str, Residence]:
+        """Where the program wants each input and output, by name; names left out are
+        :attr:`Residence.HOST`. The default wants everything in host memory (a CPU engine).
+
+        The runtime hands :meth:`run` a NumPy array for a HOST name and a
+        :class:`DeviceArray` on the program's device for a DEVICE name, moving data through
+        the driver's memory hooks only where the caller's data lies elsewhere.
+        """
+        return {}
+
     @abstractmethod
     def run(
         self, inputs: Mapping[str, Any], outputs: Mapping[str, np.ndarray] | None = None
@@ -217,11 +304,15 @@ class Program(ABC):
         """Execute once.
 
         Args:
-            inputs: one value per model input, already validated by the runtime.
-            outputs: preallocated arrays to write results into, where the engine can.
+            inputs: one value per model input, already validated by the runtime: a NumPy
+                array where :meth:`residence` says HOST, a :class:`DeviceArray` on this
+                program's device where it says DEVICE (non-tensor values as they are).
+            outputs: preallocated buffers to write results into, where the engine can, of the
+                same kinds; outputs not named are allocated by the program (device outputs
+                through its driver's :meth:`Driver.allocate`).
 
         Returns:
-            One array per model output, by name.
+            One value per model output, by name, of the kind :meth:`residence` says.
         """
 
     def run_cancellable(
@@ -238,6 +329,21 @@ class Program(ABC):
         ``cancel.on_cancel``.
         """
         return self.run(inputs, outputs)
+
+    def bind(
+        self, inputs: Mapping[str, Any], outputs: Mapping[str, Any] | None = None
+    ) -> Callable[[], dict[str, Any]]:
+        """Prepare a run on exactly these inputs and outputs, to be called many times.
+
+        The caller (a :class:`~crossrt.runtime.Request`, or the runtime for it) promises to
+        keep the values' memory, shapes and dtypes unchanged while it holds the call (the
+        contents may change between calls: that is the point), and never to make the call
+        from two threads at once. The call returns what :meth:`run` would.
+
+        The default binds nothing: each call is a :meth:`run`. Engines with a reusable
+        binding (ONNX Runtime's IOBinding, a device's command buffer) prepare it once here.
+        """
+        return functools.partial(self.run, dict(inputs), dict(outputs) if outputs else None)
 
     def bound_call(
         self, inputs: Mapping[str, Any], outputs: Mapping[str, np.ndarray]
@@ -320,6 +426,10 @@ class Driver(ABC):
     preference: int = 50
     """When several drivers serve a device kind, the highest preference is the default."""
 
+    install_hint: str = ""
+    """What to install for this driver's engine (``"pip install 'crossrt[openvino]'"``), said
+    when its engine is missing or a compiled model needs it."""
+
     reads_files: bool = False
     """Whether :meth:`load` reads an artifact from its file when given one (``file=``): then
     the runtime writes an artifact held in memory to a file for a load of several instances,
@@ -356,7 +466,8 @@ class Driver(ABC):
         for ``options.extensions``.
 
         Raises:
-            DeviceUnavailableError: naming the option, the device and what it supports.
+            InvalidOptionError: (INVALID_OPTION) naming the option, the driver, the device and
+                what it supports.
         """
         caps = device.capabilities
         if options.fp16 and not caps.fp16:
@@ -437,10 +548,8 @@ class Driver(ABC):
         dst[dst_offset : dst_offset + nbytes] = src[src_offset : src_offset + nbytes]
 
 
-def _cannot_honour(
-    option: str, driver: str, device: DeviceInfo, why: str
-) -> DeviceUnavailableError:
-    return DeviceUnavailableError(
+def _cannot_honour(option: str, driver: str, device: DeviceInfo, why: str) -> InvalidOptionError:
+    return InvalidOptionError(
         f"option {option} cannot be honoured by driver {driver!r} on {device.id}: {why}; "
         "drop the option or choose another device",
         details={"option": option, "driver": driver, "device": device.id},
