@@ -78,12 +78,20 @@ def _one_error_line(capsys, code_name: str, number: int) -> str:
 # -- top level --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("argv", [[], ["--help"], ["-h"], ["help"]])
+@pytest.mark.parametrize("argv", [["--help"], ["-h"], ["help"]])
 def test_top_level_help(capsys, argv):
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: crossrt COMMAND")
     assert "  ls " in out and "  run " in out
+
+
+def test_no_command_is_a_usage_error(capsys):
+    assert cli.main([]) == 2  # as argparse exits for a missing argument
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("usage: crossrt COMMAND")
+    assert "error: a command is required" in captured.err
 
 
 def test_version(capsys):
@@ -343,3 +351,7 @@ def test_console_script_ls_and_run(files, tmp_path):
     )
     assert failed.returncode == 1
     assert failed.stderr.count("\n") == 1 and "INVALID_MODEL (2003)" in failed.stderr
+
+    bare = subprocess.run([exe], capture_output=True, text=True, timeout=120, env=env, check=False)
+    assert bare.returncode == 2 and bare.stdout == ""
+    assert bare.stderr.startswith("usage: crossrt COMMAND") and "command is required" in bare.stderr

@@ -34,7 +34,11 @@ def usage() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``crossrt`` console script."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help", "help"):
+    if not args:  # a missing command is a usage error, as argparse treats one
+        names = ", ".join(COMMANDS)
+        print(f"{usage()}\n\ncrossrt: error: a command is required ({names})", file=sys.stderr)
+        return 2
+    if args[0] in ("-h", "--help", "help"):
         print(usage())
         return 0
     if args[0] in ("-V", "--version"):
