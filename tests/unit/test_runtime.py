@@ -129,6 +129,27 @@ def test_wrong_dtype_on_dynamic_input(loaded):
     assert ".astype(np.int64)" in err.message
 
 
+def test_none_as_an_input_says_it_is_none(loaded):
+    err = _bad(loaded, {"image": None, "count": COUNT})
+    assert err.message.startswith("input 'image' is None; pass an array of float32 [2,3]")
+    assert "object" not in err.message  # not "got object []" from np.asarray(None)
+    assert err.details == {"input": "image"}
+
+
+def test_string_input_hint_is_valid_on_numpy_2():
+    b = GraphBuilder("words")
+    b.output(b.op("Identity", [b.input("words", "string", [2])], outputs=["same"]))
+    with crossrt.Runtime() as rt:
+        model = rt.load(b.finish())
+        given = np.array([1, 2])
+        with pytest.raises(InvalidInputError) as info:
+            model.run({"words": given})
+        assert ".astype(object)" in info.value.message
+        assert "np.object" not in info.value.message  # gone in NumPy 2: the hint would fail
+        out = model.run({"words": given.astype(str).astype(object)})  # the hint, applied
+        assert list(out["same"]) == ["1", "2"]
+
+
 def test_wrong_rank(loaded):
     err = _bad(loaded, {"image": IMAGE[None], "count": COUNT})
     assert "input 'image'" in err.message

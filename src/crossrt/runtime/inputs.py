@@ -129,6 +129,11 @@ class InputChecker:
 
     def _coerce(self, spec: TensorSpec, value: Any) -> np.ndarray:
         assert spec.dtype is not None
+        if value is None:  # np.asarray(None) is a 0-d object array: refused for its dtype
+            raise InvalidInputError(
+                f"input {spec.name!r} is None; pass an array of {spec.describe()}",
+                details={"input": spec.name},
+            )
         if isinstance(value, np.ndarray):
             return value  # a subclass (memmap, matrix): checked like any array
         if isinstance(value, Tensor):
@@ -196,13 +201,20 @@ def _wrong_dtype(spec: TensorSpec, value: np.ndarray) -> InvalidInputError:
     assert spec.dtype is not None
     return InvalidInputError(
         f"input {spec.name!r}: expected {spec.describe()}, got {value.dtype} "
-        f"{_shape_str(value.shape)}; cast it with .astype(np.{spec.dtype.numpy.name})",
+        f"{_shape_str(value.shape)}; cast it with {_cast(spec.dtype.numpy)}",
         details={
             "input": spec.name,
             "expected_dtype": spec.dtype.name,
             "given_dtype": str(value.dtype),
         },
     )
+
+
+def _cast(dtype: np.dtype[Any]) -> str:
+    # np.object was removed in NumPy 2 (deprecated before): a string tensor is plain `object`.
+    if dtype.kind == "O":
+        return ".astype(object), its elements str"
+    return f".astype(np.{dtype.name})"
 
 
 def _wrong_shape(spec: TensorSpec, value: np.ndarray) -> InvalidInputError:
