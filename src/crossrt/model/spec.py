@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,10 +52,15 @@ class TensorSpec:
         return self.shape is not None and not self.dynamic_axes
 
     def shape_str(self) -> str:
-        """``[1,3,?,W]``: the shape as messages print it."""
+        """``[1,3,?,W]``: the shape as messages print it.
+
+        A dynamic dimension prints as its name, or ``?`` when it has none or only a name an
+        exporter made up (``p2o.DynamicDimension.0``, ``unk__3``): such a name tells a reader
+        nothing the ``?`` does not.
+        """
         if self.shape is None:
             return "[*]"
-        return "[" + ",".join("?" if d is None else str(d) for d in self.shape) + "]"
+        return "[" + ",".join(_dim_str(d) for d in self.shape) + "]"
 
     def describe(self) -> str:
         """``float32 [1,3,224,224]``."""
@@ -104,6 +110,17 @@ class TensorSpec:
                 )
             shape = tuple(raw_shape)
         return cls(name, dtype, shape, kind)
+
+
+# Dimension names that exporters and shape inference generate: Paddle2ONNX's
+# "p2o.DynamicDimension.0" and "Reshape_471_o0__d2", onnx's and ORT's "unk__0".
+_GENERATED_DIM = re.compile(r"(?:^|\.)DynamicDimension\.\d+$|^unk__\d+$|_o\d+__d\d+$")
+
+
+def _dim_str(d: Dim) -> str:
+    if d is None or (isinstance(d, str) and _GENERATED_DIM.search(d)):
+        return "?"
+    return str(d)
 
 
 def _is_dim(d: Any) -> bool:
