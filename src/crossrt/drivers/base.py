@@ -105,6 +105,11 @@ class DeviceArray:
         """Its size in bytes."""
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
+    @property
+    def ndim(self) -> int:
+        """Its number of dimensions."""
+        return len(self.shape)
+
 
 @dataclass(frozen=True)
 class CoreSet:

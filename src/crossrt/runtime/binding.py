@@ -26,14 +26,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import dtypes
+from ..drivers.base import DeviceArray
 from ..errors import InvalidArgumentError, InvalidInputError
 from ..model import TensorSpec
 from .inputs import InputChecker
-from .memory import Allocator, count_copy
+from .memory import Allocator, allocator_for, count_copy
 from .storage import Storage
 from .tensor import Tensor
 from .tensordesc import Placement
 from .tensorset import TensorSet
+from .transfer import H2D, Transfers, device_array, release, to_host
 
 if TYPE_CHECKING:
     from .scheduler import Instance
@@ -80,6 +82,9 @@ class OutputBinder:
         checker: the model's input checker (it also checks output arrays).
         allocator: returns the allocator of the model's device.
         owner: the model's memory owner key.
+        transfers: where the model's moves between memories are counted.
+        resident: the model's programs take device memory (a device tensor given for an
+            output is bound in place on its device).
     """
 
     def __init__(
@@ -88,7 +93,11 @@ class OutputBinder:
         checker: InputChecker,
         allocator: Callable[[], Allocator],
         owner: str,
+        transfers: Transfers,
+        resident: bool = False,
     ) -> None:
+        self._transfers = transfers
+        self._resident = resident
         self._specs = tuple(specs)
         self._by_name = {s.name: s for s in specs}
         self._checker = checker
@@ -212,13 +221,14 @@ class OutputBinder:
             self._misses = misses = self._misses + 1
             keep = misses <= 2 or misses % _PROBE == 0
             self._last = self._checked(inputs, feed, outputs, bound, after) if keep else None
-        result = execute(feed, bound) if bound else execute(feed)
+        # A resident model's plain call returns host arrays: pass the (maybe empty) bindings.
+        result = execute(feed, bound) if bound or self._resident else execute(feed)
         for spec, how, tensor in after:
             if how == _BOUND:
                 result[spec.name] = tensor
             elif how == _COPY:
                 assert tensor is not None
-                result[spec.name] = _copy_into(spec, tensor, result[spec.name])
+                result[spec.name] = self._copy_into(spec, tensor, result[spec.name])
             else:
                 result[spec.name] = self._adopt(spec, result[spec.name])
         if not is_set:
@@ -271,8 +281,9 @@ class OutputBinder:
             )
         return spec
 
-    def _bind(self, spec: TensorSpec, tensor: Tensor) -> np.ndarray | None:
-        """The array to bind for ``tensor``, or ``None`` to copy the result in after the run."""
+    def _bind(self, spec: TensorSpec, tensor: Tensor) -> Any:
+        """The array to bind for ``tensor`` (a device array for a resident model's device
+        tensor), or ``None`` to copy the result in after the run."""
         storage = tensor._live("run")
         if not tensor._described and spec.dtype is not None:
             # Raw memory (Tensor.allocate, nrt_tensor_allocate) takes the output's dtype.
@@ -285,18 +296,22 @@ class OutputBinder:
             )
         storage.check_writable()
         static = self._static.get(spec.name)
-        if static is None or storage.host is None:
+        if static is None or (storage.host is None and not self._resident):
             return None
         shape, nbytes = static
         if tensor.size < nbytes:
             raise _too_small(spec.name, spec.describe(), nbytes, tensor)
         if tensor.shape != shape:
             tensor.set_shape(shape)
+        if storage.host is None:
+            return device_array(tensor)
         return tensor._host_view()
 
     def _adopt(self, spec: TensorSpec, produced: Any) -> Tensor:
         """The engine's result as a tensor charged to the model, without a copy where the
-        model's device is host memory."""
+        model's device is host memory or the result lies in device memory already."""
+        if isinstance(produced, DeviceArray):
+            return self._adopt_device(spec, produced)
         array = np.asarray(produced)
         if not array.flags.c_contiguous:
             array = np.ascontiguousarray(array)
@@ -312,6 +327,7 @@ class OutputBinder:
             storage = Storage(raw.size, allocation=allocation)
             storage.write_from(0, raw)
             count_copy(raw.size)
+            self._transfers.count(H2D, raw.size)
         dtype = dtypes.from_numpy(array.dtype)
         device = allocator.device.id
         return Tensor._wrap(
@@ -319,15 +335,47 @@ class OutputBinder:
         )
 
 
-def _copy_into(spec: TensorSpec, tensor: Tensor, produced: Any) -> Tensor:
-    array = np.ascontiguousarray(produced)
-    if tensor.size < array.nbytes:
-        shape = "[" + ",".join(map(str, array.shape)) + "]"
-        raise _too_small(spec.name, f"{spec.dtype} {shape}", array.nbytes, tensor)
-    tensor.set_shape(array.shape)
-    tensor.write(array)
-    count_copy(array.nbytes)
-    return tensor
+    def _adopt_device(self, spec: TensorSpec, produced: DeviceArray) -> Tensor:
+        """A program's device output as a tensor charged to the model: nothing moves."""
+        allocator = self._allocator()
+        if allocator.device.id != produced.device:  # a node on another device made it
+            allocator = allocator_for(produced.device)
+        try:
+            allocation = allocator.adopt(
+                produced.buffer,
+                produced.nbytes,
+                owner=self._owner,
+                name=spec.name,
+                from_driver=True,
+            )
+        except BaseException:
+            release(produced)
+            raise
+        storage = Storage(produced.nbytes, allocation=allocation)
+        return Tensor._wrap(
+            storage,
+            dtypes.from_numpy(produced.dtype),
+            produced.shape,
+            name=spec.name,
+            placement=Placement.DEVICE,
+            device=produced.device,
+        )
+
+    def _copy_into(self, spec: TensorSpec, tensor: Tensor, produced: Any) -> Tensor:
+        if isinstance(produced, DeviceArray):
+            host = to_host(produced, self._transfers)
+            release(produced)
+            produced = host
+        array = np.ascontiguousarray(produced)
+        if tensor.size < array.nbytes:
+            shape = "[" + ",".join(map(str, array.shape)) + "]"
+            raise _too_small(spec.name, f"{spec.dtype} {shape}", array.nbytes, tensor)
+        tensor.set_shape(array.shape)
+        tensor.write(array)
+        count_copy(array.nbytes)
+        if not tensor.is_host:
+            self._transfers.count(H2D, array.nbytes)
+        return tensor
 
 
 def _too_small(name: str, what: str, needed: int, tensor: Tensor) -> InvalidArgumentError:

@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..compiler import Executable
-from ..drivers import DeviceInfo, DeviceKind, Program, get_driver, resolve_device
+from ..drivers import DeviceInfo, DeviceKind, Driver, Program, get_driver, resolve_device
+from ..drivers.base import Residence
 from ..errors import (
     InvalidArgumentError,
     InvalidHandleError,
@@ -27,6 +28,7 @@ from ..errors import (
 )
 from .scheduler import Instance
 from .spill import spilled
+from .transfer import ResidentProgram, Transfers
 
 if TYPE_CHECKING:
     from .loaded import LoadedModel
@@ -219,6 +221,7 @@ def load_instances(
         ]
         for k, cores in enumerate(core_sets):
             programs: list[Program] = []
+            placed: list[tuple[Driver, DeviceInfo]] = []
             plan = zip(exe.nodes, located, _node_cores(cores, local, mode), strict=True)
             for node, file, node_cores in plan:
                 drv = get_driver(node.driver)
@@ -244,6 +247,14 @@ def load_instances(
                     )
                 )
                 every.append(programs[-1])
+                placed.append((drv, node_device))
+            if any(Residence.DEVICE in p.residence().values() for p in programs):
+                # Some node wants device memory: every node gets the moves around it, since
+                # values pass between them (the model sets where they are counted).
+                programs = [
+                    ResidentProgram(p, d, dev, Transfers())
+                    for p, (d, dev) in zip(programs, placed, strict=True)
+                ]
             pin = _pin(cores, host_cpus, exclusive) if device.kind is DeviceKind.CPU else None
             result.append(Instance(k, cores, programs, steps, outputs, pin=pin))
     except BaseException:

@@ -17,12 +17,28 @@ from ..errors import InvalidInputError
 from ..model import TensorSpec
 from .memory import count_copy
 from .tensor import Tensor
+from .transfer import D2H, Transfers, device_array
 
 
 class InputChecker:
-    """Validates and normalises the inputs of one model."""
+    """Validates and normalises the inputs of one model.
 
-    def __init__(self, specs: Sequence[TensorSpec]) -> None:
+    Args:
+        specs: the model's inputs.
+        transfers: where a copy of a device tensor to the host is counted.
+        keep_device: hand tensors in device memory over as :class:`DeviceArray` values (the
+            model's programs take device memory) instead of copying them to the host.
+    """
+
+    def __init__(
+        self,
+        specs: Sequence[TensorSpec],
+        *,
+        transfers: Transfers | None = None,
+        keep_device: bool = False,
+    ) -> None:
+        self._transfers = transfers
+        self._keep_device = keep_device
         self.specs = tuple(specs)
         self.names = tuple(s.name for s in specs)
         self._name_set = frozenset(self.names)
@@ -137,12 +153,19 @@ class InputChecker:
         if isinstance(value, np.ndarray):
             return value  # a subclass (memmap, matrix): checked like any array
         if isinstance(value, Tensor):
-            # A host tensor is passed as a view of its memory; other memory is staged (a copy).
+            # A host tensor is passed as a view of its memory. Device memory is handed over as
+            # it is when the model's programs take device memory, else copied to the host.
             view = value._host_view()
             if view is not None:
                 return view
+            if self._keep_device:
+                device = device_array(value)
+                assert device is not None
+                return device  # type: ignore[return-value]  # checked like an array
             array = value.numpy()
             count_copy(array.nbytes)
+            if self._transfers is not None:
+                self._transfers.count(D2H, array.nbytes)
             return array
         try:
             array = np.asarray(value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 import time
@@ -32,6 +33,7 @@ from .scheduler import Instance, Scheduler
 from .serving import ConcurrentRuns
 from .shapes import DimRange, declared_ranges
 from .tensorset import TensorSet
+from .transfer import ResidentProgram, Transfers, TransferStats, to_host_results
 
 if TYPE_CHECKING:
     from .groups import CoreGroup
@@ -92,7 +94,17 @@ class LoadedModel(ConcurrentRuns):
         self._runtime = runtime
         self._instances = tuple(instances)
         self._programs: list[Program] = [p for inst in instances for p in inst.programs]
-        self._checker = InputChecker(executable.inputs)
+        # Bytes moved between host and device memory for this model, per direction.
+        self.transfers = Transfers()
+        resident = [p for p in self._programs if isinstance(p, ResidentProgram)]
+        for program in resident:
+            program.transfers = self.transfers
+        # Some program wants device memory: device tensors are handed over as they are and
+        # device results are copied to the host only when the caller asks for host arrays.
+        self._resident = bool(resident)
+        self._checker = InputChecker(
+            executable.inputs, transfers=self.transfers, keep_device=self._resident
+        )
         self._released: tuple[type[Exception], str] | None = None
         # Why run() refuses now (unloaded, closed, stopped); None while it may run.
         self._refusal: tuple[type[Exception], str] | None = None
@@ -111,7 +123,12 @@ class LoadedModel(ConcurrentRuns):
         self.memory_owner = f"{executable.name}#{next(_serial)}"
         self._device_memory: Allocator | None = None
         self._binder = OutputBinder(
-            executable.outputs, self._checker, self._allocator, self.memory_owner
+            executable.outputs,
+            self._checker,
+            self._allocator,
+            self.memory_owner,
+            self.transfers,
+            self._resident,
         )
         self._dim_ranges: dict[str, tuple[DimRange, ...]] | None = None
         nodes = len(executable.nodes)
@@ -135,6 +152,8 @@ class LoadedModel(ConcurrentRuns):
             execute = inst.execute
         else:
             execute = _timed(self.name, inst, self._exec_timeout)
+        if self._resident:
+            execute = _on_host(execute, self.transfers)
         if self.check_numerics:
             execute = checking(self.name, execute)
         return _recording(execute, self._last) if self._record_shapes else execute
@@ -146,7 +165,8 @@ class LoadedModel(ConcurrentRuns):
         if self.check_numerics:
             execute = checking(self.name, execute)
         if outputs is None or (not outputs and type(outputs) is dict):
-            return execute(feed)
+            result = execute(feed)
+            return to_host_results(result, self.transfers) if self._resident else result
         return self._binder.run(execute, feed, outputs)
 
     @property
@@ -292,6 +312,25 @@ class LoadedModel(ConcurrentRuns):
         """The memory charged to this model on its device."""
         return self._allocator().owner_stats(self.memory_owner)
 
+    def transfer_stats(self) -> TransferStats:
+        """The bytes this model's runs moved between host and device memory, per direction.
+
+        A model whose programs take host memory moves nothing unless given device tensors; one
+        on a device with its own memory (``sim``, a GPU) copies each host input in and each
+        output the caller wants on the host out, and nothing for device tensors on its device.
+        """
+        return self.transfers.stats()
+
+    def stats(self) -> dict[str, Any]:
+        """What this model has done, as a JSON-friendly dict: ``transfers`` (bytes and copies
+        per direction, see :meth:`transfer_stats`) and ``memory`` (see :meth:`memory_stats`)."""
+        return {
+            "model": self.name,
+            "device": self.device.id,
+            "transfers": self.transfers.stats().to_dict(),
+            "memory": dataclasses.asdict(self.memory_stats()) if self._device_memory else None,
+        }
+
     def tensor_info(self) -> list[TensorInfo]:
         """Inputs then outputs, with dtype, shape and byte size (nrt_get_model_tensor_info)."""
         infos = []
@@ -335,6 +374,19 @@ class LoadedModel(ConcurrentRuns):
     def __repr__(self) -> str:
         state = "loaded" if self.loaded else "released"
         return f"LoadedModel({self.name!r}, {self.device.id}, cores={list(self.cores)}, {state})"
+
+
+def _on_host(
+    execute: Callable[..., dict[str, Any]], transfers: Transfers
+) -> Callable[..., dict[str, Any]]:
+    """``execute``, with the device results of a plain run (no ``outputs=``) copied to the
+    host: a plain ``run()`` returns host arrays."""
+
+    def run(feed: dict[str, Any], outputs: Any = None, *rest: Any) -> dict[str, Any]:
+        result = execute(feed, outputs, *rest) if outputs is not None else execute(feed)
+        return to_host_results(result, transfers) if outputs is None else result
+
+    return run
 
 
 def _recording(

@@ -143,15 +143,25 @@ class Allocator:
                 raise self._refuse(nbytes, owner, name, why) from None
             return self._book("alloc", handle, nbytes, owner, name)
 
-    def adopt(self, handle: Any, nbytes: int, *, owner: str = "", name: str = "") -> Allocation:
+    def adopt(
+        self,
+        handle: Any,
+        nbytes: int,
+        *,
+        owner: str = "",
+        name: str = "",
+        from_driver: bool = False,
+    ) -> Allocation:
         """Account for memory made elsewhere (an engine's output, a shared-memory segment).
 
-        The budget and limit apply as to :meth:`allocate`; freeing it only drops the handle.
+        The budget and limit apply as to :meth:`allocate`. Freeing it only drops the handle,
+        unless ``from_driver``: a buffer the device's driver allocated (a program's device
+        output), which freeing returns to the driver.
         """
         nbytes = _check_size(nbytes)
         with self._lock:
             self._admit(nbytes, owner, name)
-            return self._book("adopt", handle, nbytes, owner, name, adopted=True)
+            return self._book("adopt", handle, nbytes, owner, name, adopted=not from_driver)
 
     def free(self, allocation: Allocation) -> None:
         """Release an allocation (idempotent)."""
