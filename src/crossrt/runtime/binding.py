@@ -13,12 +13,16 @@ allocates (``bmrt_launch_tensor``'s ``user_mem`` semantics).
   The caller keeps it, reuses it in later runs, or frees it.
 
 A call that passes the same inputs and output tensors as the last one, unchanged, skips the
-checks (:meth:`OutputBinder.reuse`): the caller of a bound loop pays for them once, as a
-caller of ONNX Runtime's IOBinding binds once.
+checks (:meth:`OutputBinder.reuse`) and runs the :class:`Binding` the runtime keeps for the
+caller: each instance's program bound once to those tensors (:meth:`Program.bind`). The caller
+of a bound loop pays for the checks and the binding once, as a caller of ONNX Runtime's
+IOBinding binds once. This is the only place calls are remembered: drivers keep no cache of
+their own.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -48,14 +52,14 @@ _PROBE = 16  # how often calls whose objects keep changing are still kept for re
 _Kept = tuple[str, np.ndarray, tuple[tuple[int, ...], np.dtype[Any]] | None]
 
 
-class CheckedCall:
-    """A bound call that passed the checks, kept for :meth:`OutputBinder.reuse`.
+class Binding:
+    """Checked inputs and outputs bound in place, kept for :meth:`OutputBinder.reuse`, with
+    each instance's prepared call.
 
     Attributes:
         feed: the inputs as the checks passed them to the engine.
         bound: the output arrays bound in place.
-        calls: per instance, its engine call bound to ``feed`` and ``bound`` (see
-            :meth:`OutputBinder.repeat`), filled as instances run it.
+        calls: per instance, its call bound to ``feed`` and ``bound`` (:meth:`call_on`).
     """
 
     __slots__ = ("bound", "calls", "feed", "kept", "sizes")
@@ -71,7 +75,21 @@ class CheckedCall:
         self.kept = kept
         self.feed = feed
         self.bound = bound
-        self.calls: dict[Instance, Callable[[], None]] = {}
+        self.calls: dict[Instance, Callable[[], Any]] = {}
+
+    def call_on(self, inst: Instance, direct: bool) -> Callable[[], Any]:
+        """The call that runs this binding on ``inst``, prepared on first use: where
+        ``inst.call`` is its single program with nothing around it (``direct``), the
+        program's own binding (:meth:`Program.bind`); else the instance's call on these
+        arrays."""
+        call = self.calls.get(inst)
+        if call is None:
+            if direct:
+                call = inst.programs[0].bind(self.feed, self.bound)
+            else:
+                call = functools.partial(inst.call, self.feed, self.bound)
+            self.calls[inst] = call
+        return call
 
 
 class OutputBinder:
@@ -109,10 +127,10 @@ class OutputBinder:
                 shape = tuple(d for d in s.shape or () if isinstance(d, int))
                 nbytes = math.prod(shape) * s.dtype.itemsize
                 self._static[s.name] = (shape, nbytes)
-        self._last: CheckedCall | None = None
+        self._last: Binding | None = None
         self._misses = 0  # checked calls since the last reuse
 
-    def reuse(self, inputs: Any, outputs: Any) -> CheckedCall | None:
+    def reuse(self, inputs: Any, outputs: Any) -> Binding | None:
         """The last checked call when this one passes the same objects under the same names,
         none changed since; else ``None`` (check them).
 
@@ -152,21 +170,6 @@ class OutputBinder:
         if self._misses:
             self._misses = 0
         return last
-
-    def repeat(
-        self, checked: CheckedCall, outputs: Mapping[str, Any], inst: Instance, direct: bool
-    ) -> dict[str, Any]:
-        """Run a call :meth:`reuse` returned on ``inst``. Where ``inst.call`` is its single
-        program with nothing around it (``direct``) and the program offers its engine call
-        bound to these arrays (:meth:`Program.bound_call`), keep that in
-        ``checked.calls``: the next time, the caller runs it and nothing else."""
-        result: dict[str, Any] = inst.call(checked.feed, checked.bound)
-        result.update(outputs)  # each output is a tensor bound in place
-        if direct:
-            call = inst.programs[0].bound_call(checked.feed, checked.bound)
-            if call is not None:
-                checked.calls[inst] = call
-        return result
 
     def forget(self) -> None:
         """Drop the last checked call (and the arrays it holds)."""
@@ -245,8 +248,8 @@ class OutputBinder:
         outputs: dict[str, Any],
         bound: dict[str, np.ndarray],
         after: list[tuple[TensorSpec, int, Tensor | None]],
-    ) -> CheckedCall | None:
-        """A checked call for :meth:`reuse`, when every output is a tensor bound in place and
+    ) -> Binding | None:
+        """A binding for :meth:`reuse`, when every output is a tensor bound in place and
         every input an array or a host tensor that the engine reads where it lies."""
         if type(inputs) is not dict or len(after) != len(outputs):
             return None
@@ -263,7 +266,7 @@ class OutputBinder:
             if how != _BOUND:
                 return None
             kept.append((spec.name, bound[spec.name], None))
-        return CheckedCall((len(inputs), len(outputs)), tuple(kept), feed, bound)
+        return Binding((len(inputs), len(outputs)), tuple(kept), feed, bound)
 
     def _spec(self, name: str) -> TensorSpec:
         spec = self._by_name.get(name)

@@ -117,7 +117,7 @@ class LoadedModel(ConcurrentRuns):
         for inst in self._instances:
             inst.call = self._inline(inst)
         # Whether run() calls a program with nothing around it (_inline): then a repeated bound
-        # call may go straight into the engine's binding (OutputBinder.repeat).
+        # call goes straight into the program's own binding (Binding.call_on).
         self._direct = all(inst.call == inst.programs[0].run for inst in self._instances)
         self._output_names = tuple(s.name for s in executable.outputs)
         self.memory_owner = f"{executable.name}#{next(_serial)}"
@@ -240,11 +240,8 @@ class LoadedModel(ConcurrentRuns):
         try:
             if checked is not None:
                 assert outputs is not None  # reuse() finds no call without them
-                call = checked.calls.get(inst)  # the engine's, bound to these arrays
-                if call is not None:
-                    call()
-                    return dict(outputs)  # each output is a tensor bound in place
-                return self._binder.repeat(checked, outputs, inst, self._direct)
+                checked.call_on(inst, self._direct)()
+                return dict(outputs)  # each output is a tensor bound in place
             if outputs is None or (not outputs and type(outputs) is dict):
                 return inst.call(feed)
             return self._binder.run(inst.call, feed, outputs, inputs)
