@@ -1,21 +1,33 @@
 # The two commands of the quick start: `make demo` and `make test`.
-# Each creates .venv when missing and installs crossrt into it (editable, with the dev extra).
+# Each creates .venv when missing and installs into it the exact versions of requirements/lock.txt,
+# then crossrt itself (editable). Development targets: test-fast, lock, exclusions (README.md).
 
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
+LOCK   := requirements/lock.txt
+
+# The installer and the lock tool, pinned like everything they install.
+PIP_PIN := pip==26.3
+UV_PIN  := uv==0.13.9
 
 # Real ONNX models shipped inside PyPI wheels, used by tests/realmodels. --no-deps: we need the
 # model files only, not the packages' runtime dependencies (silero-vad would pull in torch).
 MODEL_WHEELS := rapidocr-onnxruntime==1.4.4 silero-vad==6.2.3
 
-.PHONY: demo test lint bench clean
+# pytest-xdist workers for `make test` (the 2-core machines of this project: 2 is fastest).
+TEST_WORKERS ?= 2
 
-$(STAMP): pyproject.toml Makefile
+.PHONY: demo test test-fast lint lock exclusions bench clean
+
+# crossrt is installed with --no-deps (the lock holds its dependencies) and --no-build-isolation
+# (built with the lock's setuptools and wheel, not whatever is newest on the index that day).
+$(STAMP): $(LOCK) pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet $(PIP_PIN)
+	$(PY) -m pip install --quiet -r $(LOCK)
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	$(PY) -m pip install --quiet --no-deps $(MODEL_WHEELS)
 	touch $(STAMP)
 
@@ -29,7 +41,24 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 test: lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS)
+
+# The inner loop: no lint, stop at the first failure, without the ONNX node suite and slow tests.
+test-fast: $(STAMP)
+	$(PY) -m pytest -x -q -m 'not slow' --ignore=tests/conformance
+
+# Regenerate the lock with the newest releases pyproject.toml's ranges allow, for Python 3.11 on
+# any x86_64 Linux (not only this host). Then `make exclusions` and `make test`: README.md.
+lock:
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	test -x $(VENV)/bin/uv || $(PY) -m pip install --quiet $(UV_PIN)
+	$(VENV)/bin/uv pip compile pyproject.toml requirements/build.in --extra dev --upgrade \
+		--python-version 3.11 --python-platform x86_64-manylinux_2_28 \
+		--custom-compile-command 'make lock' --quiet -o $(LOCK)
+
+# Rewrite tests/conformance/exclusions.toml from what fails on the installed engines now.
+exclusions: $(STAMP)
+	$(PY) -m tests.conformance.regenerate
 
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py
