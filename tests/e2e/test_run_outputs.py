@@ -1,4 +1,5 @@
-"""``crossrt run`` on outputs that are not tensors: in process and once as a real subprocess.
+"""``crossrt run`` on outputs that are not tensors, and ``--fallback``: in process and once as
+a real subprocess.
 
 The model is what skl2onnx makes of a default scikit-learn classifier, built by hand: a
 LinearClassifier whose probabilities go through ZipMap, so ``output_probability`` is a
@@ -20,6 +21,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
+import crossrt
 from crossrt.tools import cli
 from crossrt.tools import run as run_tool
 
@@ -77,6 +79,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
     onnx.save(_words(), d / "words.onnx")
     np.save(d / "x.npy", X)
     np.save(d / "words.npy", np.array(["un", "deux"]))
+    crossrt.compile(d / "classifier.onnx").save(d / "classifier.crm")
     return {p.name: p for p in d.iterdir()}
 
 
@@ -133,6 +136,31 @@ def test_a_failed_write_leaves_no_partial_file(capsys, files, tmp_path):
     assert written <= {"label.npy", "output_probability.json"}
     if "label.npy" in written:  # written whole before the failure, never half
         assert np.load(out_dir / "label.npy").shape == (len(X),)
+
+
+def test_fallback_places_what_the_driver_cannot_run(capsys, files, tmp_path):
+    args = [str(files["classifier.onnx"]), "-i", f"X={files['x.npy']}", "--driver", "reference"]
+    assert run_tool.main([*args, "-o", str(tmp_path / "strict")]) == 1
+    err = capsys.readouterr().err
+    assert "UNSUPPORTED_OPERATOR (2001)" in err and "ZipMap" in err
+    assert not (tmp_path / "strict").exists()
+
+    out_dir = tmp_path / "fallback"
+    assert run_tool.main([*args, "--fallback", "cpu", "-o", str(out_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "(reference, onnxruntime)" in out  # the placement: both drivers ran a part
+    rows = json.loads((out_dir / "output_probability.json").read_text())
+    for got, want in zip(rows, _expected(), strict=True):
+        assert got == pytest.approx(want, abs=1e-6)
+
+
+def test_fallback_on_a_compiled_crm_is_refused(capsys, files, tmp_path):
+    argv = [str(files["classifier.crm"]), "--fallback", "cpu", "-o", str(tmp_path / "out")]
+    assert run_tool.main(argv) == 1
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1
+    assert "INVALID (2)" in err and "compiled already" in err and "crossrt compile" in err
+    assert not (tmp_path / "out").exists()
 
 
 def test_console_script_writes_json_for_a_sequence_of_maps(files, tmp_path):

@@ -54,6 +54,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", "-d", default=None, help="device to run on (default: cpu)")
     p.add_argument("--driver", default=None, help="driver to use (default: the preferred one)")
     p.add_argument(
+        "--fallback",
+        action="append",
+        default=None,
+        metavar="DEVICE",
+        help="place the nodes the device cannot run on this device; repeat for several, in "
+        "priority order (default: fail and list the nodes)",
+    )
+    p.add_argument(
         "--network", default=None, help="for a .crm holding several networks, which one to run"
     )
     p.add_argument(
@@ -65,14 +73,24 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``crossrt run``."""
     args = parser().parse_args(argv)
+    # One device is passed as a string, as `crossrt compile` passes it.
+    fallback = args.fallback[0] if args.fallback and len(args.fallback) == 1 else args.fallback
     try:
         with Runtime() as rt:
             if args.model.endswith(".crm"):
+                if fallback:
+                    raise InvalidArgumentError(
+                        f"--fallback places nodes when a model is compiled, and {args.model!r} "
+                        "is compiled already (its placement is in the file); compile the ONNX "
+                        "model again with `crossrt compile --fallback DEVICE`, or run it here "
+                        "with --fallback"
+                    )
                 # Already compiled: the container's drivers are checked, nothing is compiled.
                 exe = load_executable(args.model, args.network)
                 model = rt.load(exe, args.device, driver=args.driver)
             else:
-                model = rt.load(args.model, args.device, driver=args.driver)
+                options = {"fallback": fallback} if fallback else {}
+                model = rt.load(args.model, args.device, driver=args.driver, **options)
             given = _read_inputs(args.input, model.inputs)
             feed = {s.name: given[s.name] if s.name in given else _zeros(s) for s in model.inputs}
             start = time.perf_counter()
