@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto
@@ -23,6 +24,7 @@ from crossrt.model import GraphBuilder
 from crossrt.tools import cache as cache_tool
 from crossrt.tools import cli
 from crossrt.tools import compile as compile_tool
+from crossrt.tools.common import human_bytes
 
 X = (np.arange(6, dtype=np.float32).reshape(2, 3) - 2.5) * 0.7
 
@@ -78,8 +80,25 @@ def test_compile_writes_a_crm_that_runs(capsys, models, tmp_path):
     assert "nodes:   1" in captured.out and "cache:   off" in captured.out
     assert "onnxruntime_0: onnxruntime on cpu, 2 operators; optimization all; cpu " in captured.out
     assert f"({out.stat().st_size} bytes)" in captured.out
+    onnx_size = human_bytes(models["scaled1.onnx"].stat().st_size)
+    crm_size = human_bytes(out.stat().st_size)
+    assert f"  size:    scaled1.onnx {onnx_size} -> s.crm {crm_size} (" in captured.out
     assert captured.err == ""  # no progress line for a compile under a second
     np.testing.assert_allclose(_run_crm(out), _expected(1), rtol=1e-5)
+
+
+def test_compile_counts_a_model_s_external_data_in_its_size(capsys, tmp_path):
+    b = GraphBuilder("external")
+    x = b.input("x", "float32", [256, 256])
+    b.output(b.op("Add", [x, b.constant(np.ones((256, 256), np.float32))], outputs=["y"]))
+    proto = b.finish().proto
+    onnx.save(proto, tmp_path / "external.onnx", save_as_external_data=True, size_threshold=0)
+    weights = sum(p.stat().st_size for p in tmp_path.iterdir() if p.suffix != ".onnx")
+    assert weights >= 256 * 256 * 4  # the weights are in a file beside the model
+    whole = (tmp_path / "external.onnx").stat().st_size + weights
+    assert compile_tool.model_bytes(tmp_path / "external.onnx") == whole
+    assert compile_tool.main([str(tmp_path / "external.onnx"), "-o", str(tmp_path / "e.crm")]) == 0
+    assert f"external.onnx {human_bytes(whole)} -> e.crm " in capsys.readouterr().out
 
 
 def test_compile_portable_records_the_option_and_an_unspecific_artifact(capsys, models, tmp_path):
@@ -216,6 +235,9 @@ def test_compile_then_run_as_subprocesses(models, tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert "compiled 'scaled2'" in done.stdout
+    assert f"scaled2.onnx {human_bytes(models['scaled2.onnx'].stat().st_size)} -> s2.crm " in (
+        done.stdout
+    )
     ran = subprocess.run(
         [exe, "run", str(crm), "-i", f"x={models['x.npy']}", "-o", str(tmp_path / "out")],
         capture_output=True,

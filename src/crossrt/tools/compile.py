@@ -7,6 +7,7 @@ stderr is a terminal, and one line when it is done otherwise; the summary goes t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import sys
 import threading
@@ -15,6 +16,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO
+
+import onnx
+from onnx import external_data_helper
 
 from ..compiler import Executable, compile
 from ..compiler.cache import cache_stats
@@ -134,14 +138,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         cache = "miss (stored)"
     else:
         cache = "off"
-    print(summary(exe, output, elapsed, cache))
+    print(summary(exe, output, elapsed, cache, Path(args.model)))
     return 0
 
 
-def summary(exe: Executable, output: Path, seconds: float, cache: str) -> str:
-    """What was compiled: nodes, drivers, size, time, cache."""
+def summary(
+    exe: Executable, output: Path, seconds: float, cache: str, model: Path | None = None
+) -> str:
+    """What was compiled: nodes, drivers, sizes (the model's beside the .crm's), time, cache."""
     drivers = dict.fromkeys(f"{n.driver} {n.driver_version}" for n in exe.nodes)
     size = output.stat().st_size
+    sizes = f"{output.name} {human_bytes(size)} ({size} bytes)"
+    if model is not None:
+        sizes = f"{model.name} {human_bytes(model_bytes(model))} -> {sizes}"
     lines = [
         f"compiled {exe.name!r} for {exe.device} -> {output}",
         f"  nodes:   {len(exe.nodes)}",
@@ -154,11 +163,38 @@ def summary(exe: Executable, output: Path, seconds: float, cache: str) -> str:
         )
     lines += [
         f"  drivers: {', '.join(drivers)}",
-        f"  size:    {human_bytes(size)} ({size} bytes)",
+        f"  size:    {sizes}",
         f"  time:    {seconds:.2f} s",
         f"  cache:   {cache}",
     ]
     return "\n".join(lines)
+
+
+# A model file this large holds its weights itself: it is not parsed again to look for
+# external data files (whose model files are small: the graph alone).
+_EXTERNAL_LOOKUP_MAX = 16 << 20
+
+
+def model_bytes(path: Path) -> int:
+    """The bytes of a model on disk: its file and the external data files it names."""
+    total = path.stat().st_size
+    if total > _EXTERNAL_LOOKUP_MAX:
+        return total
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception:  # compile read it; a race with a writer is not worth an error here
+        return total
+    locations = {
+        entry.value
+        for tensor in external_data_helper._get_all_tensors(proto)
+        if external_data_helper.uses_external_data(tensor)
+        for entry in tensor.external_data
+        if entry.key == "location"
+    }
+    for location in locations:
+        with contextlib.suppress(OSError):
+            total += (path.parent / location).stat().st_size
+    return total
 
 
 class Progress:
