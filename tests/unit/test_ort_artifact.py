@@ -19,7 +19,7 @@ from onnx import helper, numpy_helper
 import crossrt
 from crossrt import CompileError, CrossrtError, StatusCode, UnsupportedError
 from crossrt.drivers import get_driver, ort_artifact
-from crossrt.drivers.base import CompileOptions
+from crossrt.drivers.base import CompileOptions, CoreSet
 from crossrt.errors import InvalidContainerError
 from crossrt.model import GraphBuilder
 from crossrt.runtime import spill
@@ -85,7 +85,7 @@ X = RNG.standard_normal((5, 64)).astype(np.float32)
 def _load(artifact: bytes | memoryview) -> Any:
     driver = get_driver("onnxruntime")
     (device,) = driver.devices()
-    return driver.load(artifact, device, [0], CompileOptions())
+    return driver.load(artifact, device, CoreSet((0,)), CompileOptions())
 
 
 def _index(artifact: bytes) -> dict[str, Any]:
@@ -447,7 +447,7 @@ def test_a_cpu_with_other_features_refuses_the_artifact_and_says_what_to_do(mlp_
     other = _device(features=(machine, *extensions[:-1], "avx512f"))
     driver = get_driver("onnxruntime")
     with pytest.raises(UnsupportedError, match="compiled for a CPU with") as info:
-        driver.load(mlp_exe.nodes[0].artifact, other, [0], CompileOptions())
+        driver.load(mlp_exe.nodes[0].artifact, other, CoreSet((0,)), CompileOptions())
     assert info.value.code is StatusCode.UNSUPPORTED_NEFF_VERSION
     assert "this CPU lacks" in info.value.message and "this CPU adds avx512f" in info.value.message
     assert "portable=True" in info.value.message and "recompile" in info.value.message
@@ -460,7 +460,7 @@ def test_a_portable_compile_loads_on_any_cpu_of_the_architecture():
     assert (unpacked.level, unpacked.features) == ("extended", ())
     machine = _device().features[0]
     program = get_driver("onnxruntime").load(
-        exe.nodes[0].artifact, _device(features=(machine, "sse2")), [0], exe.options
+        exe.nodes[0].artifact, _device(features=(machine, "sse2")), CoreSet((0,)), exe.options
     )
     assert program.run({"x": X})["y"].shape == (5, 256)
     program.close()

@@ -14,6 +14,7 @@ from concurrency_models import tiny
 
 import crossrt
 from crossrt.drivers import get_driver
+from crossrt.drivers.base import CoreSet
 from crossrt.drivers.host import host_cpus
 
 WAIT = 10
@@ -88,7 +89,8 @@ def test_ort_pins_its_pool_threads_to_the_cores_after_the_first() -> None:
     artifact = crossrt.compile(tiny()).nodes[0].artifact
     before = set(affinities())
     options = crossrt.compile(tiny()).options
-    program = driver.load(artifact, device, (0, 1), options, pin=(CPUS[1], CPUS[0]))
+    cores = CoreSet((0, 1), host_cpus=(CPUS[1], CPUS[0]), pinned=True)
+    program = driver.load(artifact, device, cores, options)
     try:
         assert program.run({"x": X})["y"].shape == (4, 8)
         # Two cores: the calling thread plus one pool thread, which pins itself to pin[1] as it

@@ -35,7 +35,7 @@ import functools
 import os
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -350,18 +350,6 @@ class Program(ABC):
         """
         return functools.partial(self.run, dict(inputs), dict(outputs) if outputs else None)
 
-    def bound_call(
-        self, inputs: Mapping[str, Any], outputs: Mapping[str, np.ndarray]
-    ) -> Callable[[], None] | None:
-        """The last run on exactly these arrays, as a call that runs it again as it is.
-
-        For a caller that checks, before each call, that it passes the same arrays with the
-        same shapes and dtypes, and never calls from two threads at once (the runtime's
-        repeated bound runs). The default offers none; engines with a reusable binding
-        (ONNX Runtime's IOBinding) return one, skipping every per-call step.
-        """
-        return None
-
     @abstractmethod
     def close(self) -> None:
         """Release the engine's resources. Further calls to ``run`` are not allowed."""
@@ -503,19 +491,17 @@ class Driver(ABC):
         self,
         artifact: bytes | memoryview,
         device: DeviceInfo,
-        cores: Sequence[int],
+        cores: CoreSet,
         options: CompileOptions,
         *,
         file: ArtifactFile | None = None,
-        pin: Sequence[int] | None = None,
     ) -> Program:
-        """Stage an artifact on ``cores`` (indices within the device), using that many threads.
+        """Stage an artifact on ``cores``, using one engine thread per core.
 
         ``file`` says where ``artifact`` lies on disk when it was mapped from a file; a driver
-        may read it from there instead (see :class:`ArtifactFile`). ``pin`` (CPU devices) names
-        the host CPU of each core, in order, when the node runs on part of the process's CPUs:
-        a driver pins the threads it starts to them (the thread that calls ``run`` is the
-        caller's, pinned by the runtime's workers, never by the driver).
+        may read it from there instead (see :class:`ArtifactFile`). Where ``cores.pinned``, a
+        driver pins the threads it starts to ``cores.host_cpus`` (the thread that calls
+        ``run`` is the caller's, pinned by the runtime's workers, never by the driver).
         """
 
     # Memory hooks. The defaults serve devices whose memory is the host's (coherent): a buffer

@@ -50,6 +50,7 @@ from .base import (
     CancelToken,
     Capabilities,
     CompileOptions,
+    CoreSet,
     DeviceInfo,
     Driver,
     PerformanceMode,
@@ -68,7 +69,6 @@ _LEVELS = {
     "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
 }
-_PROBE = 16  # how often a run whose arrays keep changing still offers its binding for reuse
 
 
 class OnnxRuntimeDriver(Driver):
@@ -197,7 +197,7 @@ class OnnxRuntimeDriver(Driver):
         """Whether ``artifact`` loads (from memory: quick, and parses everything a load
         from a file does but the pre-packed weights' places, which ``_reloads`` saw)."""
         try:
-            self.load(artifact, device, (0,), options).close()
+            self.load(artifact, device, CoreSet((0,)), options).close()
         except CrossrtError:
             return False
         return True
@@ -206,16 +206,16 @@ class OnnxRuntimeDriver(Driver):
         self,
         artifact: bytes | memoryview,
         device: DeviceInfo,
-        cores: Sequence[int],
+        cores: CoreSet,
         options: CompileOptions,
         *,
         file: ArtifactFile | None = None,
-        pin: Sequence[int] | None = None,
     ) -> Program:
         so = ort.SessionOptions()
-        so.intra_op_num_threads = max(1, len(cores))
+        so.intra_op_num_threads = cores.threads
         so.inter_op_num_threads = 1
-        if pin is not None and len(pin) == len(cores) > 1:
+        pin = cores.pin
+        if pin is not None and len(pin) > 1:
             # One pool thread per core after the first, which is the calling thread's: ORT
             # never pins that one. Logical processors count from 1 in ORT's syntax.
             affinities = ";".join(str(cpu + 1) for cpu in pin[1:])
@@ -303,7 +303,6 @@ class OrtProgram(Program):
         if self._special:
             self._run = functools.partial(_run_converting, session._sess, kinds_in, kinds_out)
         self._run_options = ort.RunOptions()
-        self._reuse = threading.local()  # per thread: the last binding _run_bound may reuse
         self._run_binding = session._sess.run_with_iobinding
 
     def run(
@@ -344,27 +343,14 @@ class OrtProgram(Program):
     ) -> dict[str, np.ndarray]:
         if self._special:  # converted on every run: nothing to bind
             return self._run_then_copy(inputs, outputs)
-        # A binding costs 6 µs or more to build; the same arrays again (the same objects under
-        # the same names, with the same shapes and dtypes: a shape can be set in place) reuse
-        # this thread's last one, as a caller of ORT's own IOBinding would.
-        last = getattr(self._reuse, "last", None)  # (kept, inputs, outputs, binding, misses)
-        binding = None
-        if (
-            last is not None
-            and len(inputs) == last[1]
-            and len(outputs) == last[2]
-            and self._same_arrays(last[0], inputs, outputs)
-        ):
-            binding = last[3]
-            if last[4]:
-                self._reuse.last = (*last[:4], 0)  # reused: the miss streak is over
-        if binding is None:
-            try:
-                binding = self._bind(inputs, outputs, 0 if last is None else last[4] + 1)
-            except RuntimeError as exc:
-                if any(type(v) is not np.ndarray for v in inputs.values()):
-                    return self._run_then_copy(inputs, outputs)  # ORT binds tensors only
-                raise ExecutionError(f"ONNX Runtime could not bind: {_short(exc)}") from None
+        # A binding costs 6 µs or more to build: a caller that repeats a run on the same arrays
+        # binds once instead (bind; the runtime does it for repeated bound runs).
+        try:
+            binding = self._new_binding(inputs, outputs)
+        except RuntimeError as exc:
+            if any(type(v) is not np.ndarray for v in inputs.values()):
+                return self._run_then_copy(inputs, outputs)  # ORT binds tensors only
+            raise ExecutionError(f"ONNX Runtime could not bind: {_short(exc)}") from None
         try:
             self._run_binding(binding, self._run_options)
         except Exception as exc:
@@ -377,54 +363,43 @@ class OrtProgram(Program):
             for i, name in enumerate(self._output_names)
         }
 
-    @staticmethod
-    def _same_arrays(
-        kept: tuple[tuple[str, np.ndarray, tuple[int, ...], np.dtype[Any]], ...],
-        inputs: Mapping[str, Any],
-        outputs: Mapping[str, np.ndarray],
-    ) -> bool:
-        """Whether ``inputs`` then ``outputs`` are the arrays ``kept`` by ``_bind``: the same
-        objects under the same names, with the same shapes and dtypes."""
-        i = 0
-        for items in (inputs.items(), outputs.items()):
-            for name, array in items:
-                was, same, shape, dtype = kept[i]
-                if array is not same or array.shape != shape or array.dtype is not dtype:
-                    return False
-                if name != was:
-                    return False
-                i += 1
-        return True
+    def bind(
+        self, inputs: Mapping[str, Any], outputs: Mapping[str, Any] | None = None
+    ) -> Callable[[], dict[str, Any]]:
+        """An IOBinding of ``inputs`` and ``outputs`` built once, as a call that runs it again
+        as it is (see :meth:`Program.bind` for the caller's promise). The call holds the
+        arrays, since ORT reads the inputs and writes the outputs by address.
 
-    def bound_call(
-        self, inputs: Mapping[str, Any], outputs: Mapping[str, np.ndarray]
-    ) -> Callable[[], None] | None:
-        """A binding of ``inputs`` and ``outputs`` as a call that runs it again as it is.
-
-        For a caller that checks on its own, before each call, that they are still the same
-        arrays with the same shapes and dtypes, and that never makes the call from two threads
-        at once: ``LoadedModel`` (``OutputBinder.repeat``). The call holds the arrays, since
-        ORT writes the outputs by address. ``None`` where a binding could not be run again
-        as it is: types converted on every run, an output left to ORT, an input ORT copies.
+        Where a binding could not be run again as it is — types converted on every run, an
+        output left to ORT (it would overwrite, in place, results already returned), an input
+        ORT copies — each call is a :meth:`run`.
         """
+        outputs = outputs or {}
         if self._special or len(outputs) != len(self._output_names) or not _in_place(inputs):
-            return None
+            return super().bind(inputs, outputs)
         try:
             binding = self._new_binding(inputs, outputs)
         except RuntimeError:
-            return None
-        kept = (inputs, outputs)
+            return super().bind(inputs, outputs)
+        # The call holds the arrays too: ORT reads and writes them by address.
         return functools.partial(
-            self._run_again, self._run_binding, binding, self._run_options, kept
+            self._run_again, self._run_binding, binding, self._run_options, dict(outputs), inputs
         )
 
     @staticmethod
-    def _run_again(run_binding: Any, binding: Any, options: ort.RunOptions, kept: Any) -> None:
-        """Run ``binding`` (``kept``: its arrays, held with it by ``bound_call``)."""
+    def _run_again(
+        run_binding: Any,
+        binding: Any,
+        options: ort.RunOptions,
+        outputs: dict[str, Any],
+        inputs: Mapping[str, Any],
+    ) -> dict[str, Any]:
+        """Run ``binding``; its outputs are ``outputs`` (the binding holds the inputs)."""
         try:
             run_binding(binding, options)
         except Exception as exc:
             raise ExecutionError(f"ONNX Runtime failed to run: {_short(exc)}") from None
+        return outputs
 
     def _run_then_copy(
         self, inputs: Mapping[str, Any], outputs: Mapping[str, np.ndarray]
@@ -449,31 +424,8 @@ class OrtProgram(Program):
                 binding.bind_output(name, _CPU, out.dtype, list(out.shape), out.ctypes.data)
         return binding
 
-    def _bind(
-        self, inputs: Mapping[str, Any], outputs: Mapping[str, np.ndarray], misses: int
-    ) -> Any:
-        """A new binding of ``inputs`` and ``outputs``, kept for reuse where that is safe."""
-        binding = self._new_binding(inputs, outputs)
-        # Arrays that change every call (fresh or rotating buffers) never match: after two
-        # misses in a row only every _PROBE-th call keeps a snapshot, so such callers pay for
-        # little more than a new binding. A snapshot is kept only when ORT reads every input
-        # where it lies (a copied one would be stale next time) and writes every output into
-        # the caller's memory (an output ORT allocated would be overwritten in place by the
-        # next run, under arrays already returned); it holds the arrays until this thread
-        # binds others.
-        keep = (misses < 2 or misses % _PROBE == 0) and len(outputs) == len(self._output_names)
-        if keep and _in_place(inputs):
-            kept = tuple(
-                (name, a, a.shape, a.dtype) for name, a in (*inputs.items(), *outputs.items())
-            )
-            self._reuse.last = (kept, len(inputs), len(outputs), binding, misses)
-        else:
-            self._reuse.last = ((), -1, -1, None, misses)
-        return binding
-
     def close(self) -> None:
         del self._run, self._run_binding
-        self._reuse = threading.local()  # drop the bindings (and the arrays they hold)
         del self.session
 
 

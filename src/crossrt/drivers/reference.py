@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import threading
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Mapping, Set
 from typing import Any, cast
 
 import numpy as np
@@ -21,6 +21,7 @@ from .base import (
     ArtifactFile,
     Capabilities,
     CompileOptions,
+    CoreSet,
     DeviceInfo,
     Driver,
     Program,
@@ -70,11 +71,10 @@ class ReferenceDriver(Driver):
         self,
         artifact: bytes | memoryview,
         device: DeviceInfo,
-        cores: Sequence[int],
+        cores: CoreSet,
         options: CompileOptions,
         *,
         file: ArtifactFile | None = None,
-        pin: Sequence[int] | None = None,
     ) -> Program:
         # protobuf parses a memoryview (a view into a .crm file) without a copy.
         return ReferenceProgram(onnx.ModelProto.FromString(artifact))

@@ -163,8 +163,13 @@ class OutputBinder:
                 return None
             i += 1
         for name, value in outputs.items():
-            was, same, _ = kept[i]
-            if type(value) is not Tensor or value._view is not same or name != was:
+            was, same, array = kept[i]
+            if array is None:
+                if type(value) is not Tensor or value._view is not same:
+                    return None
+            elif value is not same or value.shape != array[0] or value.dtype is not array[1]:
+                return None
+            if name != was:
                 return None
             i += 1
         if self._misses:
@@ -192,7 +197,10 @@ class OutputBinder:
                 if type(value) is not np.ndarray:
                     break
             else:
-                return execute(feed, self._checker.check_outputs(outputs, self._by_name))
+                arrays = self._checker.check_outputs(outputs, self._by_name)
+                if inputs is not None:
+                    self._keep(inputs, feed, outputs, arrays, [])
+                return execute(feed, arrays)
         # isinstance against the mapping ABCs costs ~0.5 µs each: a plain dict skips them.
         plain = type(outputs) is dict
         is_set = not plain and isinstance(outputs, TensorSet)
@@ -218,12 +226,7 @@ class OutputBinder:
         if is_set:
             after += [(s, _ALLOCATE, None) for s in self._specs if s.name not in outputs]
         if inputs is not None and plain:
-            # Objects that change every call (fresh or rotating arrays) never match: after two
-            # misses in a row only every _PROBE-th call is kept, so such callers pay for
-            # little more than the checks they always paid for.
-            self._misses = misses = self._misses + 1
-            keep = misses <= 2 or misses % _PROBE == 0
-            self._last = self._checked(inputs, feed, outputs, bound, after) if keep else None
+            self._keep(inputs, feed, outputs, bound, after)
         # A resident model's plain call returns host arrays: pass the (maybe empty) bindings.
         result = execute(feed, bound) if bound or self._resident else execute(feed)
         for spec, how, tensor in after:
@@ -241,6 +244,21 @@ class OutputBinder:
             outputs.add(name, value)
         return outputs
 
+    def _keep(
+        self,
+        inputs: Any,
+        feed: dict[str, Any],
+        outputs: dict[str, Any],
+        bound: dict[str, Any],
+        after: list[tuple[TensorSpec, int, Tensor | None]],
+    ) -> None:
+        """Keep this call's binding for :meth:`reuse`. Objects that change every call (fresh
+        or rotating arrays) never match: after two misses in a row only every _PROBE-th call
+        is kept, so such callers pay for little more than the checks they always paid for."""
+        self._misses = misses = self._misses + 1
+        keep = misses <= 2 or misses % _PROBE == 0
+        self._last = self._checked(inputs, feed, outputs, bound, after) if keep else None
+
     def _checked(
         self,
         inputs: Any,
@@ -249,9 +267,11 @@ class OutputBinder:
         bound: dict[str, np.ndarray],
         after: list[tuple[TensorSpec, int, Tensor | None]],
     ) -> Binding | None:
-        """A binding for :meth:`reuse`, when every output is a tensor bound in place and
-        every input an array or a host tensor that the engine reads where it lies."""
-        if type(inputs) is not dict or len(after) != len(outputs):
+        """A binding for :meth:`reuse`, when every output is an array or a tensor bound in
+        place and every input an array or a host tensor that the engine reads where it lies."""
+        if type(inputs) is not dict or len(outputs) != len(self._specs):
+            return None  # a repeat returns exactly the outputs given: they must be all
+        if after and len(after) != len(outputs):
             return None
         kept: list[_Kept] = []
         for name, value in inputs.items():
@@ -262,6 +282,9 @@ class OutputBinder:
                 kept.append((name, value, (value.shape, value.dtype)))
             else:  # converted, or staged (a copy made each run): checked each time
                 return None
+        if not after:  # every output an array, bound as it is
+            for name, value in outputs.items():
+                kept.append((name, value, (value.shape, value.dtype)))
         for spec, how, _ in after:
             if how != _BOUND:
                 return None

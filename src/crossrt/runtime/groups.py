@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from ..compiler import Executable
 from ..drivers import DeviceInfo, DeviceKind, Driver, Program, get_driver, resolve_device
-from ..drivers.base import Residence
+from ..drivers.base import CoreSet, Residence
 from ..errors import (
     InvalidArgumentError,
     InvalidHandleError,
@@ -231,20 +231,9 @@ def load_instances(
                     _, node_device = resolve_device(node.device_kind, drv.name)
                     cpu = node_device.kind is DeviceKind.CPU
                     node_cores = tuple(range(len(host_cpus) if cpu else node_device.cores))
-                pin = (
-                    _pin(node_cores, host_cpus, exclusive)
-                    if node_device.kind is DeviceKind.CPU
-                    else None
-                )
+                core_set = _core_set(node_cores, node_device, host_cpus, exclusive)
                 programs.append(
-                    drv.load(
-                        node.artifact,
-                        node_device,
-                        node_cores,
-                        exe.options,
-                        file=file,
-                        pin=pin,
-                    )
+                    drv.load(node.artifact, node_device, core_set, exe.options, file=file)
                 )
                 every.append(programs[-1])
                 placed.append((drv, node_device))
@@ -264,6 +253,17 @@ def load_instances(
     finally:
         files.close()  # the engines map what they read: the files' names can go
     return result
+
+
+def _core_set(
+    cores: Sequence[int], device: DeviceInfo, host_cpus: tuple[int, ...], exclusive: bool
+) -> CoreSet:
+    """The one value a driver's load gets for ``cores`` (indices within ``device``)."""
+    if device.kind is not DeviceKind.CPU:
+        return CoreSet(tuple(cores))
+    pin = _pin(cores, host_cpus, exclusive)
+    cpus = tuple(host_cpus[i] for i in cores) if all(i < len(host_cpus) for i in cores) else ()
+    return CoreSet(tuple(cores), cpus, pinned=pin is not None and bool(cpus))
 
 
 def _pin(
