@@ -1,9 +1,8 @@
 """``crossrt run`` on outputs that are not tensors, and ``--fallback``: in process and once as
 a real subprocess.
 
-The model is what skl2onnx makes of a default scikit-learn classifier, built by hand: a
-LinearClassifier whose probabilities go through ZipMap, so ``output_probability`` is a
-sequence of maps (int64 -> float).
+The model is what skl2onnx makes of a default scikit-learn classifier, built by hand
+(``classifier_model.py``): ``output_probability`` is a sequence of maps (int64 -> float).
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from classifier_model import classifier
 from onnx import TensorProto, helper
 
 import crossrt
@@ -26,40 +26,6 @@ from crossrt.tools import cli
 from crossrt.tools import run as run_tool
 
 X = np.array([[0.5, -1.0], [2.0, 1.0], [-3.0, 0.25]], np.float32)
-
-
-def _classifier() -> onnx.ModelProto:
-    """X float32 [N,2] -> label int64 [N], output_probability seq(map(int64, float))."""
-    x = helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 2])
-    label = helper.make_tensor_value_info("label", TensorProto.INT64, ["N"])
-    zipped = helper.make_sequence_type_proto(
-        helper.make_map_type_proto(TensorProto.INT64, helper.make_tensor_type_proto(1, []))
-    )
-    probability = helper.make_value_info("output_probability", zipped)
-    nodes = [
-        helper.make_node(
-            "LinearClassifier",
-            ["X"],
-            ["label", "probabilities"],
-            domain="ai.onnx.ml",
-            coefficients=[1.0, -1.0, -0.5, 2.0],
-            intercepts=[0.1, -0.1],
-            classlabels_ints=[0, 1],
-            post_transform="SOFTMAX",
-        ),
-        helper.make_node(
-            "ZipMap",
-            ["probabilities"],
-            ["output_probability"],
-            domain="ai.onnx.ml",
-            classlabels_int64s=[0, 1],
-        ),
-    ]
-    graph = helper.make_graph(nodes, "classifier", [x], [label, probability])
-    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 1)]
-    model = helper.make_model(graph, opset_imports=opsets, ir_version=8)
-    onnx.checker.check_model(model)
-    return model
 
 
 def _words() -> onnx.ModelProto:
@@ -75,7 +41,7 @@ def _words() -> onnx.ModelProto:
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("run-outputs")
-    onnx.save(_classifier(), d / "classifier.onnx")
+    onnx.save(classifier(), d / "classifier.onnx")
     onnx.save(_words(), d / "words.onnx")
     np.save(d / "x.npy", X)
     np.save(d / "words.npy", np.array(["un", "deux"]))
@@ -86,7 +52,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
 def _expected() -> list[dict[str, float]]:
     """ORT's own answer, keys as strings as JSON writes them."""
     session = ort.InferenceSession(
-        _classifier().SerializeToString(), providers=["CPUExecutionProvider"]
+        classifier().SerializeToString(), providers=["CPUExecutionProvider"]
     )
     rows = session.run(["output_probability"], {"X": X})[0]
     return [{str(k): v for k, v in row.items()} for row in rows]

@@ -13,7 +13,10 @@ COMMANDS = {
     "run": ("crossrt.tools.run", "run a model once on files of inputs and save the outputs"),
     "compile": ("crossrt.tools.compile", "compile a model for a device into a .crm file"),
     "cache": ("crossrt.tools.cache", "list, verify and prune a compiled-model cache"),
-    "inspect": ("crossrt.tools.inspect", "show a .crm container: header, networks, IO, nodes"),
+    "inspect": (
+        "crossrt.tools.inspect",
+        "show a .crm container, or an ONNX model and its placement",
+    ),
 }
 
 

@@ -1,8 +1,9 @@
-"""``crossrt inspect``: what a ``.crm`` container holds, without loading any driver.
+"""``crossrt inspect``: what a ``.crm`` container holds, without loading any driver, or what
+an ONNX model is and which driver would run what (``inspect_model.py``).
 
-The header (producer, format version, size, hash status), then per network its device,
-options, shape stages, IO tensors and a node table in the manner of Neuron's "NEFF Nodes"
-listing: one row per tensor each node reads or writes.
+For a container: the header (producer, format version, size, hash status), then per network
+its device, options, shape stages, IO tensors and a node table in the manner of Neuron's
+"NEFF Nodes" listing: one row per tensor each node reads or writes.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..compiler import Container, Executable, ExecutableNode, read_container
+from ..compiler.container_header import MAGIC
 from ..compiler.stages import describe
 from ..drivers import driver_statuses
-from ..errors import CrossrtError
+from ..errors import CrossrtError, InvalidArgumentError
 from ..model import TensorSpec
+from . import inspect_model
 from .common import fail, human_bytes
 
 
@@ -29,13 +32,39 @@ def parser() -> argparse.ArgumentParser:
         "version, size and hash status, then each network's device, options, shape stages, "
         "input and output tensors and its nodes (driver, device kind, tensors in and out). "
         "Nothing is loaded or run; the header and layout are validated, and the section "
-        "hashes too unless CROSSRT_VALIDATE_HASH=0.",
-        epilog="example: crossrt inspect model.crm --network det",
+        "hashes too unless CROSSRT_VALIDATE_HASH=0. For an ONNX model: its IR version, "
+        "opsets, inputs and outputs, operator counts, and which driver runs which nodes on "
+        "a device (and why no driver runs the others); nothing is compiled.",
+        epilog="examples:\n  crossrt inspect model.crm --network det\n"
+        "  crossrt inspect model.onnx --device cpu --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("file", help="a .crm container (from crossrt compile or Executable.save)")
-    p.add_argument("--network", "-n", default=None, help="show only this network")
+    p.add_argument(
+        "file", help="a .crm container (from crossrt compile or Executable.save) or an ONNX model"
+    )
+    p.add_argument("--network", "-n", default=None, help="show only this network (.crm)")
+    p.add_argument(
+        "--device",
+        "-d",
+        default=None,
+        help="for an ONNX model, the device to place it on (default: cpu)",
+    )
+    p.add_argument(
+        "--driver", default=None, help="for an ONNX model, the target driver (default: preferred)"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document instead")
     return p
+
+
+def is_container(path: str) -> bool:
+    """Whether ``path`` is read as a container: it starts with the container's magic, or it
+    is named ``.crm`` (a damaged container is reported as one, not as a bad model)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(MAGIC))
+    except OSError:
+        head = b""
+    return head == MAGIC or path.endswith(".crm")
 
 
 def collect(container: Container, path: str, network: str | None = None) -> dict[str, Any]:
@@ -63,6 +92,16 @@ def collect(container: Container, path: str, network: str | None = None) -> dict
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``crossrt inspect``."""
     args = parser().parse_args(argv)
+    if not is_container(args.file):
+        return _inspect_model(args)
+    if args.device or args.driver:
+        return fail(
+            "inspect",
+            InvalidArgumentError(
+                f"{args.file!r} is compiled: its device and drivers are in the file; --device "
+                "and --driver apply to an ONNX model"
+            ),
+        )
     try:
         container = read_container(args.file)
         info = collect(container, args.file, args.network)
@@ -76,6 +115,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     for exe in networks:
         print()
         print("\n".join(_network(container, exe)))
+    return 0
+
+
+def _inspect_model(args: argparse.Namespace) -> int:
+    if args.network is not None:
+        return fail(
+            "inspect",
+            InvalidArgumentError(
+                f"--network selects a network of a .crm container; {args.file!r} is an ONNX "
+                "model (one network): leave --network out"
+            ),
+        )
+    try:
+        doc = inspect_model.collect(args.file, args.device, args.driver)
+    except CrossrtError as exc:
+        return fail("inspect", exc)
+    print(json.dumps(doc, indent=2) if args.json else "\n".join(inspect_model.lines(doc)))
     return 0
 
 
