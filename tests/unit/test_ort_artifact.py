@@ -19,10 +19,10 @@ from onnx import helper, numpy_helper
 import crossrt
 from crossrt import CompileError, CrossrtError, StatusCode, UnsupportedError
 from crossrt.drivers import get_driver, ort_artifact
+from crossrt.drivers import ort_spill as spill
 from crossrt.drivers.base import CompileOptions, CoreSet
 from crossrt.errors import InvalidContainerError
 from crossrt.model import GraphBuilder
-from crossrt.runtime import spill
 
 PRELUDE = struct.Struct("<8sIIQ")
 RNG = np.random.default_rng(7)
@@ -707,16 +707,14 @@ def test_a_large_initializer_no_node_reads_does_not_stop_a_compile():
 
 def test_only_drivers_that_read_files_get_a_spilled_one(monkeypatch):
     # The reference evaluator parses its artifact in memory: writing it out would be waste.
-    from crossrt.runtime import groups
-
     written: list[int] = []
-    real = groups.spilled
+    real = spill.spilled
 
     def counting(artifact: Any) -> Any:
         written.append(len(artifact))
         return real(artifact)
 
-    monkeypatch.setattr(groups, "spilled", counting)
+    monkeypatch.setattr(spill, "spilled", counting)
     b = GraphBuilder("small")
     b.output(b.op("Relu", [b.input("x", "float32", [2])], outputs=["y"]))
     with crossrt.Runtime() as rt:
@@ -724,3 +722,5 @@ def test_only_drivers_that_read_files_get_a_spilled_one(monkeypatch):
         assert written == []
         rt.load(crossrt.compile(_wide_model(), "cpu", driver="onnxruntime"), instances=2)
         assert len(written) == 1
+        rt.load(crossrt.compile(_wide_model(), "cpu", driver="onnxruntime"), instances=1)
+        assert len(written) == 1  # one instance: nothing to share

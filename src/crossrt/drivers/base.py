@@ -30,6 +30,7 @@ that and reports the driver as unavailable with the reason.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import os
@@ -423,11 +424,6 @@ class Driver(ABC):
     """What to install for this driver's engine (``"pip install 'crossrt[openvino]'"``), said
     when its engine is missing or a compiled model needs it."""
 
-    reads_files: bool = False
-    """Whether :meth:`load` reads an artifact from its file when given one (``file=``): then
-    the runtime writes an artifact held in memory to a file for a load of several instances,
-    which the engine maps once for all of them."""
-
     @property
     @abstractmethod
     def version(self) -> str:
@@ -503,6 +499,18 @@ class Driver(ABC):
         driver pins the threads it starts to ``cores.host_cpus`` (the thread that calls
         ``run`` is the caller's, pinned by the runtime's workers, never by the driver).
         """
+
+    def sharing(
+        self, artifact: bytes | memoryview, file: ArtifactFile | None, loads: int
+    ) -> contextlib.AbstractContextManager[ArtifactFile | None]:
+        """Prepare one artifact for ``loads`` loads of it (the instances of a model), for the
+        duration of the block: what to pass as ``file=`` to each :meth:`load`.
+
+        The default passes ``file`` on as it is. An engine that shares what it maps between
+        the programs it loads from one file (ONNX Runtime maps weights) may write an artifact
+        held in memory (``file`` is ``None``) to a file for the block.
+        """
+        return contextlib.nullcontext(file)
 
     # Memory hooks. The defaults serve devices whose memory is the host's (coherent): a buffer
     # is a NumPy byte array and copies are NumPy copies. Drivers for devices with their own

@@ -44,7 +44,7 @@ from ..errors import (
     UnsupportedError,
 )
 from ..model import Model
-from . import ort_artifact, ort_lower, ort_support, ort_types
+from . import ort_artifact, ort_lower, ort_spill, ort_support, ort_types
 from .base import (
     ArtifactFile,
     CancelToken,
@@ -76,7 +76,6 @@ class OnnxRuntimeDriver(Driver):
 
     name = "onnxruntime"
     preference = 100
-    reads_files = True  # ORT maps the weights from the file (ort_artifact.graph_reading)
 
     def __init__(self) -> None:
         # ORT's console warnings would interleave with the user's output; errors still raise.
@@ -201,6 +200,15 @@ class OnnxRuntimeDriver(Driver):
         except CrossrtError:
             return False
         return True
+
+    def sharing(
+        self, artifact: bytes | memoryview, file: ArtifactFile | None, loads: int
+    ) -> contextlib.AbstractContextManager[ArtifactFile | None]:
+        """ORT maps the weights of a file once for every session: an artifact held in memory
+        for several instances is written to one owner-only file for their loads."""
+        if file is None and loads > 1:
+            return ort_spill.spilled(artifact)
+        return contextlib.nullcontext(file)
 
     def load(
         self,

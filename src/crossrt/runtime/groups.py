@@ -27,7 +27,6 @@ from ..errors import (
     StatusCode,
 )
 from .scheduler import Instance
-from .spill import spilled
 from .transfer import ResidentProgram, Transfers
 
 if TYPE_CHECKING:
@@ -210,13 +209,11 @@ def load_instances(
     every: list[Program] = []  # closed again when a later load fails
     files = contextlib.ExitStack()
     try:
-        # Several instances of an artifact in memory: one file the engines can share.
+        # Each node's artifact prepared by its driver for the loads of every instance.
         located = [
-            files.enter_context(spilled(node.artifact))
-            if node.artifact_file is None
-            and len(core_sets) > 1
-            and get_driver(node.driver).reads_files
-            else node.artifact_file
+            files.enter_context(
+                get_driver(node.driver).sharing(node.artifact, node.artifact_file, len(core_sets))
+            )
             for node in exe.nodes
         ]
         for k, cores in enumerate(core_sets):

@@ -1,12 +1,12 @@
-"""In-memory artifacts written to a file for a load, so that instances can share them.
+"""In-memory ONNX Runtime artifacts written to a file for a load, so that instances share them.
 
-An engine that maps weight files itself (ONNX Runtime, see ``ArtifactFile``) keeps one copy
-of a ``.crm``'s weights for every session over it; weights handed to it in memory it copies
-into each session. When several instances load an artifact that lies in memory (a model
-compiled in this process), the runtime writes it once to an owner-only file in shared memory
-(``/dev/shm``; the temporary directory where that is missing or too small, as a container's
-64 MB often is), lets the engine map it, and unlinks it when the instances are loaded: the
-mappings keep the pages for as long as the sessions live.
+ONNX Runtime maps weight files itself (see ``ArtifactFile``) and keeps one copy of a
+``.crm``'s weights for every session over it; weights handed to it in memory it copies into
+each session. When several instances load an artifact that lies in memory (a model compiled
+in this process), the driver (``OnnxRuntimeDriver.sharing``) writes it once to an owner-only
+file in shared memory (``/dev/shm``; the temporary directory where that is missing or too
+small, as a container's 64 MB often is), lets the engine map it, and unlinks it when the
+instances are loaded: the mappings keep the pages for as long as the sessions live.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..drivers.base import ArtifactFile
+from .base import ArtifactFile
 
 SHM = Path("/dev/shm")
 
