@@ -247,6 +247,15 @@ def test_dim_ranges_declared_in_metadata(rt: crossrt.Runtime, driver: str) -> No
     assert model.input_dim_ranges() == {"a": ((2, 64), (3, 3)), "b": ((1, 1), (3, 3))}
 
 
+def test_dim_ranges_survive_the_offline_file(rt: crossrt.Runtime, tmp_path: Path) -> None:
+    # Kept in the executable (the .crm header), not read back from a driver's artifact.
+    ranges = json.dumps({"a": [[2, 64], [3, 3]]})
+    path = tmp_path / "m.crm"
+    crossrt.compile(crossrt.load_model(_dynamic_proto(ranges)), "cpu").save(path)
+    model = rt.load(crossrt.load_executable(path))
+    assert model.input_dim_ranges()["a"] == ((2, 64), (3, 3))
+
+
 @pytest.mark.parametrize(
     ("ranges", "message"),
     [

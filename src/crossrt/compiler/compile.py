@@ -160,6 +160,7 @@ def build(
         outputs=tuple(model.outputs),
         nodes=tuple(nodes),
         options=opts,
+        metadata={p.key: p.value for p in model.proto.metadata_props},
     )
     log.info("compiled %r for %s: %s", model.name, dev.id, exe.placement_summary())
     return exe

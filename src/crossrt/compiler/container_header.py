@@ -63,6 +63,7 @@ def network_header(
         "cores_required": exe.cores_required,
         "stages": stages or [],
         "nodes": nodes,
+        "metadata": dict(exe.metadata),
     }
 
 
@@ -286,7 +287,14 @@ def _network(
     cores_required = _get(net, "cores_required", where, "an integer >= 1", _is_positive)
     raw_stages = _get(net, "stages", where, "a list", _is_list)
     nodes = _nodes(net, where, name, inputs, outputs, sections, users)
-    base = Executable(name, content_hash, device, inputs, outputs, nodes, options)
+    metadata = net.get("metadata", {})
+    if not isinstance(metadata, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+    ):
+        raise _bad(f"{where}.metadata", "an object of strings", metadata)
+    base = Executable(
+        name, content_hash, device, inputs, outputs, nodes, options, metadata=metadata
+    )
     stages = _stages(raw_stages, where, base, sections, users)
     if stages and net["nodes"] != raw_stages[0]["nodes"]:
         # Plain loaders run the network's nodes for the first stage's shapes.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,6 +79,8 @@ class Executable:
             :func:`crossrt.compile`), one single-stage executable per shape, with static
             inputs; the run picks the one whose shapes match. Then ``inputs`` and ``outputs``
             are the model's (dynamic) ones and ``nodes`` the first stage's. Empty otherwise.
+        metadata: the source model's metadata (ONNX ``metadata_props``), kept so that what
+            the runtime reads from it (``crossrt.dim_ranges``) needs no driver's artifact.
     """
 
     name: str
@@ -88,6 +91,7 @@ class Executable:
     nodes: tuple[ExecutableNode, ...]
     options: CompileOptions
     stages: tuple[Executable, ...] = ()
+    metadata: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     @property
     def device_kind(self) -> str:

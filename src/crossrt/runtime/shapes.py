@@ -17,10 +17,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-import onnx
-
 from ..compiler import Executable
-from ..drivers import ort_artifact
 from ..errors import InvalidModelError
 from ..model import TensorSpec
 
@@ -40,15 +37,14 @@ def default_ranges(specs: Sequence[TensorSpec]) -> dict[str, tuple[DimRange, ...
 def declared_ranges(executable: Executable) -> dict[str, tuple[DimRange, ...]]:
     """The input dimension ranges of ``executable``: declared ones over the defaults.
 
-    The declaration is read from the ONNX graphs of the executable's nodes (the first that has
-    it), which costs a parse of the graph: call this once and keep the result.
+    The declaration is the source model's metadata, kept in the executable at compile time.
 
     Raises:
         InvalidModelError: the declaration is not valid JSON of the documented form, names
             an unknown input, or contradicts a static dimension.
     """
     ranges = default_ranges(executable.inputs)
-    text = _metadata(executable, RANGES_KEY)
+    text = executable.metadata.get(RANGES_KEY)
     if text is None:
         return ranges
     try:
@@ -87,21 +83,6 @@ def _parse(executable: Executable, spec: TensorSpec, dims: Any) -> tuple[DimRang
 
 def _is_size(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _metadata(executable: Executable, key: str) -> str | None:
-    for node in executable.nodes:
-        try:
-            graph = node.artifact
-            if ort_artifact.is_packed(graph):  # the onnxruntime driver's: parse the graph only
-                graph = ort_artifact.unpack(graph).graph
-            proto = onnx.ModelProto.FromString(graph)
-        except Exception:  # not an ONNX artifact (an engine's own blob)
-            continue
-        for prop in proto.metadata_props:
-            if prop.key == key:
-                return str(prop.value)
-    return None
 
 
 def _bad(executable: Executable, why: str) -> InvalidModelError:
