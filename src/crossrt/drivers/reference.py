@@ -143,4 +143,40 @@ def _reason(
         return None  # a function the evaluator expands with the node's types at load
     except Exception as exc:
         return f"the reference evaluator has no {node.op_type} ({domain or 'ai.onnx'}): {exc}"
+    if domain == "ai.onnx.ml":
+        return _ml_divergence(node)
+    return None
+
+
+def _ml_divergence(node: onnx.NodeProto) -> str | None:
+    """Why onnx.reference's answer for this ai.onnx.ml node is not to be trusted, if it is not.
+
+    An oracle that answers wrongly is worse than one that refuses: these are the cases where
+    the evaluator's result differs from onnxruntime's (and scikit-learn's), found by running
+    skl2onnx exports of scikit-learn estimators on both (tests/unit/test_reference_ml.py).
+    The node is refused, so a compile with fallback places it on another driver.
+    """
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    classes = len(attrs.get("classlabels_ints") or attrs.get("classlabels_strings") or [])
+    if node.op_type == "SVMClassifier" and attrs.get("prob_a") and classes > 2:
+        return (
+            "onnx.reference's SVMClassifier differs from onnxruntime (probabilities): with "
+            f"{classes} classes its pairwise coupling is not libsvm's, off by up to 0.2 on "
+            "scikit-learn's SVC(probability=True)"
+        )
+    if node.op_type == "LinearClassifier":
+        intercepts = attrs.get("intercepts") or []
+        if not intercepts:
+            return (
+                "onnx.reference's LinearClassifier differs from onnxruntime (scores): without "
+                "intercepts it computes NaN"
+            )
+        transform = attrs.get("post_transform", b"NONE")
+        if len(intercepts) == 1 and classes == 2 and transform != b"LOGISTIC":
+            return (
+                "onnx.reference's LinearClassifier differs from onnxruntime (scores): for two "
+                "classes from one row of coefficients it expands the score s to [-s, s] "
+                f"before post_transform {transform.decode(errors='replace')}, onnxruntime "
+                "does not"
+            )
     return None
