@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import random
 import struct
 from collections.abc import Callable
@@ -18,9 +19,9 @@ from onnx import helper, numpy_helper
 
 import crossrt
 from crossrt import CompileError, CrossrtError, StatusCode, UnsupportedError
-from crossrt.drivers import get_driver, ort_artifact
+from crossrt.drivers import get_driver, host, ort_artifact
 from crossrt.drivers import ort_spill as spill
-from crossrt.drivers.base import CompileOptions, CoreSet
+from crossrt.drivers.base import ArtifactFile, CompileOptions, CoreSet
 from crossrt.errors import InvalidContainerError
 from crossrt.model import GraphBuilder
 
@@ -442,14 +443,25 @@ def test_a_compile_is_for_this_cpu_and_records_its_features(mlp_exe):
     assert unpacked.features == _device().features and unpacked.features[0]  # the machine
 
 
+def _an_extension_this_cpu_lacks() -> str:
+    """A vector extension the host's CPU does not report, read as the driver reads them."""
+    have = set(host.cpu_features())
+    known = ("avx512f", "avx512_fp16", "amx_tile", "avx10_2", "sve2", "sme2", "i8mm")
+    return next((f for f in known if f not in have), "avx" + "_".join(sorted(have)))
+
+
 def test_a_cpu_with_other_features_refuses_the_artifact_and_says_what_to_do(mlp_exe):
     machine, *extensions = _device().features
-    other = _device(features=(machine, *extensions[:-1], "avx512f"))
+    added = _an_extension_this_cpu_lacks()
+    assert added not in extensions
+    other = _device(features=(machine, *extensions[:-1], added))
     driver = get_driver("onnxruntime")
     with pytest.raises(UnsupportedError, match="compiled for a CPU with") as info:
         driver.load(mlp_exe.nodes[0].artifact, other, CoreSet((0,)), CompileOptions())
     assert info.value.code is StatusCode.UNSUPPORTED_NEFF_VERSION
-    assert "this CPU lacks" in info.value.message and "this CPU adds avx512f" in info.value.message
+    assert f"this CPU adds {added}" in info.value.message
+    if extensions:  # the device given lacks the host's last extension
+        assert f"this CPU lacks {extensions[-1]}" in info.value.message
     assert "portable=True" in info.value.message and "recompile" in info.value.message
 
 
@@ -529,12 +541,45 @@ def test_the_weights_ort_prepacks_are_stored_beside_them():
     unpacked = ort_artifact.unpack(_wide_artifact())
     (packs,) = unpacked.prepacked
     (key, spans) = packs[0]
-    assert key.startswith("MatMul") and spans and all(o % 64 == 0 and n > 0 for o, n in spans)
+    assert key.startswith("MatMul") and spans and all(o % 4096 == 0 and n > 0 for o, n in spans)
     graph = onnx.ModelProto.FromString(ort_artifact.graph_reading(unpacked, "m.crm", 4096))
     fields = {e.key: e.value for e in graph.graph.initializer[0].external_data}
     assert fields["offset"] == str(4096 + unpacked.offsets[0])
     offset, length = spans[0]
     assert fields["prepacked_0"].startswith(f"{key}|{4096 + offset};{length};0")
+
+
+def test_prepacked_weights_lie_at_pages_of_the_crm_file(tmp_path):
+    # ORT 1.32 maps a pre-packed buffer only at a file offset that is a multiple of 256; at
+    # another it copies the buffer into each session, silently.
+    b = GraphBuilder("two")
+    x = b.input("x", "float32", [1, 256])
+    w1 = b.constant(RNG.standard_normal((256, 300)).astype(np.float32), "W1")
+    w2 = b.constant(RNG.standard_normal((300, 100)).astype(np.float32), "W2")
+    b.output(b.op("MatMul", [b.op("MatMul", [x, w1]), w2], outputs=["y"]))
+    crossrt.compile(b.finish(), "cpu", driver="onnxruntime").save(tmp_path / "two.crm")
+    node = crossrt.load_executable(tmp_path / "two.crm").nodes[0]
+    unpacked = ort_artifact.unpack(node.artifact)
+    offsets = [o for packs in unpacked.prepacked for _, spans in packs for o, _ in spans]
+    assert len(offsets) >= 2
+    assert all((node.artifact_file.offset + o) % 4096 == 0 for o in offsets)
+
+
+@pytest.mark.parametrize(("at", "warned"), [(0, False), (64, True)])
+def test_prepacked_weights_ort_would_copy_are_reported(tmp_path, caplog, at, warned):
+    # An artifact or container written before the buffers were aligned still loads; the
+    # copies ORT makes (and does not mention) are said.
+    artifact = _wide_artifact()
+    path = tmp_path / "old.crm"
+    path.write_bytes(bytes(at) + artifact)
+    file = ArtifactFile(str(path), at, ArtifactFile.identity_of(path.stat()))
+    with caplog.at_level(logging.WARNING, logger="crossrt"):
+        program = get_driver("onnxruntime").load(
+            artifact, _device(), CoreSet((0,)), CompileOptions(), file=file
+        )
+    assert ("copies into every session" in caplog.text) is warned
+    assert program.run({"x": np.ones((1, 256), np.float32)})["y"].shape == (1, 512)
+    program.close()
 
 
 @pytest.mark.parametrize(

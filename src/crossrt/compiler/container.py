@@ -3,7 +3,8 @@
 Layout (docs/container.md has every field and rule)::
 
     magic "CROSSRTM" | format version u32 | flags u32 | header length u64 | SHA-256(header)
-    | zero padding to 64 | JSON header | zero padding to 64 | sections, 64-byte aligned
+    | zero padding to 64 | JSON header | zero padding | sections, each at a page (4096;
+    a reader accepts any multiple of 64)
 
 Loading never executes anything from the file (JSON only, no pickle) and validates every
 offset, length, index and header field before it is used. A section is handed to its driver
@@ -39,7 +40,6 @@ from .container_header import (
     FORMAT_VERSION,
     MAGIC,
     PRELUDE_SIZE,
-    align,
     corrupt,
     dump_header,
     network_header,
@@ -67,6 +67,7 @@ Executables = Iterable[Executable] | Mapping[str, Executable]
 
 # magic, format version, flags, header length, SHA-256 of the header, 8 reserved zero bytes.
 _PRELUDE = struct.Struct("<8sIIQ32s8x")
+_SECTION_ALIGN = 4096  # see _page
 _FLAGS = 0  # no flag is defined yet; a reader refuses bits it does not know
 
 # What to install for the drivers that ship with crossrt; others name their entry point.
@@ -208,11 +209,11 @@ def _chunks(executables: Executables) -> list[bytes | memoryview]:
         offset = start
         for entry in entries:
             entry["offset"] = offset
-            offset = align(offset + entry["length"])
+            offset = _page(offset + entry["length"])
         text = dump_header(header)
-        if align(PRELUDE_SIZE + len(text)) <= start:
+        if _page(PRELUDE_SIZE + len(text)) <= start:
             break
-        start = align(PRELUDE_SIZE + len(text))
+        start = _page(PRELUDE_SIZE + len(text))
     prelude = _PRELUDE.pack(MAGIC, FORMAT_VERSION, _FLAGS, len(text), hashlib.sha256(text).digest())
     chunks: list[bytes | memoryview] = [prelude, text]
     end = PRELUDE_SIZE + len(text)
@@ -220,6 +221,13 @@ def _chunks(executables: Executables) -> list[bytes | memoryview]:
         chunks += [bytes(entry["offset"] - end), data]
         end = entry["offset"] + entry["length"]
     return chunks
+
+
+def _page(offset: int) -> int:
+    """``offset`` rounded up to a page: sections start there so that the alignment an artifact
+    gives its parts holds in the file too (ONNX Runtime maps a pre-packed weight only at a
+    file offset that is a multiple of 256, and copies it into every session otherwise)."""
+    return -(-offset // _SECTION_ALIGN) * _SECTION_ALIGN
 
 
 def _named(executables: Executables) -> list[tuple[str, Executable]]:

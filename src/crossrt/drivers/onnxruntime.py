@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import mmap
 import os
 import tempfile
@@ -59,6 +60,7 @@ from .base import (
 )
 from .host import host_cpu
 
+log = logging.getLogger("crossrt")
 _PROVIDER = ort_support.PROVIDER
 _C = ort.capi._pybind_state
 _CPU = _C.OrtDevice(_C.OrtDevice.cpu(), _C.OrtDevice.default_memory(), 0)
@@ -280,6 +282,7 @@ class OnnxRuntimeDriver(Driver):
             so.add_session_config_entry(
                 "session.model_external_initializers_file_folder_path", folder
             )
+            _warn_if_copied(unpacked, file)
             return ort_artifact.graph_reading(unpacked, name, file.offset), (), True
         # ORT copies initializers handed to it in memory (it never writes to them): a
         # read-only view of the mapping or of bytes is enough. ORT checks that each matches
@@ -488,6 +491,29 @@ def _save_options(level: str, out: Path) -> ort.SessionOptions:
         so.add_session_config_entry(_SAVE_DATA_MIN, str(ort_artifact.THRESHOLD))
         so.add_session_config_entry(_SAVE_PREPACKED, "1")
     return so
+
+
+def _warn_if_copied(unpacked: ort_artifact.Unpacked, file: ArtifactFile) -> None:
+    """Say so when ORT will copy pre-packed weights into the session instead of mapping them:
+    it maps them only at aligned file offsets, which artifacts and containers written before
+    crossrt aligned them to pages may not give (ORT itself says nothing)."""
+    misplaced = sum(
+        n
+        for packs in unpacked.prepacked
+        for _, spans in packs
+        for offset, n in spans
+        if (file.offset + offset) % ort_artifact.PREPACKED_FILE_ALIGN
+    )
+    if misplaced:
+        log.warning(
+            "%s: %.1f MiB of pre-packed weights lie at file offsets ONNX Runtime %s copies "
+            "into every session instead of sharing (not multiples of %d); recompile the model "
+            "with this crossrt and save it again to share them",
+            file.path,
+            misplaced / 2**20,
+            ort.__version__,
+            ort_artifact.PREPACKED_FILE_ALIGN,
+        )
 
 
 def _reloads(path: Path) -> bool:

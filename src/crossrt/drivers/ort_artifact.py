@@ -3,10 +3,13 @@
 Layout (all integers little-endian, every offset from the artifact's first byte)::
 
     magic "CRORTART" | version u32 | reserved u32 (zero) | index length N u64
-    | JSON index (N bytes) | zero padding | ONNX graph | weights, each at a multiple of 64
+    | JSON index (N bytes) | zero padding | ONNX graph | weights, each at a multiple of 64,
+    each followed by its pre-packed buffers, each at a multiple of 4096
 
 The index is ``{"target": {"level", "features"}, "graph": {"offset", "length"}, "weights":
-[{"name", "dtype", "shape", "offset", "length"}, ...]}``. The graph is ORT's optimized model
+[{"name", "dtype", "shape", "offset", "length", "prepacked"?}, ...]}``, ``prepacked`` being
+``[{"key", "buffers": [{"offset", "length"}, ...]}, ...]``: the forms ORT's kernels packed the
+weight into. The graph is ORT's optimized model
 in which every initializer of :data:`THRESHOLD` bytes or more is a stub marked as external
 data; its bytes follow as raw little-endian tensors, in index order. ``target.level`` says how
 far ORT optimized the graph: ``"all"`` includes layouts tied to the CPU's vector extensions
@@ -18,7 +21,10 @@ trusted: every field, offset and length is checked before a view is made.
 Loading parses only the small graph. When the artifact lies in a file, the stubs are pointed
 at the file and ORT maps the weights itself (:func:`graph_reading`), shared between sessions
 and processes through the page cache; otherwise each weight becomes a NumPy view of the
-artifact that ORT takes as an external initializer (and copies).
+artifact that ORT takes as an external initializer (and copies). ORT 1.32 maps a pre-packed
+buffer only at a file offset that is a multiple of 256 (it copies it into each session
+otherwise, silently): the buffers start at pages, and the container starts every section at
+a page. Artifacts written with the buffers at multiples of 64 still load, unshared.
 
 Version 1 (no ``target``: always ``"extended"``) still loads. Artifacts written before this
 format are the optimized model's plain ONNX bytes. A serialized ModelProto from ORT starts
@@ -49,6 +55,11 @@ THRESHOLD = 1024
 """Initializers of this many bytes or more are stored outside the graph."""
 
 ALIGN = 64
+PAGE = 4096
+"""Pre-packed buffers start at a multiple of this (see the module docstring): any alignment
+ORT asks of their file offsets up to a page, wherever a page-aligned artifact lies."""
+PREPACKED_FILE_ALIGN = 256
+"""ORT maps a pre-packed buffer at a file offset that is a multiple of this, else copies it."""
 LEVELS = ("all", "extended")
 """How far ORT optimized the graph; see the module docstring."""
 _PRELUDE = struct.Struct("<8sIIQ")
@@ -167,8 +178,8 @@ def pack(
         end = start + len(graph)
         for entry, blobs in zip(entries, parts, strict=True):
             places = [entry] + [b for p in entry.get("prepacked", []) for b in p["buffers"]]
-            for place, blob in zip(places, blobs, strict=True):
-                place["offset"] = _align(end)
+            for k, (place, blob) in enumerate(zip(places, blobs, strict=True)):
+                place["offset"] = _align(end, PAGE if k else ALIGN)
                 place["length"] = len(blob)
                 end = place["offset"] + len(blob)
         text = json.dumps(index, separators=(",", ":")).encode()
@@ -415,8 +426,8 @@ def graph_reading(unpacked: Unpacked, location: str, base: int) -> bytes:
     return bytes(proto.SerializeToString())
 
 
-def _align(offset: int) -> int:
-    return -(-offset // ALIGN) * ALIGN
+def _align(offset: int, to: int = ALIGN) -> int:
+    return -(-offset // to) * to
 
 
 def _inside(offset: int, length: int, after: int, size: int, what: str) -> int:
