@@ -16,8 +16,38 @@ from dataclasses import dataclass
 
 from .errors import InvalidOptionError
 
+SIM_TOPOLOGIES = ("torus", "ring", "mesh", "none")
+"""How the ``sim`` driver's devices are linked (see :class:`SimSettings`)."""
+
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _BOOLEANS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    """The simulated accelerator served by the ``sim`` driver (``CROSSRT_SIM``).
+
+    ``CROSSRT_SIM="devices=4,cores=2,memory=4GiB,topology=ring,copy_gbps=10,op_us=5"``; every
+    key is optional. The defaults describe an AWS trn1.32xlarge: 16 devices of 2 cores and
+    32 GiB each, linked in a 4x4 torus.
+
+    Attributes:
+        devices: how many devices (``sim:0`` ... ``sim:N-1``), 1 to 1024.
+        cores: cores per device, 1 to 1024.
+        memory_bytes: device memory per device (``memory``: bytes, or ``4GiB``, ``512M``).
+        topology: how devices are linked: ``torus`` (a near-square grid whose rows and
+            columns wrap around), ``ring``, ``mesh`` (the grid without wrapping) or ``none``.
+        copy_gbps: copy bandwidth in GB/s (10^9 bytes a second) of every copy between host
+            and device memory and between device buffers; 0: copies cost no simulated time.
+        op_us: microseconds of simulated compute per operator of a run; 0: none.
+    """
+
+    devices: int = 16
+    cores: int = 2
+    memory_bytes: int = 32 << 30
+    topology: str = "torus"
+    copy_gbps: float = 0.0
+    op_us: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -54,6 +84,8 @@ class Settings:
         check_numerics: check every output for NaN and infinity, for loads that pass no
             ``check_numerics`` (``CROSSRT_CHECK_NUMERICS``: 1/true/yes or 0/false/no, default
             off).
+        sim: the simulated accelerator of the ``sim`` driver (``CROSSRT_SIM``, see
+            :class:`SimSettings`).
     """
 
     default_device: str = "cpu"
@@ -69,6 +101,7 @@ class Settings:
     memlog_max_entries: int = 65536
     exec_timeout: float | None = None
     check_numerics: bool = False
+    sim: SimSettings = SimSettings()
 
 
 def settings(environ: Mapping[str, str] | None = None) -> Settings:
@@ -107,6 +140,69 @@ def settings(environ: Mapping[str, str] | None = None) -> Settings:
         memlog_max_entries=_memlog_max_entries(env),
         exec_timeout=_exec_timeout(env),
         check_numerics=_boolean(env, "CROSSRT_CHECK_NUMERICS", False),
+        sim=parse_sim(env.get("CROSSRT_SIM", "")),
+    )
+
+
+_SIM_KEYS = ("devices", "cores", "memory", "topology", "copy_gbps", "op_us")
+
+
+def parse_sim(text: str) -> SimSettings:
+    """The simulated accelerator from ``CROSSRT_SIM``'s ``key=value,...`` text.
+
+    Raises:
+        InvalidOptionError: an unknown or repeated key, or a value out of range.
+    """
+    values: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = (s.strip() for s in item.partition("="))
+        if not sep or key not in _SIM_KEYS or key in values:
+            why = "repeats a key" if key in values else "is not key=value with a known key"
+            raise _bad_sim(text, f"{item!r} {why}; keys: {', '.join(_SIM_KEYS)}")
+        values[key] = value
+    default = SimSettings()
+    memory = values.get("memory")
+    topology = values.get("topology", default.topology).lower()
+    if topology not in SIM_TOPOLOGIES:
+        raise _bad_sim(text, f"topology {topology!r} is not one of {', '.join(SIM_TOPOLOGIES)}")
+    sim = SimSettings(
+        devices=_sim_count(values, "devices", default.devices, text),
+        cores=_sim_count(values, "cores", default.cores, text),
+        memory_bytes=parse_size(memory, "CROSSRT_SIM memory") if memory else default.memory_bytes,
+        topology=topology,
+        copy_gbps=_sim_rate(values, "copy_gbps", text),
+        op_us=_sim_rate(values, "op_us", text),
+    )
+    if sim.memory_bytes <= 0:
+        raise _bad_sim(text, "memory must be more than 0 bytes")
+    return sim
+
+
+def _sim_count(values: Mapping[str, str], key: str, default: int, text: str) -> int:
+    value = values.get(key)
+    if value is None:
+        return default
+    if not re.fullmatch(r"[0-9]{1,4}", value) or not 1 <= int(value) <= 1024:
+        raise _bad_sim(text, f"{key}={value!r} is not a whole number from 1 to 1024")
+    return int(value)
+
+
+def _sim_rate(values: Mapping[str, str], key: str, text: str) -> float:
+    value = values.get(key, "0")
+    try:
+        rate = float(value)
+    except ValueError:
+        rate = -1.0
+    if not 0 <= rate < float("inf"):
+        raise _bad_sim(text, f"{key}={value!r} is not a number >= 0 (0 turns it off)")
+    return rate
+
+
+def _bad_sim(text: str, why: str) -> InvalidOptionError:
+    return InvalidOptionError(
+        f"CROSSRT_SIM={text!r}: {why}; write e.g. "
+        "devices=4,cores=2,memory=4GiB,topology=ring,copy_gbps=10,op_us=5",
+        details={"setting": "CROSSRT_SIM", "value": text},
     )
 
 

@@ -24,6 +24,7 @@ ENTRY_POINT_GROUP = "crossrt.drivers"
 _BUILTIN = {
     "onnxruntime": "crossrt.drivers.onnxruntime:OnnxRuntimeDriver",
     "reference": "crossrt.drivers.reference:ReferenceDriver",
+    "sim": "crossrt.drivers.sim:SimDriver",
 }
 
 

@@ -1,4 +1,6 @@
-"""``crossrt ls``: the drivers (PASS/FAIL and why), their devices, cores and who owns them."""
+"""``crossrt ls``: the drivers (PASS/FAIL and why), their devices, cores and who owns them;
+``--topology``: how the devices of each driver are linked, drawn as ``neuron-ls --topology``
+draws a trn1.32xlarge."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..config import settings
-from ..drivers import driver_statuses
+from ..drivers import driver_statuses, parse_device
 from ..drivers.host import format_cpus, host_cpus
 from ..errors import CrossrtError
 from ..runtime.cores import core_owners
@@ -24,6 +26,12 @@ def parser() -> argparse.ArgumentParser:
         "CPUs and the process owning each (CROSSRT_VISIBLE_CORES / CROSSRT_NUM_CORES).",
     )
     p.add_argument("--json", action="store_true", help="print one JSON document instead")
+    p.add_argument(
+        "--topology",
+        action="store_true",
+        help="also show which devices link to which, and draw the links of each driver whose "
+        "devices form a grid, a torus or a ring",
+    )
     return p
 
 
@@ -67,6 +75,121 @@ def core_table() -> dict[str, Any]:
     return {"device": "cpu:0", "runtime_dir": directory, "limit": host.limit, "host_cpus": rows}
 
 
+def topologies(devices: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per driver whose devices report links: its devices in index order, and the grid their
+    links form (``rows``, ``cols``, ``wraps``: a torus or a ring), ``None`` when they form none.
+    """
+    result = []
+    for driver in sorted({d["driver"] for d in devices if d["links"]}):
+        mine = sorted((d for d in devices if d["driver"] == driver), key=lambda d: _index(d["id"]))
+        shape = grid_of(mine)
+        rows, cols, wraps = shape or (None, None, None)
+        result.append(
+            {
+                "driver": driver,
+                "devices": [d["id"] for d in mine],
+                "rows": rows,
+                "cols": cols,
+                "wraps": wraps,
+            }
+        )
+    return result
+
+
+def grid_of(devices: Sequence[dict[str, Any]]) -> tuple[int, int, bool] | None:
+    """``(rows, cols, wraps)`` of the grid in which device ``i`` (in the order given) is linked
+    exactly to its neighbours up, down, left and right (across the edges when ``wraps``), the
+    most nearly square first; ``None`` when the links form no such grid."""
+    n = len(devices)
+    position = {d["id"]: i for i, d in enumerate(devices)}
+    actual = [{position.get(link, -1) for link in d["links"]} for d in devices]
+    shapes = sorted(
+        ((r, n // r) for r in range(1, n + 1) if n % r == 0),
+        key=lambda rc: (abs(rc[0] - rc[1]), rc[0] > rc[1]),
+    )
+    for rows, cols in shapes:
+        for wraps in (True, False):
+            if all(actual[i] == _neighbours(i, rows, cols, wraps) for i in range(n)):
+                return rows, cols, wraps
+    return None
+
+
+def _neighbours(i: int, rows: int, cols: int, wraps: bool) -> set[int]:
+    r, c = divmod(i, cols)
+    found = set()
+    for nr, nc in ((r - 1, c), (r + 1, c), (r, c - 1), (r, c + 1)):
+        if wraps:
+            nr, nc = nr % rows, nc % cols
+        if 0 <= nr < rows and 0 <= nc < cols and (nr, nc) != (r, c):
+            found.add(nr * cols + nc)
+    return found
+
+
+def draw(labels: Sequence[str], rows: int, cols: int, wraps: bool) -> list[str]:
+    """The grid as ``neuron-ls --topology`` draws it: ``[ 5 ]`` cells joined by ``◄––►`` and
+    ``▲│▼``; a ``*`` marks a link that wraps around to the other end of its row or column."""
+    width = max(2, *(len(label) for label in labels))
+    link, (left, right) = "◄––►", (("*––►", "◄––*") if wraps else ("    ", ""))
+    size = width + 3  # "[", the label, " ]"
+    centres = [len(left) + j * (size + len(link)) + size // 2 for j in range(cols)]
+
+    def column(mark: str) -> str:
+        line = [" "] * (centres[-1] + 1)
+        for centre in centres:
+            line[centre] = mark
+        return "".join(line)
+
+    wrap_columns = wraps and rows > 1
+    lines = [column("*"), column("│"), column("▼")] if wrap_columns else []
+    for r in range(rows):
+        if r:
+            lines += [column("▲"), column("│"), column("▼")]
+        cells = (f"[{labels[r * cols + j]:>{width}} ]" for j in range(cols))
+        lines.append(left + link.join(cells) + right)
+    if wrap_columns:
+        lines += [column("▲"), column("│"), column("*")]
+    return lines
+
+
+def _describe(rows: int, cols: int, wraps: bool) -> str:
+    if rows == 1 or cols == 1:
+        return "a ring" if wraps else "a line"
+    return f"a {rows}x{cols} {'torus' if wraps else 'mesh'}"
+
+
+def _index(device: str) -> int:
+    try:
+        return parse_device(device)[1] or 0
+    except CrossrtError:
+        return 0
+
+
+def _print_topology(info: dict[str, Any]) -> None:
+    by_id = {(d["driver"], d["id"]): d for d in info["devices"]}
+    if not info["topology"]:
+        print("\nTOPOLOGY: no driver reports links between its devices")
+    for topo in info["topology"]:
+        ids = topo["devices"]
+        shape = (
+            f"{_describe(topo['rows'], topo['cols'], topo['wraps'])}"
+            if topo["rows"]
+            else "links that form no grid"
+        )
+        print(f"\nTOPOLOGY of {topo['driver']}: {len(ids)} devices, {shape}")
+        print(f"  {'device':<8} {'cores':>5} {'memory':>10}  connected devices")
+        for device in ids:
+            d = by_id[(topo["driver"], device)]
+            print(
+                f"  {device:<8} {d['cores']:>5} {human_bytes(d['memory_bytes']):>10}  "
+                f"{', '.join(d['links']) or '-'}"
+            )
+        if topo["rows"]:
+            labels = [str(_index(device)) for device in ids]
+            print()
+            for line in draw(labels, topo["rows"], topo["cols"], topo["wraps"]):
+                print(f"  {line}".rstrip())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``crossrt ls``."""
     args = parser().parse_args(argv)
@@ -74,6 +197,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         info = collect()
     except CrossrtError as exc:
         return fail("ls", exc)
+    if args.topology:
+        info["topology"] = topologies(info["devices"])
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -82,10 +207,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for d in info["drivers"]:
         print(f"  {d['name']:<13} {d['status']:<6} {d['version'] or '-':<10} {d['reason']}")
     print("\nDEVICES")
-    print(f"  {'device':<8} {'driver':<13} {'kind':<5} {'cores':>5} {'memory':>10}  name")
+    print(f"  {'device':<8} {'driver':<13} {'kind':<11} {'cores':>5} {'memory':>10}  name")
     for d in info["devices"]:
         print(
-            f"  {d['id']:<8} {d['driver']:<13} {d['kind']:<5} {d['cores']:>5} "
+            f"  {d['id']:<8} {d['driver']:<13} {d['kind']:<11} {d['cores']:>5} "
             f"{human_bytes(d['memory_bytes']):>10}  {d['name']}"
         )
     cores = info["cores"]
@@ -100,4 +225,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         note = "" if row["usable"] else "  (not usable by this process)"
         who = f"{owner['pid'] or '?':<9}  {owner['cmdline'] or owner['name']}" if owner else "free"
         print(f"  {row['host_cpu']:>4}  {who}{note}")
+    if args.topology:
+        _print_topology(info)
     return 0
