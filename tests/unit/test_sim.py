@@ -20,7 +20,7 @@ from onnx import TensorProto, helper
 
 import crossrt
 from crossrt.config import SimSettings, parse_sim, settings
-from crossrt.drivers import get_driver, registry, resolve_device
+from crossrt.drivers import get_driver, registry, resolve_device, sim_artifact
 from crossrt.drivers.base import (
     ArtifactFile,
     CancelToken,
@@ -398,21 +398,46 @@ def test_cores_outside_the_device_are_refused(sim: SimDriver) -> None:
     assert error.value.code is StatusCode.INVALID and "[2]" in error.value.message
 
 
+def _wide() -> crossrt.Model:
+    """y = x @ W + 1 with a 16 KiB weight: stored beside ORT's graph, mapped from a file."""
+    b = GraphBuilder("wide")
+    x = b.input("x", "float32", [4, 64])
+    w = b.constant(np.eye(64, dtype=np.float32) * 2)
+    b.output(b.op("Add", [b.op("MatMul", [x, w]), b.constant(np.float32(1))], outputs=["y"]))
+    return b.finish()
+
+
 def test_an_artifact_is_loaded_from_its_place_in_a_file(sim: SimDriver, tmp_path) -> None:
     info = sim.devices()[2]
-    artifact = sim.compile(tiny(), info, OPTIONS)
+    artifact = sim.compile(_wide(), info, OPTIONS)
+    assert sim_artifact.unpack(artifact)[1] % 4096 == 0  # ORT's pre-packed pages stay pages
     path = tmp_path / "model.bin"
-    path.write_bytes(bytes(100) + artifact)
+    path.write_bytes(bytes(4096) + artifact)  # as a .crm section: at a page
+    x = np.ones((4, 64), np.float32)
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-        identity = ArtifactFile.identity_of(os.stat(path))
-        view = memoryview(mapped)[100:]
-        program = sim.load(
-            view, info, CoreSet((0,)), OPTIONS, file=ArtifactFile(str(path), 100, identity)
-        )
-        y = program.run({"x": _upload(sim, "sim:2", np.ones((4, 8), np.float32))})["y"]
-        np.testing.assert_allclose(_download(sim, y), np.ones((4, 8)) @ W + 1, rtol=1e-6)
+        file = ArtifactFile(str(path), 4096, ArtifactFile.identity_of(os.stat(path)))
+        view = memoryview(mapped)[4096:]
+        program = sim.load(view, info, CoreSet((0,)), OPTIONS, file=file)
+        y = program.run({"x": _upload(sim, "sim:2", x)})["y"]
+        np.testing.assert_array_equal(_download(sim, y), 2 * x + 1)
         program.close()
         view.release()
+
+
+def test_instances_share_what_the_engine_shares(sim: SimDriver) -> None:
+    info = sim.devices()[0]
+    artifact = sim.compile(_wide(), info, OPTIONS)
+    with sim.sharing(artifact, None, 2) as file:
+        assert file is not None and file.offset == 0  # ORT wrote the artifact to one file
+        with open(file.path, "rb") as f:
+            assert f.read(8) == sim_artifact.MAGIC  # ours, whole: load() finds ORT's inside
+        programs = [sim.load(artifact, info, CoreSet((k,)), OPTIONS, file=file) for k in (0, 1)]
+    x = _upload(sim, "sim:0", np.ones((4, 64), np.float32))
+    for program in programs:
+        np.testing.assert_array_equal(
+            _download(sim, program.run({"x": x})["y"]), np.full((4, 64), 3)
+        )
+        program.close()
 
 
 # -- the artifact -----------------------------------------------------------------------------

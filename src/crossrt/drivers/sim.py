@@ -26,6 +26,7 @@ compiler, loader and memory calls. ``docs/writing-a-driver.md`` walks through it
 
 from __future__ import annotations
 
+import contextlib
 import math
 import platform
 import threading
@@ -79,9 +80,6 @@ class SimDriver(Driver):
         "nothing to install for the devices; their arithmetic runs on onnxruntime "
         "(pip install onnxruntime) or, without it, on onnx's reference evaluator"
     )
-    # ONNX Runtime maps an artifact's weights from the .crm file itself; load passes it the
-    # file at the offset of the engine's artifact (with the reference evaluator it is unused).
-    reads_files = True
 
     def __init__(self, config: SimSettings | None = None) -> None:
         current = settings()
@@ -143,6 +141,16 @@ class SimDriver(Driver):
         except CrossrtError:  # the engine is gone or changed: say what is known
             return labels
         return {**labels, **engine.describe_artifact(memoryview(artifact)[start:])}
+
+    def sharing(
+        self, artifact: bytes | memoryview, file: ArtifactFile | None, loads: int
+    ) -> contextlib.AbstractContextManager[ArtifactFile | None]:
+        # The engine decides (ONNX Runtime writes an in-memory artifact to a file that all the
+        # instances map). Handing it the whole sim artifact is right: the file then holds ours,
+        # and load() finds the engine's inside it as it does in a .crm.
+        header, _ = sim_artifact.unpack(artifact)
+        engine, _ = self._named_engine(header)
+        return engine.sharing(artifact, file, loads)
 
     def load(
         self,

@@ -3,13 +3,15 @@
 Layout (integers little-endian)::
 
     magic "CRSIMART" | format u32 | header length N u32 | JSON header (N bytes)
-    | zero padding to a multiple of 64 | the host engine's artifact
+    | zero padding to a multiple of 4096 | the host engine's artifact
 
 The header names the engine that compiled the artifact and its version (a load needs that
 engine at that version), the model's operator count (what the latency model charges a run)
 and its inputs and outputs (which of them live in device memory, the shapes of the outputs a
-run can allocate before it computes). The engine's artifact starts at a multiple of 64 so
-that weights it keeps aligned stay aligned, in memory and in a ``.crm`` file alike.
+run can allocate before it computes). The engine's artifact starts at a page (4096 bytes):
+ONNX Runtime's artifact places the weights its kernels pre-packed at pages so that ORT maps
+them from a ``.crm`` file (whose sections start at pages) instead of copying them into every
+session; an artifact inside ours must keep them there.
 
 Every artifact a driver loads may come from a file someone else wrote: the header is checked
 field by field, and a damaged one is an ``InvalidContainerError`` that says to recompile,
@@ -30,7 +32,7 @@ FORMAT = 1
 """The version of this layout; the sim driver's version starts with it."""
 
 _PRELUDE = struct.Struct("<8sII")
-_ALIGN = 64
+_ALIGN = 4096  # see the module docstring
 _FIELDS = {"engine": str, "engine_version": str, "ops": int, "inputs": list, "outputs": list}
 
 
