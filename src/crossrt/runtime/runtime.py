@@ -16,6 +16,7 @@ from ..drivers import (
     DeviceKind,
     available_drivers,
     get_driver,
+    parse_device,
     resolve_device,
 )
 from ..drivers.host import format_cpus
@@ -195,7 +196,7 @@ class Runtime:
             exe = compile(source, device, driver=driver, **compile_options)
         first = get_driver(exe.nodes[0].driver)
         _, info = resolve_device(device or exe.device, first.name)
-        if info.kind.value != exe.device_kind:
+        if parse_device(info.id)[0] != exe.device_kind:  # sim:3 is a sim, cpu:0 a cpu
             raise InvalidArgumentError(
                 f"{exe.name!r} was compiled for {exe.device_kind}, not {info.id}; compile it "
                 f"for {info.id}",
