@@ -448,8 +448,23 @@ def test_an_unavailable_driver(monkeypatch, digits_bytes):
     err = _error(digits_bytes, DeviceUnavailableError)
     assert err.code is StatusCode.DRIVER_UNAVAILABLE
     assert "driver 'onnxruntime'" in err.message and "CROSSRT_DISABLE_DRIVERS" in err.message
-    assert "pip install onnxruntime" in err.message
+    assert "remove 'onnxruntime' from CROSSRT_DISABLE_DRIVERS" in err.message
     monkeypatch.setattr(registry, "_statuses", None)
+
+
+def test_a_driver_whose_engine_is_missing_says_what_to_install(monkeypatch, tmp_path, digits_bytes):
+    # The hint comes from the driver (install_hint) or from the module its import misses.
+    (tmp_path / "ghost_driver.py").write_text("import ghost_engine_not_installed\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(registry._BUILTIN, "ghost", "ghost_driver:GhostDriver")
+    monkeypatch.setattr(registry, "_statuses", None)
+    monkeypatch.setattr(registry, "_complete", None)
+    data = edit(digits_bytes, lambda h: h["networks"][0]["nodes"][0].update(driver="ghost"))
+    err = _error(data, DeviceUnavailableError)
+    assert "pip install ghost_engine_not_installed" in err.message
+    assert registry.driver_status("onnxruntime").install_hint  # every builtin says something
+    monkeypatch.setattr(registry, "_statuses", None)
+    monkeypatch.setattr(registry, "_complete", None)
 
 
 def test_a_driver_version_mismatch_says_recompile(digits_bytes):

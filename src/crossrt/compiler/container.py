@@ -70,10 +70,8 @@ _PRELUDE = struct.Struct("<8sIIQ32s8x")
 _SECTION_ALIGN = 4096  # see _page
 _FLAGS = 0  # no flag is defined yet; a reader refuses bits it does not know
 
+
 # What to install for the drivers that ship with crossrt; others name their entry point.
-_INSTALL = {"onnxruntime": "pip install onnxruntime", "reference": "pip install onnx"}
-
-
 @dataclass(frozen=True)
 class Container:
     """A validated ``.crm`` container, as :func:`read_container` returns it.
@@ -369,8 +367,10 @@ def list_networks(source: Source) -> list[str]:
 
 def _check_driver(network: str, node: str, driver: str, compiled: str) -> None:
     status = driver_status(driver)  # imports that driver only, not every registered one
-    install = _INSTALL.get(
-        driver, f"install the package that registers the {driver!r} crossrt.drivers entry point"
+    install = (
+        status.install_hint
+        if status is not None
+        else f"install the package that registers the {driver!r} crossrt.drivers entry point"
     )
     if status is None or status.driver is None:
         why = (

@@ -37,12 +37,16 @@ class DriverStatus:
         target: ``module:Class`` of its entry point.
         driver: the driver instance, or ``None`` when unavailable.
         reason: why it is unavailable (empty when it is available).
+        install_hint: what to install for it: the driver's own ``install_hint``, else, when
+            its engine's module is missing, ``pip install <that module>``, else how to find the
+            package that registers it.
     """
 
     name: str
     target: str
     driver: Driver | None
     reason: str = ""
+    install_hint: str = ""
 
     @property
     def available(self) -> bool:
@@ -64,18 +68,24 @@ def _targets() -> dict[str, str]:
 
 def _load(name: str, target: str) -> DriverStatus:
     if name in settings().disabled_drivers:
-        return DriverStatus(name, target, None, "disabled by CROSSRT_DISABLE_DRIVERS")
+        hint = f"remove {name!r} from CROSSRT_DISABLE_DRIVERS"
+        return DriverStatus(name, target, None, "disabled by CROSSRT_DISABLE_DRIVERS", hint)
     module_name, _, attr = target.partition(":")
+    hint = f"install the package that registers the {name!r} crossrt.drivers entry point"
     try:
         cls = getattr(importlib.import_module(module_name), attr)
+        hint = getattr(cls, "install_hint", "") or hint
         driver = cls()
     except ImportError as exc:
-        return DriverStatus(name, target, None, f"engine not installed: {exc}")
+        missing = getattr(exc, "name", None)
+        if missing and not missing.startswith("crossrt"):
+            hint = f"pip install {missing.partition('.')[0]}"
+        return DriverStatus(name, target, None, f"engine not installed: {exc}", hint)
     except Exception as exc:  # a broken driver must not take the others down
-        return DriverStatus(name, target, None, f"{type(exc).__name__}: {exc}")
+        return DriverStatus(name, target, None, f"{type(exc).__name__}: {exc}", hint)
     if not isinstance(driver, Driver):
-        return DriverStatus(name, target, None, f"{target} is not a crossrt Driver")
-    return DriverStatus(name, target, driver)
+        return DriverStatus(name, target, None, f"{target} is not a crossrt Driver", hint)
+    return DriverStatus(name, target, driver, "", hint)
 
 
 def _table() -> dict[str, DriverStatus]:
