@@ -40,7 +40,7 @@ def test_run_async_matches_run(rt: crossrt.Runtime, tiny_exe: crossrt.Executable
     np.testing.assert_array_equal(future.result(WAIT)["y"], model.run({"x": x(1)})["y"])
 
 
-def test_full_queue_raises_queue_full_and_block_times_out(
+def test_full_queue_raises_queue_full_when_asked_not_to_wait_or_the_wait_expires(
     rt: crossrt.Runtime, tiny_exe: crossrt.Executable
 ) -> None:
     model = rt.load(tiny_exe, queue_depth=2)
@@ -49,16 +49,19 @@ def test_full_queue_raises_queue_full_and_block_times_out(
     assert gated.started.wait(WAIT)
     queued = model.run_async({"x": x(2)})
     with pytest.raises(crossrt.OutOfResourcesError) as full:
-        model.run_async({"x": x(3)})
+        model.run_async({"x": x(3)}, block=False)
     assert full.value.code is StatusCode.QUEUE_FULL
-    assert "queue_depth" in full.value.message
-    with pytest.raises(crossrt.DeadlineExceededError) as late:
-        model.run_async({"x": x(3)}, block=True, timeout=0.01)
-    assert late.value.code is StatusCode.TIMEOUT
+    assert "queue_depth" in full.value.message and "block=True" in full.value.message
+    with pytest.raises(crossrt.OutOfResourcesError) as late:
+        model.run_async({"x": x(3)}, timeout=0.01)
+    assert late.value.code is StatusCode.QUEUE_FULL
+    assert "no room in its queue of 2 requests within 0.01 s" in late.value.message
+    assert late.value.details["timeout"] == 0.01
+    assert model._scheduler.waiting_for_room == 0  # the expired wait left the line
     gated.gate.set()
     assert running.result(WAIT)["y"].shape == (4, 8)
     assert queued.result(WAIT)["y"].shape == (4, 8)
-    assert model.run_async({"x": x(3)}).result(WAIT)["y"].shape == (4, 8)  # room again
+    assert model.run_async({"x": x(3)}, block=False).result(WAIT)["y"].shape == (4, 8)
 
 
 def test_cancelled_queued_request_never_runs(

@@ -5,10 +5,11 @@
   lock, taken hand over hand, so requests pass through the nodes in a pipeline).
 - ``run()`` pops an idle instance without blocking and runs in the caller's thread; with
   none idle it queues like ``run_async`` and waits.
-- ``run_async`` admits at most ``depth`` requests not yet finished (waiting or running):
-  ``QUEUE_FULL`` past that, or a bounded wait when asked to block. There is one worker
-  thread per instance, each taking a request, then an idle instance; for a multi-node
-  executable, each instance has one stage thread per node with a queue between stages.
+- ``run_async`` admits at most ``depth`` requests not yet finished (waiting or running);
+  past that a request waits in line for room, or gets ``QUEUE_FULL`` when its caller asks
+  not to wait (``admission.py``). There is one worker thread per instance, each taking a
+  request, then an idle instance; for a multi-node executable, each instance has one stage
+  thread per node with a queue between stages.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from ..errors import (
     StatusCode,
 )
 from . import watchdog
+from .admission import Admission
 from .memory import count_copy
 
 log = logging.getLogger("crossrt")
@@ -147,8 +149,8 @@ class Scheduler:
         # Weak: the worker threads must not keep the model (and through it its runtime and
         # reserved cores) alive once its user lets go of it; a finalizer then stops them.
         self._finish = weakref.WeakMethod(finish)
-        self._slots = threading.BoundedSemaphore(depth)
         self._entry: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self._admission = Admission(depth, self._enqueue)
         self._closed = False
         # Instances no caller or worker holds. deque.pop/append are atomic and cost a third
         # of a lock's acquire/release, on the path every synchronous run() takes.
@@ -213,28 +215,64 @@ class Scheduler:
         block: bool,
         timeout: float | None,
         deadline: float | None,
+        detached: bool = False,
+        on_done: Callable[[Future[Any]], None] | None = None,
     ) -> Future[Any]:
-        """Queue one request; its future resolves with ``finish``'s result or error."""
-        if self._closed:
-            raise ClosedError(f"model {self.name!r} is unloaded; load it again")
-        if not self._slots.acquire(blocking=block, timeout=timeout if block else None):
-            if block:
-                raise DeadlineExceededError(
-                    f"model {self.name!r}: no room in its queue of {self.depth} within "
-                    f"{timeout} s; wait longer, raise queue_depth at load, or add instances",
-                    details={"model": self.name, "queue_depth": self.depth},
-                )
-            raise OutOfResourcesError(
-                f"model {self.name!r}: its queue of {self.depth} requests is full; retry later, "
-                "pass block=True to wait, or load it with a larger queue_depth or more instances",
+        """Queue one request; its future resolves with ``finish``'s result or error.
+
+        Args:
+            block: when the queue is full, wait in line for room; else raise QUEUE_FULL.
+            timeout: with ``block``, the most seconds to wait for room (``None``: no limit),
+                then QUEUE_FULL.
+            detached: wait for room without holding the caller's thread: the future is
+                returned at once and the request is admitted when a slot frees (a timeout
+                then fails the future with QUEUE_FULL). For ``infer``, whose event loop
+                must not block.
+            on_done: added to the future before the request can run, so that it runs in
+                the worker that resolves it.
+        """
+        job = Job(Future(), feed, outputs, deadline)
+        if on_done is not None:
+            job.future.add_done_callback(on_done)
+        self._admission.enter(
+            job,
+            job.future,
+            block=block,
+            timeout=timeout,
+            detached=detached,
+            full=self._full,
+            closed=lambda: ClosedError(f"model {self.name!r} is unloaded; load it again"),
+        )
+        return job.future
+
+    @property
+    def waiting_for_room(self) -> int:
+        """How many requests wait in line for a queue slot."""
+        return len(self._admission)
+
+    def _full(self, waited: float | None) -> OutOfResourcesError:
+        details = {"model": self.name, "queue_depth": self.depth}
+        if waited is None:
+            return OutOfResourcesError(
+                f"model {self.name!r}: its queue of {self.depth} requests is full; retry "
+                "later, let the call wait for room (block=True, the default), or load the "
+                "model with a larger queue_depth or more instances",
                 code=StatusCode.QUEUE_FULL,
-                details={"model": self.name, "queue_depth": self.depth},
+                details=details,
             )
-        future: Future[Any] = Future()
-        self._entry.put(Job(future, feed, outputs, deadline))
+        return OutOfResourcesError(
+            f"model {self.name!r}: no room in its queue of {self.depth} requests within "
+            f"{waited} s; wait longer (timeout=), or load the model with a larger queue_depth "
+            "or more instances",
+            code=StatusCode.QUEUE_FULL,
+            details={**details, "timeout": waited},
+        )
+
+    def _enqueue(self, job: Job) -> None:
+        """Hand an admitted request (it holds a slot) to the workers."""
+        self._entry.put(job)
         if self._closed:  # closed while queueing: the workers may be gone
-            self._fail(Job(future, feed, outputs, deadline), self._closed_error())
-        return future
+            self._fail(job, self._closed_error())
 
     def _closed_error(self) -> CrossrtError:
         return ClosedError(f"model {self.name!r} was unloaded before the request ran")
@@ -247,8 +285,12 @@ class Scheduler:
 
     def _start(self, job: Job) -> bool:
         """Whether ``job`` may run: not cancelled, deadline not passed (else it is resolved)."""
-        if not job.future.set_running_or_notify_cancel():
-            self._slots.release()
+        try:
+            runnable = job.future.set_running_or_notify_cancel()
+        except RuntimeError:  # failed meanwhile: the model closed as it was queued
+            runnable = False
+        if not runnable:
+            self._admission.release()
             return False
         if job.deadline is not None and time.monotonic() >= job.deadline:
             self._done(job, error=_late(self.name, "its deadline passed while it was queued"))
@@ -267,7 +309,7 @@ class Scheduler:
             expired = watchdog.finish(job.token)
             if error is None and (expired or time.monotonic() > (job.end or 0.0)):
                 error = _late(self.name, "it ran past its deadline or execution timeout")
-        self._slots.release()
+        self._admission.release()
         if error is not None:
             job.future.set_exception(error)
         else:
@@ -330,8 +372,10 @@ class Scheduler:
         return finish(execute, job.feed, job.outputs)
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop the workers: queued requests fail with CLOSED; running ones finish."""
+        """Stop the workers: queued requests, and those waiting for room, fail with CLOSED;
+        running ones finish."""
         self._closed = True
+        self._admission.close(self._closed_error)
         pending: list[Job] = []
         try:
             while True:

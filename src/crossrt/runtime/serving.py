@@ -8,6 +8,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import CancelledError, Future
+from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -44,7 +45,7 @@ class ConcurrentRuns:
         inputs: Any,
         outputs: Mapping[str, Any] | None = None,
         *,
-        block: bool = False,
+        block: bool = True,
         timeout: float | None = None,
         deadline: float | None = None,
         callback: Callable[[Any, Any], None] | None = None,
@@ -55,13 +56,18 @@ class ConcurrentRuns:
         Inputs are checked now, in the caller's thread; the run happens on a worker thread
         of an instance (for a multi-node executable, one stage thread per node: several
         requests are in flight at once, each on a different node). Keep the input arrays
-        unchanged until the future is done: they are not copied.
+        unchanged until the future is done: they are not copied. When the queue is full
+        (``queue_depth`` requests waiting or running), the call waits for room in this
+        thread: backpressure, as OpenVINO's ``AsyncInferQueue.start_async``. From asyncio,
+        ``await`` :meth:`infer` instead, which waits without blocking the event loop.
 
         Args:
             inputs: as for :meth:`run`.
             outputs: as for :meth:`run`.
-            block: when the queue is full, wait for room instead of raising QUEUE_FULL.
-            timeout: with ``block``, the most seconds to wait for room (``None``: no limit).
+            block: when the queue is full, wait for room (default); ``False``: raise
+                QUEUE_FULL at once instead.
+            timeout: the most seconds to wait for room (``None``: no limit), then
+                QUEUE_FULL.
             deadline: a ``time.monotonic()`` time: a request still queued then is not run,
                 and one still running is stopped where the engine can; either way its
                 future raises TIMEOUT.
@@ -75,8 +81,49 @@ class ConcurrentRuns:
             cancelled request never runs.
 
         Raises:
-            OutOfResourcesError: (QUEUE_FULL) the queue is full and ``block`` is false.
-            DeadlineExceededError: (TIMEOUT) no room within ``timeout``.
+            OutOfResourcesError: (QUEUE_FULL) the queue is full and ``block`` is false, or
+                there was no room within ``timeout``.
+            InvalidInputError: as for :meth:`run`.
+            OperationForbiddenError: the model is stopped.
+        """
+        if self._refusal is not None:
+            raise self._refusal[0](self._refusal[1])
+        feed = self._checker.check(inputs)
+        on_done = None if callback is None else partial(_call_back, callback, user_data)
+        return self._scheduler.submit(
+            feed, outputs, block=block, timeout=timeout, deadline=deadline, on_done=on_done
+        )
+
+    async def infer(
+        self,
+        inputs: Any,
+        outputs: Mapping[str, Any] | None = None,
+        *,
+        block: bool = True,
+        timeout: float | None = None,
+        deadline: float | None = None,
+    ) -> Any:
+        """``await model.infer(inputs)``: :meth:`run_async` for asyncio.
+
+        When the queue is full the request waits in line for room, first come first
+        admitted, and ``asyncio.gather`` of more requests than ``queue_depth`` runs them
+        all. No thread waits per request, for room or for the result, and the event loop
+        never blocks: a slot that frees admits the next request in line, and the worker
+        resolves the awaiting task through the loop (``call_soon_threadsafe``). Cancelling
+        the task cancels a request still waiting or queued.
+
+        Args:
+            inputs: as for :meth:`run`.
+            outputs: as for :meth:`run`.
+            block: when the queue is full, wait for room (default); ``False``: raise
+                QUEUE_FULL at once instead.
+            timeout: the most seconds to wait for room (``None``: no limit), then
+                QUEUE_FULL.
+            deadline: as for :meth:`run_async`.
+
+        Raises:
+            OutOfResourcesError: (QUEUE_FULL) the queue is full and ``block`` is false, or
+                there was no room within ``timeout``.
             InvalidInputError: as for :meth:`run`.
             OperationForbiddenError: the model is stopped.
         """
@@ -84,29 +131,8 @@ class ConcurrentRuns:
             raise self._refusal[0](self._refusal[1])
         feed = self._checker.check(inputs)
         future = self._scheduler.submit(
-            feed, outputs, block=block, timeout=timeout, deadline=deadline
+            feed, outputs, block=block, timeout=timeout, deadline=deadline, detached=True
         )
-        if callback is not None:
-            future.add_done_callback(lambda f: _call_back(callback, f, user_data))
-        return future
-
-    async def infer(
-        self,
-        inputs: Any,
-        outputs: Mapping[str, Any] | None = None,
-        *,
-        deadline: float | None = None,
-    ) -> Any:
-        """``await model.infer(inputs)``: :meth:`run_async` for asyncio.
-
-        No thread waits per request: the worker resolves the awaiting task through the
-        event loop (``call_soon_threadsafe``). Cancelling the task cancels a queued request.
-
-        Raises:
-            OutOfResourcesError: (QUEUE_FULL) the queue is full: retry, or load the model
-                with a larger ``queue_depth``.
-        """
-        future = self.run_async(inputs, outputs, deadline=deadline)
         return await asyncio.wrap_future(future)
 
     def request(self, inputs: Any = None, outputs: Mapping[str, Any] | None = None) -> Request:
@@ -181,7 +207,7 @@ class ConcurrentRuns:
             )
 
 
-def _call_back(callback: Callable[[Any, Any], None], future: Future[Any], user_data: Any) -> None:
+def _call_back(callback: Callable[[Any, Any], None], user_data: Any, future: Future[Any]) -> None:
     if future.cancelled():
         outcome: Any = CancelledError()
     else:

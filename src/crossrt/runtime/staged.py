@@ -92,6 +92,17 @@ class StagedModel(LoadedModel):
             return super().run_async(inputs, outputs, **options)
         return stage.run_async(inputs, outputs, **options)
 
+    async def infer(
+        self, inputs: Any, outputs: Mapping[str, Any] | None = None, **options: Any
+    ) -> Any:
+        """:meth:`LoadedModel.infer` on the stage whose shapes equal the inputs'."""
+        if self._refusal is not None:
+            raise self._refusal[0](self._refusal[1])
+        stage = self._stage(inputs)
+        if stage is self:
+            return await super().infer(inputs, outputs, **options)
+        return await stage.infer(inputs, outputs, **options)
+
     def _release(self, error: type[Exception], message: str) -> None:
         super()._release(error, message)
         for inner in self._inner:
