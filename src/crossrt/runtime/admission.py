@@ -86,21 +86,18 @@ class Admission(Generic[T]):
         Raises:
             Whatever ``full`` or ``closed`` returns.
         """
-        waiter = Waiter(item, future)
         with self._lock:
             if self._closed:
                 raise closed()
             if self._free:
                 self._free -= 1
-                waiting = False
+                waiter = None
             elif not block:
                 raise full(None)
             else:
-                waiting = True
-                if not detached:
-                    waiter.admitted = threading.Event()
+                waiter = Waiter(item, future, None if detached else threading.Event())
                 self._line.append(waiter)
-        if not waiting:
+        if waiter is None:
             self._admit(item)
             return
         future.add_done_callback(partial(self._left, waiter))
