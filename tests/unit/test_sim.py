@@ -8,6 +8,8 @@ import gc
 import json
 import mmap
 import os
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -551,3 +553,21 @@ def test_ls_topology_json_and_a_ring(monkeypatch, capsys) -> None:
     ]
     assert ls_tool.main(["--topology"]) == 0
     assert "  *––►[ 0 ]◄––►[ 1 ]◄––►[ 2 ]◄––*" in capsys.readouterr().out.splitlines()
+
+
+def test_ls_topology_as_a_user_types_it() -> None:
+    env = {**os.environ, "CROSSRT_SIM": "devices=6,topology=mesh", "CROSSRT_DISABLE_DRIVERS": ""}
+    done = subprocess.run(
+        [sys.executable, "-m", "crossrt", "ls", "--topology"],
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "TOPOLOGY of sim: 6 devices, a 2x3 mesh" in done.stdout
+    assert "      [ 3 ]◄––►[ 4 ]◄––►[ 5 ]" in done.stdout.splitlines()
+    device_line = next(line for line in done.stdout.splitlines() if line.startswith("  sim:4 "))
+    assert device_line.split()[1:4] == ["sim", "accelerator", "2"]

@@ -170,11 +170,8 @@ def _print_topology(info: dict[str, Any]) -> None:
         print("\nTOPOLOGY: no driver reports links between its devices")
     for topo in info["topology"]:
         ids = topo["devices"]
-        shape = (
-            f"{_describe(topo['rows'], topo['cols'], topo['wraps'])}"
-            if topo["rows"]
-            else "links that form no grid"
-        )
+        rows, cols, wraps = topo["rows"], topo["cols"], topo["wraps"]
+        shape = _describe(rows, cols, wraps) if rows else "links that form no grid"
         print(f"\nTOPOLOGY of {topo['driver']}: {len(ids)} devices, {shape}")
         print(f"  {'device':<8} {'cores':>5} {'memory':>10}  connected devices")
         for device in ids:
@@ -183,10 +180,10 @@ def _print_topology(info: dict[str, Any]) -> None:
                 f"  {device:<8} {d['cores']:>5} {human_bytes(d['memory_bytes']):>10}  "
                 f"{', '.join(d['links']) or '-'}"
             )
-        if topo["rows"]:
+        if rows:
             labels = [str(_index(device)) for device in ids]
             print()
-            for line in draw(labels, topo["rows"], topo["cols"], topo["wraps"]):
+            for line in draw(labels, rows, cols, wraps):
                 print(f"  {line}".rstrip())
 
 
