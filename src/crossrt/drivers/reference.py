@@ -47,6 +47,7 @@ class ReferenceDriver(Driver):
 
     name = "reference"
     preference = 0
+    install_hint = "pip install onnx"
 
     @property
     def version(self) -> str:
