@@ -360,7 +360,6 @@ class OutputBinder:
             storage, dtype, array.shape, name=name, placement=Placement.DEVICE, device=device
         )
 
-
     def _adopt_device(self, spec: TensorSpec, produced: DeviceArray) -> Tensor:
         """A program's device output as a tensor charged to the model: nothing moves."""
         allocator = self._allocator()
