@@ -134,25 +134,20 @@ def test_listed_in_top_level_help(capsys):
     assert "  inspect " in capsys.readouterr().out
 
 
-def test_real_subprocess(files):
+def _crossrt(*args: str) -> subprocess.CompletedProcess[str]:
+    """``crossrt ARGS`` as a real subprocess, the way a user types it."""
     script = shutil.which("crossrt", path=str(Path(sys.executable).parent))
     command = [script] if script else [sys.executable, "-m", "crossrt"]
-    ok = subprocess.run(
-        [*command, "inspect", str(files["two.crm"]), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    return subprocess.run(
+        [*command, *args], capture_output=True, text=True, timeout=120, check=False
     )
+
+
+def test_real_subprocess(files):
+    ok = _crossrt("inspect", str(files["two.crm"]), "--json")
     assert ok.returncode == 0, ok.stderr
     assert [n["name"] for n in json.loads(ok.stdout)["header"]["networks"]] == ["fast", "exact"]
-    bad = subprocess.run(
-        [*command, "inspect", str(files["corrupt.crm"])],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    bad = _crossrt("inspect", str(files["corrupt.crm"]))
     assert bad.returncode == 1
     assert bad.stdout == ""
     assert "fails its SHA-256 check" in _one_error_line(bad.stderr, "INVALID (2)")
@@ -163,9 +158,9 @@ def test_real_subprocess(files):
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, Path]:
-    """A classifier whose probabilities are a sequence of maps, and a model three drivers'
-    worth of placement: ORT nodes, an int16 Max only the reference driver runs, and an
-    operator of an unknown domain that no driver runs."""
+    """A classifier whose probabilities are a sequence of maps, and a model split between
+    drivers: ORT nodes, an int16 Max only the reference driver runs, and an operator of an
+    unknown domain that no driver runs."""
     d = tmp_path_factory.mktemp("inspect-onnx")
     onnx.save(classifier(), d / "classifier.onnx")
     b = GraphBuilder("mixed", opsets={"com.example": 1})
@@ -256,15 +251,7 @@ def test_device_and_driver_do_not_apply_to_a_container(capsys, files):
 
 
 def test_real_subprocess_on_an_onnx_model(models):
-    script = shutil.which("crossrt", path=str(Path(sys.executable).parent))
-    command = [script] if script else [sys.executable, "-m", "crossrt"]
-    done = subprocess.run(
-        [*command, "inspect", str(models["classifier.onnx"]), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = _crossrt("inspect", str(models["classifier.onnx"]), "--json")
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     assert [o["type"] for o in doc["outputs"]] == ["int64 [N]", "seq(map(int64, float32))"]

@@ -112,20 +112,8 @@ class ConcurrentRuns:
         resolves the awaiting task through the loop (``call_soon_threadsafe``). Cancelling
         the task cancels a request still waiting or queued.
 
-        Args:
-            inputs: as for :meth:`run`.
-            outputs: as for :meth:`run`.
-            block: when the queue is full, wait for room (default); ``False``: raise
-                QUEUE_FULL at once instead.
-            timeout: the most seconds to wait for room (``None``: no limit), then
-                QUEUE_FULL.
-            deadline: as for :meth:`run_async`.
-
-        Raises:
-            OutOfResourcesError: (QUEUE_FULL) the queue is full and ``block`` is false, or
-                there was no room within ``timeout``.
-            InvalidInputError: as for :meth:`run`.
-            OperationForbiddenError: the model is stopped.
+        Args and errors are :meth:`run_async`'s, the wait for room happening in the event
+        loop instead of the caller's thread.
         """
         if self._refusal is not None:
             raise self._refusal[0](self._refusal[1])

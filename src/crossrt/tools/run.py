@@ -82,8 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     raise InvalidArgumentError(
                         f"--fallback places nodes when a model is compiled, and {args.model!r} "
                         "is compiled already (its placement is in the file); compile the ONNX "
-                        "model again with `crossrt compile --fallback DEVICE`, or run it here "
-                        "with --fallback"
+                        "model again with `crossrt compile --fallback DEVICE`, or run the ONNX "
+                        "model with `crossrt run MODEL.onnx --fallback DEVICE`"
                     )
                 # Already compiled: the container's drivers are checked, nothing is compiled.
                 exe = load_executable(args.model, args.network)
