@@ -67,6 +67,12 @@ _CPU = _C.OrtDevice(_C.OrtDevice.cpu(), _C.OrtDevice.default_memory(), 0)
 _SAVE_DATA = "session.optimized_model_external_initializers_file_name"
 _SAVE_DATA_MIN = "session.optimized_model_external_initializers_min_size_in_bytes"
 _SAVE_PREPACKED = "session.save_external_prepacked_constant_initializers"
+_FOLDING = "ConstantFolding"
+# An artifact storing more than this many times the model's bytes, plus the slack, is
+# compiled again without constant folding (see compile): a float16 model's weights cast to
+# float32 for kernels without float16 are 3 times its own at most.
+_EXPANSION = 4
+_EXPANSION_SLACK = 1 << 20
 _LEVELS = {
     "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
@@ -122,6 +128,29 @@ class OnnxRuntimeDriver(Driver):
         if artifact is None:
             artifact = self._optimize(model, "extended", ())
         assert artifact is not None  # level EXTENDED is always reloaded as it is saved
+        # ORT's constant folding materialises every tensor the graph computes from constants:
+        # a model that generates its weights from small ones (ConstantOfShape, Expand or Tile
+        # of a scalar, as weights-stripped model-zoo files do) would become an artifact of
+        # hundreds of megabytes (ResNet-50: 28 KiB of model, 69 MiB of artifact). Such a
+        # model's artifact is the portable one compiled without folding: each load folds and
+        # packs, as ORT does on its own, and runs at full speed (computing those tensors at
+        # every run instead would cost ResNet-50 about 1.5x its run time).
+        stored = ort_artifact.unpack(artifact).stored_bytes
+        held = _model_bytes(model)
+        if stored > _EXPANSION * held + _EXPANSION_SLACK:
+            unfolded = self._optimize(model, "extended", (), (_FOLDING,))
+            assert unfolded is not None
+            smaller = ort_artifact.unpack(unfolded).stored_bytes
+            log.info(
+                "model %r: ONNX Runtime's constant folding would store %.1f MiB of tensors "
+                "for a model of %.1f MiB; compiled without it (%.1f MiB), it folds at each load",
+                model.name,
+                stored / 2**20,
+                held / 2**20,
+                smaller / 2**20,
+            )
+            if smaller < stored:
+                artifact = unfolded
         return artifact
 
     def _engine_model(self, model: Model, so: ort.SessionOptions) -> tuple[bytes, list[np.ndarray]]:
@@ -158,7 +187,9 @@ class OnnxRuntimeDriver(Driver):
             proto = ort_lower.lowered(proto, known.max_ir, known.max_opset)
         return bytes(proto.SerializeToString()), arrays
 
-    def _optimize(self, model: Model, level: str, features: tuple[str, ...]) -> bytes | None:
+    def _optimize(
+        self, model: Model, level: str, features: tuple[str, ...], disabled: tuple[str, ...] = ()
+    ) -> bytes | None:
         """ORT's optimized model at ``level``, packed as the artifact (``ort_artifact``);
         ``None`` when ORT cannot load what it saved at level ALL (it happens: a model with
         a subgraph constant can come back in a form ORT's own checker refuses)."""
@@ -167,7 +198,9 @@ class OnnxRuntimeDriver(Driver):
             try:
                 so = _save_options(level, out)
                 graph, weights = self._engine_model(model, so)
-                ort.InferenceSession(graph, so, providers=[_PROVIDER])
+                ort.InferenceSession(
+                    graph, so, providers=[_PROVIDER], disabled_optimizers=list(disabled)
+                )
                 del weights  # ORT has its own copy now
             except Exception as exc:
                 raise CompileError(
@@ -462,6 +495,14 @@ def _run_converting(
         return ort_types.run_converting(session, inputs, kinds_in, names, kinds_out, options)
     except TypeError as exc:
         raise ExecutionError(str(exc)) from None
+
+
+def _model_bytes(model: Model) -> int:
+    """The bytes ``model`` holds: its graph and every tensor in it (without serializing the
+    large weights again)."""
+    light = model.skeleton
+    initializers = model.proto.graph.initializer
+    return int(light.proto.ByteSize()) + sum(len(initializers[i].raw_data) for i in light.stubbed)
 
 
 def _names_read(graph: onnx.GraphProto) -> set[str]:

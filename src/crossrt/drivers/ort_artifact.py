@@ -99,6 +99,11 @@ class Unpacked:
     level: str = "extended"
     features: tuple[str, ...] = ()
 
+    @property
+    def stored_bytes(self) -> int:
+        """The bytes of the graph and its weights (not counting their pre-packed forms)."""
+        return len(self.graph) + sum(a.nbytes for a in self.arrays)
+
 
 def numpy_dtype(onnx_type: int) -> np.dtype[Any] | None:
     """The NumPy dtype ORT exchanges in place for an ONNX element type, or ``None``."""
