@@ -17,11 +17,11 @@ ATOL = 1e-7
 BFLOAT16_RTOL = 2**-6  # two bfloat16 ULPs, as the ONNX runner allows
 
 
-def run_case(case: NodeCase, driver: str, fallback: str | None = None) -> None:
-    """load_model, compile for ``driver`` (placing what it cannot run on ``fallback``), load,
-    run each data set; raise on any difference."""
+def run_case(case: NodeCase, device: str, driver: str, fallback: str | None = None) -> None:
+    """load_model, compile for ``device`` with ``driver`` (placing what it cannot run on
+    ``fallback``), load, run each data set; raise on any difference."""
     model = crossrt.load_model(case.model_path)
-    executable = crossrt.compile(model, driver=driver, fallback=fallback)
+    executable = crossrt.compile(model, device, driver=driver, fallback=fallback)
     with crossrt.Runtime() as runtime:
         model = runtime.load(executable)
         for inputs, expected in case.data_sets:

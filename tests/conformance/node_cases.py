@@ -50,13 +50,27 @@ class NodeCase:
 
 def load_node_cases(root: Path = CACHE_ROOT) -> list[NodeCase]:
     """Every node test of the installed onnx, from the cache (generated when missing)."""
-    folder = root / f"onnx-{onnx.__version__}"
+    return [read_case(name, root) for name in load_case_names(root)]
+
+
+def load_case_names(root: Path = CACHE_ROOT) -> list[str]:
+    """The names of the installed onnx's node tests (the cache is generated when missing):
+    enough to collect the suite without reading every case."""
+    folder = _folder(root)
     if (folder / _CASE_LIST).is_file():
         _remove_stale(root, keep=None)
     else:
         _generate(root, folder)
-    names = (folder / _CASE_LIST).read_text(encoding="utf-8").split()
-    return [_read_case(folder / name) for name in names]
+    return (folder / _CASE_LIST).read_text(encoding="utf-8").split()
+
+
+def read_case(name: str, root: Path = CACHE_ROOT) -> NodeCase:
+    """One case of the cache that :func:`load_case_names` made."""
+    return _read_case(_folder(root) / name)
+
+
+def _folder(root: Path) -> Path:
+    return root / f"onnx-{onnx.__version__}"
 
 
 # -- writing ----------------------------------------------------------------------------------

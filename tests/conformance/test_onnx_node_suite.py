@@ -1,159 +1,81 @@
 """The ONNX backend node conformance suite, through crossrt, on every available driver.
 
-Every case runs on each driver (load_model, compile, load, run, compare). The test fails when
-a case fails that ``exclusions.toml`` does not exclude, when an excluded case passes (so a fix
-is noticed: remove its entry), or when fewer cases pass than the driver's threshold. Cases
-whose outcome depends on the run or the machine are listed under ``[<driver>.flaky]`` and
-may pass or fail.
+One test per configuration and case (load_model, compile, load, run, compare): ``-k test_celu``
+selects a case, and pytest-xdist shares the cases between workers. A test fails when its case
+fails and ``exclusions.toml`` does not exclude it, or when an excluded case passes (so a fix is
+noticed: remove its entry, or run ``make exclusions``). Cases whose outcome depends on the run
+or the machine are listed under ``[<config>.flaky]`` and may pass or fail. When a
+configuration's whole suite ran, the session fails if fewer cases passed than its threshold
+(``suite.MIN_PASSED``): ``conftest.py`` counts the outcomes and prints one line per
+configuration.
 """
 
 from __future__ import annotations
 
-import time
-import tomllib
-import warnings
-from dataclasses import dataclass
-from pathlib import Path
+import functools
 
-import numpy as np
 import onnx
 import pytest
 
-import crossrt
+from .node_cases import NodeCase, load_case_names, read_case
+from .suite import EXCLUSIONS, Config, configurations, engine_version, failure, load_exclusions
 
-from .backend import run_case
-from .node_cases import NodeCase
+OUTCOME = "onnx-node-outcome"  # the user property a test reports its outcome under (conftest.py)
 
-EXCLUSIONS = Path(__file__).with_name("exclusions.toml")
-
-# Fewest passing cases accepted per configuration (onnx 1.23: 1884 cases).
-MIN_PASSED = {"onnxruntime": 1480, "reference": 1850, "onnxruntime-fallback": 1820}
+_EXCLUSIONS = load_exclusions()
+_CASES = load_case_names()
 
 
-@dataclass(frozen=True)
-class Config:
-    """One way to run the suite: a driver, and where the nodes it cannot run go."""
-
-    name: str  # the exclusions.toml table
-    driver: str
-    fallback: str | None = None
-    unavailable: str = ""  # why it cannot run here
-
-
-def configurations() -> list[Config]:
-    """Each registered driver alone, then onnxruntime with fallback to the other CPU drivers."""
-    statuses = {s.name: s for s in crossrt.driver_statuses()}
-    configs = [Config(s.name, s.name, None, s.reason) for s in statuses.values()]
-    needed = ("onnxruntime", "reference")
-    missing = [statuses[n].reason for n in needed if not statuses[n].available]
-    configs.append(Config("onnxruntime-fallback", "onnxruntime", "cpu", "; ".join(missing)))
-    return configs
-
-
-_LISTED = 80  # failing cases spelled out in the assertion message
+def _params() -> list[object]:
+    params = []
+    for config in configurations():
+        if config.unavailable:
+            skip = pytest.mark.skip(reason=f"{config.name} cannot run here: {config.unavailable}")
+        elif config.name not in _EXCLUSIONS:
+            skip = pytest.mark.skip(
+                reason=f"no [{config.name}] table in {EXCLUSIONS.name}: no baseline for it "
+                "(make exclusions)"
+            )
+        else:
+            skip = None
+        marks = [pytest.mark.slow, *([skip] if skip else [])]
+        params += [
+            pytest.param(config, name, id=f"{config.name}-{name}", marks=marks) for name in _CASES
+        ]
+    return params
 
 
-@dataclass(frozen=True)
-class Exclusions:
-    """One driver's table of exclusions.toml: case name -> why."""
-
-    excluded: dict[str, str]
-    flaky: dict[str, str]  # may pass or fail
-
-    @property
-    def names(self) -> set[str]:
-        return self.excluded.keys() | self.flaky.keys()
+@functools.cache
+def _case(name: str) -> NodeCase:
+    return read_case(name)
 
 
-def load_exclusions(driver: str) -> Exclusions | None:
-    """The driver's exclusions, or ``None`` when the file has no table for it."""
-    table = tomllib.loads(EXCLUSIONS.read_text(encoding="utf-8")).get(driver)
-    if table is None:
-        return None
-    excluded = dict(table)
-    flaky = excluded.pop("flaky", {})
-    for name, why in (*excluded.items(), *flaky.items()):
-        assert isinstance(why, str) and why.strip(), f"[{driver}] {name}: give a reason string"
-    both = excluded.keys() & flaky.keys()
-    assert not both, f"[{driver}] lists {sorted(both)} in both tables"
-    return Exclusions(excluded, flaky)
-
-
-def run_suite(cases: list[NodeCase], config: Config) -> dict[str, str | None]:
-    """Case name -> ``None`` when it passed, else a one-line description of the failure."""
-    results: dict[str, str | None] = {}
-    # The evaluators overflow, divide by zero and take logs of zero on purpose.
-    with warnings.catch_warnings(), np.errstate(all="ignore"):
-        warnings.simplefilter("ignore")
-        for case in cases:
-            try:
-                run_case(case, config.driver, config.fallback)
-            except Exception as exc:
-                results[case.name] = _describe(exc)
-            else:
-                results[case.name] = None
-    return results
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("config", configurations(), ids=lambda c: c.name)
-def test_onnx_node_suite(
-    config: Config,
-    node_cases: list[NodeCase],
-    conformance_summary: dict[str, str],
-) -> None:
-    if config.unavailable:
-        pytest.skip(f"{config.name} cannot run here: {config.unavailable}")
-    rules = load_exclusions(config.name)
-    if rules is None:
-        pytest.skip(f"no [{config.name}] table in {EXCLUSIONS.name}: no baseline for it")
-    version = crossrt.drivers.get_driver(config.driver).version
-
-    start = time.perf_counter()
-    results = run_suite(node_cases, config)
-    seconds = time.perf_counter() - start
-
-    passed = [name for name, error in results.items() if error is None]
-    failed = {
-        name: error
-        for name, error in results.items()
-        if error is not None and name not in rules.names
-    }
-    fixed = sorted(name for name in passed if name in rules.excluded)
-    unknown = sorted(rules.names - results.keys())
-    minimum = MIN_PASSED.get(config.name, 0)
-    conformance_summary[config.name] = (
-        f"{config.name} ({version}): {len(passed)} passed / "
-        f"{len(rules.names)} excluded ({len(rules.flaky)} flaky) / "
-        f"{len(results)} total; {len(failed)} failed unexpectedly, {len(fixed)} excluded but "
-        f"passed; threshold {minimum}; {seconds:.1f} s"
+@pytest.mark.parametrize(("config", "case_name"), _params())
+def test_onnx_node(config: Config, case_name: str, request: pytest.FixtureRequest) -> None:
+    rules = _EXCLUSIONS[config.name]
+    error = failure(_case(case_name), config)
+    listed = next((t for t in ("flaky", "excluded") if case_name in getattr(rules, t)), "")
+    request.node.user_properties.append(
+        (OUTCOME, (config.name, engine_version(config), error is None, listed))
     )
-
-    problems = []
-    if failed:
-        listed = "\n".join(f"  {name}: {error}" for name, error in list(failed.items())[:_LISTED])
-        more = f"\n  ... and {len(failed) - _LISTED} more" if len(failed) > _LISTED else ""
-        problems.append(
-            f"{len(failed)} cases failed that {EXCLUSIONS.name} [{config.name}] does not "
-            f"exclude:\n{listed}{more}"
+    if error is not None and not listed:
+        pytest.fail(
+            f"{case_name} fails on {config.name} and {EXCLUSIONS.name} [{config.name}] does not "
+            f"exclude it: {error}",
+            pytrace=False,
         )
-    if fixed:
-        problems.append(
-            f"{len(fixed)} excluded cases now pass; remove them from [{config.name}] in "
-            f"{EXCLUSIONS.name}: {', '.join(fixed)}"
+    if error is None and listed == "excluded":
+        pytest.fail(
+            f"{case_name} passes on {config.name} but {EXCLUSIONS.name} [{config.name}] excludes "
+            f"it ({rules.excluded[case_name]}): remove the entry (make exclusions)",
+            pytrace=False,
         )
-    if unknown:
-        problems.append(
-            f"{EXCLUSIONS.name} [{config.name}] names cases onnx {onnx.__version__} does not "
-            f"have: {', '.join(unknown)}"
-        )
-    if len(passed) < minimum:
-        problems.append(f"only {len(passed)} cases passed; at least {minimum} must")
-    if problems:
-        pytest.fail("\n\n".join(problems), pytrace=False)
 
 
-def _describe(exc: Exception) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    text = f"{type(exc).__name__}: {' | '.join(lines[:4])}"
-    return text if len(text) <= 400 else text[:397] + "..."
+@pytest.mark.parametrize("table", sorted(_EXCLUSIONS))
+def test_exclusions_name_only_cases_onnx_has(table: str) -> None:
+    unknown = sorted(_EXCLUSIONS[table].names - set(_CASES))
+    assert not unknown, (
+        f"{EXCLUSIONS.name} [{table}] names cases onnx {onnx.__version__} does not have: "
+        f"{', '.join(unknown)} (make exclusions)"
+    )
