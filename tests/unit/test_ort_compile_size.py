@@ -1,4 +1,5 @@
-"""The onnxruntime driver's artifact never stores much more than the model holds.
+"""What an onnxruntime compile leaves behind: an artifact no larger than the model needs, and
+no log lines of ORT's own on stderr unless asked for.
 
 ORT's constant folding materialises every tensor a graph computes from constants. A model that
 generates its weights from small constants (weights-stripped model-zoo files) would become an
@@ -9,6 +10,9 @@ load folds instead.
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 
 import numpy as np
 import onnx
@@ -118,3 +122,65 @@ def test_folding_that_keeps_the_size_is_kept():
 
 def _scalar(value: float) -> onnx.TensorProto:
     return numpy_helper.from_array(np.array([value], np.float32))
+
+
+# Compiling warns in ORT (an initializer nothing reads; a level-ALL model saved), and the
+# second run fails in ORT, which logs the failed node as an error before it raises.
+_WARNS_AND_FAILS = """
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+import crossrt
+
+graph = helper.make_graph(
+    [helper.make_node("Reshape", ["x", "shape"], ["y"])],
+    "noisy",
+    [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N"])],
+    [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 2])],
+    initializer=[
+        numpy_helper.from_array(np.array([2, 2], np.int64), "shape"),
+        numpy_helper.from_array(np.zeros(3, np.float32), "unused"),
+    ],
+)
+proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+proto.ir_version = 8
+exe = crossrt.compile(proto, "cpu", driver="onnxruntime")
+with crossrt.Runtime() as rt:
+    model = rt.load(exe)
+    print(model.run({"x": np.arange(4, dtype=np.float32)})["y"].tolist())
+    try:
+        model.run({"x": np.arange(5, dtype=np.float32)})
+    except crossrt.CrossrtError as exc:
+        print("refused:", exc.code.name)
+"""
+
+
+@pytest.mark.parametrize(
+    ("level", "printed"),
+    [
+        (None, []),
+        ("ERROR", ["[E:onnxruntime"]),
+        ("WARNING", ["Removing initializer 'unused'", "[E:onnxruntime"]),
+    ],
+)
+def test_ort_prints_only_what_crossrt_log_level_asks_for(level, printed):
+    env = {k: v for k, v in os.environ.items() if k != "CROSSRT_LOG_LEVEL"}
+    if level is not None:
+        env["CROSSRT_LOG_LEVEL"] = level
+    done = subprocess.run(
+        [sys.executable, "-c", _WARNS_AND_FAILS],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["[[0.0, 1.0], [2.0, 3.0]]", "refused: FAILURE"]
+    ort_lines = [line for line in done.stderr.splitlines() if ":onnxruntime:" in line]
+    if not printed:
+        assert ort_lines == []
+    for text in printed:
+        assert any(text in line for line in ort_lines), done.stderr
+    if level == "ERROR":
+        assert not any("[W:onnxruntime" in line for line in ort_lines)

@@ -35,6 +35,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from ..config import settings
 from ..dtypes import DType
 from ..errors import (
     CompileError,
@@ -67,6 +68,10 @@ _CPU = _C.OrtDevice(_C.OrtDevice.cpu(), _C.OrtDevice.default_memory(), 0)
 _SAVE_DATA = "session.optimized_model_external_initializers_file_name"
 _SAVE_DATA_MIN = "session.optimized_model_external_initializers_min_size_in_bytes"
 _SAVE_PREPACKED = "session.save_external_prepacked_constant_initializers"
+# ORT's log severity (0 verbose, 1 info, 2 warning, 3 error, 4 fatal) for each crossrt log
+# level (CROSSRT_LOG_LEVEL); unset: ORT's errors are not printed either, they reach the caller
+# as crossrt errors.
+ORT_SEVERITY = {"DEBUG": 0, "INFO": 1, "WARNING": 2, "ERROR": 3, "CRITICAL": 4, None: 4}
 _FOLDING = "ConstantFolding"
 # An artifact storing more than this many times the model's bytes, plus the slack, is
 # compiled again without constant folding (see compile): a float16 model's weights cast to
@@ -86,8 +91,11 @@ class OnnxRuntimeDriver(Driver):
     preference = 100
 
     def __init__(self) -> None:
-        # ORT's console warnings would interleave with the user's output; errors still raise.
-        ort.set_default_logger_severity(3)
+        # ORT prints its log lines to stderr itself, interleaved with the user's output: only
+        # those CROSSRT_LOG_LEVEL asks for. Its default logger is the process's (the sessions
+        # and runs of this driver set theirs too, as ORT's own default is WARNING).
+        self._severity = ORT_SEVERITY[settings().log_level]
+        ort.set_default_logger_severity(self._severity)
         self._lock = threading.Lock()
         self._known: ort_support.OrtRegistry | None = None
 
@@ -196,7 +204,7 @@ class OnnxRuntimeDriver(Driver):
         with tempfile.TemporaryDirectory(prefix="crossrt-ort-") as tmp:
             out = Path(tmp) / "optimized.onnx"
             try:
-                so = _save_options(level, out)
+                so = _save_options(level, out, self._severity)
                 graph, weights = self._engine_model(model, so)
                 ort.InferenceSession(
                     graph, so, providers=[_PROVIDER], disabled_optimizers=list(disabled)
@@ -208,7 +216,7 @@ class OnnxRuntimeDriver(Driver):
                     f"{_short(exc)}",
                     details={"driver": self.name},
                 ) from None
-            if level == "all" and not _reloads(out):
+            if level == "all" and not _reloads(out, self._severity):
                 return None
             # Parsed from mappings: reading the files into bytes first costs a copy of them.
             with contextlib.ExitStack() as stack:
@@ -264,7 +272,7 @@ class OnnxRuntimeDriver(Driver):
             affinities = ";".join(str(cpu + 1) for cpu in pin[1:])
             so.add_session_config_entry("session.intra_op_thread_affinities", affinities)
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        so.log_severity_level = 3
+        so.log_severity_level = self._severity
         if options.performance_mode is PerformanceMode.LOW:
             # Low power: idle pool threads sleep instead of spin-waiting for work.
             so.add_session_config_entry("session.intra_op.allow_spinning", "0")
@@ -283,7 +291,7 @@ class OnnxRuntimeDriver(Driver):
                 f"the file {file.path!r} changed while the model was loading; load it again",
                 details={"driver": self.name, "path": file.path},
             )
-        return OrtProgram(session, weights=weights)
+        return OrtProgram(session, weights=weights, severity=self._severity)
 
     def _model_and_weights(
         self,
@@ -332,7 +340,11 @@ class OrtProgram(Program):
     """An ORT session ready to run."""
 
     def __init__(
-        self, session: ort.InferenceSession, *, weights: tuple[np.ndarray, ...] = ()
+        self,
+        session: ort.InferenceSession,
+        *,
+        weights: tuple[np.ndarray, ...] = (),
+        severity: int = ORT_SEVERITY[None],
     ) -> None:
         self.session = session
         # The weights ORT reads where they lie (views of the artifact): kept while it runs.
@@ -346,8 +358,16 @@ class OrtProgram(Program):
         self._special = bool(kinds_in or kinds_out)
         if self._special:
             self._run = functools.partial(_run_converting, session._sess, kinds_in, kinds_out)
-        self._run_options = ort.RunOptions()
+        self._severity = severity
+        self._run_options = self._new_run_options()
         self._run_binding = session._sess.run_with_iobinding
+
+    def _new_run_options(self) -> ort.RunOptions:
+        """Options for runs that log no more than the session does (ORT logs a failed node
+        as an error before it raises it)."""
+        options = ort.RunOptions()
+        options.log_severity_level = self._severity
+        return options
 
     def run(
         self, inputs: Mapping[str, Any], outputs: Mapping[str, np.ndarray] | None = None
@@ -369,7 +389,7 @@ class OrtProgram(Program):
         if outputs:  # IOBinding runs share the program's options: not cancellable
             return self._run_bound(inputs, outputs)
         # Per call: terminate set on shared options would stop every concurrent call.
-        options = ort.RunOptions()
+        options = self._new_run_options()
         cancel.on_cancel(lambda: setattr(options, "terminate", True))
         try:
             results = self._run(self._output_names, inputs, options)
@@ -517,11 +537,12 @@ def _names_read(graph: onnx.GraphProto) -> set[str]:
     return names
 
 
-def _save_options(level: str, out: Path) -> ort.SessionOptions:
-    """Options for a session that optimizes at ``level`` and saves the result to ``out``."""
+def _save_options(level: str, out: Path, severity: int) -> ort.SessionOptions:
+    """Options for a session that optimizes at ``level`` and saves the result to ``out``,
+    logging from ``severity`` up."""
     so = ort.SessionOptions()
     so.graph_optimization_level = _LEVELS[level]
-    so.log_severity_level = 3
+    so.log_severity_level = severity
     so.optimized_model_filepath = str(out)
     if level == "all":
         # Large weights to a data file, with the forms ORT's kernels pack them into (only
@@ -557,12 +578,12 @@ def _warn_if_copied(unpacked: ort_artifact.Unpacked, file: ArtifactFile) -> None
         )
 
 
-def _reloads(path: Path) -> bool:
+def _reloads(path: Path, severity: int) -> bool:
     """Whether ORT loads the optimized model it saved at ``path`` (with its data file), as a
     load of the artifact will: without optimizing again."""
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.log_severity_level = 3
+    so.log_severity_level = severity
     so.intra_op_num_threads = 1
     try:
         ort.InferenceSession(str(path), so, providers=[_PROVIDER])
