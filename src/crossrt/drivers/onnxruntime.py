@@ -6,7 +6,8 @@
 - ``compile`` runs ORT's graph optimizations and returns the optimized ONNX model, its large
   weights stored beside the graph (``ort_artifact``), as the artifact: all of them (level
   ALL, layouts for this CPU's vector extensions), or with ``portable=True`` those that hold
-  on any CPU (level EXTENDED).
+  on any CPU (level EXTENDED). A model whose constants ORT's folding would expand far beyond
+  its own size (weights generated in the graph) is compiled at EXTENDED without folding.
 - ``load`` creates a session with as many intra-op threads as cores it is given, from the
   small graph: a level-ALL artifact without optimizing again (on a CPU with the features it
   was compiled for), a portable one optimized the rest of the way. ORT maps the weights from
@@ -71,7 +72,7 @@ _SAVE_PREPACKED = "session.save_external_prepacked_constant_initializers"
 # ORT's log severity (0 verbose, 1 info, 2 warning, 3 error, 4 fatal) for each crossrt log
 # level (CROSSRT_LOG_LEVEL); unset: ORT's errors are not printed either, they reach the caller
 # as crossrt errors.
-ORT_SEVERITY = {"DEBUG": 0, "INFO": 1, "WARNING": 2, "ERROR": 3, "CRITICAL": 4, None: 4}
+_ORT_SEVERITY = {"DEBUG": 0, "INFO": 1, "WARNING": 2, "ERROR": 3, "CRITICAL": 4, None: 4}
 _FOLDING = "ConstantFolding"
 # An artifact storing more than this many times the model's bytes, plus the slack, is
 # compiled again without constant folding (see compile): a float16 model's weights cast to
@@ -94,7 +95,7 @@ class OnnxRuntimeDriver(Driver):
         # ORT prints its log lines to stderr itself, interleaved with the user's output: only
         # those CROSSRT_LOG_LEVEL asks for. Its default logger is the process's (the sessions
         # and runs of this driver set theirs too, as ORT's own default is WARNING).
-        self._severity = ORT_SEVERITY[settings().log_level]
+        self._severity = _ORT_SEVERITY[settings().log_level]
         ort.set_default_logger_severity(self._severity)
         self._lock = threading.Lock()
         self._known: ort_support.OrtRegistry | None = None
@@ -344,7 +345,7 @@ class OrtProgram(Program):
         session: ort.InferenceSession,
         *,
         weights: tuple[np.ndarray, ...] = (),
-        severity: int = ORT_SEVERITY[None],
+        severity: int = _ORT_SEVERITY[None],
     ) -> None:
         self.session = session
         # The weights ORT reads where they lie (views of the artifact): kept while it runs.
