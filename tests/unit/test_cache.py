@@ -158,7 +158,7 @@ def test_options_driver_and_version_are_in_the_key(tmp_path: Path) -> None:
     base = cache.key(content, drv, dev, crossrt.CompileOptions())
     keys = {
         base,
-        cache.key(content, drv, dev, crossrt.CompileOptions(crossrt.PerformanceMode.HIGH)),
+        cache.key(content, drv, dev, crossrt.CompileOptions(crossrt.PerformanceMode.LOW)),
         cache.key(content, drv, dev, crossrt.CompileOptions(), fallback="cpu"),
         cache.key(content, ref_drv, ref_dev, crossrt.CompileOptions()),
         cache.key(_model(1).content_hash, drv, dev, crossrt.CompileOptions()),
@@ -170,7 +170,7 @@ def test_options_driver_and_version_are_in_the_key(tmp_path: Path) -> None:
     assert cache.key(content, drv, dev, crossrt.CompileOptions()) == base  # deterministic
     # Compiling with other options stores another entry.
     crossrt.compile(_model(0), "cpu", cache_dir=tmp_path / "c2")
-    crossrt.compile(_model(0), "cpu", cache_dir=tmp_path / "c2", performance_mode="HIGH")
+    crossrt.compile(_model(0), "cpu", cache_dir=tmp_path / "c2", performance_mode="LOW")
     crossrt.compile(_model(0), "cpu", driver="reference", cache_dir=tmp_path / "c2")
     assert len(_crm_files(tmp_path / "c2")) == 3
     assert _cache(tmp_path / "c2").stats.misses == 3

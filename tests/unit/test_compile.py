@@ -302,9 +302,9 @@ def test_reference_refuses_performance_modes(mode):
     ("value", "expected"),
     [
         ("low", PerformanceMode.LOW),
-        ("Extreme", PerformanceMode.EXTREME),
-        (2, PerformanceMode.MEDIUM),
-        (PerformanceMode.HIGH, PerformanceMode.HIGH),
+        ("Low", PerformanceMode.LOW),
+        (1, PerformanceMode.LOW),
+        (PerformanceMode.LOW, PerformanceMode.LOW),
         ("none", PerformanceMode.NONE),
     ],
 )
@@ -312,6 +312,15 @@ def test_performance_mode_as_str_int_or_enum_on_onnxruntime(value, expected):
     exe = crossrt.compile(_relu_model(), driver="onnxruntime", performance_mode=value)
     assert exe.options.performance_mode is expected
     assert exe.describe()["options"]["performance_mode"] == expected.name
+
+
+@pytest.mark.parametrize("mode", ["medium", "high", "extreme"])
+def test_onnxruntime_claims_only_the_modes_it_honours(mode):
+    # Only LOW changes an ORT session (no spinning); the others would be a silent no-op.
+    with pytest.raises(crossrt.InvalidOptionError) as info:
+        crossrt.compile(_relu_model(), driver="onnxruntime", performance_mode=mode)
+    assert info.value.code is StatusCode.INVALID_OPTION
+    assert "onnxruntime" in info.value.message and "NONE, LOW" in info.value.message
 
 
 def test_low_performance_mode_reaches_the_session():

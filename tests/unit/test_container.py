@@ -196,9 +196,9 @@ def test_non_default_options_and_symbolic_dims_round_trip():
     b = GraphBuilder("sym")
     x = b.input("x", "float32", ["N", 3])
     b.output(b.op("Relu", [x]))
-    exe = crossrt.compile(b.finish(), performance_mode="HIGH", driver="onnxruntime")
+    exe = crossrt.compile(b.finish(), performance_mode="LOW", driver="onnxruntime")
     loaded = crossrt.load_executable(exe.to_bytes())
-    assert loaded.options.performance_mode is crossrt.PerformanceMode.HIGH
+    assert loaded.options.performance_mode is crossrt.PerformanceMode.LOW
     assert loaded.inputs[0].shape == ("N", 3)
     assert loaded == exe
 

@@ -220,7 +220,8 @@ def test_devices(driver):
 def test_device_capabilities():
     (ort_cpu,) = get_driver("onnxruntime").devices()
     (ref_cpu,) = get_driver("reference").devices()
-    assert set(ort_cpu.capabilities.performance_modes) == set(crossrt.PerformanceMode)
+    modes = set(ort_cpu.capabilities.performance_modes)  # only what changes a session
+    assert modes == {crossrt.PerformanceMode.NONE, crossrt.PerformanceMode.LOW}
     assert ref_cpu.capabilities.performance_modes == (crossrt.PerformanceMode.NONE,)
     assert not ort_cpu.capabilities.fp16 and not ort_cpu.capabilities.priority
 

@@ -90,6 +90,7 @@ class OnnxRuntimeDriver(Driver):
 
     name = "onnxruntime"
     preference = 100
+    install_hint = "pip install onnxruntime"
 
     def __init__(self) -> None:
         # ORT prints its log lines to stderr itself, interleaved with the user's output: only
@@ -105,7 +106,9 @@ class OnnxRuntimeDriver(Driver):
         return str(ort.__version__)
 
     def devices(self) -> list[DeviceInfo]:
-        caps = Capabilities(performance_modes=tuple(PerformanceMode), cache_export=True)
+        # Only what changes the session: LOW lets idle pool threads sleep (no spinning).
+        modes = (PerformanceMode.NONE, PerformanceMode.LOW)
+        caps = Capabilities(performance_modes=modes, cache_export=True)
         return [host_cpu(self.name, caps)]
 
     # -- what ORT can run ----------------------------------------------------------------
