@@ -152,26 +152,17 @@ class OutputBinder:
         kept = last.kept
         # Written out by hand, not zipped: this runs on every bound call.
         i = 0
-        for name, value in inputs.items():
-            was, same, array = kept[i]
-            if array is None:
-                if type(value) is not Tensor or value._view is not same:
+        for given in (inputs, outputs):
+            for name, value in given.items():
+                was, same, array = kept[i]
+                if array is None:
+                    if type(value) is not Tensor or value._view is not same:
+                        return None
+                elif value is not same or value.shape != array[0] or value.dtype is not array[1]:
                     return None
-            elif value is not same or value.shape != array[0] or value.dtype is not array[1]:
-                return None
-            if name != was:
-                return None
-            i += 1
-        for name, value in outputs.items():
-            was, same, array = kept[i]
-            if array is None:
-                if type(value) is not Tensor or value._view is not same:
+                if name != was:
                     return None
-            elif value is not same or value.shape != array[0] or value.dtype is not array[1]:
-                return None
-            if name != was:
-                return None
-            i += 1
+                i += 1
         if self._misses:
             self._misses = 0
         return last
