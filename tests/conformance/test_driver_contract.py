@@ -110,11 +110,6 @@ def _load(driver: Driver, device: DeviceInfo, case: str, cores: int = 1) -> Prog
     return driver.load(art, device, CoreSet(tuple(range(cores))), OPTIONS)
 
 
-def _code(error: BaseException) -> StatusCode:
-    assert isinstance(error, crossrt.CrossrtError), f"{type(error).__name__}: {error}"
-    return error.code
-
-
 def test_the_expected_failures_name_tests_of_this_suite() -> None:
     tests = {name for name in globals() if name.startswith("test_")}
     for driver, table in load_expected().items():
@@ -569,14 +564,15 @@ def test_an_artifact_with_flipped_bytes_is_refused(driver: Driver, device: Devic
 def test_damaged_artifacts_load_or_fail_with_a_code(
     driver: Driver, device: DeviceInfo, place: Place
 ) -> None:
-    """One byte flipped at 24 places: a load (and a run) may succeed, since not every byte is
-    checked, or fail with a CrossrtError; never with another exception."""
+    """One byte flipped at 24 places: describing, loading and running it may succeed, since
+    not every byte is checked, or fail with a CrossrtError; never with another exception."""
     art = artifact(driver.name, "dense")
     raw = []
     for k in range(24):
         at = len(art) * k // 24
         damaged = art[:at] + bytes([art[at] ^ 0xFF]) + art[at + 1 :]
         try:
+            assert isinstance(driver.describe_artifact(damaged), dict)
             program = driver.load(damaged, device, CoreSet((0,)), OPTIONS)
             place.run(program, DENSE.inputs(0, 0))
             program.close()
@@ -759,18 +755,44 @@ def test_runtime_request_runs_the_new_contents(
 
 
 def test_runtime_exec_timeout_stops_runs_with_timeout(
-    driver: Driver, device: DeviceInfo, runtime: crossrt.Runtime
+    driver_name: str, device: DeviceInfo, runtime: crossrt.Runtime
 ) -> None:
-    before = Held.now(driver, device).device_bytes
-    model = _runtime_load(runtime, driver.name, device, DENSE, exec_timeout=1e-9)
+    model = _runtime_load(runtime, driver_name, device, DENSE, exec_timeout=1e-9)
     inputs = DENSE.inputs(90, 0)
     with pytest.raises(crossrt.DeadlineExceededError) as info:
         model.run(inputs)
     assert info.value.code is StatusCode.TIMEOUT
-    with pytest.raises(crossrt.DeadlineExceededError):
+    with pytest.raises(crossrt.DeadlineExceededError) as info:
         model.run_async(inputs).result()
+    assert info.value.code is StatusCode.TIMEOUT
+
+
+def _timed_out_keeps_nothing(
+    driver: Driver, device: DeviceInfo, runtime: crossrt.Runtime, queued: bool
+) -> None:
+    before = Held.now(driver, device).device_bytes
+    if before is None:
+        pytest.skip(f"{driver.name} keeps no account of its device memory")
+    model = _runtime_load(runtime, driver.name, device, DENSE, exec_timeout=1e-9)
+    with pytest.raises(crossrt.DeadlineExceededError):
+        if queued:
+            model.run_async(DENSE.inputs(91, 0)).result()
+        else:
+            model.run(DENSE.inputs(91, 0))
     model.unload()
     assert Held.now(driver, device).device_bytes == before, "a stopped run kept device memory"
+
+
+def test_runtime_a_timed_out_run_keeps_no_device_memory(
+    driver: Driver, device: DeviceInfo, runtime: crossrt.Runtime
+) -> None:
+    _timed_out_keeps_nothing(driver, device, runtime, queued=False)
+
+
+def test_runtime_a_timed_out_queued_run_keeps_no_device_memory(
+    driver: Driver, device: DeviceInfo, runtime: crossrt.Runtime
+) -> None:
+    _timed_out_keeps_nothing(driver, device, runtime, queued=True)
 
 
 def test_runtime_unload_gives_memory_back(
