@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 import crossrt
-from crossrt.drivers import get_driver, parse_device, resolve_device
+from crossrt.drivers import DriverStatus, get_driver, parse_device, resolve_device
 from crossrt.drivers.base import (
     CancelToken,
     CompileOptions,
@@ -65,23 +65,45 @@ THREADS = 8
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """One test per available driver; the expected failures file marks some of them."""
+    """One test per available driver (per pair of drivers for a test that takes
+    ``other_name``); the expected failures file marks some of them: an entry
+    ``test_name`` marks the driver's every test of that name, ``"test_name[other]"`` only
+    the one paired with driver ``other``."""
     if "driver_name" not in metafunc.fixturenames:
         return
     expected = load_expected()
     test = metafunc.function.__name__
+    statuses = crossrt.driver_statuses()
     params = []
-    for status in crossrt.driver_statuses():
-        marks: list[pytest.MarkDecorator] = []
-        if status.driver is None:
-            marks.append(pytest.mark.skip(reason=f"{status.name} unavailable: {status.reason}"))
-        elif not status.driver.devices():
-            marks.append(pytest.mark.skip(reason=f"{status.name} serves no device here"))
-        reason = expected.get(status.name, {}).get(test)
-        if reason is not None:
-            marks.append(pytest.mark.xfail(strict=True, reason=reason))
-        params.append(pytest.param(status.name, marks=marks, id=status.name))
-    metafunc.parametrize("driver_name", params)
+    for status in statuses:
+        if "other_name" not in metafunc.fixturenames:
+            marks = _marks(status, None, expected.get(status.name, {}).get(test))
+            params.append(pytest.param(status.name, marks=marks, id=status.name))
+            continue
+        for other in statuses:
+            if other.name != status.name:
+                table = expected.get(status.name, {})
+                reason = table.get(f"{test}[{other.name}]", table.get(test))
+                marks = _marks(status, other, reason)
+                params.append(
+                    pytest.param(
+                        status.name, other.name, marks=marks, id=f"{status.name}-{other.name}"
+                    )
+                )
+    names = "driver_name" if "other_name" not in metafunc.fixturenames else "driver_name,other_name"
+    metafunc.parametrize(names, params)
+
+
+def _marks(status: DriverStatus, other: DriverStatus | None, reason: str | None) -> list[Any]:
+    marks: list[Any] = []
+    for each in (status, other) if other is not None else (status,):
+        if each.driver is None:
+            marks.append(pytest.mark.skip(reason=f"{each.name} unavailable: {each.reason}"))
+        elif not each.driver.devices():
+            marks.append(pytest.mark.skip(reason=f"{each.name} serves no device here"))
+    if reason is not None:
+        marks.append(pytest.mark.xfail(strict=True, reason=reason))
+    return marks
 
 
 @pytest.fixture
@@ -113,7 +135,7 @@ def _load(driver: Driver, device: DeviceInfo, case: str, cores: int = 1) -> Prog
 def test_the_expected_failures_name_tests_of_this_suite() -> None:
     tests = {name for name in globals() if name.startswith("test_")}
     for driver, table in load_expected().items():
-        unknown = sorted(set(table) - tests)
+        unknown = sorted(key for key in table if key.partition("[")[0] not in tests)
         assert not unknown, f"contract_expected.toml [{driver}] names no test here: {unknown}"
 
 
@@ -583,18 +605,10 @@ def test_damaged_artifacts_load_or_fail_with_a_code(
     assert not raw, f"not CrossrtError: {raw}"
 
 
-def test_another_drivers_artifact_is_refused(driver: Driver, device: DeviceInfo) -> None:
-    others = [s.name for s in crossrt.driver_statuses() if s.driver and s.name != driver.name]
-    if not others:
-        pytest.skip("no other driver is available")
-    loaded = []
-    for name in others:
-        try:
-            driver.load(artifact(name, "dense"), device, CoreSet((0,)), OPTIONS).close()
-            loaded.append(name)
-        except crossrt.CrossrtError:
-            pass
-    assert not loaded, f"{driver.name} loaded the artifact of {loaded}"
+def test_another_drivers_artifact_is_refused(
+    driver: Driver, device: DeviceInfo, other_name: str
+) -> None:
+    _refused(driver, device, artifact(other_name, "dense"))
 
 
 # -- through the runtime ----------------------------------------------------------------------
