@@ -111,28 +111,49 @@ def measured_table(
     runs: Sequence[Mapping[str, str | None]],
     old: Exclusions | None,
     names: Sequence[str],
+    flaky_causes: Mapping[tuple[str, str], tuple[str, str]] | None = None,
 ) -> Table:
     """The table of ``config`` from its runs (case -> error, or ``None`` when it passed): a case
     failing every run is excluded, one whose outcome differs between runs is flaky; a flaky
-    entry of ``old`` is kept while onnx has the case."""
+    entry of ``old`` is kept while onnx has the case. ``flaky_causes`` (see
+    :func:`flaky_causes`) makes a case flaky here too when it fails for the reason that made it
+    flaky on another configuration (a missing locale fails every engine built on ORT alike)."""
     table = Table(config)
     old_flaky = old.flaky if old is not None else {}
     for name in names:
         errors = [run[name] for run in runs]
         failed = [e for e in errors if e is not None]
         table.passed += not failed
+        why = reason(failed[0]) if failed else ""
+        elsewhere = (flaky_causes or {}).get((name, why))
         if name in old_flaky:
             table.flaky[name] = old_flaky[name]
             if not failed:
                 table.review.append(name)
         elif failed and len(failed) < len(errors):
-            table.flaky[name] = (
-                f"passed {len(errors) - len(failed)} of {len(errors)} runs; otherwise "
-                f"{reason(failed[0])}"
-            )
+            table.flaky[name] = f"passed {len(errors) - len(failed)} of {len(errors)} runs; {why}"
+        elif failed and elsewhere is not None and elsewhere[0] != config.name:
+            other, other_why = elsewhere
+            table.flaky[name] = f"as in [{other}.flaky]: {other_why}"
         elif failed:
-            table.excluded[name] = reason(failed[0])
+            table.excluded[name] = why
     return table
+
+
+def flaky_causes(
+    runs: Mapping[str, Sequence[Mapping[str, str | None]]], old: Mapping[str, Exclusions]
+) -> dict[tuple[str, str], tuple[str, str]]:
+    """(case, reason it failed for) -> (configuration, its flaky entry's words), for every flaky
+    entry of ``old`` whose case failed in this measurement of its configuration."""
+    causes: dict[tuple[str, str], tuple[str, str]] = {}
+    for config, rules in old.items():
+        for name, words in rules.flaky.items():
+            errors = [run.get(name) for run in runs.get(config, [])]
+            failed = [e for e in errors if e is not None]
+            if failed:
+                original = re.sub(r"^as in \[[^\]]*\]: ", "", words)  # not "as in ... as in"
+                causes.setdefault((name, reason(failed[0])), (config, original))
+    return causes
 
 
 def kept_table(config: Config, rules: Exclusions) -> Table:

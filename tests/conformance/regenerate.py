@@ -10,6 +10,7 @@ here are printed for review. Tables of configurations that cannot run here are k
 are.
 
     python -m tests.conformance.regenerate [--runs 2] [--jobs N] [--output PATH]
+                                           [--dump RUNS.json | --replay RUNS.json]
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import onnx
@@ -41,16 +43,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes")
     parser.add_argument("--output", type=Path, default=EXCLUSIONS, help="file to write")
     parser.add_argument("--dump", type=Path, help="also write every run's errors as JSON here")
+    parser.add_argument(
+        "--replay", type=Path, help="take the runs from a --dump file instead of running"
+    )
     args = parser.parse_args(argv)
 
     names = load_case_names()
     configs = configurations()
     runnable = [c for c in configs if not c.unavailable]
     start = time.perf_counter()
-    runs = _run_all(runnable, names, args.runs, args.jobs)
+    if args.replay:
+        runs = json.loads(args.replay.read_text(encoding="utf-8"))
+        runnable = [c for c in runnable if c.name in runs]
+    else:
+        runs = _run_all(runnable, names, args.runs, args.jobs)
+    how = f"replayed {args.replay}" if args.replay else f"{time.perf_counter() - start:.0f} s"
     print(
-        f"ran {len(names)} cases x {len(runnable)} configurations x {args.runs} runs in "
-        f"{time.perf_counter() - start:.0f} s",
+        f"{len(names)} cases x {len(runnable)} configurations x {args.runs} runs: {how}",
         file=sys.stderr,
     )
     if args.dump:
@@ -58,14 +67,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     old = load_exclusions(args.output) if args.output.exists() else {}
     versions = {c.driver: engine_version(c) for c in runnable}
+    causes = reasons.flaky_causes(runs, old)
     tables = []
     for config in configs:
-        if config.unavailable:
+        if config.unavailable or config.name not in runs:
+            why = config.unavailable or f"not in {args.replay}"
             if config.name in old:
-                tables.append(reasons.kept_table(config, old[config.name]))
-                print(f"[{config.name}] kept as it was: {config.unavailable}", file=sys.stderr)
+                tables.append(
+                    reasons.kept_table(replace(config, unavailable=why), old[config.name])
+                )
+                print(f"[{config.name}] kept as it was: {why}", file=sys.stderr)
             continue
-        table = reasons.measured_table(config, runs[config.name], old.get(config.name), names)
+        table = reasons.measured_table(
+            config, runs[config.name], old.get(config.name), names, causes
+        )
         tables.append(table)
         print(table.summary(len(names)), file=sys.stderr)
         for case in table.review:
