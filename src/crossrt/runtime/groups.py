@@ -258,9 +258,8 @@ def _core_set(
     """The one value a driver's load gets for ``cores`` (indices within ``device``)."""
     if device.kind is not DeviceKind.CPU:
         return CoreSet(tuple(cores))
-    pin = _pin(cores, host_cpus, exclusive)
-    cpus = tuple(host_cpus[i] for i in cores) if all(i < len(host_cpus) for i in cores) else ()
-    return CoreSet(tuple(cores), cpus, pinned=pin is not None and bool(cpus))
+    cpus = tuple(host_cpus[i] for i in cores)  # core i of a CPU is the runtime's host_cpus[i]
+    return CoreSet(tuple(cores), cpus, pinned=_pin(cores, host_cpus, exclusive) is not None)
 
 
 def _pin(

@@ -33,7 +33,13 @@ from .scheduler import Instance, Scheduler
 from .serving import ConcurrentRuns
 from .shapes import DimRange, declared_ranges
 from .tensorset import TensorSet
-from .transfer import ResidentProgram, Transfers, TransferStats, to_host_results
+from .transfer import (
+    ResidentProgram,
+    Transfers,
+    TransferStats,
+    release_made,
+    to_host_results,
+)
 
 if TYPE_CHECKING:
     from .groups import CoreGroup
@@ -411,6 +417,7 @@ def _timed(name: str, inst: Instance, limit: float) -> Callable[..., dict[str, n
         finally:
             expired = watchdog.finish(token)
         if expired or time.monotonic() > end:
+            release_made(result, outputs)  # device results nobody will receive
             raise DeadlineExceededError(
                 f"model {name!r}: the run took longer than its execution timeout of {limit} s; "
                 "raise exec_timeout (or CROSSRT_EXEC_TIMEOUT) or give the model more cores",

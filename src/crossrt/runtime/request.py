@@ -31,8 +31,11 @@ class Request:
         self._inputs: dict[str, Any] = {}
         self._outputs = dict(outputs) if outputs else None
         if inputs is not None:
-            for name, value in model._checker.check(inputs).items():
-                self._inputs[name] = value
+            # Checked now, kept as given: the run hands them to the model as the caller would
+            # (a device tensor stays a tensor, not the form the checks passed on).
+            named = model._checker._as_dict(inputs)
+            model._checker.check(named)
+            self._inputs.update(named)
 
     @property
     def inputs(self) -> dict[str, Any]:

@@ -7,9 +7,9 @@ memory hooks only where it lies elsewhere:
 
 - a host array for a DEVICE input is copied in (host -> device), once per run;
 - a device tensor for a HOST input is copied out (device -> host);
-- a device tensor on the program's device is handed over as it is: nothing moves;
-- a device tensor on another device is refused: crossrt never moves data between devices
-  behind the caller's back (copy it with :meth:`Tensor.copy_to`, or pass host memory).
+- a device tensor is handed over as it is: nothing moves. A tensor on another device is
+  refused by the program's driver (the one that knows its memory): crossrt never moves data
+  between devices behind the caller's back.
 
 Results stay where the program leaves them unless the caller asked for them elsewhere (a host
 array or tensor in ``outputs=``, or a plain ``run()``, which returns host arrays). Every move
@@ -135,6 +135,15 @@ def release(value: Any) -> None:
         driver.free(info, value.buffer)
 
 
+def release_made(results: Mapping[str, Any], outputs: Mapping[str, Any] | None) -> None:
+    """Free the device arrays among ``results`` that the program made (not the caller's
+    ``outputs``): the results of a run nobody will receive (it timed out)."""
+    given = {id(v.buffer) for v in (outputs or {}).values() if isinstance(v, DeviceArray)}
+    for value in results.values():
+        if isinstance(value, DeviceArray) and id(value.buffer) not in given:
+            release(value)
+
+
 def to_host_results(results: dict[str, Any], transfers: Transfers) -> dict[str, Any]:
     """Results as host arrays: each device array copied out (counted) and its buffer freed."""
     for name, value in results.items():
@@ -186,37 +195,6 @@ class ResidentProgram(Program):
             inputs, outputs, lambda feed, given: self.inner.run_cancellable(feed, cancel, given)
         )
 
-    def bind(
-        self, inputs: Mapping[str, Any], outputs: Mapping[str, Any] | None = None
-    ) -> Callable[[], dict[str, Any]]:
-        """Device buffers for host inputs are allocated once; each call copies the inputs'
-        current contents in (their contents may change between calls), then runs the
-        program's own binding."""
-        staged: dict[str, tuple[np.ndarray, Any]] = {}
-        feed: dict[str, Any] = {}
-        for name, value in inputs.items():
-            if name in self.on_device and isinstance(value, np.ndarray):
-                array = np.ascontiguousarray(value)
-                if array is not value:
-                    feed[name] = self._placed(name, value)  # a copy made now: staged per call
-                    continue
-                buffer = self.driver.allocate(self.device, array.nbytes)
-                staged[name] = (array, buffer)
-                feed[name] = DeviceArray(buffer, self.device.id, array.dtype, array.shape)
-            else:
-                feed[name] = self._placed(name, value)
-        given, after = self._buffers(outputs)
-        inner = self.inner.bind(feed, given)
-        driver, device, transfers = self.driver, self.device, self.transfers
-
-        def call() -> dict[str, Any]:
-            for array, buffer in staged.values():
-                driver.copy_in(device, buffer, _bytes_of(array), 0)
-                transfers.count(H2D, array.nbytes)
-            return self._finish(inner(), after)
-
-        return call
-
     def close(self) -> None:
         self.inner.close()
 
@@ -245,9 +223,6 @@ class ResidentProgram(Program):
     def _placed(self, name: str, value: Any) -> Any:
         """``value`` where the program wants input ``name`` (moved and counted if needed)."""
         if name in self.on_device:
-            if isinstance(value, DeviceArray):
-                self._check_here(name, value, "input")
-                return value
             if isinstance(value, np.ndarray):
                 buffer = to_device(value, self.device, self.driver, self.transfers)
                 return DeviceArray(buffer, self.device.id, value.dtype, value.shape)
@@ -266,17 +241,11 @@ class ResidentProgram(Program):
         given: dict[str, Any] = {}
         after: list[tuple[str, Any]] = []
         for name, buffer in outputs.items():
-            wanted_here = name in self.on_device
-            if isinstance(buffer, DeviceArray):
-                self._check_here(name, buffer, "output")
-                if wanted_here:
-                    given[name] = buffer
-                else:
-                    after.append((name, buffer))
-            elif wanted_here:
-                after.append((name, buffer))
-            else:
+            # A buffer in the memory the program wants is written by the program itself.
+            if isinstance(buffer, DeviceArray) == (name in self.on_device):
                 given[name] = buffer
+            else:
+                after.append((name, buffer))
         return given or None, after
 
     def _finish(self, results: dict[str, Any], after: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -285,7 +254,8 @@ class ResidentProgram(Program):
             produced = results[name]
             if isinstance(buffer, DeviceArray):  # a host result into device memory
                 array = np.ascontiguousarray(produced)
-                self.driver.copy_in(self.device, buffer.buffer, _bytes_of(array), buffer.offset)
+                driver, info = _driver_of(buffer.device)
+                driver.copy_in(info, buffer.buffer, _bytes_of(array), buffer.offset)
                 self.transfers.count(H2D, array.nbytes)
             else:  # a device result into a host buffer
                 if produced.nbytes != buffer.nbytes or produced.dtype != buffer.dtype:
@@ -302,12 +272,3 @@ class ResidentProgram(Program):
                 release(produced)
             results[name] = buffer
         return results
-
-    def _check_here(self, name: str, value: DeviceArray, usage: str) -> None:
-        if value.device != self.device.id:
-            raise InvalidInputError(
-                f"{usage} {name!r} lies in the memory of {value.device}, but the model runs on "
-                f"{self.device.id}; crossrt does not move data between devices on its own: "
-                f"copy it to {self.device.id} (Tensor.copy_to) or pass host memory",
-                details={usage: name, "device": value.device, "expected_device": self.device.id},
-            )
