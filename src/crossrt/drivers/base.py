@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ExecutionError, InvalidOptionError
+from ..errors import ExecutionError, InvalidArgumentError, InvalidOptionError
 from ..model import Model
 
 
@@ -517,8 +517,12 @@ class Driver(ABC):
     # memory override all five.
 
     def allocate(self, device: DeviceInfo, nbytes: int) -> Any:
-        """Allocate ``nbytes`` of device memory and return a handle to it."""
-        return np.empty(nbytes, dtype=np.uint8)
+        """Allocate ``nbytes`` of device memory, zero-filled, and return a handle to it."""
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+            raise InvalidArgumentError(
+                f"cannot allocate {nbytes!r} bytes on {device.id}: give a whole number >= 0"
+            )
+        return np.zeros(nbytes, dtype=np.uint8)  # calloc: pages are zeroed when first touched
 
     def free(self, device: DeviceInfo, buffer: Any) -> None:
         """Release memory from :meth:`allocate`."""
@@ -527,11 +531,13 @@ class Driver(ABC):
     def copy_in(self, device: DeviceInfo, dst: Any, src: memoryview, offset: int = 0) -> None:
         """Copy host bytes into device memory at ``offset``."""
         view = np.frombuffer(src, dtype=np.uint8)
+        check_range(dst.size, offset, view.size, f"copy_in to {device.id}")
         dst[offset : offset + view.size] = view
 
     def copy_out(self, device: DeviceInfo, dst: memoryview, src: Any, offset: int = 0) -> None:
         """Copy device memory from ``offset`` into a host buffer."""
         out = np.frombuffer(dst, dtype=np.uint8)
+        check_range(src.size, offset, out.size, f"copy_out from {device.id}")
         out[:] = src[offset : offset + out.size]
 
     def copy_device(
@@ -544,7 +550,24 @@ class Driver(ABC):
         src_offset: int = 0,
     ) -> None:
         """Copy ``nbytes`` between two buffers of the same device."""
+        check_range(src.size, src_offset, nbytes, f"copy_device on {device.id} (source)")
+        check_range(dst.size, dst_offset, nbytes, f"copy_device on {device.id} (destination)")
         dst[dst_offset : dst_offset + nbytes] = src[src_offset : src_offset + nbytes]
+
+
+def check_range(size: int, offset: Any, nbytes: Any, what: str) -> None:
+    """Refuse ``nbytes`` at ``offset`` unless they lie inside a buffer of ``size`` bytes.
+
+    Raises:
+        InvalidArgumentError: (INVALID) naming the operation, the range and the size.
+    """
+    ok = all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (offset, nbytes))
+    if not ok or offset + nbytes > size:
+        raise InvalidArgumentError(
+            f"{what}: {nbytes!r} bytes at offset {offset!r} do not fit a buffer of {size} "
+            f"bytes; give 0 <= offset and offset + size <= {size}",
+            details={"offset": repr(offset), "size": repr(nbytes), "buffer_size": size},
+        )
 
 
 def _cannot_honour(option: str, driver: str, device: DeviceInfo, why: str) -> InvalidOptionError:

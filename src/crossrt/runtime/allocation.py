@@ -48,20 +48,16 @@ class MemoryHooks(Protocol):
 
 
 class HostMemory:
-    """Host memory as a driver's default hooks see it, but zero-filled (calloc: pages are
-    zeroed lazily, so it costs no more than ``np.empty`` and never shows stale bytes)."""
+    """Host memory: a driver's default hooks, zero-filled (calloc: pages are zeroed lazily, so
+    it costs no more than ``np.empty`` and never shows stale bytes)."""
 
     name = "host"
 
     def device(self) -> DeviceInfo:
         return dataclasses.replace(host_cpu("host", Capabilities()), id=HOST)
 
-    def allocate(self, device: DeviceInfo, nbytes: int) -> Any:
-        return np.zeros(nbytes, dtype=np.uint8)
-
-    def free(self, device: DeviceInfo, buffer: Any) -> None:
-        del buffer
-
+    allocate = Driver.allocate
+    free = Driver.free
     copy_in = Driver.copy_in
     copy_out = Driver.copy_out
     copy_device = Driver.copy_device
