@@ -174,7 +174,7 @@ class SimDriver(Driver):
         if file is not None:  # the engine's artifact lies further into the same file
             file = ArtifactFile(file.path, file.offset + start, file.identity)
         program = _load_on_host(engine, memoryview(artifact)[start:], cpu, cores, options, file)
-        return SimProgram(self, info, program, header)
+        return SimProgram(self.memory(info), self.spend_compute, info, program, header)
 
     # -- the memory hooks: device memory the host reaches only through these -------------------
 

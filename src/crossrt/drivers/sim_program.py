@@ -23,7 +23,6 @@ from .base import CancelToken, DeviceArray, DeviceInfo, Program, Residence
 from .sim_memory import DeviceMemory
 
 if TYPE_CHECKING:
-    from .sim import SimDriver
     from .sim_artifact import Header
 
 
@@ -32,19 +31,26 @@ class SimProgram(Program):
     engine's is.
 
     Args:
-        driver: the sim driver (device memory and the latency model).
+        memory: the device's memory.
+        spend_compute: the latency model's wait for a number of operators
+            (``SimDriver.spend_compute``).
         device: the device the program is staged on.
         host: the host engine's program, which computes.
         header: the sim artifact's header (the model's inputs and outputs, its operators).
     """
 
     def __init__(
-        self, driver: SimDriver, device: DeviceInfo, host: Program, header: Header
+        self,
+        memory: DeviceMemory,
+        spend_compute: Callable[[int, CancelToken | None], None],
+        device: DeviceInfo,
+        host: Program,
+        header: Header,
     ) -> None:
         self.device = device
-        self._driver = driver
+        self._spend_compute = spend_compute
         self._host = host
-        self._memory = driver.memory(device)
+        self._memory = memory
         self._ops = header.ops
         # Tensors of fixed-size elements live in device memory. Strings (no fixed size) and
         # values that are not tensors (sequences, maps) stay on the host and pass as they are.
@@ -104,7 +110,7 @@ class SimProgram(Program):
         feed = self._feed(inputs)
         targets, made = self._targets(outputs)
         try:
-            self._driver.spend_compute(self._ops, cancel)
+            self._spend_compute(self._ops, cancel)
             views = self._views(targets)
             if cancel is None:
                 results = self._host.run(feed, views)
@@ -233,7 +239,7 @@ class _BoundCall:
 
     def __call__(self) -> dict[str, Any]:
         program = self._program
-        program._driver.spend_compute(program._ops)
+        program._spend_compute(program._ops, None)
         return program._collect(self._call(), self._targets)
 
 
