@@ -64,8 +64,7 @@ from .runtime.devices import Device, DeviceMemory
 from .runtime.groups import CoreGroup
 from .runtime.memory import MemoryStats, OwnerStats
 from .runtime.request import Request
-from .runtime.shm import shared_tensor, tensor_from_fd
-from .runtime.tensor import Tensor
+from .runtime.tensor import Tensor, shared_tensor, tensor_from_fd
 from .runtime.tensordesc import Format, Placement, TensorDesc
 from .runtime.tensorset import TensorSet, from_dlpack, read_batch, write_batch
 

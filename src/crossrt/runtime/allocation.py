@@ -10,16 +10,13 @@ access (see :mod:`.devices`).
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..drivers import DeviceInfo, Driver
 from ..drivers.base import Capabilities
 from ..drivers.host import host_cpu
-
-if TYPE_CHECKING:
-    from .memory import Allocator
 
 HOST = "host"
 """The device name of host memory (HOST and VIRTUAL placements, shared memory)."""
@@ -82,6 +79,17 @@ class MappingState(Protocol):
     def after_device_write(self) -> None: ...
 
 
+class Books(Protocol):
+    """What an allocation needs of the allocator that made it (:class:`.memory.Allocator`):
+    declared here so that this module does not import the one that imports it."""
+
+    hooks: MemoryHooks
+    device: DeviceInfo
+    coherent: bool
+
+    def free(self, allocation: Allocation) -> None: ...
+
+
 class Allocation:
     """A block of device memory from an :class:`Allocator` (or adopted into its accounting).
 
@@ -112,7 +120,7 @@ class Allocation:
 
     def __init__(
         self,
-        allocator: Allocator,
+        allocator: Books,
         handle: Any,
         nbytes: int,
         owner: str,

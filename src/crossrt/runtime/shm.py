@@ -28,11 +28,12 @@ from typing import Any
 
 import numpy as np
 
+from ..dtypes import DType
 from ..errors import InvalidArgumentError, UnsupportedError
 from .memory import host_allocator
 from .storage import Storage, buffer_storage
-from .tensor import Tensor
-from .tensordesc import Format, Placement, as_dtype, as_shape, byte_index, fixed_size, owner_key
+from .tensorbase import TensorBase
+from .tensordesc import as_dtype, as_shape, byte_index, fixed_size, owner_key
 
 KINDS = ("memfd", "posix")
 
@@ -104,28 +105,17 @@ def _close(fd: int, mapped: mmap.mmap, posix: shared_memory.SharedMemory | None)
     os.close(fd)
 
 
-def shared_tensor(
+def shared_storage(
     shape: Sequence[int] | int,
-    dtype: Any = "float32",
+    dtype: Any,
     *,
-    name: str = "",
-    format: Format = Format.ND,
-    kind: str | None = None,
-    keep_name: bool = False,
-    owner: Any = None,
-) -> Tensor:
-    """A host tensor in a new shared-memory segment of its own.
-
-    The segment lives until the tensor and all its slices are freed (or collected), or the
-    process ends. ``tensor.fd``, ``tensor.offset`` and ``tensor.size`` describe it for
-    :func:`tensor_from_fd` in another process.
-
-    Args:
-        shape, dtype, name, format: as for :class:`Tensor`.
-        kind: ``"memfd"`` (default where available) or ``"posix"``.
-        keep_name: keep a POSIX name (see :func:`segment_name`) for peers that open by name.
-        owner: whom the bytes are charged to in the host allocator.
-    """
+    name: str,
+    kind: str | None,
+    keep_name: bool,
+    owner: Any,
+) -> tuple[Storage, DType, tuple[int, ...]]:
+    """The storage of a host tensor in a new shared-memory segment of its own, with the dtype
+    and shape to view it as (``Tensor.shared`` wraps it; see there)."""
     dt, dims = fixed_size(as_dtype(dtype)), as_shape(shape)
     nbytes = math.prod(dims) * dt.itemsize
     segment = SharedMemorySegment(nbytes, kind=kind, keep_name=keep_name)
@@ -142,26 +132,14 @@ def shared_tensor(
         on_release=segment.close,
         keepalive=segment,
     )
-    return Tensor._wrap(storage, dt, dims, name=name, format=format, placement=Placement.HOST)
+    return storage, dt, dims
 
 
-def tensor_from_fd(
-    fd: int,
-    size: int,
-    offset: int = 0,
-    *,
-    dtype: Any = None,
-    shape: Sequence[int] | None = None,
-    name: str = "",
-    format: Format = Format.ND,
-) -> Tensor:
-    """A tensor over ``size`` bytes at ``offset`` of a shared-memory file
-    (``OH_NNTensor_CreateWithFd``), mapped without a copy.
-
-    The descriptor stays the caller's: freeing the tensor unmaps it but neither closes the
-    descriptor nor frees the memory. Unlike NNRt, where the size counts from the start of the
-    file, ``size`` here counts from ``offset``: the tensor's bytes are
-    ``[offset, offset + size)``, matching ``tensor.offset`` and ``tensor.size``.
+def fd_storage(
+    fd: int, size: int, offset: int, dtype: Any, shape: Sequence[int] | None
+) -> tuple[Storage, DType, tuple[int, ...]]:
+    """A storage over ``size`` bytes at ``offset`` of a shared-memory file, mapped without a
+    copy, with the dtype and shape to view it as (``Tensor.from_fd`` wraps it; see there).
 
     Raises:
         InvalidArgumentError: ``fd`` is not an open file, or the range is beyond its end.
@@ -190,7 +168,7 @@ def tensor_from_fd(
     storage.fd, storage.fd_offset = fd, offset
     if mapped is not None:
         storage.on_release = functools.partial(_unmap, mapped)
-    return Tensor._wrap(storage, dt, dims, name=name, format=format, placement=Placement.HOST)
+    return storage, dt, dims
 
 
 def _unmap(mapped: mmap.mmap) -> None:
@@ -199,7 +177,7 @@ def _unmap(mapped: mmap.mmap) -> None:
         mapped.close()
 
 
-def segment_name(tensor: Tensor) -> str | None:
+def segment_name(tensor: TensorBase) -> str | None:
     """The name of a shared tensor's segment: its POSIX name when ``keep_name`` was given,
     the memfd's label otherwise; ``None`` for other tensors."""
     storage = tensor._storage

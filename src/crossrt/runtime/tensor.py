@@ -19,6 +19,7 @@ from .. import dtypes
 from ..config import settings
 from ..dtypes import DType
 from ..errors import InvalidArgumentError
+from . import shm
 from .memory import allocator_for, host_allocator
 from .storage import Storage, buffer_storage, byte_view
 from .tensorbase import TensorBase
@@ -186,19 +187,59 @@ class Tensor(TensorBase):
         return tensor
 
     @classmethod
-    def shared(cls, shape: Sequence[int] | int, dtype: Any = "float32", **kwargs: Any) -> Tensor:
-        """A tensor in a new shared-memory segment (see :func:`.shm.shared_tensor`)."""
-        from .shm import shared_tensor
+    def shared(
+        cls,
+        shape: Sequence[int] | int,
+        dtype: Any = "float32",
+        *,
+        name: str = "",
+        format: Format = Format.ND,
+        kind: str | None = None,
+        keep_name: bool = False,
+        owner: Any = None,
+    ) -> Tensor:
+        """A host tensor in a new shared-memory segment of its own.
 
-        return shared_tensor(shape, dtype, **kwargs)
+        The segment lives until the tensor and all its slices are freed (or collected), or
+        the process ends. ``tensor.fd``, ``tensor.offset`` and ``tensor.size`` describe it for
+        :meth:`from_fd` in another process.
+
+        Args:
+            shape, dtype, name, format: as for :class:`Tensor`.
+            kind: ``"memfd"`` (default where available) or ``"posix"``.
+            keep_name: keep a POSIX name (``shm.segment_name``) for peers that open by name.
+            owner: whom the bytes are charged to in the host allocator.
+        """
+        storage, dt, dims = shm.shared_storage(
+            shape, dtype, name=name, kind=kind, keep_name=keep_name, owner=owner
+        )
+        return cls._wrap(storage, dt, dims, name=name, format=format, placement=Placement.HOST)
 
     @classmethod
-    def from_fd(cls, fd: int, size: int, offset: int = 0, **kwargs: Any) -> Tensor:
-        """A tensor over ``size`` bytes at ``offset`` of a shared-memory file descriptor
-        (``OH_NNTensor_CreateWithFd``); see :func:`crossrt.runtime.shm.tensor_from_fd`."""
-        from .shm import tensor_from_fd
+    def from_fd(
+        cls,
+        fd: int,
+        size: int,
+        offset: int = 0,
+        *,
+        dtype: Any = None,
+        shape: Sequence[int] | None = None,
+        name: str = "",
+        format: Format = Format.ND,
+    ) -> Tensor:
+        """A tensor over ``size`` bytes at ``offset`` of a shared-memory file
+        (``OH_NNTensor_CreateWithFd``), mapped without a copy.
 
-        return tensor_from_fd(fd, size, offset, **kwargs)
+        The descriptor stays the caller's: freeing the tensor unmaps it but neither closes
+        the descriptor nor frees the memory. Unlike NNRt, where the size counts from the start
+        of the file, ``size`` here counts from ``offset``: the tensor's bytes are
+        ``[offset, offset + size)``, matching ``tensor.offset`` and ``tensor.size``.
+
+        Raises:
+            InvalidArgumentError: ``fd`` is not an open file, or the range is beyond its end.
+        """
+        storage, dt, dims = shm.fd_storage(fd, size, offset, dtype, shape)
+        return cls._wrap(storage, dt, dims, name=name, format=format, placement=Placement.HOST)
 
     # -- attach, detach, free ----------------------------------------------------------------
 
@@ -367,3 +408,10 @@ def _fits(size: int, buffer: np.ndarray, op: str) -> int:
             f"{buffer.size} or a larger buffer"
         )
     return size
+
+
+shared_tensor = Tensor.shared
+"""A host tensor in a new shared-memory segment (:meth:`Tensor.shared`)."""
+
+tensor_from_fd = Tensor.from_fd
+"""A tensor over a shared-memory file descriptor (:meth:`Tensor.from_fd`)."""
