@@ -15,7 +15,7 @@ from typing import Any, cast
 import numpy as np
 import onnx
 
-from ..errors import ExecutionError
+from ..errors import CompileError, ExecutionError
 from ..model import Model
 from .base import (
     ArtifactFile,
@@ -78,7 +78,17 @@ class ReferenceDriver(Driver):
         file: ArtifactFile | None = None,
     ) -> Program:
         # protobuf parses a memoryview (a view into a .crm file) without a copy.
-        return ReferenceProgram(onnx.ModelProto.FromString(artifact))
+        try:
+            proto = onnx.ModelProto.FromString(artifact)
+            if not proto.graph.output:  # b"" and foreign bytes can parse as an empty model
+                raise ValueError("it holds no ONNX graph with outputs")
+            return ReferenceProgram(proto)
+        except Exception as exc:
+            raise CompileError(
+                f"the reference driver could not load the artifact: {type(exc).__name__}: "
+                f"{str(exc)[:200]}; it is damaged or another driver's: compile the model again",
+                details={"driver": self.name},
+            ) from None
 
 
 class ReferenceProgram(Program):
