@@ -121,7 +121,7 @@ _PARTS = [
     ("SHA-256 of the container's sections (on every core)", "~", "section_digests", "ct"),
     ("SHA-256 in this thread (the model file, when its status changed)", "~", "sha", "tt"),
     ("driver registry (imports and creates drivers)", "registry.py", "_load", "ct"),
-    ("onnxruntime driver: artifact index and weight views", "ort_artifact.py", "unpack", "ct"),
+    ("onnxruntime driver: artifact index and weight views", "onnxruntime/artifact.py", "unpack", "ct"),
     (
         "onnxruntime driver: the graph's weight stubs pointed at the file",
         "~",
@@ -151,7 +151,7 @@ def zero_copy_session(path: Path) -> Any:
 
     import onnxruntime as ort
 
-    from crossrt.drivers import ort_artifact
+    from crossrt.drivers.onnxruntime import artifact as ort_artifact
 
     with open(path, "rb") as f:
         view = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
@@ -257,7 +257,7 @@ def machine_info() -> dict[str, Any]:
     import onnxruntime as ort
 
     import crossrt
-    from crossrt.drivers.host import cpu_model, usable_cores
+    from crossrt.host import cpu_model, usable_cores
 
     return {
         "cpu": cpu_model()[0],

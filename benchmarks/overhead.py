@@ -246,7 +246,7 @@ def _physical_cores() -> int:
 
 
 def machine_info() -> dict[str, Any]:
-    from crossrt.drivers.host import cpu_model, usable_cores
+    from crossrt.host import cpu_model, usable_cores
 
     return {
         "cpu": cpu_model()[0],

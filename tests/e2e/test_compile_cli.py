@@ -19,7 +19,7 @@ import pytest
 from onnx import TensorProto
 
 import crossrt
-from crossrt.drivers import ort_artifact
+from crossrt.drivers.onnxruntime import artifact as ort_artifact
 from crossrt.model import GraphBuilder
 from crossrt.tools import cache as cache_tool
 from crossrt.tools import cli

@@ -21,7 +21,8 @@ from crossrt import (
     UnsupportedError,
 )
 from crossrt.compiler import KNOWN_OPTIONS
-from crossrt.drivers import get_driver, ort_artifact
+from crossrt.drivers import get_driver
+from crossrt.drivers.onnxruntime import artifact as ort_artifact
 from crossrt.model import GraphBuilder
 
 DRIVERS = ("onnxruntime", "reference")

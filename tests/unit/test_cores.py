@@ -28,8 +28,8 @@ import pytest
 
 import crossrt
 from crossrt import InvalidArgumentError, InvalidOptionError, OutOfResourcesError, StatusCode
+from crossrt import host as hostinfo
 from crossrt.config import settings
-from crossrt.drivers import host as hostinfo
 from crossrt.model import GraphBuilder
 from crossrt.runtime import cores
 from crossrt.tools import ls as ls_tool

@@ -17,10 +17,10 @@ from crossrt import DeviceKind, DeviceUnavailableError, StatusCode
 from crossrt.drivers import (
     available_drivers,
     get_driver,
-    ort_artifact,
     registry,
     resolve_device,
 )
+from crossrt.drivers.onnxruntime import artifact as ort_artifact
 from crossrt.model import GraphBuilder
 
 DRIVERS = ("onnxruntime", "reference")

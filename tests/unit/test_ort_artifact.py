@@ -18,10 +18,11 @@ import pytest
 from onnx import helper, numpy_helper
 
 import crossrt
-from crossrt import CompileError, CrossrtError, StatusCode, UnsupportedError
-from crossrt.drivers import get_driver, host, ort_artifact
-from crossrt.drivers import ort_spill as spill
+from crossrt import CompileError, CrossrtError, StatusCode, UnsupportedError, host
+from crossrt.drivers import get_driver
 from crossrt.drivers.base import ArtifactFile, CompileOptions, CoreSet
+from crossrt.drivers.onnxruntime import artifact as ort_artifact
+from crossrt.drivers.onnxruntime import spill
 from crossrt.errors import InvalidContainerError
 from crossrt.model import GraphBuilder
 

@@ -21,7 +21,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 import crossrt
-from crossrt.drivers import ort_artifact
+from crossrt.drivers.onnxruntime import artifact as ort_artifact
 
 N = 1024  # a generated 1024 x 1024 float32 weight: 4 MiB, 8 MiB with its pre-packed form
 RNG = np.random.default_rng(11)

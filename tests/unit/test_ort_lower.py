@@ -16,7 +16,9 @@ import pytest
 from onnx import TensorProto, helper
 
 import crossrt
-from crossrt.drivers import get_driver, ort_artifact, ort_lower
+from crossrt.drivers import get_driver
+from crossrt.drivers.onnxruntime import artifact as ort_artifact
+from crossrt.drivers.onnxruntime import lower as ort_lower
 
 X = np.array([[-1.0, 2.0, -3.0]], np.float32)
 

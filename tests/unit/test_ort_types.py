@@ -1,4 +1,4 @@
-"""bfloat16, float8, int4 and int2 tensors in and out of ONNX Runtime (drivers/ort_types.py)."""
+"""bfloat16, float8, int4 and int2 tensors in and out of ONNX Runtime (onnxruntime/types.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import crossrt
-from crossrt.drivers import ort_types
+from crossrt.drivers.onnxruntime import types as ort_types
 from crossrt.dtypes import DType
 
 RNG = np.random.default_rng(5)

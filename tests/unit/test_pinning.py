@@ -15,7 +15,7 @@ from concurrency_models import tiny
 import crossrt
 from crossrt.drivers import get_driver
 from crossrt.drivers.base import CoreSet
-from crossrt.drivers.host import host_cpus
+from crossrt.host import host_cpus
 
 WAIT = 10
 CPUS = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []

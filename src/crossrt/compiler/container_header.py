@@ -15,9 +15,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..drivers.host import host_cpus
 from ..drivers.registry import parse_device
 from ..errors import CrossrtError, InvalidArgumentError, InvalidContainerError
+from ..host import host_cpus
 from ..model import TensorSpec
 from .executable import Executable, ExecutableNode
 from .options import parse_options

@@ -34,6 +34,7 @@ import contextlib
 import enum
 import functools
 import os
+import platform
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
@@ -43,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ExecutionError, InvalidArgumentError, InvalidOptionError
+from ..host import cpu_features, cpu_model, host_cpus, usable_memory
 from ..model import Model
 
 
@@ -575,4 +577,20 @@ def _cannot_honour(option: str, driver: str, device: DeviceInfo, why: str) -> In
         f"option {option} cannot be honoured by driver {driver!r} on {device.id}: {why}; "
         "drop the option or choose another device",
         details={"option": option, "driver": driver, "device": device.id},
+    )
+
+
+def host_cpu(driver: str, capabilities: Capabilities) -> DeviceInfo:
+    """The host CPU as device ``cpu:0`` of ``driver``."""
+    name, vendor = cpu_model()
+    return DeviceInfo(
+        id="cpu:0",
+        name=name,
+        vendor=vendor,
+        kind=DeviceKind.CPU,
+        driver=driver,
+        cores=host_cpus().limit,
+        memory_bytes=usable_memory(),
+        capabilities=capabilities,
+        features=(platform.machine(), *cpu_features()),
     )

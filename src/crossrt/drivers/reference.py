@@ -26,8 +26,8 @@ from .base import (
     Driver,
     Program,
     copy_into,
+    host_cpu,
 )
-from .host import host_cpu
 
 # Operators the evaluator implements only when an optional package is present.
 _NEEDS = {"ImageDecoder": "PIL"}

@@ -44,6 +44,7 @@ from ..errors import (
     StatusCode,
     UnsupportedError,
 )
+from ..host import cpu_features
 from ..model import Model
 from . import sim_artifact
 from .base import (
@@ -57,7 +58,6 @@ from .base import (
     Driver,
     Program,
 )
-from .host import cpu_features
 from .registry import get_driver
 from .sim_artifact import Header
 from .sim_memory import DeviceMemory, SimBuffer

@@ -15,8 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..drivers import DeviceInfo, Driver
-from ..drivers.base import Capabilities
-from ..drivers.host import host_cpu
+from ..drivers.base import Capabilities, host_cpu
 
 HOST = "host"
 """The device name of host memory (HOST and VIRTUAL placements, shared memory)."""

@@ -30,13 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from ..config import contiguous_cores, parse_core_list, settings
-from ..drivers.host import (
+from ..errors import InvalidArgumentError, InvalidOptionError, OutOfResourcesError, StatusCode
+from ..host import (
     HostCpus,
     format_cpus,
     host_cpus,
 )
-from ..drivers.host import read_text as _read
-from ..errors import InvalidArgumentError, InvalidOptionError, OutOfResourcesError, StatusCode
+from ..host import read_text as _read
 
 log = logging.getLogger("crossrt")
 

@@ -19,7 +19,6 @@ from ..drivers import (
     parse_device,
     resolve_device,
 )
-from ..drivers.host import format_cpus
 from ..errors import (
     ClosedError,
     InvalidArgumentError,
@@ -27,6 +26,7 @@ from ..errors import (
     OutOfResourcesError,
     StatusCode,
 )
+from ..host import format_cpus
 from .cores import reserve_cores
 from .devices import Device
 from .groups import CoreGroup, load_instances, pick_free, split_instances

@@ -11,8 +11,8 @@ from typing import Any
 
 from ..config import settings
 from ..drivers import driver_statuses, parse_device
-from ..drivers.host import format_cpus, host_cpus
 from ..errors import CrossrtError
+from ..host import format_cpus, host_cpus
 from ..runtime.cores import core_owners
 from .common import fail, human_bytes
 

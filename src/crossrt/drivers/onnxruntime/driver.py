@@ -1,56 +1,29 @@
-"""The ``onnxruntime`` driver: ONNX Runtime's CPU execution provider.
-
-- ``supported_nodes`` decides as an ORT session would (``ort_support``): ORT's own schemas and
-  kernel registry, its version matching and fallbacks, and the newest IR version and opsets
-  this build accepts.
-- ``compile`` runs ORT's graph optimizations and returns the optimized ONNX model, its large
-  weights stored beside the graph (``ort_artifact``), as the artifact: all of them (level
-  ALL, layouts for this CPU's vector extensions), or with ``portable=True`` those that hold
-  on any CPU (level EXTENDED). A model whose constants ORT's folding would expand far beyond
-  its own size (weights generated in the graph) is compiled at EXTENDED without folding.
-- ``load`` creates a session with as many intra-op threads as cores it is given, from the
-  small graph: a level-ALL artifact without optimizing again (on a CPU with the features it
-  was compiled for), a portable one optimized the rest of the way. ORT maps the weights from
-  the ``.crm`` file itself when the artifact lies in one (shared between sessions and
-  processes); from memory it takes (and copies) them as external initializers.
-- ``run`` calls the session's C++ ``run`` directly: it is the cheapest path from NumPy inputs
-  (cheaper than ``InferenceSession.run``, which re-validates inputs the runtime already
-  checked, and than building an IOBinding per call); preallocated outputs go through
-  IOBinding so results land in the caller's buffers.
-"""
+"""The ``onnxruntime`` driver: compile, load, devices (see the package docstring)."""
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import mmap
 import os
 import tempfile
 import threading
-from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 
-from ..config import settings
-from ..dtypes import DType
-from ..errors import (
+from ...config import settings
+from ...errors import (
     CompileError,
     CrossrtError,
-    DeadlineExceededError,
-    ExecutionError,
     StatusCode,
     UnsupportedError,
 )
-from ..model import Model
-from . import ort_artifact, ort_lower, ort_spill, ort_support, ort_types
-from .base import (
+from ...model import Model
+from ..base import (
     ArtifactFile,
-    CancelToken,
     Capabilities,
     CompileOptions,
     CoreSet,
@@ -58,21 +31,17 @@ from .base import (
     Driver,
     PerformanceMode,
     Program,
-    copy_into,
+    host_cpu,
 )
-from .host import host_cpu
+from . import artifact as ort_artifact
+from . import lower, spill, support
+from .program import ORT_SEVERITY, OrtProgram, short_error
 
 log = logging.getLogger("crossrt")
-_PROVIDER = ort_support.PROVIDER
-_C = ort.capi._pybind_state
-_CPU = _C.OrtDevice(_C.OrtDevice.cpu(), _C.OrtDevice.default_memory(), 0)
+_PROVIDER = support.PROVIDER
 _SAVE_DATA = "session.optimized_model_external_initializers_file_name"
 _SAVE_DATA_MIN = "session.optimized_model_external_initializers_min_size_in_bytes"
 _SAVE_PREPACKED = "session.save_external_prepacked_constant_initializers"
-# ORT's log severity (0 verbose, 1 info, 2 warning, 3 error, 4 fatal) for each crossrt log
-# level (CROSSRT_LOG_LEVEL); unset: ORT's errors are not printed either, they reach the caller
-# as crossrt errors.
-_ORT_SEVERITY = {"DEBUG": 0, "INFO": 1, "WARNING": 2, "ERROR": 3, "CRITICAL": 4, None: 4}
 _FOLDING = "ConstantFolding"
 # An artifact storing more than this many times the model's bytes, plus the slack, is
 # compiled again without constant folding (see compile): a float16 model's weights cast to
@@ -96,10 +65,10 @@ class OnnxRuntimeDriver(Driver):
         # ORT prints its log lines to stderr itself, interleaved with the user's output: only
         # those CROSSRT_LOG_LEVEL asks for. Its default logger is the process's (the sessions
         # and runs of this driver set theirs too, as ORT's own default is WARNING).
-        self._severity = _ORT_SEVERITY[settings().log_level]
+        self._severity = ORT_SEVERITY[settings().log_level]
         ort.set_default_logger_severity(self._severity)
         self._lock = threading.Lock()
-        self._known: ort_support.OrtRegistry | None = None
+        self._known: support.OrtRegistry | None = None
 
     @property
     def version(self) -> str:
@@ -117,13 +86,13 @@ class OnnxRuntimeDriver(Driver):
         return [reason is None for reason in self.unsupported_reasons(model, device)]
 
     def unsupported_reasons(self, model: Model, device: DeviceInfo) -> list[str | None]:
-        """Per node: ``None`` when ORT can run it, else why not (see ``ort_support``)."""
-        return ort_support.unsupported_reasons(model, self._registry())
+        """Per node: ``None`` when ORT can run it, else why not (see ``support``)."""
+        return support.unsupported_reasons(model, self._registry())
 
-    def _registry(self) -> ort_support.OrtRegistry:
+    def _registry(self) -> support.OrtRegistry:
         with self._lock:
             if self._known is None:
-                self._known = ort_support.build_registry()
+                self._known = support.build_registry()
             return self._known
 
     # -- compile and load ----------------------------------------------------------------
@@ -168,7 +137,7 @@ class OnnxRuntimeDriver(Driver):
     def _engine_model(self, model: Model, so: ort.SessionOptions) -> tuple[bytes, list[np.ndarray]]:
         """The model as ORT reads it: its skeleton, the large weights handed over beside it
         on ``so`` (serializing them would cost a second per 400 MB); lowered to ORT's IR
-        version and opset when it is newer and means the same there (``ort_lower``;
+        version and opset when it is newer and means the same there (``lower``;
         ``supported_nodes`` vouched for its nodes). The arrays ORT reads the weights from
         come back too: they must outlive the session's creation."""
         light = model.skeleton
@@ -196,13 +165,13 @@ class OnnxRuntimeDriver(Driver):
         known = self._registry()
         onnx_opset = model.opsets.get("", model.opsets.get("ai.onnx", 0))
         if proto.ir_version > known.max_ir or onnx_opset > known.max_opset:
-            proto = ort_lower.lowered(proto, known.max_ir, known.max_opset)
+            proto = lower.lowered(proto, known.max_ir, known.max_opset)
         return bytes(proto.SerializeToString()), arrays
 
     def _optimize(
         self, model: Model, level: str, features: tuple[str, ...], disabled: tuple[str, ...] = ()
     ) -> bytes | None:
-        """ORT's optimized model at ``level``, packed as the artifact (``ort_artifact``);
+        """ORT's optimized model at ``level``, packed as the artifact (``artifact``);
         ``None`` when ORT cannot load what it saved at level ALL (it happens: a model with
         a subgraph constant can come back in a form ORT's own checker refuses)."""
         with tempfile.TemporaryDirectory(prefix="crossrt-ort-") as tmp:
@@ -217,7 +186,7 @@ class OnnxRuntimeDriver(Driver):
             except Exception as exc:
                 raise CompileError(
                     f"ONNX Runtime {self.version} could not compile model {model.name!r}: "
-                    f"{_short(exc)}",
+                    f"{short_error(exc)}",
                     details={"driver": self.name},
                 ) from None
             if level == "all" and not _reloads(out, self._severity):
@@ -254,7 +223,7 @@ class OnnxRuntimeDriver(Driver):
         """ORT maps the weights of a file once for every session: an artifact held in memory
         for several instances is written to one owner-only file for their loads."""
         if file is None and loads > 1:
-            return ort_spill.spilled(artifact)
+            return spill.spilled(artifact)
         return contextlib.nullcontext(file)
 
     def load(
@@ -287,7 +256,7 @@ class OnnxRuntimeDriver(Driver):
             raise
         except Exception as exc:
             raise CompileError(
-                f"ONNX Runtime {self.version} could not load the artifact: {_short(exc)}",
+                f"ONNX Runtime {self.version} could not load the artifact: {short_error(exc)}",
                 details={"driver": self.name},
             ) from None
         if mapped and file is not None and not file.unchanged():
@@ -338,198 +307,6 @@ class OnnxRuntimeDriver(Driver):
         values = [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays]
         so.add_external_initializers(unpacked.names, values)
         return bytes(unpacked.graph), arrays, False
-
-
-class OrtProgram(Program):
-    """An ORT session ready to run."""
-
-    def __init__(
-        self,
-        session: ort.InferenceSession,
-        *,
-        weights: tuple[np.ndarray, ...] = (),
-        severity: int = _ORT_SEVERITY[None],
-    ) -> None:
-        self.session = session
-        # The weights ORT reads where they lie (views of the artifact): kept while it runs.
-        self.weights = weights
-        self._output_names = [o.name for o in session.get_outputs()]
-        self._run = session._sess.run  # the C++ entry point; see the module docstring
-        # Inputs or outputs of types ORT's binding cannot exchange as NumPy arrays (bfloat16,
-        # float8, int4): every run converts them (ort_types), the fast paths stay for others.
-        kinds_in = ort_types.special_kinds(session.get_inputs())
-        kinds_out = ort_types.special_kinds(session.get_outputs())
-        self._special = bool(kinds_in or kinds_out)
-        if self._special:
-            self._run = functools.partial(_run_converting, session._sess, kinds_in, kinds_out)
-        self._severity = severity
-        self._run_options = self._new_run_options()
-        self._run_binding = session._sess.run_with_iobinding
-
-    def _new_run_options(self) -> ort.RunOptions:
-        """Options for runs that log no more than the session does (ORT logs a failed node
-        as an error before it raises it)."""
-        options = ort.RunOptions()
-        options.log_severity_level = self._severity
-        return options
-
-    def run(
-        self, inputs: Mapping[str, Any], outputs: Mapping[str, np.ndarray] | None = None
-    ) -> dict[str, np.ndarray]:
-        if outputs:
-            return self._execute(inputs, outputs, self._run_options, None)
-        try:  # the common call, written out: one Python call less (it is a few µs in all)
-            results = self._run(self._output_names, inputs, self._run_options)
-        except Exception as exc:
-            raise ExecutionError(f"ONNX Runtime failed to run: {_short(exc)}") from None
-        return dict(zip(self._output_names, results, strict=True))
-
-    def run_cancellable(
-        self,
-        inputs: Mapping[str, Any],
-        cancel: CancelToken,
-        outputs: Mapping[str, np.ndarray] | None = None,
-    ) -> dict[str, np.ndarray]:
-        # Per call: terminate set on shared options would stop every concurrent call.
-        options = self._new_run_options()
-        cancel.on_cancel(lambda: setattr(options, "terminate", True))
-        return self._execute(inputs, outputs, options, cancel)
-
-    def _execute(
-        self,
-        inputs: Mapping[str, Any],
-        outputs: Mapping[str, np.ndarray] | None,
-        options: ort.RunOptions,
-        cancel: CancelToken | None,
-    ) -> dict[str, np.ndarray]:
-        """One run, bound to ``outputs`` where given, under ``options``; ORT's failure as a
-        crossrt error (TIMEOUT when ``cancel`` stopped it)."""
-        try:
-            if outputs:
-                return self._run_bound(inputs, outputs, options)
-            results = self._run(self._output_names, inputs, options)
-        except CrossrtError:
-            raise
-        except Exception as exc:
-            if cancel is not None and cancel.cancelled:
-                raise DeadlineExceededError(
-                    "ONNX Runtime stopped the call: its execution timeout expired; raise "
-                    "exec_timeout (or CROSSRT_EXEC_TIMEOUT) or give the model more cores"
-                ) from None
-            raise ExecutionError(f"ONNX Runtime failed to run: {_short(exc)}") from None
-        return dict(zip(self._output_names, results, strict=True))
-
-    def _run_bound(
-        self, inputs: Mapping[str, Any], outputs: Mapping[str, np.ndarray], options: ort.RunOptions
-    ) -> dict[str, np.ndarray]:
-        """Run with ``outputs`` bound (ORT's failure to run propagates as it is)."""
-        if self._special:  # converted on every run: nothing to bind
-            return copy_into(self._converted(inputs, options), outputs)
-        # A binding costs 6 µs or more to build: a caller that repeats a run on the same arrays
-        # binds once instead (bind; the runtime does it for repeated bound runs).
-        try:
-            binding = self._new_binding(inputs, outputs)
-        except RuntimeError as exc:
-            if any(type(v) is not np.ndarray for v in inputs.values()):
-                # ORT binds tensors only: run unbound, then copy into the buffers given.
-                return copy_into(self._converted(inputs, options), outputs)
-            raise ExecutionError(f"ONNX Runtime could not bind: {_short(exc)}") from None
-        self._run_binding(binding, options)
-        if len(outputs) == len(self._output_names):
-            return dict(outputs)
-        produced = binding.get_outputs()
-        return {
-            name: outputs[name] if name in outputs else produced[i].numpy()
-            for i, name in enumerate(self._output_names)
-        }
-
-    def _converted(self, inputs: Mapping[str, Any], options: ort.RunOptions) -> dict[str, Any]:
-        """An unbound run's results by name."""
-        results = self._run(self._output_names, inputs, options)
-        return dict(zip(self._output_names, results, strict=True))
-
-    def bind(
-        self, inputs: Mapping[str, Any], outputs: Mapping[str, Any] | None = None
-    ) -> Callable[[], dict[str, Any]]:
-        """An IOBinding of ``inputs`` and ``outputs`` built once, as a call that runs it again
-        as it is (see :meth:`Program.bind` for the caller's promise). The call holds the
-        arrays, since ORT reads the inputs and writes the outputs by address.
-
-        Where a binding could not be run again as it is — types converted on every run, an
-        output left to ORT (it would overwrite, in place, results already returned), an input
-        ORT copies — each call is a :meth:`run`.
-        """
-        outputs = outputs or {}
-        if self._special or len(outputs) != len(self._output_names) or not _in_place(inputs):
-            return super().bind(inputs, outputs)
-        try:
-            binding = self._new_binding(inputs, outputs)
-        except RuntimeError:
-            return super().bind(inputs, outputs)
-        # The call holds the arrays too: ORT reads and writes them by address.
-        return functools.partial(
-            self._run_again, self._run_binding, binding, self._run_options, dict(outputs), inputs
-        )
-
-    @staticmethod
-    def _run_again(
-        run_binding: Any,
-        binding: Any,
-        options: ort.RunOptions,
-        outputs: dict[str, Any],
-        inputs: Mapping[str, Any],
-    ) -> dict[str, Any]:
-        """Run ``binding``; its outputs are ``outputs`` (the binding holds the inputs)."""
-        try:
-            run_binding(binding, options)
-        except Exception as exc:
-            raise ExecutionError(f"ONNX Runtime failed to run: {_short(exc)}") from None
-        return outputs
-
-    def _new_binding(self, inputs: Mapping[str, Any], outputs: Mapping[str, np.ndarray]) -> Any:
-        """An IOBinding of ``inputs`` and ``outputs`` (ORT allocates the outputs not given)."""
-        # The C++ binding objects directly: the Python IOBinding wrapper adds ~30 µs a call.
-        binding = _C.SessionIOBinding(self.session._sess)
-        for name, value in inputs.items():
-            # ORT wraps a C-contiguous numeric array's memory in place (CreateTensor with
-            # use_numpy_data_memory): no copy, and ~2 µs cheaper than the by-address overload,
-            # whose ndarray.ctypes.data alone costs 1.5 µs.
-            binding.bind_input(name, value)
-        for name in self._output_names:
-            out = outputs.get(name)
-            if out is None:
-                binding.bind_output(name, _CPU)
-            else:
-                binding.bind_output(name, _CPU, out.dtype, list(out.shape), out.ctypes.data)
-        return binding
-
-    def close(self) -> None:
-        del self._run, self._run_binding
-        del self.session
-
-
-def _in_place(inputs: Mapping[str, Any]) -> bool:
-    """Whether ORT reads every input where it lies (C-contiguous numeric arrays): a binding
-    of other inputs holds copies, stale the next time."""
-    return all(
-        type(v) is np.ndarray and v.flags.c_contiguous and v.dtype.kind in "iuf"
-        for v in inputs.values()
-    )
-
-
-def _run_converting(
-    session: Any,
-    kinds_in: Mapping[str, DType],
-    kinds_out: Mapping[str, DType],
-    names: Sequence[str],
-    inputs: Mapping[str, Any],
-    options: ort.RunOptions,
-) -> list[np.ndarray]:
-    """``session.run`` for a model with bfloat16, float8 or int4 tensors (``ort_types``)."""
-    try:
-        return ort_types.run_converting(session, inputs, kinds_in, names, kinds_out, options)
-    except TypeError as exc:
-        raise ExecutionError(str(exc)) from None
 
 
 def _model_bytes(model: Model) -> int:
@@ -635,8 +412,3 @@ def _other_cpu(compiled: tuple[str, ...], device: DeviceInfo) -> UnsupportedErro
         code=StatusCode.UNSUPPORTED_NEFF_VERSION,
         details={"driver": "onnxruntime", "compiled_for": list(compiled)},
     )
-
-
-def _short(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__

@@ -23,7 +23,7 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto
 
-from ..dtypes import TABLE, DType
+from ...dtypes import TABLE, DType
 
 KINDS = {f"tensor({TensorProto.DataType.Name(d.onnx).lower()})": d for d in TABLE if not d.native}
 """The element types handled here, by ORT's name for them (``"tensor(bfloat16)"``): the

@@ -19,14 +19,14 @@ import onnx.inliner
 import onnxruntime as ort
 from onnx import helper
 
-from ..model import Model
-from . import ort_lower, ort_types
+from ...model import Model
+from . import lower, types
 
 PROVIDER = "CPUExecutionProvider"
 # ONNX element types NumPy has only through ml_dtypes (bfloat16 and newer, 16 and up) that the
 # driver cannot convert at a session's boundary (ort_types converts bfloat16, float8, int4).
 _UNEXCHANGEABLE = frozenset(range(onnx.TensorProto.BFLOAT16, 64)) - {
-    kind.onnx for kind in ort_types.KINDS.values()
+    kind.onnx for kind in types.KINDS.values()
 }
 _KernelRange = tuple[int, int, dict[str, list[str]]]
 _FLOAT16 = "tensor(float16)"
@@ -78,16 +78,14 @@ def unsupported_reasons(model: Model, known: OrtRegistry) -> list[str | None]:
     if model.proto.ir_version > known.max_ir or onnx_opset > known.max_opset:
         # Newer than ORT reads: nodes that mean the same at ORT's versions are checked there
         # (the driver lowers the model: ort_lower); the others say why not.
-        newest = (
-            ort_lower.newest_type(known.max_ir) if model.proto.ir_version > known.max_ir else None
-        )
+        newest = lower.newest_type(known.max_ir) if model.proto.ir_version > known.max_ir else None
         if model.proto.ir_version > known.max_ir and newest is None:
             why = f"IR version {model.proto.ir_version} is newer than ORT {version} reads"
             return [f"{why} (max {known.max_ir})"] * len(nodes)
         blocked = _blocked_functions(model, known)
         blockers = [
             blocked.get((n.domain, n.op_type))
-            or ort_lower.node_blocker(n, onnx_opset, known.max_opset, newest, types)
+            or lower.node_blocker(n, onnx_opset, known.max_opset, newest, types)
             for n in nodes
         ]
         for domain in ("", "ai.onnx"):
@@ -127,7 +125,7 @@ def _blocked_functions(model: Model, known: OrtRegistry) -> dict[tuple[str, str]
         imports = {(o.domain or ""): o.version for o in function.opset_import}
         opset = imports.get("", imports.get("ai.onnx", 0))
         for inner in function.node:
-            why = ort_lower.node_blocker(inner, opset, known.max_opset, None, {})
+            why = lower.node_blocker(inner, opset, known.max_opset, None, {})
             if why is not None:
                 blocked[(function.domain, function.name)] = f"function {function.name}: {why}"
                 break
@@ -227,7 +225,7 @@ def _function_body(
         # onnx cannot build the body here (too little type information); ORT may still, so
         # an empty body: nothing in it to refuse.
         return onnx.FunctionProto()
-    if ort_lower.changed_operator(body.node, max(fitting), opset) is not None:
+    if lower.changed_operator(body.node, max(fitting), opset) is not None:
         return None
     return body
 

@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from .base import ArtifactFile
+from ..base import ArtifactFile
 
 SHM = Path("/dev/shm")
 

@@ -46,8 +46,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..dtypes import TABLE
-from ..errors import InvalidContainerError, StatusCode, UnsupportedError
+from ...dtypes import TABLE
+from ...errors import InvalidContainerError, StatusCode, UnsupportedError
 
 MAGIC = b"CRORTART"
 VERSION = 2

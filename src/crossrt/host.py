@@ -1,4 +1,6 @@
-"""Facts about the host CPU that CPU drivers report: usable cores, memory, model name."""
+"""Pure facts about the host CPU: usable cores (affinity, cgroup cpuset and quota), memory,
+model name and vector extensions. The base layer: drivers, compiler, runtime and tools read
+them from here; nothing here knows about devices or drivers."""
 
 from __future__ import annotations
 
@@ -10,8 +12,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-
-from .base import Capabilities, DeviceInfo, DeviceKind
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -171,19 +171,3 @@ def cpu_features() -> tuple[str, ...]:
     except OSError:
         pass
     return ()
-
-
-def host_cpu(driver: str, capabilities: Capabilities) -> DeviceInfo:
-    """The host CPU as device ``cpu:0`` of ``driver``."""
-    name, vendor = cpu_model()
-    return DeviceInfo(
-        id="cpu:0",
-        name=name,
-        vendor=vendor,
-        kind=DeviceKind.CPU,
-        driver=driver,
-        cores=host_cpus().limit,
-        memory_bytes=usable_memory(),
-        capabilities=capabilities,
-        features=(platform.machine(), *cpu_features()),
-    )
