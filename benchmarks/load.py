@@ -121,7 +121,12 @@ _PARTS = [
     ("SHA-256 of the container's sections (on every core)", "~", "section_digests", "ct"),
     ("SHA-256 in this thread (the model file, when its status changed)", "~", "sha", "tt"),
     ("driver registry (imports and creates drivers)", "registry.py", "_load", "ct"),
-    ("onnxruntime driver: artifact index and weight views", "onnxruntime/artifact.py", "unpack", "ct"),
+    (
+        "onnxruntime driver: artifact index and weight views",
+        "onnxruntime/artifact.py",
+        "unpack",
+        "ct",
+    ),
     (
         "onnxruntime driver: the graph's weight stubs pointed at the file",
         "~",

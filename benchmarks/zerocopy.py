@@ -27,7 +27,7 @@ the paired ratio: the median over rounds of ``crossrt_bound``'s block median ove
 ``raw_iobinding``'s in the same round (a burst of load from elsewhere slows one round of both,
 not one variant); its interquartile range shows how noisy the machine was, a bootstrap
 interval how far the median itself may be off. The bytes the runtime copies
-(``crossrt.runtime.memory.copied_bytes``) are counted per variant, untimed calls included.
+(``crossrt.runtime.memory.allocator.copied_bytes``) are counted per variant, untimed calls included.
 
 Two sessions are never timed in the same state of their pools, so a last measurement runs
 ``crossrt_bound`` and ORT's IOBinding on the one session crossrt loaded, call by call (AB, BA,
@@ -57,7 +57,7 @@ import numpy as np
 import onnxruntime as ort
 
 import crossrt
-from crossrt.runtime.memory import copied_bytes
+from crossrt.runtime.memory.allocator import copied_bytes
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from overhead import fmt_time, machine_info  # benchmarks/ is not a package

@@ -60,13 +60,12 @@ from .errors import (
 )
 from .model import GraphBuilder, Model, TensorSpec, load_model
 from .runtime import LoadedModel, Runtime, TensorInfo
-from .runtime.devices import Device, DeviceMemory
-from .runtime.groups import CoreGroup
-from .runtime.memory import MemoryStats, OwnerStats
+from .runtime.cores.groups import CoreGroup
+from .runtime.memory.allocator import MemoryStats, OwnerStats
+from .runtime.memory.tensor import Tensor, shared_tensor, tensor_from_fd
+from .runtime.memory.tensordesc import Format, Placement, TensorDesc
+from .runtime.memory.tensorset import TensorSet, from_dlpack, read_batch, write_batch
 from .runtime.request import Request
-from .runtime.tensor import Tensor, shared_tensor, tensor_from_fd
-from .runtime.tensordesc import Format, Placement, TensorDesc
-from .runtime.tensorset import TensorSet, from_dlpack, read_batch, write_batch
 
 config.apply_log_level()
 
@@ -87,10 +86,8 @@ __all__ = [
     "CrossrtError",
     "DType",
     "DeadlineExceededError",
-    "Device",
     "DeviceInfo",
     "DeviceKind",
-    "DeviceMemory",
     "DeviceUnavailableError",
     "Driver",
     "Executable",

@@ -22,7 +22,7 @@ from onnx import TensorProto, helper
 import crossrt
 from crossrt.drivers import get_driver
 from crossrt.drivers.base import CompileOptions, DeviceArray, DeviceInfo, Driver, Program, Residence
-from crossrt.runtime.allocation import is_coherent
+from crossrt.runtime.memory.allocation import is_coherent
 
 EXPECTED = Path(__file__).with_name("contract_expected.toml")
 OPTIONS = CompileOptions()

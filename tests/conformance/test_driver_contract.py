@@ -40,8 +40,8 @@ from crossrt.drivers.base import (
     Program,
 )
 from crossrt.errors import StatusCode
-from crossrt.runtime.memory import allocator_for
-from crossrt.runtime.transfer import TransferStats
+from crossrt.runtime.memory.allocator import allocator_for
+from crossrt.runtime.memory.transfer import TransferStats
 
 from .contract_helpers import (
     CASES,

@@ -20,7 +20,7 @@ from crossrt import (
     OperationForbiddenError,
     Tensor,
 )
-from crossrt.runtime.memory import copied_bytes
+from crossrt.runtime.memory.allocator import copied_bytes
 
 N = 256
 

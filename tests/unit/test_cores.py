@@ -31,7 +31,7 @@ from crossrt import InvalidArgumentError, InvalidOptionError, OutOfResourcesErro
 from crossrt import host as hostinfo
 from crossrt.config import settings
 from crossrt.model import GraphBuilder
-from crossrt.runtime import cores
+from crossrt.runtime.cores import reservation as cores
 from crossrt.tools import ls as ls_tool
 
 AFFINITY = sorted(os.sched_getaffinity(0))

@@ -23,10 +23,10 @@ from crossrt import (
     Tensor,
     UnsupportedError,
 )
+from crossrt.compat.bmlib import POISON, Device, DeviceMemory
 from crossrt.drivers import Driver, registry
-from crossrt.runtime.devices import POISON, DeviceMemory
-from crossrt.runtime.memory import copied_bytes
-from crossrt.runtime.tensorset import TensorSet
+from crossrt.runtime.memory.allocator import copied_bytes
+from crossrt.runtime.memory.tensorset import TensorSet
 
 
 class _Block:
@@ -112,14 +112,14 @@ def rt() -> Iterator[crossrt.Runtime]:
 
 
 @pytest.fixture
-def sep(rt: crossrt.Runtime, monkeypatch: pytest.MonkeyPatch) -> crossrt.Device:
+def sep(rt: crossrt.Runtime, monkeypatch: pytest.MonkeyPatch) -> Device:
     registry.driver_statuses()  # load the real ones first
     driver = SeparateMemoryDriver()
     assert registry._statuses is not None
     monkeypatch.setitem(
         registry._statuses, driver.name, registry.DriverStatus(driver.name, "tests", driver)
     )
-    return rt.device("sep:0")
+    return Device.open("sep:0")
 
 
 def _pattern(n: int) -> bytes:
@@ -130,12 +130,12 @@ def _pattern(n: int) -> bytes:
 
 
 def test_cpu_device_is_coherent(rt: crossrt.Runtime) -> None:
-    dev = rt.device("cpu:0")
+    dev = Device.open("cpu:0")
     assert dev.coherent and dev.id == "cpu:0" and "coherent" in repr(dev)
 
 
 def test_malloc_memcpy_and_free_with_sizes_and_offsets(rt: crossrt.Runtime) -> None:
-    dev = rt.device("cpu")
+    dev = Device.open("cpu")
     before = dev.stats().bytes_in_use
     a, b = dev.malloc(16, name="a"), dev.malloc(16, name="b")
     assert (a.size, a.device, a.name) == (16, "cpu:0", "a")
@@ -157,7 +157,7 @@ def test_malloc_memcpy_and_free_with_sizes_and_offsets(rt: crossrt.Runtime) -> N
 
 
 def test_coherent_mmap_is_the_memory_and_flush_invalidate_are_no_ops(rt: crossrt.Runtime) -> None:
-    dev = rt.device("cpu:0")
+    dev = Device.open("cpu:0")
     mem = dev.malloc(8)
     view = dev.mmap(mem)
     view[:] = _pattern(8)
@@ -185,7 +185,7 @@ def test_coherent_mmap_is_the_memory_and_flush_invalidate_are_no_ops(rt: crossrt
     ],
 )
 def test_out_of_range_operations_are_invalid_and_change_nothing(rt: crossrt.Runtime, call) -> None:
-    dev = rt.device("cpu:0")
+    dev = Device.open("cpu:0")
     mem = dev.malloc(8)
     dev.memcpy_s2d(mem, _pattern(8))
     with pytest.raises(InvalidArgumentError):
@@ -195,8 +195,8 @@ def test_out_of_range_operations_are_invalid_and_change_nothing(rt: crossrt.Runt
     assert bytes(out) == _pattern(8)
 
 
-def test_freed_or_foreign_memory_is_refused(rt: crossrt.Runtime, sep: crossrt.Device) -> None:
-    dev = rt.device("cpu:0")
+def test_freed_or_foreign_memory_is_refused(rt: crossrt.Runtime, sep: Device) -> None:
+    dev = Device.open("cpu:0")
     mem = dev.malloc(8)
     with pytest.raises(InvalidArgumentError, match="belongs to cpu:0, not sep:0"):
         sep.memset(mem, 0)
@@ -209,7 +209,7 @@ def test_freed_or_foreign_memory_is_refused(rt: crossrt.Runtime, sep: crossrt.De
 
 
 def test_tensor_over_device_memory_leaves_freeing_to_the_owner(rt: crossrt.Runtime) -> None:
-    dev = rt.device("cpu:0")
+    dev = Device.open("cpu:0")
     mem = dev.malloc(16)
     dev.memset(mem, 0)
     t = dev.tensor(mem, "int32", (2,), offset=8, name="t")
@@ -226,7 +226,7 @@ def test_tensor_over_device_memory_leaves_freeing_to_the_owner(rt: crossrt.Runti
 # -- memory that is not host-coherent ------------------------------------------------------
 
 
-def test_separate_memory_device_is_not_coherent(sep: crossrt.Device) -> None:
+def test_separate_memory_device_is_not_coherent(sep: Device) -> None:
     assert not sep.coherent
     mem = sep.malloc(32, name="m")
     sep.memcpy_s2d(mem, _pattern(32))
@@ -235,7 +235,7 @@ def test_separate_memory_device_is_not_coherent(sep: crossrt.Device) -> None:
     assert bytes(out) == _pattern(32)
 
 
-def test_reading_a_mapping_without_invalidate_sees_poison(sep: crossrt.Device) -> None:
+def test_reading_a_mapping_without_invalidate_sees_poison(sep: Device) -> None:
     mem = sep.malloc(16)
     sep.memcpy_s2d(mem, _pattern(16))
     view = sep.mmap(mem)
@@ -248,7 +248,7 @@ def test_reading_a_mapping_without_invalidate_sees_poison(sep: crossrt.Device) -
     assert bytes(view) == b"\x01" * 8 + bytes([POISON]) * 8
 
 
-def test_a_device_op_after_host_writes_without_flush_is_refused(sep: crossrt.Device) -> None:
+def test_a_device_op_after_host_writes_without_flush_is_refused(sep: Device) -> None:
     mem = sep.malloc(8, name="w")
     sep.memset(mem, 0)
     view = sep.mmap(mem)
@@ -271,7 +271,7 @@ def test_a_device_op_after_host_writes_without_flush_is_refused(sep: crossrt.Dev
     sep.munmap(mem)
 
 
-def test_flush_over_newer_device_writes_is_refused(sep: crossrt.Device) -> None:
+def test_flush_over_newer_device_writes_is_refused(sep: Device) -> None:
     mem = sep.malloc(8)
     view = sep.mmap(mem)
     sep.invalidate(mem)
@@ -281,7 +281,7 @@ def test_flush_over_newer_device_writes_is_refused(sep: crossrt.Device) -> None:
         sep.flush(mem)
 
 
-def test_flush_with_nothing_written_is_a_no_op(sep: crossrt.Device) -> None:
+def test_flush_with_nothing_written_is_a_no_op(sep: Device) -> None:
     mem = sep.malloc(4)
     sep.memcpy_s2d(mem, b"abcd")
     sep.mmap(mem)
@@ -291,7 +291,7 @@ def test_flush_with_nothing_written_is_a_no_op(sep: crossrt.Device) -> None:
     assert bytes(out) == b"abcd"
 
 
-def test_device_limit_and_the_memlog_dump(sep: crossrt.Device) -> None:
+def test_device_limit_and_the_memlog_dump(sep: Device) -> None:
     keep = sep.malloc(1 << 19)
     with pytest.raises(OutOfResourcesError, match=r"sep:0 has 524288 of its 1048576") as info:
         sep.malloc(1 << 20)
@@ -299,7 +299,7 @@ def test_device_limit_and_the_memlog_dump(sep: crossrt.Device) -> None:
     sep.free(keep)
 
 
-def test_tensors_on_separate_memory_go_through_the_driver(sep: crossrt.Device) -> None:
+def test_tensors_on_separate_memory_go_through_the_driver(sep: Device) -> None:
     t = Tensor((4,), "float32", device="sep:0")
     assert (t.device, t.is_host) == ("sep:0", False)
     t.write(np.array([1, 2, 3, 4], np.float32))
@@ -317,7 +317,7 @@ def test_tensors_on_separate_memory_go_through_the_driver(sep: crossrt.Device) -
 
 
 def test_a_separate_memory_tensor_as_a_cpu_model_input_is_staged_and_counted(
-    rt: crossrt.Runtime, sep: crossrt.Device
+    rt: crossrt.Runtime, sep: Device
 ) -> None:
     from crossrt.model import GraphBuilder
 
@@ -333,7 +333,7 @@ def test_a_separate_memory_tensor_as_a_cpu_model_input_is_staged_and_counted(
     assert out["y"].numpy().tolist() == [2, 4, 6, 8]
 
 
-def test_device_memory_repr_and_size(sep: crossrt.Device) -> None:
+def test_device_memory_repr_and_size(sep: Device) -> None:
     mem = sep.malloc(8, name="r")
     assert isinstance(mem, DeviceMemory) and "8 bytes on sep:0" in repr(mem)
     sep.free(mem)

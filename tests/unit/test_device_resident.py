@@ -18,7 +18,7 @@ import pytest
 import crossrt
 from crossrt.errors import StatusCode
 from crossrt.model import GraphBuilder
-from crossrt.runtime.transfer import TransferStats
+from crossrt.runtime.memory.transfer import TransferStats
 
 N = 256
 

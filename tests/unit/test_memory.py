@@ -28,9 +28,9 @@ from crossrt import (
 from crossrt.config import settings
 from crossrt.drivers import Driver, get_driver
 from crossrt.model import GraphBuilder
-from crossrt.runtime import memlog
-from crossrt.runtime.allocation import HostMemory
-from crossrt.runtime.memory import Allocator, allocator_for, copied_bytes
+from crossrt.runtime.memory import allocator, memlog
+from crossrt.runtime.memory.allocation import HostMemory
+from crossrt.runtime.memory.allocator import Allocator, allocator_for, copied_bytes
 
 
 @pytest.fixture(autouse=True)
@@ -184,7 +184,7 @@ def test_driver_out_of_memory_becomes_out_of_resources() -> None:
 def test_cpu_drivers_are_coherent_and_share_one_allocator() -> None:
     for name in ("onnxruntime", "reference"):
         driver = get_driver(name)
-        assert crossrt.runtime.allocation.is_coherent(driver)
+        assert crossrt.runtime.memory.allocation.is_coherent(driver)
         assert isinstance(driver, Driver)
     assert allocator_for("cpu") is allocator_for("cpu:0")
 
@@ -206,9 +206,9 @@ def test_runtime_memory_stats_show_devices_and_models() -> None:
         assert rt.memory_stats()["cpu:0"].owners[model.memory_owner].bytes_in_use == 0
         kept = model.run({"x": np.zeros(256, np.float32)}, outputs={"y": None})["y"]
         model.unload()
-        assert model.memory_owner in crossrt.runtime.memory.all_stats()["cpu:0"].owners
+        assert model.memory_owner in allocator.all_stats()["cpu:0"].owners
         kept.free()  # the unloaded model's account goes with its last tensor
-        assert model.memory_owner not in crossrt.runtime.memory.all_stats()["cpu:0"].owners
+        assert model.memory_owner not in allocator.all_stats()["cpu:0"].owners
 
 
 def test_copied_bytes_counts_only_runtime_copies() -> None:

@@ -17,7 +17,7 @@ import pytest
 
 import crossrt
 from crossrt import InvalidArgumentError, Tensor, UnsupportedError
-from crossrt.runtime.shm import SharedMemorySegment, segment_name
+from crossrt.runtime.memory.shm import SharedMemorySegment, segment_name
 
 pytestmark = pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="needs Linux /dev/shm")
 TIMEOUT = 60
@@ -137,7 +137,7 @@ def test_named_segment_is_unlinked_when_its_process_exits_normally() -> None:
     child = _child(
         """
         import crossrt
-        from crossrt.runtime.shm import segment_name
+        from crossrt.runtime.memory.shm import segment_name
         t = crossrt.shared_tensor((64,), "uint8", keep_name=True)
         print(segment_name(t), flush=True)
         """
@@ -155,7 +155,7 @@ def test_named_segment_is_cleaned_up_after_its_process_crashes(how: str) -> None
         import os, signal, sys
         from multiprocessing import resource_tracker
         import crossrt
-        from crossrt.runtime.shm import segment_name
+        from crossrt.runtime.memory.shm import segment_name
         t = crossrt.shared_tensor((4096,), "uint8", keep_name=True)
         print(segment_name(t), resource_tracker._resource_tracker._pid, flush=True)
         sys.stdin.readline()  # until the parent has seen the segment
@@ -179,7 +179,7 @@ def test_memfd_segment_of_a_crashed_process_leaves_no_name_behind() -> None:
         """
         import os, signal, sys
         import crossrt
-        from crossrt.runtime.shm import segment_name
+        from crossrt.runtime.memory.shm import segment_name
         t = crossrt.shared_tensor((4096,), "uint8")
         print(segment_name(t), t.fd, flush=True)
         sys.stdin.readline()
@@ -198,7 +198,7 @@ def test_memfd_segment_of_a_crashed_process_leaves_no_name_behind() -> None:
 
 
 def test_shared_tensor_is_accounted_in_host_memory() -> None:
-    host = crossrt.runtime.memory.host_allocator()
+    host = crossrt.runtime.memory.allocator.host_allocator()
     before = host.stats().bytes_in_use
     t = crossrt.shared_tensor((256,), "float32")
     assert host.stats().bytes_in_use == before + 1024

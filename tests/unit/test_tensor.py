@@ -25,8 +25,8 @@ from crossrt import (
     dtypes,
 )
 from crossrt.model import TensorSpec
-from crossrt.runtime.memory import allocator_for, host_allocator
-from crossrt.runtime.tensorset import TensorNotFoundError
+from crossrt.runtime.memory.allocator import allocator_for, host_allocator
+from crossrt.runtime.memory.tensorset import TensorNotFoundError
 
 FLOAT32 = dtypes.from_name("float32")
 

@@ -26,7 +26,7 @@ from crossrt import (
     TensorSet,
 )
 from crossrt.model import GraphBuilder
-from crossrt.runtime.memory import copied_bytes
+from crossrt.runtime.memory.allocator import copied_bytes
 
 DRIVERS = ("onnxruntime", "reference")
 N = 1024

@@ -34,12 +34,12 @@ from ..drivers.base import DeviceArray
 from ..errors import InvalidArgumentError, InvalidInputError
 from ..model import TensorSpec
 from .inputs import InputChecker
-from .memory import Allocator, allocator_for, count_copy
-from .storage import Storage
-from .tensor import Tensor
-from .tensordesc import Placement
-from .tensorset import TensorSet
-from .transfer import H2D, Transfers, device_array, release, to_host
+from .memory.allocator import Allocator, allocator_for, count_copy
+from .memory.storage import Storage
+from .memory.tensor import Tensor
+from .memory.tensordesc import Placement
+from .memory.tensorset import TensorSet
+from .memory.transfer import H2D, Transfers, device_array, release, to_host
 
 if TYPE_CHECKING:
     from .scheduler import Instance

@@ -15,9 +15,9 @@ import numpy as np
 
 from ..errors import InvalidInputError
 from ..model import TensorSpec
-from .memory import count_copy
-from .tensor import Tensor
-from .transfer import D2H, Transfers, device_array
+from .memory.allocator import count_copy
+from .memory.tensor import Tensor
+from .memory.transfer import D2H, Transfers, device_array
 
 
 class InputChecker:

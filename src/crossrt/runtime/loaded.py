@@ -27,22 +27,22 @@ from ..model import TensorSpec
 from . import watchdog
 from .binding import OutputBinder
 from .inputs import InputChecker
-from .memory import Allocator, OwnerStats, device_allocator
-from .numerics import checking
-from .scheduler import Instance, Scheduler
-from .serving import ConcurrentRuns
-from .shapes import DimRange, declared_ranges
-from .tensorset import TensorSet
-from .transfer import (
+from .memory.allocator import Allocator, OwnerStats, device_allocator
+from .memory.tensorset import TensorSet
+from .memory.transfer import (
     ResidentProgram,
     Transfers,
     TransferStats,
     release_made,
     to_host_results,
 )
+from .numerics import checking
+from .scheduler import Instance, Scheduler
+from .serving import ConcurrentRuns
+from .shapes import DimRange, declared_ranges
 
 if TYPE_CHECKING:
-    from .groups import CoreGroup
+    from .cores.groups import CoreGroup
     from .runtime import Runtime
 
 _serial = itertools.count(1)

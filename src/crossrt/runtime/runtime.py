@@ -27,11 +27,10 @@ from ..errors import (
     StatusCode,
 )
 from ..host import format_cpus
-from .cores import reserve_cores
-from .devices import Device
-from .groups import CoreGroup, load_instances, pick_free, split_instances
+from .cores.groups import CoreGroup, load_instances, pick_free, split_instances
+from .cores.reservation import reserve_cores
 from .loaded import LoadedModel
-from .memory import MemoryStats, all_stats
+from .memory.allocator import MemoryStats, all_stats
 from .staged import StagedModel
 
 
@@ -109,16 +108,6 @@ class Runtime:
         """The models loaded and not yet unloaded."""
         with self._lock:
             return list(self._models)
-
-    def device(self, device: str = "cpu:0") -> Device:
-        """One device's memory, BMLib style: ``malloc``, ``memcpy_*``, ``mmap`` (see
-        :class:`Device`).
-
-        Raises:
-            DeviceUnavailableError: no available driver serves ``device``.
-        """
-        self._check_open()
-        return Device.open(device)
 
     def memory_stats(self) -> dict[str, MemoryStats]:
         """Memory statistics per device (``nrt_get_vnc_memory_stats``): bytes in use, peak,

@@ -41,7 +41,7 @@ from ..errors import (
 )
 from . import watchdog
 from .admission import Admission
-from .memory import count_copy
+from .memory.allocator import count_copy
 
 log = logging.getLogger("crossrt")
 

@@ -19,7 +19,7 @@ from .request import Request, repeat
 from .scheduler import Instance, Scheduler
 
 if TYPE_CHECKING:
-    from .groups import CoreGroup
+    from .cores.groups import CoreGroup
     from .loaded import LoadedModel
 
 log = logging.getLogger("crossrt")

@@ -13,7 +13,7 @@ from ..config import settings
 from ..drivers import driver_statuses, parse_device
 from ..errors import CrossrtError
 from ..host import format_cpus, host_cpus
-from ..runtime.cores import core_owners
+from ..runtime.cores.reservation import core_owners
 from .common import fail, human_bytes
 
 

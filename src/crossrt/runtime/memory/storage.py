@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import dtypes
-from ..dtypes import DType
-from ..errors import InvalidArgumentError, OperationForbiddenError
+from ... import dtypes
+from ...dtypes import DType
+from ...errors import InvalidArgumentError, OperationForbiddenError
 from .allocation import Allocation
 from .tensordesc import as_dtype, as_shape, fixed_size
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import DType
-from ..errors import InvalidArgumentError, InvalidHandleError, UnsupportedError
+from ...dtypes import DType
+from ...errors import InvalidArgumentError, InvalidHandleError, UnsupportedError
 from .storage import Storage
 from .tensordesc import Format, Placement, TensorDesc, as_dtype, as_shape, byte_index, fixed_size
 

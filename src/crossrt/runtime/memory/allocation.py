@@ -14,8 +14,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..drivers import DeviceInfo, Driver
-from ..drivers.base import Capabilities, host_cpu
+from ...drivers import DeviceInfo, Driver
+from ...drivers.base import Capabilities, host_cpu
 
 HOST = "host"
 """The device name of host memory (HOST and VIRTUAL placements, shared memory)."""

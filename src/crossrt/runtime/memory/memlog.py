@@ -17,7 +17,7 @@ import time
 from collections import deque
 from dataclasses import astuple, dataclass
 
-from ..config import settings
+from ...config import settings
 
 COLUMNS = (
     "seq",

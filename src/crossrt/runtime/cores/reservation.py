@@ -29,14 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import contiguous_cores, parse_core_list, settings
-from ..errors import InvalidArgumentError, InvalidOptionError, OutOfResourcesError, StatusCode
-from ..host import (
-    HostCpus,
-    format_cpus,
-    host_cpus,
-)
-from ..host import read_text as _read
+from ...config import contiguous_cores, parse_core_list, settings
+from ...errors import InvalidArgumentError, InvalidOptionError, OutOfResourcesError, StatusCode
+from ...host import HostCpus, format_cpus, host_cpus
+from ...host import read_text as _read
 
 log = logging.getLogger("crossrt")
 

@@ -16,22 +16,22 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..compiler import Executable
-from ..drivers import DeviceInfo, DeviceKind, Driver, Program, get_driver, resolve_device
-from ..drivers.base import CoreSet, Residence
-from ..errors import (
+from ...compiler import Executable
+from ...drivers import DeviceInfo, DeviceKind, Driver, Program, get_driver, resolve_device
+from ...drivers.base import CoreSet, Residence
+from ...errors import (
     InvalidArgumentError,
     InvalidHandleError,
     OperationForbiddenError,
     OutOfResourcesError,
     StatusCode,
 )
-from .scheduler import Instance
-from .transfer import ResidentProgram, Transfers
+from ..memory.transfer import ResidentProgram, Transfers
+from ..scheduler import Instance
 
 if TYPE_CHECKING:
-    from .loaded import LoadedModel
-    from .runtime import Runtime
+    from ..loaded import LoadedModel
+    from ..runtime import Runtime
 
 MODES = ("shared", "normal")
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import dtypes
-from ..dtypes import DType
-from ..errors import InvalidArgumentError, UnsupportedError
-from ..model import TensorSpec
+from ... import dtypes
+from ...dtypes import DType
+from ...errors import InvalidArgumentError, UnsupportedError
+from ...model import TensorSpec
 
 
 class Placement(enum.IntEnum):

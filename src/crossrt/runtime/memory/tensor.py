@@ -15,12 +15,12 @@ from typing import Any
 
 import numpy as np
 
-from .. import dtypes
-from ..config import settings
-from ..dtypes import DType
-from ..errors import InvalidArgumentError
+from ... import dtypes
+from ...config import settings
+from ...dtypes import DType
+from ...errors import InvalidArgumentError
 from . import shm
-from .memory import allocator_for, host_allocator
+from .allocator import allocator_for, host_allocator
 from .storage import Storage, buffer_storage, byte_view
 from .tensorbase import TensorBase
 from .tensordesc import (

@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..drivers import DeviceInfo, Driver, Program, resolve_device
-from ..drivers.base import CancelToken, DeviceArray, Residence
-from ..errors import InvalidInputError
+from ...drivers import DeviceInfo, Driver, Program, resolve_device
+from ...drivers.base import CancelToken, DeviceArray, Residence
+from ...errors import InvalidInputError
 
 if TYPE_CHECKING:
     from .tensor import Tensor

@@ -25,11 +25,19 @@ import numpy as np
 
 from ..drivers import DeviceInfo, Driver, resolve_device
 from ..errors import InvalidArgumentError, InvalidHandleError, OperationForbiddenError
-from .allocation import Allocation
-from .memory import Allocator, MemoryStats, device_allocator
-from .storage import Storage, byte_view
-from .tensor import Tensor
-from .tensordesc import Format, Placement, as_dtype, as_shape, byte_index, fixed_size, owner_key
+from ..runtime.memory.allocation import Allocation
+from ..runtime.memory.allocator import Allocator, MemoryStats, device_allocator
+from ..runtime.memory.storage import Storage, byte_view
+from ..runtime.memory.tensor import Tensor
+from ..runtime.memory.tensordesc import (
+    Format,
+    Placement,
+    as_dtype,
+    as_shape,
+    byte_index,
+    fixed_size,
+    owner_key,
+)
 
 POISON = 0xDB
 """What an mmap of non-coherent memory reads as before ``invalidate``."""
@@ -95,7 +103,7 @@ class _Mapping:
 
 
 class Device:
-    """One device's memory, BMLib style; get one with ``Runtime.device("cpu:0")``.
+    """One device's memory, BMLib style; get one with ``Device.open("cpu:0")``.
 
     Attributes:
         info: the device.

@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import DType
-from ..errors import InvalidArgumentError, UnsupportedError
-from .memory import host_allocator
+from ...dtypes import DType
+from ...errors import InvalidArgumentError, UnsupportedError
+from .allocator import host_allocator
 from .storage import Storage, buffer_storage
 from .tensorbase import TensorBase
 from .tensordesc import as_dtype, as_shape, byte_index, fixed_size, owner_key

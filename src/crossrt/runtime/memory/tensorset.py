@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from typing import Any
 
-from ..errors import CrossrtError, InvalidArgumentError, StatusCode
+from ...errors import CrossrtError, InvalidArgumentError, StatusCode
 from .storage import as_array
 from .tensor import Tensor
 

@@ -1,0 +1,5 @@
+"""The seed systems' own APIs over crossrt (the last layer: it may use every other).
+
+- :mod:`crossrt.compat.bmlib`: BMLib-style device memory (``bm_handle_t``,
+  ``bm_malloc_device_byte``, ``bm_memcpy_s2d``...) as :class:`~crossrt.compat.bmlib.Device`.
+"""
