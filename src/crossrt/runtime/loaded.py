@@ -2,30 +2,31 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
+import logging
 import threading
-import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
 from ..compiler import Executable
 from ..drivers import DeviceInfo, Program, get_driver
-from ..drivers.base import CancelToken
 from ..errors import (
     ClosedError,
-    DeadlineExceededError,
     InvalidArgumentError,
     InvalidHandleError,
     OperationForbiddenError,
 )
 from ..model import TensorSpec
-from . import watchdog
 from .binding import OutputBinder
+from .calls import on_host, recording, timed
 from .inputs import InputChecker
 from .memory.allocator import Allocator, OwnerStats, device_allocator
 from .memory.tensorset import TensorSet
@@ -33,18 +34,17 @@ from .memory.transfer import (
     ResidentProgram,
     Transfers,
     TransferStats,
-    release_made,
     to_host_results,
 )
 from .numerics import checking
+from .request import Request, repeat
 from .scheduler import Instance, Scheduler
-from .serving import ConcurrentRuns
 from .shapes import DimRange, declared_ranges
 
 if TYPE_CHECKING:
     from .cores.groups import CoreGroup
-    from .runtime import Runtime
 
+log = logging.getLogger("crossrt")
 _serial = itertools.count(1)
 
 
@@ -67,7 +67,7 @@ class TensorInfo:
     size: int | None
 
 
-class LoadedModel(ConcurrentRuns):
+class LoadedModel:
     """An :class:`Executable` loaded on a device's cores, ready to run.
 
     Created by :meth:`Runtime.load`. ``run`` may be called from several threads at once: it
@@ -81,7 +81,7 @@ class LoadedModel(ConcurrentRuns):
 
     def __init__(
         self,
-        runtime: Runtime,
+        forget: Callable[[LoadedModel], None],
         executable: Executable,
         instances: Sequence[Instance],
         device: DeviceInfo,
@@ -97,7 +97,7 @@ class LoadedModel(ConcurrentRuns):
         self.cores = cores
         self.group = group
         self.check_numerics = check_numerics
-        self._runtime = runtime
+        self._forget = forget  # the runtime's: it stops counting this model
         self._instances = tuple(instances)
         self._programs: list[Program] = [p for inst in instances for p in inst.programs]
         # Bytes moved between host and device memory for this model, per direction.
@@ -157,12 +157,12 @@ class LoadedModel(ConcurrentRuns):
         elif self._exec_timeout is None:
             execute = inst.execute
         else:
-            execute = _timed(self.name, inst, self._exec_timeout)
+            execute = timed(self.name, inst, self._exec_timeout)
         if self._resident:
-            execute = _on_host(execute, self.transfers)
+            execute = on_host(execute, self.transfers)
         if self.check_numerics:
             execute = checking(self.name, execute)
-        return _recording(execute, self._last) if self._record_shapes else execute
+        return recording(execute, self._last) if self._record_shapes else execute
 
     def _finish(
         self, execute: Callable[..., dict[str, Any]], feed: dict[str, Any], outputs: Any
@@ -348,10 +348,166 @@ class LoadedModel(ConcurrentRuns):
                 infos.append(TensorInfo(s.name, usage, dtype, s.shape, size))
         return infos
 
+    # -- queued and asyncio runs, requests, repeats, instances, start/stop ----------------
+
+    def run_async(
+        self,
+        inputs: Any,
+        outputs: Mapping[str, Any] | None = None,
+        *,
+        block: bool = True,
+        timeout: float | None = None,
+        deadline: float | None = None,
+        callback: Callable[[Any, Any], None] | None = None,
+        user_data: Any = None,
+    ) -> Future[Any]:
+        """Queue one run; return a :class:`concurrent.futures.Future` of its result.
+
+        Inputs are checked now, in the caller's thread; the run happens on a worker thread
+        of an instance (for a multi-node executable, one stage thread per node: several
+        requests are in flight at once, each on a different node). Keep the input arrays
+        unchanged until the future is done: they are not copied. When the queue is full
+        (``queue_depth`` requests waiting or running), the call waits for room in this
+        thread: backpressure, as OpenVINO's ``AsyncInferQueue.start_async``. From asyncio,
+        ``await`` :meth:`infer` instead, which waits without blocking the event loop.
+
+        Args:
+            inputs: as for :meth:`run`.
+            outputs: as for :meth:`run`.
+            block: when the queue is full, wait for room (default); ``False``: raise
+                QUEUE_FULL at once instead.
+            timeout: the most seconds to wait for room (``None``: no limit), then
+                QUEUE_FULL.
+            deadline: a ``time.monotonic()`` time: a request still queued then is not run,
+                and one still running is stopped where the engine can; either way its
+                future raises TIMEOUT.
+            callback: called as ``callback(result_or_error, user_data)`` when it completes
+                (``OH_NNExecutor_SetOnRunDone``), in the worker thread (or here, when it
+                completed already); an exception it raises is logged.
+            user_data: passed to ``callback`` as it is.
+
+        Returns:
+            A future; ``cancel()`` succeeds while the request is still queued, and a
+            cancelled request never runs.
+
+        Raises:
+            OutOfResourcesError: (QUEUE_FULL) the queue is full and ``block`` is false, or
+                there was no room within ``timeout``.
+            InvalidInputError: as for :meth:`run`.
+            OperationForbiddenError: the model is stopped.
+        """
+        if self._refusal is not None:
+            raise self._refusal[0](self._refusal[1])
+        feed = self._checker.check(inputs)
+        on_done = None if callback is None else partial(_call_back, callback, user_data)
+        return self._scheduler.submit(
+            feed, outputs, block=block, timeout=timeout, deadline=deadline, on_done=on_done
+        )
+
+    async def infer(
+        self,
+        inputs: Any,
+        outputs: Mapping[str, Any] | None = None,
+        *,
+        block: bool = True,
+        timeout: float | None = None,
+        deadline: float | None = None,
+    ) -> Any:
+        """``await model.infer(inputs)``: :meth:`run_async` for asyncio.
+
+        When the queue is full the request waits in line for room, first come first
+        admitted, and ``asyncio.gather`` of more requests than ``queue_depth`` runs them
+        all. No thread waits per request, for room or for the result, and the event loop
+        never blocks: a slot that frees admits the next request in line, and the worker
+        resolves the awaiting task through the loop (``call_soon_threadsafe``). Cancelling
+        the task cancels a request still waiting or queued.
+
+        Args and errors are :meth:`run_async`'s, the wait for room happening in the event
+        loop instead of the caller's thread.
+        """
+        if self._refusal is not None:
+            raise self._refusal[0](self._refusal[1])
+        feed = self._checker.check(inputs)
+        future = self._scheduler.submit(
+            feed, outputs, block=block, timeout=timeout, deadline=deadline, detached=True
+        )
+        return await asyncio.wrap_future(future)
+
+    def request(self, inputs: Any = None, outputs: Mapping[str, Any] | None = None) -> Request:
+        """A :class:`Request` with its inputs (and outputs) bound once, to run many times
+        (``OH_NNExecutor``, ``bmruntime::Network``)."""
+        return Request(self, inputs, outputs)
+
+    def run_repeat(
+        self, inputs: Any, n: int, feedback: Mapping[str, str] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Run ``n`` times, each run's outputs fed back as the next run's inputs
+        (``nrt_execute_repeat``); returns the last run's outputs.
+
+        Args:
+            inputs: the first run's inputs, as for :meth:`run`.
+            n: how many runs.
+            feedback: ``{output name: input name}``; default: outputs whose name is an
+                input's name.
+        """
+        return repeat(self, inputs, n, feedback)
+
+    @property
+    def instance_count(self) -> int:
+        """How many copies of the model run in parallel, each on its own cores."""
+        return len(self._instances)
+
+    @property
+    def instance_cores(self) -> list[tuple[int, ...]]:
+        """The core indices of each instance."""
+        return [inst.cores for inst in self._instances]
+
+    @property
+    def queue_depth(self) -> int:
+        """How many :meth:`run_async` requests may be waiting or running at once."""
+        return self._scheduler.depth
+
+    @property
+    def exec_timeout(self) -> float | None:
+        """Seconds one run may take before it is stopped with TIMEOUT (``None``: no limit)."""
+        return self._exec_timeout
+
+    @property
+    def running(self) -> bool:
+        """Whether the model is started on its core group (and loaded)."""
+        return self._released is None and self.group.running is self
+
+    def start(self) -> None:
+        """Make the model the one running on its core group.
+
+        Raises:
+            OperationForbiddenError: another model of the group is running; stop it first.
+            InvalidHandleError: the model was unloaded.
+        """
+        with self._lock:
+            if self._released is not None:
+                raise self._released[0](self._released[1])
+            self.group._start(self)
+            self._refusal = None
+
+    def stop(self) -> None:
+        """Stop running the model; it stays loaded and can be started again. ``run`` then
+        raises OPERATION_FORBIDDEN. Requests already queued still run."""
+        with self._lock:
+            if self._released is not None:
+                return
+            self.group._stop(self)
+            self._refusal = (
+                OperationForbiddenError,
+                f"model {self.name!r} is stopped on its core group "
+                f"{list(self.group.indices)}; call model.start() (after stopping the group's "
+                "running model) to run it",
+            )
+
     def unload(self) -> None:
         """Release the model (nrt_unload). Later calls raise INVALID_HANDLE."""
         self._release(InvalidHandleError, f"model {self.name!r} was unloaded; load it again")
-        self._runtime._forget(self)
+        self._forget(self)
 
     def _release(self, error: type[Exception], message: str) -> None:
         with self._lock:
@@ -379,50 +535,12 @@ class LoadedModel(ConcurrentRuns):
         return f"LoadedModel({self.name!r}, {self.device.id}, cores={list(self.cores)}, {state})"
 
 
-def _on_host(
-    execute: Callable[..., dict[str, Any]], transfers: Transfers
-) -> Callable[..., dict[str, Any]]:
-    """``execute``, with the device results of a plain run (no ``outputs=``) copied to the
-    host: a plain ``run()`` returns host arrays."""
-
-    def run(feed: dict[str, Any], outputs: Any = None, *rest: Any) -> dict[str, Any]:
-        result = execute(feed, outputs, *rest) if outputs is not None else execute(feed)
-        return to_host_results(result, transfers) if outputs is None else result
-
-    return run
-
-
-def _recording(
-    execute: Callable[..., dict[str, np.ndarray]], last: threading.local
-) -> Callable[..., dict[str, np.ndarray]]:
-    """``execute``, keeping each run's output shapes for ``output_shapes`` in ``last``."""
-
-    def run(*args: Any) -> dict[str, np.ndarray]:
-        result = execute(*args)
-        last.shapes = {name: getattr(v, "shape", None) for name, v in result.items()}
-        return result
-
-    return run
-
-
-def _timed(name: str, inst: Instance, limit: float) -> Callable[..., dict[str, np.ndarray]]:
-    """``inst.execute`` stopped by the watchdog after ``limit`` seconds (TIMEOUT)."""
-
-    def run(feed: dict[str, Any], outputs: Any = None) -> dict[str, np.ndarray]:
-        token = CancelToken()
-        end = time.monotonic() + limit
-        watchdog.watch(token, end)
-        try:
-            result = inst.execute(feed, outputs, token)
-        finally:
-            expired = watchdog.finish(token)
-        if expired or time.monotonic() > end:
-            release_made(result, outputs)  # device results nobody will receive
-            raise DeadlineExceededError(
-                f"model {name!r}: the run took longer than its execution timeout of {limit} s; "
-                "raise exec_timeout (or CROSSRT_EXEC_TIMEOUT) or give the model more cores",
-                details={"model": name, "exec_timeout": limit},
-            )
-        return result
-
-    return run
+def _call_back(callback: Callable[[Any, Any], None], user_data: Any, future: Future[Any]) -> None:
+    if future.cancelled():
+        outcome: Any = CancelledError()
+    else:
+        outcome = future.exception() or future.result()
+    try:
+        callback(outcome, user_data)
+    except Exception:
+        log.exception("crossrt: a run_async callback raised")

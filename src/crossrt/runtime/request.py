@@ -3,16 +3,38 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..errors import InvalidArgumentError, InvalidInputError
+from ..model import TensorSpec
+from .inputs import InputChecker
 
-if TYPE_CHECKING:
-    from .loaded import LoadedModel
+
+class Runnable(Protocol):
+    """What a :class:`Request` and :func:`repeat` need of their model (a ``LoadedModel``)."""
+
+    _checker: InputChecker
+
+    @property
+    def outputs(self) -> tuple[TensorSpec, ...]: ...
+
+    def run(self, inputs: Any, outputs: Any = None) -> Any: ...
+
+    def run_async(
+        self,
+        inputs: Any,
+        outputs: Mapping[str, Any] | None = None,
+        *,
+        block: bool = True,
+        timeout: float | None = None,
+        deadline: float | None = None,
+        callback: Callable[[Any, Any], None] | None = None,
+        user_data: Any = None,
+    ) -> Future[Any]: ...
 
 
 class Request:
@@ -25,7 +47,7 @@ class Request:
     """
 
     def __init__(
-        self, model: LoadedModel, inputs: Any = None, outputs: Mapping[str, Any] | None = None
+        self, model: Runnable, inputs: Any = None, outputs: Mapping[str, Any] | None = None
     ) -> None:
         self.model = model
         self._inputs: dict[str, Any] = {}
@@ -66,7 +88,7 @@ class Request:
 
 
 def repeat(
-    model: LoadedModel, inputs: Any, n: int, feedback: Mapping[str, str] | None = None
+    model: Runnable, inputs: Any, n: int, feedback: Mapping[str, str] | None = None
 ) -> dict[str, np.ndarray]:
     """Run ``model`` ``n`` times, feeding outputs back as inputs (see ``run_repeat``)."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:

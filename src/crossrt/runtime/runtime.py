@@ -27,9 +27,10 @@ from ..errors import (
     StatusCode,
 )
 from ..host import format_cpus
-from .cores.groups import CoreGroup, load_instances, pick_free, split_instances
+from .cores.groups import CoreGroup, pick_free, split_instances
 from .cores.reservation import reserve_cores
 from .loaded import LoadedModel
+from .loading import load_instances
 from .memory.allocator import MemoryStats, all_stats
 from .staged import StagedModel
 
@@ -229,10 +230,10 @@ class Runtime:
             home = group or CoreGroup(self, chosen, implicit=True)
         try:
             loaded = LoadedModel(
-                self, exe, runs, info, chosen, home,
+                self._forget, exe, runs, info, chosen, home,
                 queue_depth=queue_depth, exec_timeout=timeout, check_numerics=bool(numerics),
             ) if not exe.stages else StagedModel(
-                self, exe, runs, info, chosen, home,
+                self._forget, exe, runs, info, chosen, home,
                 queue_depth=queue_depth, exec_timeout=timeout, check_numerics=bool(numerics),
                 load=lambda stage: load_instances(
                     stage, info, core_sets, mode, self.cores, self.exclusive

@@ -35,7 +35,7 @@ class StagedModel(LoadedModel):
                 # runs there, and it forwards runs to them.
                 self._inner.append(
                     LoadedModel(
-                        self._runtime,
+                        self._forget,
                         stage,
                         load(stage),
                         self.device,

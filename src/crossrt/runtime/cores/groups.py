@@ -11,14 +11,12 @@ into instances and nodes.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from ...compiler import Executable
-from ...drivers import DeviceInfo, DeviceKind, Driver, Program, get_driver, resolve_device
-from ...drivers.base import CoreSet, Residence
+from ...drivers import DeviceInfo, DeviceKind
+from ...drivers.base import CoreSet
 from ...errors import (
     InvalidArgumentError,
     InvalidHandleError,
@@ -26,18 +24,29 @@ from ...errors import (
     OutOfResourcesError,
     StatusCode,
 )
-from ..memory.transfer import ResidentProgram, Transfers
-from ..scheduler import Instance
 
-if TYPE_CHECKING:
-    from ..loaded import LoadedModel
-    from ..runtime import Runtime
+
+class GroupMember(Protocol):
+    """What a core group knows of a model loaded onto it (a :class:`GroupMember`)."""
+
+    @property
+    def name(self) -> str: ...
+
+
+class GroupOwner(Protocol):
+    """What a core group needs of the runtime that made it (a :class:`Runtime`)."""
+
+    @property
+    def cores(self) -> tuple[int, ...]: ...
+
+    def _forget_group(self, group: CoreGroup) -> None: ...
+
 
 MODES = ("shared", "normal")
 
 
 class CoreGroup:
-    """A set of a runtime's core indices that models load onto.
+    """A set of a runtime's core indices that models (:class:`LoadedModel`) load onto.
 
     Created by :meth:`Runtime.create_core_group` (explicit) or by a load without a group
     (implicit). At most one of its models runs at a time.
@@ -47,12 +56,12 @@ class CoreGroup:
         implicit: made by a load and removed at its unload.
     """
 
-    def __init__(self, runtime: Runtime, indices: tuple[int, ...], *, implicit: bool) -> None:
+    def __init__(self, runtime: GroupOwner, indices: tuple[int, ...], *, implicit: bool) -> None:
         self.indices = indices
         self.implicit = implicit
         self._runtime = runtime
-        self._models: list[LoadedModel] = []
-        self._running: LoadedModel | None = None
+        self._models: list[GroupMember] = []
+        self._running: GroupMember | None = None
         self._lock = threading.Lock()
         self._destroyed = False
 
@@ -62,13 +71,13 @@ class CoreGroup:
         return tuple(self._runtime.cores[i] for i in self.indices)
 
     @property
-    def models(self) -> list[LoadedModel]:
+    def models(self) -> list[GroupMember]:
         """The models loaded onto the group, running or stopped."""
         with self._lock:
             return list(self._models)
 
     @property
-    def running(self) -> LoadedModel | None:
+    def running(self) -> GroupMember | None:
         """The model running on the group, if any."""
         return self._running
 
@@ -89,7 +98,7 @@ class CoreGroup:
             self._destroyed = True
         self._runtime._forget_group(self)
 
-    def check_usable(self, runtime: Runtime) -> None:
+    def check_usable(self, runtime: GroupOwner) -> None:
         """Raise unless a model may be loaded onto the group by ``runtime``."""
         if self._destroyed:
             raise InvalidHandleError(
@@ -101,11 +110,11 @@ class CoreGroup:
                 "create_core_group"
             )
 
-    def _add(self, model: LoadedModel) -> None:
+    def _add(self, model: GroupMember) -> None:
         with self._lock:
             self._models.append(model)
 
-    def _remove(self, model: LoadedModel) -> None:
+    def _remove(self, model: GroupMember) -> None:
         with self._lock:
             if model in self._models:
                 self._models.remove(model)
@@ -116,7 +125,7 @@ class CoreGroup:
             self._destroyed = True
             self._runtime._forget_group(self)
 
-    def _start(self, model: LoadedModel) -> None:
+    def _start(self, model: GroupMember) -> None:
         with self._lock:
             if self._running is not None and self._running is not model:
                 raise OperationForbiddenError(
@@ -126,7 +135,7 @@ class CoreGroup:
                 )
             self._running = model
 
-    def _stop(self, model: LoadedModel) -> None:
+    def _stop(self, model: GroupMember) -> None:
         with self._lock:
             if self._running is model:
                 self._running = None
@@ -184,85 +193,17 @@ def split_instances(
     return [pool[i * each : (i + 1) * each] for i in range(instances)]
 
 
-def load_instances(
-    exe: Executable,
-    device: DeviceInfo,
-    core_sets: Sequence[tuple[int, ...]],
-    mode: str,
-    host_cpus: tuple[int, ...],
-    exclusive: bool = False,
-) -> list[Instance]:
-    """Load every node of ``exe`` once per core set.
-
-    In ``shared`` mode every node of an instance uses all the instance's cores (one at a time
-    per request, pipelined across requests); in ``normal`` mode each node on the model's
-    device gets cores of its own, the instance's cores split between them. ``host_cpus`` are
-    the runtime's cores (core ``i`` is host CPU ``host_cpus[i]``): a node or instance on part
-    of them, or on cores the runtime owns (``exclusive``), has its threads pinned to its own.
-    """
-    if mode not in MODES:
-        raise InvalidArgumentError(f"mode={mode!r}: use 'shared' or 'normal'")
-    local = [n.device_kind == device.kind.value for n in exe.nodes]
-    steps = [(tuple(n.inputs), tuple(n.outputs)) for n in exe.nodes]
-    outputs = tuple(s.name for s in exe.outputs)
-    result: list[Instance] = []
-    every: list[Program] = []  # closed again when a later load fails
-    files = contextlib.ExitStack()
-    try:
-        # Each node's artifact prepared by its driver for the loads of every instance.
-        located = [
-            files.enter_context(
-                get_driver(node.driver).sharing(node.artifact, node.artifact_file, len(core_sets))
-            )
-            for node in exe.nodes
-        ]
-        for k, cores in enumerate(core_sets):
-            programs: list[Program] = []
-            placed: list[tuple[Driver, DeviceInfo]] = []
-            plan = zip(exe.nodes, located, _node_cores(cores, local, mode), strict=True)
-            for node, file, node_cores in plan:
-                drv = get_driver(node.driver)
-                if node_cores is not None:
-                    _, node_device = resolve_device(device.id, drv.name)
-                else:  # a fallback node on another kind of device: all of its cores
-                    _, node_device = resolve_device(node.device_kind, drv.name)
-                    cpu = node_device.kind is DeviceKind.CPU
-                    node_cores = tuple(range(len(host_cpus) if cpu else node_device.cores))
-                core_set = _core_set(node_cores, node_device, host_cpus, exclusive)
-                programs.append(
-                    drv.load(node.artifact, node_device, core_set, exe.options, file=file)
-                )
-                every.append(programs[-1])
-                placed.append((drv, node_device))
-            if any(Residence.DEVICE in p.residence().values() for p in programs):
-                # Some node wants device memory: every node gets the moves around it, since
-                # values pass between them (the model sets where they are counted).
-                programs = [
-                    ResidentProgram(p, d, dev, Transfers())
-                    for p, (d, dev) in zip(programs, placed, strict=True)
-                ]
-            pin = _pin(cores, host_cpus, exclusive) if device.kind is DeviceKind.CPU else None
-            result.append(Instance(k, cores, programs, steps, outputs, pin=pin))
-    except BaseException:
-        for program in every:
-            program.close()
-        raise
-    finally:
-        files.close()  # the engines map what they read: the files' names can go
-    return result
-
-
-def _core_set(
+def core_set(
     cores: Sequence[int], device: DeviceInfo, host_cpus: tuple[int, ...], exclusive: bool
 ) -> CoreSet:
     """The one value a driver's load gets for ``cores`` (indices within ``device``)."""
     if device.kind is not DeviceKind.CPU:
         return CoreSet(tuple(cores))
     cpus = tuple(host_cpus[i] for i in cores)  # core i of a CPU is the runtime's host_cpus[i]
-    return CoreSet(tuple(cores), cpus, pinned=_pin(cores, host_cpus, exclusive) is not None)
+    return CoreSet(tuple(cores), cpus, pinned=pinned_cpus(cores, host_cpus, exclusive) is not None)
 
 
-def _pin(
+def pinned_cpus(
     cores: Sequence[int], host_cpus: tuple[int, ...], exclusive: bool
 ) -> tuple[int, ...] | None:
     """The host CPUs of ``cores`` (core ``i`` is ``host_cpus[i]``) when threads on them are
@@ -275,7 +216,7 @@ def _pin(
     return tuple(host_cpus[i] for i in cores)
 
 
-def _node_cores(
+def node_cores(
     cores: tuple[int, ...], local: list[bool], mode: str
 ) -> list[tuple[int, ...] | None]:
     if mode == "shared":

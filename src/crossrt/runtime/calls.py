@@ -1,0 +1,67 @@
+"""The wrappers ``LoadedModel.run`` puts around a program call, only where a model needs them
+(the common case calls the program itself): results copied to the host, output shapes kept,
+an execution timeout."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..drivers.base import CancelToken
+from ..errors import DeadlineExceededError
+from . import watchdog
+from .memory.transfer import Transfers, release_made, to_host_results
+from .scheduler import Instance
+
+
+def on_host(
+    execute: Callable[..., dict[str, Any]], transfers: Transfers
+) -> Callable[..., dict[str, Any]]:
+    """``execute``, with the device results of a plain run (no ``outputs=``) copied to the
+    host: a plain ``run()`` returns host arrays."""
+
+    def run(feed: dict[str, Any], outputs: Any = None, *rest: Any) -> dict[str, Any]:
+        result = execute(feed, outputs, *rest) if outputs is not None else execute(feed)
+        return to_host_results(result, transfers) if outputs is None else result
+
+    return run
+
+
+def recording(
+    execute: Callable[..., dict[str, np.ndarray]], last: threading.local
+) -> Callable[..., dict[str, np.ndarray]]:
+    """``execute``, keeping each run's output shapes for ``output_shapes`` in ``last``."""
+
+    def run(*args: Any) -> dict[str, np.ndarray]:
+        result = execute(*args)
+        last.shapes = {name: getattr(v, "shape", None) for name, v in result.items()}
+        return result
+
+    return run
+
+
+def timed(name: str, inst: Instance, limit: float) -> Callable[..., dict[str, np.ndarray]]:
+    """``inst.execute`` stopped by the watchdog after ``limit`` seconds (TIMEOUT)."""
+
+    def run(feed: dict[str, Any], outputs: Any = None) -> dict[str, np.ndarray]:
+        token = CancelToken()
+        end = time.monotonic() + limit
+        watchdog.watch(token, end)
+        try:
+            result = inst.execute(feed, outputs, token)
+        finally:
+            expired = watchdog.finish(token)
+        if expired or time.monotonic() > end:
+            release_made(result, outputs)  # device results nobody will receive
+            raise DeadlineExceededError(
+                f"model {name!r}: the run took longer than its execution timeout of {limit} s; "
+                "raise exec_timeout (or CROSSRT_EXEC_TIMEOUT) or give the model more cores",
+                details={"model": name, "exec_timeout": limit},
+            )
+        return result
+
+    return run
