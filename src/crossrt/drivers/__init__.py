@@ -1,14 +1,29 @@
-"""The driver layer: engine adapters behind one small interface (see ``base``)."""
+"""The driver layer, and the API for driver authors (``crossrt.drivers``).
+
+A driver implements :class:`Driver` and :class:`Program` and is found through the
+``crossrt.drivers`` entry-point group (``docs/writing-a-driver.md``; ``drivers/sim.py`` is the
+worked example). Everything a driver needs from crossrt is named here; the rest of crossrt
+reaches drivers only through this package (``base`` and ``registry``), never a driver's own
+modules.
+"""
 
 from .base import (
+    ArtifactFile,
+    CancelToken,
     Capabilities,
     CompileOptions,
+    CoreSet,
+    DeviceArray,
     DeviceInfo,
     DeviceKind,
     Driver,
     PerformanceMode,
     Priority,
     Program,
+    Residence,
+    check_range,
+    copy_into,
+    host_cpu,
 )
 from .registry import (
     DriverStatus,
@@ -20,8 +35,12 @@ from .registry import (
 )
 
 __all__ = [
+    "ArtifactFile",
+    "CancelToken",
     "Capabilities",
     "CompileOptions",
+    "CoreSet",
+    "DeviceArray",
     "DeviceInfo",
     "DeviceKind",
     "Driver",
@@ -29,9 +48,13 @@ __all__ = [
     "PerformanceMode",
     "Priority",
     "Program",
+    "Residence",
     "available_drivers",
+    "check_range",
+    "copy_into",
     "driver_statuses",
     "get_driver",
+    "host_cpu",
     "parse_device",
     "resolve_device",
 ]
