@@ -34,6 +34,7 @@ import time
 from typing import Any
 
 import numpy as np
+import onnx
 
 from ..config import SimSettings, settings
 from ..errors import (
@@ -115,7 +116,24 @@ class SimDriver(Driver):
     def unsupported_reasons(self, model: Model, device: DeviceInfo) -> list[str | None]:
         self._device(device)
         engine, cpu = self._host_engine()
-        return engine.unsupported_reasons(model, cpu)
+        reasons = engine.unsupported_reasons(model, cpu)
+        # Device memory holds numbers: a node reading or writing strings stays on the host
+        # (with fallback it runs there), as on an accelerator.
+        string = onnx.TensorProto.STRING
+        strings = {
+            name
+            for name, kind in model.value_types().items()
+            if kind.HasField("tensor_type") and kind.tensor_type.elem_type == string
+        }
+        return [
+            reason
+            or (
+                "sim devices hold no strings: the node reads or writes a string tensor"
+                if strings.intersection((*node.input, *node.output))
+                else None
+            )
+            for node, reason in zip(model.nodes, reasons, strict=True)
+        ]
 
     # -- compile and load ----------------------------------------------------------------------
 

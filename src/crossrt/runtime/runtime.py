@@ -15,7 +15,6 @@ from ..drivers import (
     DeviceInfo,
     DeviceKind,
     available_drivers,
-    get_driver,
     parse_device,
     resolve_device,
 )
@@ -184,8 +183,10 @@ class Runtime:
             exe = source
         else:
             exe = compile(source, device, driver=driver, **compile_options)
-        first = get_driver(exe.nodes[0].driver)
-        _, info = resolve_device(device or exe.device, first.name)
+        # The device is the model's own: served by the driver of a node placed on it (not one
+        # that fell back to the CPU), or by any driver when every node fell back.
+        own = [n.driver for n in exe.nodes if n.device_kind == exe.device_kind]
+        _, info = resolve_device(device or exe.device, own[0] if own else None)
         if parse_device(info.id)[0] != exe.device_kind:  # sim:3 is a sim, cpu:0 a cpu
             raise InvalidArgumentError(
                 f"{exe.name!r} was compiled for {exe.device_kind}, not {info.id}; compile it "
