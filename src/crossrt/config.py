@@ -1,7 +1,9 @@
 """``CROSSRT_*`` environment settings, parsed and validated in one place.
 
-Settings are read when asked for (not at import), so tests and tools can set the environment
-first. Later capabilities add their variables here, never by reading ``os.environ`` elsewhere.
+Each setting is parsed when it is first read, not at import: tests and tools can set the
+environment first, and a malformed variable raises where its setting is used, so that
+``import crossrt`` always works. Later capabilities add their variables here (and to
+:data:`SETTINGS`), never by reading ``os.environ`` elsewhere.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import re
 import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 from .errors import InvalidOptionError
 
@@ -50,9 +53,13 @@ class SimSettings:
     op_us: float = 0.0
 
 
-@dataclass(frozen=True)
 class Settings:
-    """The process-wide settings.
+    """The process-wide settings, each parsed from its variable when it is first read.
+
+    A malformed variable raises :class:`~crossrt.errors.InvalidOptionError` (naming it, and
+    what to write instead) only where its setting is used: ``import crossrt`` always works,
+    and a bad ``CROSSRT_VISIBLE_CORES`` does not stop a program that never reserves cores.
+    :func:`problems` checks them all (``crossrt ls`` prints what it finds).
 
     Attributes:
         default_device: device used when a call names none (``CROSSRT_DEFAULT_DEVICE``, "cpu").
@@ -88,60 +95,124 @@ class Settings:
             :class:`SimSettings`).
     """
 
-    default_device: str = "cpu"
-    log_level: str | None = None
-    disabled_drivers: frozenset[str] = frozenset()
-    validate_hash: bool = True
-    cache_dir: str | None = None
-    cache_max_bytes: int | None = None
-    visible_cores: tuple[int, ...] | None = None
-    num_cores: int | None = None
-    runtime_dir: str = ""
-    runtime_dir_is_default: bool = True
-    memlog_max_entries: int = 65536
-    exec_timeout: float | None = None
-    check_numerics: bool = False
-    sim: SimSettings = SimSettings()
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        # The mapping itself, not a copy: a setting is read when first asked for.
+        self._env = os.environ if environ is None else environ
+
+    def _text(self, name: str) -> str:
+        return self._env.get(name, "").strip()
+
+    @cached_property
+    def default_device(self) -> str:
+        return self._text("CROSSRT_DEFAULT_DEVICE") or "cpu"
+
+    @cached_property
+    def log_level(self) -> str | None:
+        level = self._text("CROSSRT_LOG_LEVEL").upper() or None
+        if level is not None and level not in _LOG_LEVELS:
+            raise InvalidOptionError(
+                f"CROSSRT_LOG_LEVEL={level!r} is not a log level; use one of "
+                f"{', '.join(_LOG_LEVELS)}, or unset it",
+                details={"setting": "CROSSRT_LOG_LEVEL", "value": level},
+            )
+        return level
+
+    @cached_property
+    def disabled_drivers(self) -> frozenset[str]:
+        names = self._text("CROSSRT_DISABLE_DRIVERS").split(",")
+        return frozenset(name.strip() for name in names if name.strip())
+
+    @cached_property
+    def validate_hash(self) -> bool:
+        validate = self._text("CROSSRT_VALIDATE_HASH").lower() or "1"
+        if validate not in _BOOLEANS:
+            raise InvalidOptionError(
+                f"CROSSRT_VALIDATE_HASH={validate!r} is not a boolean; use 1, true or yes to "
+                "check the section hashes of .crm containers, 0, false or no to skip them",
+                details={"setting": "CROSSRT_VALIDATE_HASH", "value": validate},
+            )
+        return _BOOLEANS[validate]
+
+    @cached_property
+    def cache_dir(self) -> str | None:
+        return self._text("CROSSRT_CACHE_DIR") or None
+
+    @cached_property
+    def cache_max_bytes(self) -> int | None:
+        text = self._text("CROSSRT_CACHE_MAX_SIZE")
+        return parse_size(text, "CROSSRT_CACHE_MAX_SIZE") if text else None
+
+    @cached_property
+    def visible_cores(self) -> tuple[int, ...] | None:
+        text = self._text("CROSSRT_VISIBLE_CORES")
+        return parse_core_list(text) if text else None
+
+    @cached_property
+    def num_cores(self) -> int | None:
+        return _num_cores(self._env)
+
+    @cached_property
+    def runtime_dir(self) -> str:
+        return self._text("CROSSRT_RUNTIME_DIR") or _default_runtime_dir(self._env)
+
+    @cached_property
+    def runtime_dir_is_default(self) -> bool:
+        return not self._text("CROSSRT_RUNTIME_DIR")
+
+    @cached_property
+    def memlog_max_entries(self) -> int:
+        return _memlog_max_entries(self._env)
+
+    @cached_property
+    def exec_timeout(self) -> float | None:
+        return _exec_timeout(self._env)
+
+    @cached_property
+    def check_numerics(self) -> bool:
+        return _boolean(self._env, "CROSSRT_CHECK_NUMERICS", False)
+
+    @cached_property
+    def sim(self) -> SimSettings:
+        return parse_sim(self._env.get("CROSSRT_SIM", ""))
+
+
+SETTINGS = {
+    "CROSSRT_DEFAULT_DEVICE": "default_device",
+    "CROSSRT_LOG_LEVEL": "log_level",
+    "CROSSRT_DISABLE_DRIVERS": "disabled_drivers",
+    "CROSSRT_VALIDATE_HASH": "validate_hash",
+    "CROSSRT_CACHE_DIR": "cache_dir",
+    "CROSSRT_CACHE_MAX_SIZE": "cache_max_bytes",
+    "CROSSRT_VISIBLE_CORES": "visible_cores",
+    "CROSSRT_NUM_CORES": "num_cores",
+    "CROSSRT_RUNTIME_DIR": "runtime_dir",
+    "CROSSRT_MEMLOG_MAX_SIZE": "memlog_max_entries",
+    "CROSSRT_EXEC_TIMEOUT": "exec_timeout",
+    "CROSSRT_CHECK_NUMERICS": "check_numerics",
+    "CROSSRT_SIM": "sim",
+}
+"""Each ``CROSSRT_*`` variable and the :class:`Settings` attribute parsed from it."""
 
 
 def settings(environ: Mapping[str, str] | None = None) -> Settings:
-    """Read and validate the settings from ``environ`` (default: ``os.environ``)."""
-    env = os.environ if environ is None else environ
-    level = env.get("CROSSRT_LOG_LEVEL", "").strip().upper() or None
-    if level is not None and level not in _LOG_LEVELS:
-        raise InvalidOptionError(
-            f"CROSSRT_LOG_LEVEL={level!r} is not a log level; use one of {', '.join(_LOG_LEVELS)}"
-        )
-    device = env.get("CROSSRT_DEFAULT_DEVICE", "cpu").strip() or "cpu"
-    disabled = frozenset(
-        name.strip() for name in env.get("CROSSRT_DISABLE_DRIVERS", "").split(",") if name.strip()
-    )
-    cache_dir = env.get("CROSSRT_CACHE_DIR", "").strip() or None
-    max_size = env.get("CROSSRT_CACHE_MAX_SIZE", "").strip()
-    cache_max_bytes = parse_size(max_size, "CROSSRT_CACHE_MAX_SIZE") if max_size else None
-    validate = env.get("CROSSRT_VALIDATE_HASH", "").strip().lower() or "1"
-    if validate not in _BOOLEANS:
-        raise InvalidOptionError(
-            f"CROSSRT_VALIDATE_HASH={validate!r} is not a boolean; use 1, true or yes to check "
-            "the section hashes of .crm containers, 0, false or no to skip them",
-            details={"setting": "CROSSRT_VALIDATE_HASH", "value": validate},
-        )
-    return Settings(
-        default_device=device,
-        log_level=level,
-        disabled_drivers=disabled,
-        validate_hash=_BOOLEANS[validate],
-        cache_dir=cache_dir,
-        cache_max_bytes=cache_max_bytes,
-        visible_cores=_visible_cores(env),
-        num_cores=_num_cores(env),
-        runtime_dir=env.get("CROSSRT_RUNTIME_DIR", "").strip() or _default_runtime_dir(env),
-        runtime_dir_is_default=not env.get("CROSSRT_RUNTIME_DIR", "").strip(),
-        memlog_max_entries=_memlog_max_entries(env),
-        exec_timeout=_exec_timeout(env),
-        check_numerics=_boolean(env, "CROSSRT_CHECK_NUMERICS", False),
-        sim=parse_sim(env.get("CROSSRT_SIM", "")),
-    )
+    """The settings of ``environ`` (default: ``os.environ``), each parsed when first read.
+
+    Reading a setting whose variable is malformed raises
+    :class:`~crossrt.errors.InvalidOptionError` naming the variable.
+    """
+    return Settings(environ)
+
+
+def problems(environ: Mapping[str, str] | None = None) -> list[InvalidOptionError]:
+    """The error of each malformed ``CROSSRT_*`` variable, in :data:`SETTINGS` order."""
+    current = Settings(environ)
+    found = []
+    for attribute in SETTINGS.values():
+        try:
+            getattr(current, attribute)
+        except InvalidOptionError as exc:
+            found.append(exc)
+    return found
 
 
 _SIM_KEYS = ("devices", "cores", "memory", "topology", "copy_gbps", "op_us")
@@ -327,11 +398,6 @@ def contiguous_cores(cores: Iterable[int], what: str = "CROSSRT_VISIBLE_CORES") 
     return tuple(chosen)
 
 
-def _visible_cores(env: Mapping[str, str]) -> tuple[int, ...] | None:
-    text = env.get("CROSSRT_VISIBLE_CORES", "").strip()
-    return parse_core_list(text) if text else None
-
-
 def _num_cores(env: Mapping[str, str]) -> int | None:
     text = env.get("CROSSRT_NUM_CORES", "").strip()
     if not text:
@@ -358,8 +424,14 @@ def _default_runtime_dir(env: Mapping[str, str]) -> str:
 def apply_log_level(environ: Mapping[str, str] | None = None) -> None:
     """Set the ``crossrt`` logger's level from ``CROSSRT_LOG_LEVEL`` when it is set.
 
-    Unset, the application's own logging configuration decides, as for any library.
+    Unset, the application's own logging configuration decides, as for any library. Called
+    by ``import crossrt``, which must work whatever the environment holds: a malformed value
+    changes nothing here, and raises where the level is used (the ``onnxruntime`` driver,
+    ``crossrt ls``).
     """
-    level = settings(environ).log_level
+    try:
+        level = settings(environ).log_level
+    except InvalidOptionError:
+        return
     if level is not None:
         logging.getLogger("crossrt").setLevel(level)

@@ -330,7 +330,7 @@ def test_sizes_and_bad_arguments(tmp_path: Path) -> None:
         3 << 20,
     ]
     with pytest.raises(crossrt.InvalidOptionError, match="CROSSRT_CACHE_MAX_SIZE"):
-        settings({"CROSSRT_CACHE_MAX_SIZE": "lots"})
+        _ = settings({"CROSSRT_CACHE_MAX_SIZE": "lots"}).cache_max_bytes
     with pytest.raises(InvalidArgumentError, match="version"):
         CompileCache(tmp_path, version=-1)
     with pytest.raises(InvalidArgumentError, match="max_bytes"):

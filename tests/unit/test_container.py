@@ -666,7 +666,7 @@ def test_validate_hash_setting_values(value, expected):
 
 def test_validate_hash_setting_refuses_other_values():
     with pytest.raises(InvalidOptionError, match="CROSSRT_VALIDATE_HASH='maybe'"):
-        settings({"CROSSRT_VALIDATE_HASH": "maybe"})
+        _ = settings({"CROSSRT_VALIDATE_HASH": "maybe"}).validate_hash
 
 
 # -- saving -----------------------------------------------------------------------------------

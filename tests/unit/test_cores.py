@@ -166,7 +166,7 @@ def test_visible_cores_syntax(text, expected):
 @pytest.mark.parametrize("text", ["1,3", "0-1,3-4", "5,7"])
 def test_non_contiguous_visible_cores_are_rejected(text):
     with pytest.raises(InvalidOptionError) as info:
-        settings({"CROSSRT_VISIBLE_CORES": text})
+        _ = settings({"CROSSRT_VISIBLE_CORES": text}).visible_cores
     message = info.value.message
     assert "contiguous range" in message and "is missing" in message
     first, last = text.replace("-", ",").split(",")[0], text.replace("-", ",").split(",")[-1]
@@ -177,7 +177,7 @@ def test_non_contiguous_visible_cores_are_rejected(text):
 @pytest.mark.parametrize("text", ["a", "3-", "-1", "5-3", "3,,4", "1.5", "0x3", "3,3", "123456"])
 def test_bad_visible_cores_are_rejected(text):
     with pytest.raises(InvalidOptionError) as info:
-        settings({"CROSSRT_VISIBLE_CORES": text})
+        _ = settings({"CROSSRT_VISIBLE_CORES": text}).visible_cores
     assert "CROSSRT_VISIBLE_CORES" in info.value.message
 
 
@@ -189,7 +189,7 @@ def test_num_cores_syntax(text, expected):
 @pytest.mark.parametrize("text", ["-1", "two", "1.5", "²", "1e3"])
 def test_bad_num_cores_are_rejected(text):
     with pytest.raises(InvalidOptionError) as info:
-        settings({"CROSSRT_NUM_CORES": text})
+        _ = settings({"CROSSRT_NUM_CORES": text}).num_cores
     assert "CROSSRT_NUM_CORES" in info.value.message and "whole number" in info.value.message
 
 

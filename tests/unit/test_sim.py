@@ -111,7 +111,7 @@ def test_custom_settings() -> None:
 )
 def test_bad_settings_are_refused_naming_the_value(text: str, named: str) -> None:
     with pytest.raises(crossrt.InvalidOptionError) as info:
-        settings({"CROSSRT_SIM": text})
+        _ = settings({"CROSSRT_SIM": text}).sim
     assert info.value.code is StatusCode.INVALID_OPTION
     assert "CROSSRT_SIM" in info.value.message and named in info.value.message
 

@@ -46,6 +46,7 @@ import numpy as np
 from ..errors import ExecutionError, InvalidArgumentError, InvalidOptionError
 from ..host import cpu_features, cpu_model, host_cpus, usable_memory
 from ..model import Model
+from .boundary import DRIVER_METHODS, PROGRAM_METHODS, guard_class
 
 
 class DeviceKind(enum.Enum):
@@ -292,8 +293,13 @@ class ArtifactFile:
 class Program(ABC):
     """A compiled artifact staged on cores, ready to run.
 
-    ``run`` must be safe to call from several threads at once.
+    ``run`` must be safe to call from several threads at once. Whatever a method raises, its
+    caller gets a :class:`~crossrt.errors.CrossrtError` (``drivers/boundary.py``).
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        guard_class(cls, PROGRAM_METHODS)
 
     def residence(self) -> Mapping[str, Residence]:
         """Where the program wants each input and output, by name; names left out are
@@ -414,7 +420,15 @@ def copy_into(
 
 
 class Driver(ABC):
-    """An engine adapter. Subclasses set :attr:`name` and implement the methods below."""
+    """An engine adapter. Subclasses set :attr:`name` and implement the methods below.
+
+    Whatever a method raises, its caller gets a :class:`~crossrt.errors.CrossrtError`: each
+    method a subclass defines is wrapped when the class is made (``drivers/boundary.py``).
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        guard_class(cls, DRIVER_METHODS)
 
     name: str = ""
     """The driver's registry name (``"onnxruntime"``)."""
@@ -555,6 +569,10 @@ class Driver(ABC):
         check_range(src.size, src_offset, nbytes, f"copy_device on {device.id} (source)")
         check_range(dst.size, dst_offset, nbytes, f"copy_device on {device.id} (destination)")
         dst[dst_offset : dst_offset + nbytes] = src[src_offset : src_offset + nbytes]
+
+
+guard_class(Program, PROGRAM_METHODS)  # the defaults too: a subclass may not override them
+guard_class(Driver, DRIVER_METHODS)
 
 
 def check_range(size: int, offset: Any, nbytes: Any, what: str) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 
 from ..config import settings
-from ..errors import DeviceUnavailableError, InvalidArgumentError
+from ..errors import DeviceUnavailableError, InvalidArgumentError, InvalidOptionError
 from .base import DeviceInfo, Driver
 
 ENTRY_POINT_GROUP = "crossrt.drivers"
@@ -40,6 +40,9 @@ class DriverStatus:
         install_hint: what to install for it: the driver's own ``install_hint``, else, when
             its engine's module is missing, ``pip install <that module>``, else how to find the
             package that registers it.
+        error: the error of a malformed ``CROSSRT_*`` variable that stopped the driver from
+            being made (it is not unavailable: the setting is wrong). Such a status is not
+            kept, so that fixing the variable is enough; using the driver raises the error.
     """
 
     name: str
@@ -47,6 +50,7 @@ class DriverStatus:
     driver: Driver | None
     reason: str = ""
     install_hint: str = ""
+    error: InvalidOptionError | None = None
 
     @property
     def available(self) -> bool:
@@ -76,6 +80,9 @@ def _load(name: str, target: str) -> DriverStatus:
         cls = getattr(importlib.import_module(module_name), attr)
         hint = getattr(cls, "install_hint", "") or hint
         driver = cls()
+    except InvalidOptionError as exc:  # a CROSSRT_* variable the driver reads is malformed
+        setting = exc.details.get("setting", "the CROSSRT_* variable it names")
+        return DriverStatus(name, target, None, exc.message, f"fix {setting}", exc)
     except ImportError as exc:
         missing = getattr(exc, "name", None)
         if missing and not missing.startswith("crossrt"):
@@ -100,12 +107,16 @@ def driver_statuses() -> list[DriverStatus]:
     global _complete
     with _lock:
         table = _table()
+        found = dict(table)
         if table is not _complete:
             for name, target in _targets().items():
                 if name not in table:
-                    table[name] = _load(name, target)
-            _complete = table
-        return [table[name] for name in sorted(table)]
+                    found[name] = status = _load(name, target)
+                    if status.error is None:
+                        table[name] = status
+            if found.keys() == table.keys():
+                _complete = table
+        return [found[name] for name in sorted(found)]
 
 
 def driver_status(name: str) -> DriverStatus | None:
@@ -120,7 +131,9 @@ def driver_status(name: str) -> DriverStatus | None:
         if status is None and table is not _complete:
             target = _targets().get(name)
             if target is not None:
-                status = table[name] = _load(name, target)
+                status = _load(name, target)
+                if status.error is None:
+                    table[name] = status
         return status
 
 
@@ -135,6 +148,7 @@ def get_driver(name: str) -> Driver:
 
     Raises:
         DeviceUnavailableError: it is not registered or its engine could not be loaded.
+        InvalidOptionError: a ``CROSSRT_*`` variable it reads is malformed.
     """
     status = driver_status(name)
     if status is None:
@@ -142,6 +156,8 @@ def get_driver(name: str) -> Driver:
             f"no driver called {name!r}; registered drivers: {', '.join(driver_names())}",
             details={"driver": name},
         )
+    if status.error is not None:
+        raise status.error
     if status.driver is None:
         raise DeviceUnavailableError(
             f"driver {name!r} is unavailable: {status.reason}",
@@ -152,8 +168,17 @@ def get_driver(name: str) -> Driver:
 
 
 def available_drivers() -> list[Driver]:
-    """The drivers that loaded, most preferred first."""
-    found = [s.driver for s in driver_statuses() if s.driver is not None]
+    """The drivers that loaded, most preferred first.
+
+    Raises:
+        InvalidOptionError: a ``CROSSRT_*`` variable some driver reads is malformed: rather
+            than leave that driver out (and quietly choose another for a device), say so.
+    """
+    statuses = driver_statuses()
+    for status in statuses:
+        if status.error is not None:
+            raise status.error
+    found = [s.driver for s in statuses if s.driver is not None]
     return sorted(found, key=lambda d: -d.preference)
 
 

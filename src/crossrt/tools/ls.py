@@ -1,6 +1,7 @@
 """``crossrt ls``: the drivers (PASS/FAIL and why), their devices, cores and who owns them;
 ``--topology``: how the devices of each driver are linked, drawn as ``neuron-ls --topology``
-draws a trn1.32xlarge."""
+draws a trn1.32xlarge. A malformed ``CROSSRT_*`` variable is one error line on stderr, and
+exit status 1, after which everything that does not need it is still listed."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ..config import settings
+from ..config import problems, settings
 from ..drivers import driver_statuses, parse_device
 from ..errors import CrossrtError
 from ..host import format_cpus, host_cpus
@@ -188,17 +189,29 @@ def _print_topology(info: dict[str, Any]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``crossrt ls``."""
+    """Run ``crossrt ls``.
+
+    Returns:
+        0; 1 when a ``CROSSRT_*`` variable is malformed (one line on stderr each, and what
+        can be listed without it is listed) or nothing can be listed.
+    """
     args = parser().parse_args(argv)
+    bad = problems()
+    for exc in bad:
+        fail("ls", exc)
     try:
         info = collect()
     except CrossrtError as exc:
         return fail("ls", exc)
+    status = 1 if bad else 0
+    info["settings_errors"] = [
+        {"setting": exc.details.get("setting"), "message": exc.message} for exc in bad
+    ]
     if args.topology:
         info["topology"] = topologies(info["devices"])
     if args.json:
         print(json.dumps(info, indent=2))
-        return 0
+        return status
     print("DRIVERS")
     print(f"  {'name':<13} {'status':<6} {'version':<10} reason")
     for d in info["drivers"]:
@@ -224,4 +237,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  {row['host_cpu']:>4}  {who}{note}")
     if args.topology:
         _print_topology(info)
-    return 0
+    return status
