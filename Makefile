@@ -1,6 +1,6 @@
 # The two commands of the quick start: `make demo` and `make test`.
 # Each creates .venv when missing and installs into it the exact versions of requirements/lock.txt,
-# then crossrt itself (editable). Development targets: test-fast, lock, exclusions (README.md).
+# then crossrt itself (editable). Development targets: test-fast, lock, exclusions, fuzz (README.md).
 
 PYTHON ?= python3
 VENV   := .venv
@@ -21,7 +21,7 @@ MODEL_WHEELS := rapidocr-onnxruntime==1.4.4 silero-vad==6.2.3
 # 84 s with 3.
 TEST_WORKERS ?= 2
 
-.PHONY: demo test test-fast lint lock exclusions bench clean
+.PHONY: demo test test-fast lint lock exclusions fuzz bench clean
 
 # crossrt is installed with --no-deps (the lock holds its dependencies) and --no-build-isolation
 # (built with the lock's setuptools and wheel, not whatever is newest on the index that day).
@@ -50,6 +50,18 @@ test: lint
 test-fast: $(STAMP)
 	$(PY) -m pytest tests -x -q -n $(TEST_WORKERS) -m 'not slow' \
 		--ignore=tests/conformance/test_onnx_node_suite.py
+
+# The long run of tests/security/test_fuzz.py (make test runs it with a small fixed budget):
+# FUZZ_CONTAINERS crafted .crm files and FUZZ_MODELS crafted ONNX models through load and run
+# on every driver, random examples each time; only a CrossrtError may escape. The statistics
+# at the end count the examples each test ran.
+FUZZ_CONTAINERS ?= 10000
+FUZZ_MODELS     ?= 2000
+
+fuzz: $(STAMP)
+	CROSSRT_FUZZ_CONTAINERS=$(FUZZ_CONTAINERS) CROSSRT_FUZZ_MODELS=$(FUZZ_MODELS) \
+		$(PY) -m pytest tests/security/test_fuzz.py -q -p no:cacheprovider \
+		--hypothesis-show-statistics
 
 # Regenerate the lock with the newest releases pyproject.toml's ranges allow, for Python 3.11 on
 # any x86_64 Linux (not only this host). Then `make exclusions` and `make test`: README.md.

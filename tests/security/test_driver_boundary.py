@@ -216,3 +216,14 @@ def test_every_driver_method_is_guarded_on_every_installed_driver() -> None:
     for cls in [Program, *Program.__subclasses__()]:
         for name in PROGRAM_METHODS:
             assert getattr(getattr(cls, name), "__crossrt_guarded__", False), (cls, name)
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no")
+
+
+def test_an_exception_that_cannot_be_printed_is_still_an_error(leaky) -> None:
+    leaky.leaks["compile"] = Unprintable()
+    with pytest.raises(crossrt.CompileError, match=r"Unprintable: no message"):
+        crossrt.compile(_model(), "cpu", driver="leaky")

@@ -58,8 +58,11 @@ def _budget(variable: str, default: int, tests: int) -> settings:
     )
 
 
-CONTAINERS = _budget("CROSSRT_FUZZ_CONTAINERS", 120, _CONTAINER_TESTS)
-MODELS = _budget("CROSSRT_FUZZ_MODELS", 80, _MODEL_TESTS)
+# The reference driver computes in NumPy, which warns on log(0) and 0/0 of fuzzed inputs.
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+CONTAINERS = _budget("CROSSRT_FUZZ_CONTAINERS", 600, _CONTAINER_TESTS)
+MODELS = _budget("CROSSRT_FUZZ_MODELS", 300, _MODEL_TESTS)
 
 DEVICES = {"onnxruntime": "cpu", "reference": "cpu", "sim": "sim:0"}
 DRIVERS = sorted(d.name for d in available_drivers() if d.name in DEVICES)

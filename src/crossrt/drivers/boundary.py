@@ -33,12 +33,12 @@ log = logging.getLogger("crossrt")
 
 _TEXT_LIMIT = 300  # characters of the original message kept: hostile input can make it huge
 
-_DEBUG_HINT = "set CROSSRT_LOG_LEVEL=DEBUG for the driver's traceback"
 _DAMAGED = (
     "its compiled artifact is damaged, or was made by another version of the engine: "
     "compile the model again"
 )
-_REPORT = f"this is a bug in the driver; report it ({_DEBUG_HINT})"
+# The original exception is this error's __cause__: a printed traceback shows both.
+_REPORT = "this is a bug in the driver: report it with the whole traceback"
 
 # What each guarded method's callers expect, and what to tell the user.
 DRIVER_METHODS: dict[str, tuple[type[CrossrtError], str]] = {
@@ -87,7 +87,10 @@ def driver_error(
         error: the error class the method's callers expect.
         advice: what to do, ending the message.
     """
-    text = str(exc)
+    try:
+        text = str(exc)
+    except Exception:  # an exception that cannot say what it is still becomes an error
+        text = ""
     if len(text) > _TEXT_LIMIT:
         text = text[:_TEXT_LIMIT] + "..."
     kind = type(exc).__name__
