@@ -11,25 +11,28 @@ from typing import Any
 
 
 def align(n: int) -> int:
-    return -(-n // 64) * 64
+    """``n`` rounded up to a page: where a section may start."""
+    return -(-n // 4096) * 4096
 
 
 CHUNK = 16 << 20
 
 
-def section_sha256(blob: bytes, version: int) -> bytes:
-    """Formats 1 and 2: the SHA-256 of the bytes; 3: of the digests of its 16 MiB chunks."""
-    if version < 3:
-        return hashlib.sha256(blob).digest()
+def section_sha256(blob: bytes) -> bytes:
+    """The SHA-256 of the SHA-256 digests of the section's 16 MiB chunks."""
     chunks = [blob[at : at + CHUNK] for at in range(0, len(blob), CHUNK)]
     return hashlib.sha256(b"".join(hashlib.sha256(c).digest() for c in chunks)).digest()
 
 
-def sections_sha256(blobs: list[bytes], version: int) -> str:
-    """Format 1: the SHA-256 of all sections' bytes; 2 and 3: of their digests."""
-    if version == 1:
-        return hashlib.sha256(b"".join(blobs)).hexdigest()
-    return hashlib.sha256(b"".join(section_sha256(b, version) for b in blobs)).hexdigest()
+def sections_sha256(blobs: list[bytes]) -> str:
+    """The SHA-256 of the sections' digests."""
+    return hashlib.sha256(b"".join(section_sha256(b) for b in blobs)).hexdigest()
+
+
+def prelude(text: bytes, version: int = 3) -> bytes:
+    """The 64-byte prelude of a container whose header is ``text``."""
+    digest = hashlib.sha256(text).digest()
+    return struct.pack("<8sIIQ32s8x", b"CROSSRTM", version, 0, len(text), digest)
 
 
 def split(data: bytes) -> tuple[dict[str, Any], list[bytes]]:
@@ -40,12 +43,12 @@ def split(data: bytes) -> tuple[dict[str, Any], list[bytes]]:
     return header, blobs
 
 
-def build(header: dict[str, Any], blobs: list[bytes], version: int = 3) -> bytes:
+def build(header: dict[str, Any], blobs: list[bytes]) -> bytes:
     """A container with a canonical layout: offsets and hashes recomputed for ``blobs``."""
     header["sections"] = [
-        {"offset": 0, "length": len(b), "sha256": section_sha256(b, version).hex()} for b in blobs
+        {"offset": 0, "length": len(b), "sha256": section_sha256(b).hex()} for b in blobs
     ]
-    header["sections_sha256"] = sections_sha256(blobs, version)
+    header["sections_sha256"] = sections_sha256(blobs)
     start = 0
     while True:
         offset = start
@@ -56,9 +59,7 @@ def build(header: dict[str, Any], blobs: list[bytes], version: int = 3) -> bytes
         if align(64 + len(text)) <= start:
             break
         start = align(64 + len(text))
-    out = bytearray(struct.pack("<8sIIQ32s8x", b"CROSSRTM", version, 0, len(text), b""))
-    out[24:56] = hashlib.sha256(text).digest()
-    out += text
+    out = bytearray(prelude(text) + text)
     for entry, blob in zip(header["sections"], blobs, strict=True):
         out += bytes(entry["offset"] - len(out)) + blob
     return bytes(out)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 import pytest
-from crm_layout import build, edit, patch_header, section_sha256, sections_sha256, split
+from crm_layout import build, edit, patch_header, prelude, split
 
 import crossrt
 from crossrt import (
@@ -222,7 +222,7 @@ def test_layout_matches_the_documented_format(digits_bytes):
     assert net["stages"] == [] and net["cores_required"] == 1
     assert set(net["nodes"][0]) >= {"name", "driver", "driver_version", "section", "cores"}
     (section,) = header["sections"]
-    assert section["offset"] % 64 == 0 and section["offset"] >= 64 + length
+    assert section["offset"] % 4096 == 0 and section["offset"] >= 64 + length
     assert section["offset"] + section["length"] == len(digits_bytes)
     blob = digits_bytes[section["offset"] :]
     assert len(blob) < 16 << 20  # one chunk: the digest of its digest
@@ -423,7 +423,20 @@ def test_a_newer_format_version_or_flag_says_upgrade(digits_bytes, field, value)
     data[field : field + 4] = struct.pack("<I", value)
     err = _error(bytes(data), UnsupportedError)
     assert err.code is StatusCode.UNSUPPORTED_NEFF_VERSION
-    assert "reads format versions 1 to 3" in err.message and "upgrade crossrt" in err.message
+    assert "reads format version 3 only" in err.message and "upgrade crossrt" in err.message
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_older_format_says_compile_again(digits_bytes, version):
+    # One format until 1.0: files of formats 1 and 2 (crossrt before format 3) are not read.
+    data = bytearray(digits_bytes)
+    data[8:12] = struct.pack("<I", version)
+    err = _error(bytes(data), UnsupportedError)
+    assert err.code is StatusCode.UNSUPPORTED_NEFF_VERSION
+    assert f"format version {version}, written by an older crossrt" in err.message
+    assert "reads format version 3 only" in err.message
+    assert "compile the model again with this crossrt" in err.message
+    assert err.details["format_version"] == version
 
 
 def test_format_version_zero_is_corrupt(digits_bytes):
@@ -545,8 +558,10 @@ def test_an_unused_section_is_refused(digits_bytes):
 
 # (change to the section table in place, a fragment of the message).
 TABLE_ERRORS = [
-    (lambda s: s[0].update(offset=s[0]["offset"] + 1), "is not a multiple of 64"),
-    (lambda s: s[0].update(offset=s[0]["offset"] - 64), "overlaps the header"),
+    (lambda s: s[0].update(offset=s[0]["offset"] + 1), "is not a multiple of 4096"),
+    # Sections at multiples of 64, as crossrt wrote before they started at pages: not read.
+    (lambda s: s[0].update(offset=s[0]["offset"] + 64), "is not a multiple of 4096"),
+    (lambda s: s[0].update(offset=s[0]["offset"] - 4096), "overlaps the header"),
     (lambda s: s[0].update(length=s[0]["length"] + 1), "truncated: sections[0] ends at"),
     (lambda s: s[0].update(length=s[0]["length"] - 1), "1 bytes follow the last section"),
     (lambda s: s[0].update(sha256="AB" * 32), "sha256 should be a SHA-256"),
@@ -575,24 +590,15 @@ def test_a_wrong_sections_sha256(digits_bytes):
     assert crossrt.load_executable(data, validate_hash=False)
 
 
-@pytest.mark.parametrize("version", [1, 2, 3])
-def test_each_format_checks_its_own_section_digests(digits_bytes, version):
-    header, blobs = split(digits_bytes)
-    header["format_version"] = version
-    data = build(header, blobs, version)
-    assert read_container(data, validate_hash=True).format_version == version
-    assert crossrt.load_executable(data) == crossrt.load_executable(digits_bytes)
-    other = sections_sha256(blobs, 1 if version > 1 else 2)
-    assert other != header["sections_sha256"]
-    wrong = patch_header(data, lambda h: h.update(sections_sha256=other))
-    assert "sections_sha256 does not match" in _error(wrong).message
-    if version > 1:  # a section digest of another format is refused by name
-        other_section = section_sha256(blobs[0], 2 if version == 3 else 3).hex()
-        wrong = edit_sections(data, other_section, version)
-        assert "section 0" in _error(wrong).message and "SHA-256" in _error(wrong).message
+def test_a_section_digest_of_a_legacy_format_is_refused(digits_bytes):
+    # Formats 1 and 2 hashed a section's bytes once, not its chunks' digests.
+    _, blobs = split(digits_bytes)
+    data = edit_sections(digits_bytes, hashlib.sha256(blobs[0]).hexdigest())
+    err = _error(data)
+    assert "section 0" in err.message and "fails its SHA-256 check" in err.message
 
 
-def edit_sections(data: bytes, digest: str, version: int) -> bytes:
+def edit_sections(data: bytes, digest: str) -> bytes:
     """``data`` with section 0's ``sha256`` replaced (``sections_sha256`` kept consistent)."""
     header, _ = split(data)
     header["sections"][0]["sha256"] = digest
@@ -607,7 +613,7 @@ def edit_sections(data: bytes, digest: str, version: int) -> bytes:
 def test_a_section_of_several_chunks_is_hashed_chunk_by_chunk_and_checked(digits_bytes):
     header, blobs = split(digits_bytes)
     big = blobs[0] + bytes((16 << 20) * 2 + 5 - len(blobs[0]))  # 3 chunks; padding after
-    data = build(header, [big], 3)
+    data = build(header, [big])
     (entry,) = json.loads(data[64 : 64 + struct.unpack_from("<Q", data, 16)[0]])["sections"]
     chunks = [big[at : at + (16 << 20)] for at in range(0, len(big), 16 << 20)]
     assert len(chunks) == 3
@@ -631,9 +637,7 @@ def test_a_section_of_several_chunks_is_hashed_chunk_by_chunk_and_checked(digits
     ],
 )
 def test_a_header_that_is_not_a_json_object(text, fragment):
-    data = bytearray(struct.pack("<8sIIQ32s8x", b"CROSSRTM", 1, 0, len(text), b""))
-    data[24:56] = hashlib.sha256(text).digest()
-    assert fragment in _error(bytes(data + text)).message
+    assert fragment in _error(prelude(text) + text).message
 
 
 # -- hash validation setting ------------------------------------------------------------------

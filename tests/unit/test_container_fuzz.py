@@ -9,7 +9,6 @@ layout) to reach the JSON validation behind them.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import json
 import struct
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from crm_layout import align, build
+from crm_layout import align, build, prelude
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -55,29 +54,22 @@ HEADER: dict[str, Any] = json.loads(VALID[64 : 64 + _LENGTH])
 BLOBS = [VALID[s["offset"] : s["offset"] + s["length"]] for s in HEADER["sections"]]
 
 
-def _prelude(text: bytes) -> bytes:
-    version = HEADER["format_version"]  # the prelude and the header agree in a valid container
-    return struct.pack(
-        "<8sIIQ32s8x", b"CROSSRTM", version, 0, len(text), hashlib.sha256(text).digest()
-    )
-
-
 def _in_place(header: Any) -> bytes:
     """The edited header with its hash recomputed; the sections' bytes stay where they were."""
     text = json.dumps(header, separators=(",", ":")).encode()
     room = HEADER["sections"][0]["offset"] - 64
     if len(text) <= room:
         text += b" " * (room - len(text))
-        return _prelude(text) + text + VALID[64 + room :]
+        return prelude(text) + text + VALID[64 + room :]
     pad = bytes(align(64 + len(text)) - 64 - len(text))
-    return _prelude(text) + text + pad + VALID[64 + room :]
+    return prelude(text) + text + pad + VALID[64 + room :]
 
 
 def _relaid(header: Any) -> bytes:
     """The edited header with valid offsets and hashes where it still has a section table."""
     if not isinstance(header, dict) or not isinstance(header.get("sections"), list):
         return _in_place(header)
-    return build(header, BLOBS, HEADER["format_version"])
+    return build(header, BLOBS)
 
 
 def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:

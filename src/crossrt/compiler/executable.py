@@ -1,14 +1,17 @@
-"""The compiled model: a graph of nodes, each bound to a driver and device kind."""
+"""The compiled model: a graph of nodes, each bound to a driver and device kind, and its
+``.crm`` header entries (what :meth:`Executable.save` writes; networks.py reads them back)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..drivers.base import ArtifactFile, CompileOptions
+from ..errors import InvalidArgumentError
 from ..model import TensorSpec
+from .layout import SectionTable, container_chunks, write_file
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,23 @@ class ExecutableNode:
             "cores": self.cores,
             "target": dict(self.target),
         }
+
+    def header(self, section: int) -> dict[str, Any]:
+        """This node's entry in a ``.crm`` header, its artifact in section ``section``."""
+        entry: dict[str, Any] = {
+            "name": self.name,
+            "driver": self.driver,
+            "driver_version": self.driver_version,
+            "device_kind": self.device_kind,
+            "inputs": list(self.inputs),
+            "outputs": list(self.outputs),
+            "op_types": dict(self.op_types),
+            "cores": self.cores,
+        }
+        if self.target:  # left out when empty: such nodes are written as before
+            entry["target"] = dict(self.target)
+        entry["section"] = section
+        return entry
 
 
 @dataclass(frozen=True)
@@ -140,18 +160,43 @@ class Executable:
         so a reader (or an mmap of the old file) never sees a half-written container.
 
         Raises:
-            InvalidArgumentError: the file cannot be written, or the options hold a value JSON
-                cannot represent.
+            InvalidArgumentError: the file cannot be written, the options hold a value JSON
+                cannot represent, or the executable holds more than a container may
+                (docs/container.md, Limits).
         """
-        from .container import save_executables  # container imports this module
-
         save_executables([self], path)
 
     def to_bytes(self) -> bytes:
         """This executable as the bytes of a ``.crm`` container (what :meth:`save` writes)."""
-        from .container import executables_to_bytes
-
         return executables_to_bytes([self])
+
+    def header(self, name: str, sections: SectionTable) -> dict[str, Any]:
+        """This executable's entry in a ``.crm`` header's ``networks``, stored as ``name``,
+        its artifacts added to ``sections``."""
+
+        def nodes(exe: Executable) -> list[dict[str, Any]]:
+            return [n.header(sections.add(n.artifact)) for n in exe.nodes]
+
+        return {
+            "name": name,
+            "content_hash": self.content_hash,
+            "device": self.device,
+            "device_kind": self.device_kind,
+            "inputs": [s.to_dict() for s in self.inputs],
+            "outputs": [s.to_dict() for s in self.outputs],
+            "options": self.options.to_dict(),
+            "cores_required": self.cores_required,
+            "stages": [
+                {
+                    "inputs": {s.name: list(s.shape or ()) for s in stage.inputs},
+                    "outputs": [s.to_dict() for s in stage.outputs],
+                    "nodes": nodes(stage),
+                }
+                for stage in self.stages
+            ],
+            "nodes": nodes(self),
+            "metadata": dict(self.metadata),
+        }
 
     def describe(self) -> dict[str, Any]:
         """A JSON-friendly description of everything but the artifacts."""
@@ -168,3 +213,66 @@ class Executable:
                 {s.name: list(s.shape or ()) for s in stage.inputs} for stage in self.stages
             ],
         }
+
+
+Executables = Iterable[Executable] | Mapping[str, Executable]
+
+
+def executables_to_bytes(executables: Executables) -> bytes:
+    """Several executables as the bytes of one ``.crm`` container.
+
+    Args:
+        executables: executables (each stored under its own name), or a mapping of network
+            name to executable (to store several with the same model name).
+
+    Raises:
+        InvalidArgumentError: no executables, duplicate names, options JSON cannot hold, or
+            more than a container holds (docs/container.md, Limits).
+    """
+    return b"".join(_chunks(executables))
+
+
+def save_executables(executables: Executables, path: str | os.PathLike[str]) -> None:
+    """Write several executables to one ``.crm`` file, atomically (temp file + rename).
+
+    Args:
+        executables: as for :func:`executables_to_bytes`.
+        path: the file to write; replaced if it exists.
+
+    Raises:
+        InvalidArgumentError: as for :func:`executables_to_bytes`, or the file cannot be
+            written.
+    """
+    write_file(_chunks(executables), path)
+
+
+def _chunks(executables: Executables) -> list[bytes | memoryview]:
+    sections = SectionTable()
+    networks = [exe.header(name, sections) for name, exe in _named(executables)]
+    return container_chunks(networks, sections)
+
+
+def _named(executables: Executables) -> list[tuple[str, Executable]]:
+    if isinstance(executables, Mapping):
+        named = list(executables.items())
+    else:
+        named = [(getattr(exe, "name", ""), exe) for exe in executables]
+    if not named:
+        raise InvalidArgumentError("no executables to write; give at least one")
+    seen: set[str] = set()
+    for name, exe in named:
+        if not isinstance(exe, Executable):
+            raise InvalidArgumentError(
+                f"cannot write a {type(exe).__name__} to a container; give crossrt Executables "
+                "(from crossrt.compile)"
+            )
+        if not isinstance(name, str) or not name:
+            raise InvalidArgumentError(f"network name {name!r}: give a non-empty string")
+        if name in seen:
+            raise InvalidArgumentError(
+                f"two networks are called {name!r}; a container chooses networks by name, so "
+                "pass a dict of distinct names to executables, e.g. {'det': exe1, 'rec': exe2}",
+                details={"network": name},
+            )
+        seen.add(name)
+    return named

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..compiler import Container, Executable, ExecutableNode, read_container
-from ..compiler.container_header import MAGIC
+from ..compiler.container import MAGIC
 from ..compiler.stages import describe
 from ..drivers import driver_statuses
 from ..errors import CrossrtError, InvalidArgumentError

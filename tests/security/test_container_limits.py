@@ -1,0 +1,189 @@
+"""A hostile ``.crm`` header is refused within bounded memory (issue 13, item 3).
+
+A header is JSON, and parsed JSON costs 5 to 25 times its size in Python objects: a 74 MiB
+header of 4 million entries peaked at 1.2 GiB. The reader refuses a header over its byte or
+value limits from the prelude and the raw bytes, before any JSON is parsed, and refuses
+lists longer than a real container needs and symbolic dimension names longer than 256
+characters, naming the limit and the value. The writer refuses the same, so crossrt never
+writes a file it would refuse to read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import struct
+import time
+import tracemalloc
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import crossrt
+from crossrt import InvalidArgumentError, InvalidContainerError, StatusCode
+from crossrt.model import GraphBuilder
+
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def tiny() -> crossrt.Executable:
+    b = GraphBuilder("tiny")
+    x = b.input("x", "float32", ["N", 3])
+    b.output(b.op("Relu", [x], outputs=["y"]))
+    return crossrt.compile(b.finish(), driver="onnxruntime")
+
+
+@pytest.fixture(scope="module")
+def tiny_bytes(tiny: crossrt.Executable) -> bytes:
+    return tiny.to_bytes()
+
+
+def _header(data: bytes) -> dict[str, Any]:
+    (length,) = struct.unpack_from("<Q", data, 16)
+    header: dict[str, Any] = json.loads(data[64 : 64 + length])
+    return header
+
+
+def _container(text: bytes, length: int | None = None) -> bytes:
+    """A format-3 prelude and ``text`` as its header, with the header's hash right: what
+    a hostile writer makes to reach the JSON behind the hash."""
+    digest = hashlib.sha256(text).digest()
+    prelude = struct.pack("<8sIIQ32s8x", b"CROSSRTM", 3, 0, len(text), digest)
+    return prelude + text
+
+
+def _refused(data: bytes | bytearray) -> tuple[InvalidContainerError, int, float]:
+    """The error reading ``data`` raises, the peak of Python memory the read allocated, and
+    the seconds it took."""
+    tracemalloc.start()
+    start = time.perf_counter()
+    try:
+        with pytest.raises(InvalidContainerError) as info:
+            crossrt.load_executable(data)
+        seconds = time.perf_counter() - start
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert info.value.code is StatusCode.INVALID
+    return info.value, peak, seconds
+
+
+def test_a_header_of_4_million_entries_is_refused_before_it_is_parsed():
+    # 12 MiB of "{}," is under the byte limit: the value count refuses it. Parsed, it would
+    # be 4 million dicts (~300 MiB).
+    entries = 4_000_000
+    text = b'{"networks":[' + b"{}," * (entries - 1) + b"{}]}"
+    err, peak, _ = _refused(_container(text))
+    values = 1 + sum(text.count(c) for c in (b",", b":", b"[", b"{"))  # as the reader counts
+    assert f"holds up to {values:,} JSON values" in err.message
+    assert "more than the 1,048,576" in err.message
+    assert "re-create it" in err.message
+    assert peak < 2 * len(text), f"the refused read allocated {peak / MiB:.0f} MiB"
+
+
+def test_a_74_mib_header_is_refused_from_its_stated_length():
+    # The file of issue 13: 4 million small objects, 74 MiB, hash right.
+    entries = 4_000_000
+    text = b'{"networks":[' + b'{"n":"x","v":1234},' * (entries - 1) + b'{"n":"x","v":1}]}'
+    assert len(text) > 70 * MiB
+    err, peak, _ = _refused(_container(text))
+    assert f"{len(text):,} bytes" in err.message and "16 MiB" in err.message
+    assert peak < 1 * MiB, f"the refused read allocated {peak / MiB:.0f} MiB"
+
+
+def test_a_header_length_beyond_the_file_is_still_refused_as_over_the_limit():
+    data = bytearray(_container(b"{}"))
+    data[16:24] = struct.pack("<Q", 1 << 62)
+    err, peak, _ = _refused(data)
+    assert f"{1 << 62:,} bytes" in err.message and "16 MiB" in err.message
+    assert peak < 1 * MiB
+
+
+def _network(h: dict[str, Any]) -> dict[str, Any]:
+    return h["networks"][0]
+
+
+def _node(h: dict[str, Any]) -> dict[str, Any]:
+    return h["networks"][0]["nodes"][0]
+
+
+# (change to the header, the field it names, the value, the limit).
+LIMITS: list[tuple[Callable[[dict[str, Any]], Any], str, int, int]] = [
+    (lambda h: h.update(networks=[{}] * 1025), "networks", 1025, 1024),
+    (lambda h: h.update(sections=[{}] * 65537), "sections", 65537, 65536),
+    (lambda h: _network(h).update(nodes=[{}] * 4097), "networks[0].nodes", 4097, 4096),
+    (lambda h: _network(h).update(stages=[{}] * 257), "networks[0].stages", 257, 256),
+    (
+        lambda h: _network(h).update(stages=[{"nodes": [{}] * 4097}]),
+        "networks[0].stages[0].nodes",
+        4097,
+        4096,
+    ),
+    (lambda h: _node(h).update(inputs=["x"] * 65537), "networks[0].nodes[0].inputs", 65537, 65536),
+    (
+        lambda h: _network(h).update(outputs=[{"name": "y"}] * 65537),
+        "networks[0].outputs",
+        65537,
+        65536,
+    ),
+    (
+        lambda h: _network(h)["inputs"][0].update(shape=[1] * 65),
+        "networks[0].inputs[0].shape",
+        65,
+        64,
+    ),
+    (
+        lambda h: _network(h).update(stages=[{"inputs": {"x": [1] * 65}}]),
+        "networks[0].stages[0].inputs['x']",
+        65,
+        64,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "value", "limit"), LIMITS, ids=[f for _, f, _, _ in LIMITS]
+)
+def test_each_list_is_bounded(tiny_bytes, change, field, value, limit):
+    header = _header(tiny_bytes)
+    change(header)
+    err, _, _ = _refused(_container(json.dumps(header).encode()))
+    assert f"header field {field} holds {value:,}" in err.message
+    assert f"more than the {limit:,}" in err.message
+
+
+def test_a_million_character_dimension_name_is_refused(tiny_bytes):
+    # Limits are checked before the section table: this header needs no sections.
+    name = "N" * 1_000_000
+    header = _header(tiny_bytes)
+    _network(header)["inputs"][0]["shape"][0] = name
+    err, _, _ = _refused(_container(json.dumps(header).encode()))
+    assert "networks[0].inputs[0].shape[0]" in err.message
+    assert "1,000,000 characters" in err.message and "more than the 256" in err.message
+    assert name not in err.message  # the name itself is not echoed
+
+
+def test_a_dimension_name_of_256_characters_round_trips(tiny):
+    spec = dataclasses.replace(tiny.inputs[0], shape=("N" * 256, 3))
+    exe = dataclasses.replace(tiny, inputs=(spec,))
+    assert crossrt.load_executable(exe.to_bytes()).inputs == (spec,)
+
+
+def test_writing_a_million_character_dimension_name_is_refused(tiny, tmp_path):
+    spec = dataclasses.replace(tiny.inputs[0], shape=("N" * 1_000_000, 3))
+    exe = dataclasses.replace(tiny, inputs=(spec,))
+    with pytest.raises(InvalidArgumentError) as info:
+        exe.save(tmp_path / "big.crm")
+    assert "inputs[0].shape[0]" in info.value.message and "256" in info.value.message
+    assert "cannot be written" in info.value.message
+    assert not list(tmp_path.iterdir())
+
+
+def test_writing_a_header_over_16_mib_is_refused(tiny):
+    exe = dataclasses.replace(tiny, metadata={"labels": "x" * (17 * MiB)})
+    with pytest.raises(InvalidArgumentError) as info:
+        exe.to_bytes()
+    assert "16 MiB" in info.value.message and "cannot be written" in info.value.message
