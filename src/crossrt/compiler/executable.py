@@ -67,18 +67,10 @@ class ExecutableNode:
 
     def header(self, section: int) -> dict[str, Any]:
         """This node's entry in a ``.crm`` header, its artifact in section ``section``."""
-        entry: dict[str, Any] = {
-            "name": self.name,
-            "driver": self.driver,
-            "driver_version": self.driver_version,
-            "device_kind": self.device_kind,
-            "inputs": list(self.inputs),
-            "outputs": list(self.outputs),
-            "op_types": dict(self.op_types),
-            "cores": self.cores,
-        }
-        if self.target:  # left out when empty: such nodes are written as before
-            entry["target"] = dict(self.target)
+        entry = self.describe()
+        del entry["artifact_bytes"]  # the section table has the length
+        if not self.target:  # left out when empty: such nodes are written as before
+            del entry["target"]
         entry["section"] = section
         return entry
 
