@@ -241,8 +241,7 @@ class LoadedModel:
         try:
             inst = self._take()
         except IndexError:  # every instance busy: wait in the queue like run_async
-            future = self._scheduler.submit(feed, outputs, block=True, timeout=None, deadline=None)
-            return future.result()
+            return self._queued(feed, outputs)
         try:
             if checked is not None:
                 assert outputs is not None  # reuse() finds no call without them
@@ -259,6 +258,18 @@ class LoadedModel:
             self._give(inst)
             if self._scheduler.waiting:  # a worker took a request and waits for an instance
                 self._scheduler.wake()
+
+    def _queued(self, feed: dict[str, Any], outputs: Any) -> Any:
+        """``run()`` when every instance is busy: in the queue, waiting for its result. An
+        unload or a close fails it at once with the model's reason unless it is running."""
+        future = self._scheduler.submit(feed, outputs, block=True, timeout=None, deadline=None)
+        try:
+            return future.result()
+        except Exception as exc:
+            released = self._released
+            if released is not None and not isinstance(exc, released[0]):
+                raise released[0](released[1]) from None  # it ran as the model closed
+            raise
 
     def output_shapes(self) -> dict[str, tuple[int, ...] | None]:
         """The output shapes of this thread's last run (``OH_NNExecutor_GetOutputShape``).
@@ -515,7 +526,7 @@ class LoadedModel:
                 return
             self._released = self._refusal = (error, message)
             programs, self._programs = self._programs, []
-        self._scheduler.close()
+        self._scheduler.close(partial(error, message))
         self._binder.forget()
         for program in programs:
             program.close()

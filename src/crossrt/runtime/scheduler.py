@@ -152,6 +152,8 @@ class Scheduler:
         self._entry: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._admission = Admission(depth, self._enqueue)
         self._closed = False
+        # What a request that will not run now fails with: the model's reason for closing.
+        self._closing: Callable[[], BaseException] = self._closed_error
         # Instances no caller or worker holds. deque.pop/append are atomic and cost a third
         # of a lock's acquire/release, on the path every synchronous run() takes.
         self.idle: deque[Instance] = deque(self.instances)
@@ -186,8 +188,9 @@ class Scheduler:
         with self._returned:
             self._returned.notify()
 
-    def _take(self) -> Instance:
-        """An idle instance, waiting for one while ``run()`` callers hold them all."""
+    def _take(self) -> Instance | None:
+        """An idle instance, waiting for one while ``run()`` callers hold them all; ``None``
+        once the model closes (its request must not wait for a run that may be long)."""
         try:
             return self.idle.pop()
         except IndexError:
@@ -197,11 +200,12 @@ class Scheduler:
             # so either this pop sees its instance or it sees this waiter and notifies.
             self.waiting += 1
             try:
-                while True:
+                while not self._closed:  # close() sets it, then notifies under this lock
                     try:
                         return self.idle.pop()
                     except IndexError:
                         self._returned.wait()
+                return None
             finally:
                 self.waiting -= 1
 
@@ -241,7 +245,7 @@ class Scheduler:
             timeout=timeout,
             detached=detached,
             full=self._full,
-            closed=lambda: ClosedError(f"model {self.name!r} is unloaded; load it again"),
+            closed=self._closing,
         )
         return job.future
 
@@ -272,7 +276,7 @@ class Scheduler:
         """Hand an admitted request (it holds a slot) to the workers."""
         self._entry.put(job)
         if self._closed:  # closed while queueing: the workers may be gone
-            self._fail(job, self._closed_error())
+            self._fail(job, self._closing())
 
     def _closed_error(self) -> CrossrtError:
         return ClosedError(f"model {self.name!r} was unloaded before the request ran")
@@ -323,6 +327,9 @@ class Scheduler:
             if not self._start(job):
                 continue
             inst = self._take()
+            if inst is None:  # closed while it waited for an instance
+                self._done(job, error=self._closing())
+                continue
             if inst.pin is not None and inst.pin != pinned:  # it serves any idle instance
                 pinned = _pin_thread(inst.pin)
             try:
@@ -368,14 +375,25 @@ class Scheduler:
     def _call(self, execute: Callable[..., dict[str, Any]], job: Job) -> Any:
         finish = self._finish()
         if finish is None:
-            raise self._closed_error()
+            raise self._closing()
         return finish(execute, job.feed, job.outputs)
 
-    def close(self, timeout: float = 5.0) -> None:
-        """Stop the workers: queued requests, and those waiting for room, fail with CLOSED;
-        running ones finish."""
+    def close(self, error: Callable[[], BaseException] | None = None, timeout: float = 5.0) -> None:
+        """Stop the workers: every request not running yet fails with ``error()`` (default
+        CLOSED): those waiting for room, those queued, and those whose worker waits for an
+        instance; running ones finish.
+
+        Args:
+            error: what the requests that will not run fail with (the model says why it
+                closed: unloaded, or its runtime closed).
+            timeout: the most seconds to wait for each worker to stop.
+        """
+        if error is not None:
+            self._closing = error
         self._closed = True
-        self._admission.close(self._closed_error)
+        with self._returned:  # wake the workers waiting for an instance: _take sees _closed
+            self._returned.notify_all()
+        self._admission.close(self._closing)
         pending: list[Job] = []
         try:
             while True:
@@ -386,7 +404,7 @@ class Scheduler:
             pass
         for job in pending:
             if job.future.set_running_or_notify_cancel():
-                job.future.set_exception(self._closed_error())
+                job.future.set_exception(self._closing())
         for _ in self.instances:
             self._entry.put(_STOP)
         current = threading.current_thread()
