@@ -39,7 +39,7 @@ from .memory.storage import Storage
 from .memory.tensor import Tensor
 from .memory.tensordesc import Placement
 from .memory.tensorset import TensorSet
-from .memory.transfer import H2D, Transfers, device_array, release, to_host
+from .memory.transfer import H2D, Transfers, device_array, release, release_made, to_host
 
 if TYPE_CHECKING:
     from .scheduler import Instance
@@ -191,7 +191,7 @@ class OutputBinder:
                 arrays = self._checker.check_outputs(outputs, self._by_name)
                 if inputs is not None:
                     self._keep(inputs, feed, outputs, arrays, [])
-                return execute(feed, arrays)
+                return self._execute(execute, feed, arrays)
         # isinstance against the mapping ABCs costs ~0.5 µs each: a plain dict skips them.
         plain = type(outputs) is dict
         is_set = not plain and isinstance(outputs, TensorSet)
@@ -219,7 +219,7 @@ class OutputBinder:
         if inputs is not None and plain:
             self._keep(inputs, feed, outputs, bound, after)
         # A resident model's plain call returns host arrays: pass the (maybe empty) bindings.
-        result = execute(feed, bound) if bound or self._resident else execute(feed)
+        result = self._execute(execute, feed, bound) if bound or self._resident else execute(feed)
         for spec, how, tensor in after:
             if how == _BOUND:
                 result[spec.name] = tensor
@@ -234,6 +234,44 @@ class OutputBinder:
         for name, value in result.items():
             outputs.add(name, value)
         return outputs
+
+    def _execute(
+        self, execute: Callable[..., dict[str, Any]], feed: dict[str, Any], bound: dict[str, Any]
+    ) -> dict[str, Any]:
+        """``execute`` into the arrays bound; when it fails, the binding is not kept for reuse
+        and an array of the wrong shape for a dynamic output is named (:meth:`_explain`)."""
+        try:
+            return execute(feed, bound)
+        except Exception:
+            self._last = None
+            self._explain(execute, feed, bound)
+            raise
+
+    def _explain(
+        self, execute: Callable[..., dict[str, Any]], feed: dict[str, Any], bound: dict[str, Any]
+    ) -> None:
+        """Raise INVALID naming the bytes needed when an array bound to a dynamic output has
+        another shape than this run's result, which engines refuse in their own words (ONNX
+        Runtime: FAILURE, with its internals). Only a run can tell the result's shape: the
+        failed run is made once more, unbound, on this error path only."""
+        dynamic = {
+            name: array
+            for name, array in bound.items()
+            if name not in self._static and type(array) is np.ndarray
+        }
+        if not dynamic:
+            return
+        try:
+            made = execute(feed)
+        except Exception:  # it fails unbound too: the buffers are not the cause
+            return
+        try:
+            for name, array in dynamic.items():
+                shape = getattr(made.get(name), "shape", None)
+                if shape is not None and tuple(shape) != array.shape:
+                    raise _wrong_shape(name, tuple(shape), array) from None
+        finally:
+            release_made(made, None)  # device results nobody receives
 
     def _keep(
         self,
@@ -392,6 +430,19 @@ class OutputBinder:
         if not tensor.is_host:
             self._transfers.count(H2D, array.nbytes)
         return tensor
+
+
+def _wrong_shape(name: str, shape: tuple[int, ...], array: np.ndarray) -> InvalidArgumentError:
+    needed = math.prod(shape) * array.itemsize
+    want = "[" + ",".join(map(str, shape)) + "]"
+    given = "[" + ",".join(map(str, array.shape)) + "]"
+    return InvalidArgumentError(
+        f"output {name!r} is {array.dtype} {want} in this run ({needed} bytes) but the array "
+        f"given for it is {given} ({array.nbytes} bytes); pass an array of shape {want}, or "
+        "None to let the runtime allocate it (a dynamic output's shape is known after the run: "
+        "model.output_shapes())",
+        details={"output": name, "needed": needed, "size": array.nbytes, "shape": list(shape)},
+    )
 
 
 def _too_small(name: str, what: str, needed: int, tensor: Tensor) -> InvalidArgumentError:

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidInputError
+from ..errors import InvalidArgumentError, InvalidInputError
 from ..model import TensorSpec
 from .memory.allocator import count_copy
 from .memory.tensor import Tensor
@@ -95,6 +95,8 @@ class InputChecker:
                     f"{', '.join(by_name) or 'none'}",
                     details={"output": name},
                 )
+            if isinstance(buf, np.ndarray) and _shape_contradicts(spec, buf):
+                raise _wrong_size(spec, buf)
             problem = _buffer_problem(spec, buf)
             if problem:
                 raise InvalidInputError(
@@ -210,6 +212,36 @@ def _buffer_problem(spec: TensorSpec, buf: Any) -> str | None:
     if not buf.flags.writeable:
         return "it is read-only"
     return None
+
+
+def _shape_contradicts(spec: TensorSpec, buf: np.ndarray) -> bool:
+    """Whether ``buf``'s shape contradicts the output's rank or static dimensions."""
+    if spec.shape is None:
+        return False
+    if buf.ndim != len(spec.shape):
+        return True
+    return any(isinstance(w, int) and w != g for w, g in zip(spec.shape, buf.shape, strict=True))
+
+
+def _wrong_size(spec: TensorSpec, buf: np.ndarray) -> InvalidArgumentError:
+    """An array that cannot hold the output: INVALID, as for a tensor too small, naming the
+    bytes the output needs when its shape is static (else its shape)."""
+    given = f"{buf.dtype} {_shape_str(buf.shape)} ({buf.nbytes} bytes)"
+    details: dict[str, Any] = {"output": spec.name, "size": buf.nbytes}
+    if spec.is_static and spec.dtype is not None and spec.dtype.itemsize:
+        dims = [d for d in spec.shape or () if isinstance(d, int)]
+        needed = int(np.prod(dims)) * spec.dtype.itemsize
+        details["needed"] = needed
+        want = f"{spec.describe()} ({needed} bytes)"
+        fix = f"pass an array of {spec.describe()}, {needed} bytes"
+    else:
+        want = f"{spec.describe()} (its dynamic dimensions are known after the run)"
+        fix = f"pass an array of shape {spec.shape_str()} with the dimensions of this run"
+    return InvalidArgumentError(
+        f"output buffer {spec.name!r} is {given}; the output is {want}: {fix}, or None to let "
+        "the runtime allocate it",
+        details=details,
+    )
 
 
 def _same_string(given: np.dtype[Any], wanted: np.dtype[Any]) -> bool:
