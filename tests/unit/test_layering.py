@@ -1,4 +1,4 @@
-"""Imports run one way: errors/dtypes/config -> model -> drivers -> compiler -> runtime ->
+"""Imports run one way: errors/dtypes/config/host -> model -> drivers -> compiler -> runtime ->
 server -> tools -> compat (ARCHITECTURE.md §2).
 
 Every module under src/crossrt is parsed (never imported); an import of a later layer, absolute
@@ -317,3 +317,97 @@ def test_root_exports_are_read_from_the_init() -> None:
         "A": "crossrt.errors",
         "B": "crossrt.errors",
     }
+
+
+# -- no import cycle; drivers reached only through their package -----------------------------
+
+
+def import_graph(sources: list[tuple[str, bool, str]]) -> dict[str, set[str]]:
+    """``module -> modules it imports`` among ``sources``: every import counts, also those inside
+    functions and under ``if TYPE_CHECKING:`` (a cycle of types is still a knot to untie), and
+    ``from pkg import name`` counts as ``pkg.name`` when that is a module, else as ``pkg``."""
+    known = {name for name, _, _ in sources}
+
+    def owner(target: str) -> str:
+        while target not in known and "." in target:
+            target = target.rsplit(".", 1)[0]
+        return target
+
+    return {
+        name: {owner(t) for t, _ in imported_modules(name, source, is_package)} - {name}
+        for name, is_package, source in sources
+    }
+
+
+def import_cycles(
+    graph: Mapping[str, set[str]], exempt: frozenset[str] = EXEMPT
+) -> list[list[str]]:
+    """The import cycles in ``graph`` (strongly connected sets of two or more modules), the
+    re-exporting root left out."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's algorithm
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt in exempt or nxt not in graph:
+                continue
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            members = []
+            while True:
+                top = stack.pop()
+                members.append(top)
+                if top == node:
+                    break
+            if len(members) > 1:
+                cycles.append(sorted(members))
+
+    for node in sorted(graph):
+        if node not in index and node not in exempt:
+            visit(node)
+    return cycles
+
+
+def test_no_import_cycle() -> None:
+    cycles = import_cycles(import_graph(_sources()))
+    assert not cycles, "modules importing each other:\n" + "\n".join(map(" <-> ".join, cycles))
+
+
+def test_drivers_are_reached_through_their_package() -> None:
+    """Outside ``drivers/``, only ``crossrt.drivers`` (its ``base`` and ``registry``) is
+    imported: a driver's own modules are found through the registry, never named."""
+    allowed = {"crossrt.drivers", "crossrt.drivers.base", "crossrt.drivers.registry"}
+    graph = import_graph(_sources())
+    offending = [
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        if not module.startswith("crossrt.drivers")
+        for target in sorted(targets)
+        if target.startswith("crossrt.drivers.") and target not in allowed
+    ]
+    assert not offending, "\n".join(offending)
+
+
+def test_cycle_finder_finds_type_only_and_lazy_cycles() -> None:
+    sources = [
+        ("crossrt.runtime.a", False, "from .b import B\n"),
+        ("crossrt.runtime.b", False, "def f():\n    from .c import C\n"),
+        (
+            "crossrt.runtime.c",
+            False,
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import A\n",
+        ),
+        ("crossrt.runtime.d", False, "from .a import A\n"),
+    ]
+    assert import_cycles(import_graph(sources)) == [
+        ["crossrt.runtime.a", "crossrt.runtime.b", "crossrt.runtime.c"]
+    ]
+    assert import_cycles(import_graph(sources[:2] + sources[3:])) == []
