@@ -8,6 +8,12 @@ an error. An entry that fails to load (its SHA-256 does not match, it is truncat
 rebuilt with a warning, never returned. A size budget evicts the least recently used entries
 after each insert.
 
+The cache only saves time: one that cannot be used (a directory that cannot be created or
+written, a file where a directory belongs...) is passed by with one warning, and the compile
+goes on without it. A source record (model file bytes or status -> content hash) is a claim
+that the entry it leads to checks: the entry lists the sources it was compiled from, so an
+edited record costs a recompute of the content hash, never another model.
+
 Processes share a directory safely: files are renamed into place, the directory's metadata
 changes under an exclusive ``flock``, and one process at a time builds a given slot, so
 processes compiling one model at once compile it once and leave one entry.
@@ -20,7 +26,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -30,8 +36,17 @@ from ..drivers.base import CompileOptions, DeviceInfo, Driver
 from ..drivers.registry import resolve_device
 from ..errors import CrossrtError, InvalidArgumentError, StatusCode
 from ..model import Model
-from .cache_keys import SourceId, fallback_material, identify, json_safe, key_of, slot_of
-from .cache_store import CacheEntry, EntryStore
+from .cache_keys import (
+    SourceId,
+    digest_identity,
+    fallback_material,
+    file_identity,
+    identify,
+    json_safe,
+    key_of,
+    slot_of,
+)
+from .cache_store import CacheEntry, EntryStore, describe
 from .container import FORMAT_VERSION, load_executable
 from .executable import Executable
 
@@ -94,21 +109,13 @@ class CompileCache:
     def __init__(
         self, directory: str | os.PathLike[str], version: int = 0, max_bytes: int | None = None
     ) -> None:
-        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-            raise InvalidArgumentError(
-                f"cache version {version!r} is not valid; give an integer >= 0"
-            )
-        if max_bytes is not None and (
-            isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0
-        ):
-            raise InvalidArgumentError(
-                f"cache max_bytes={max_bytes!r} is not valid; give bytes >= 0, or None"
-            )
+        _check_arguments(version, max_bytes)
         self.directory = Path(directory).expanduser().absolute()
         self.version = version
         self.max_bytes = max_bytes
         self._store = EntryStore(self.directory)
         self._stats = CacheStats()
+        self._warned = False
 
     @property
     def stats(self) -> CacheStats:
@@ -159,39 +166,42 @@ class CompileCache:
                 options.to_dict(),
             )
             return build(source_id.load()[0])
-        known = source_id.content_hash
-        if known is None and source_id.path is not None:
-            known = self._store.path_alias(source_id.path)  # no need to read the file
-        if known is None and source_id.digest is not None:
-            known = self._store.alias(source_id.digest)
-        if known is not None:
-            slot = slot_of(known, driver, device, options, fallback)
-            found = self._read(key_of(slot, self.version), known, device)
-            if isinstance(found, Executable):
-                self._count(hits=1)
-                if source_id.file_stat is not None:  # known by its bytes: by its status next
-                    self._remember(source_id, known)
-                return found
-            if found is None:
-                self._refuse_newer(slot)  # before paying for validation
+        target = (driver, device, options, fallback)
+        try:
+            found = self._lookup(source_id, *target)
+        except OSError as exc:
+            self._unusable(exc)
+            found = None
+        if found is not None:
+            self._count(hits=1)
+            return found
         model, aliasable = source_id.load()
-        slot = slot_of(model.content_hash, driver, device, options, fallback)
+        sources = source_id.identities() if aliasable else []
+        slot = slot_of(model.content_hash, *target)
         key = key_of(slot, self.version)
-        with self._store.lock(slot):
-            # Another process may have built it while this one waited for the slot.
-            found = self._read(key, model.content_hash, device)
-            if isinstance(found, Executable):
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(self._store.lock(slot))
+                # Another process may have built it while this one waited for the slot.
+                inside = self._read(key, model.content_hash, device, sources)
+                if isinstance(inside, Executable):
+                    rebuilt = False
+                else:
+                    rebuilt = self._clear_slot(slot, key, inside)
+            except OSError as exc:
+                self._unusable(exc)
+                return build(model)
+            if isinstance(inside, Executable):
                 self._count(hits=1)
-                exe = found
+                exe = inside
             else:
-                rebuilt = self._clear_slot(slot, key, found)
                 self._count(misses=1, rebuilds=int(rebuilt))
                 started = time.perf_counter()
                 try:
                     exe = build(model)
                 finally:
                     self._count(compile_seconds=time.perf_counter() - started)
-                self._put(key, slot, exe, fallback)
+                self._put(key, slot, exe, fallback, sources=sources)
         if aliasable:
             self._remember(source_id, model.content_hash)
         return exe
@@ -230,7 +240,8 @@ class CompileCache:
         Args:
             key: the key, or a prefix that names one entry.
         """
-        return self.entry(key).path.read_bytes()
+        with self._explicit("read an entry"):
+            return self.entry(key).path.read_bytes()
 
     def import_entry(
         self, data: bytes | bytearray | memoryview, *, fallback: str | Sequence[str] | None = None
@@ -252,14 +263,14 @@ class CompileCache:
         drv, dev = resolve_device(exe.device, primary.driver)
         slot = slot_of(exe.content_hash, drv, dev, exe.options, fallback)
         key = key_of(slot, self.version)
-        with self._store.lock(slot):
+        with self._explicit("import an entry"), self._store.lock(slot):
             self._clear_slot(slot, key, None)
-            self._put(key, slot, exe, fallback, payload)
+            self._put(key, slot, exe, fallback, payload=payload, explicit=True)
         return key
 
     def remove(self, key: str) -> None:
         """Delete the entry of a full key; a missing one is not an error."""
-        with self._store.lock():
+        with self._explicit("remove an entry"), self._store.lock():
             self._store.unlink(key)
 
     def verify(self, *, fix: bool = False) -> list[tuple[CacheEntry, str]]:
@@ -292,7 +303,7 @@ class CompileCache:
             The evicted entries.
         """
         limit = self.max_bytes if max_bytes is None else max_bytes
-        with self._store.lock():
+        with self._explicit("prune"), self._store.lock():
             evicted = self._store.evict_locked(limit)
             self._store.tidy_locked()
         self._count(evictions=len(evicted))
@@ -306,6 +317,92 @@ class CompileCache:
                 for name, delta in deltas.items():
                     setattr(stats, name, getattr(stats, name) + delta)
 
+    def _unusable(self, exc: OSError, doing: str = "") -> None:
+        """The cache only saves time: when it cannot be used, say so once and go on."""
+        with _stats_lock:
+            first, self._warned = not self._warned, True
+        log.log(
+            logging.WARNING if first else logging.DEBUG,
+            "compile cache %s cannot be used%s (%s); compiling without it",
+            self.directory,
+            f" to {doing}" if doing else "",
+            describe(exc),
+        )
+
+    @contextlib.contextmanager
+    def _explicit(self, doing: str) -> Iterator[None]:
+        """What a caller asked of the cache itself fails with a CrossrtError that says why."""
+        try:
+            yield
+        except OSError as exc:
+            raise InvalidArgumentError(
+                f"cannot {doing} in compile cache {str(self.directory)!r}: {describe(exc)}; "
+                "check the directory's permissions and that nothing but the cache put files "
+                "in it",
+                details={"cache_dir": str(self.directory)},
+            ) from None
+
+    def _lookup(
+        self,
+        source_id: SourceId,
+        driver: Driver,
+        device: DeviceInfo,
+        options: CompileOptions,
+        fallback: str | Sequence[str] | None,
+    ) -> Executable | None:
+        """The entry of a source known by its content hash, or by a source record, without
+        loading it; ``None`` when there is none."""
+        target = (driver, device, options, fallback)
+        if source_id.content_hash is not None:
+            found = self._known(source_id, source_id.content_hash, None, *target)
+            return found if isinstance(found, Executable) else None
+        path = source_id.path
+        if path is not None and (record := self._store.path_alias(path)) is not None:
+            found = self._known(source_id, record[0], file_identity(path, record[1]), *target)
+            if found is not _UNPROVEN:
+                return found if isinstance(found, Executable) else None
+            self._store.drop_alias(path=path)
+        digest = source_id.digest  # reads a file source
+        if digest is not None and (known := self._store.alias(digest)) is not None:
+            found = self._known(source_id, known, digest_identity(digest), *target)
+            if found is not _UNPROVEN:
+                return found if isinstance(found, Executable) else None
+            self._store.drop_alias(digest=digest)
+        return None
+
+    def _known(
+        self,
+        source_id: SourceId,
+        content_hash: str,
+        claim: str | None,
+        driver: Driver,
+        device: DeviceInfo,
+        options: CompileOptions,
+        fallback: str | Sequence[str] | None,
+    ) -> Executable | str | None:
+        """The entry of model ``content_hash``, which a source record gave when ``claim`` (the
+        source's identity) is given: then the entry must list it among its sources, else
+        :data:`_UNPROVEN`."""
+        slot = slot_of(content_hash, driver, device, options, fallback)
+        key = key_of(slot, self.version)
+        unproven = claim is not None and not self._store.proves(key, claim)
+        if unproven and self._store.crm(key).exists():
+            log.info(
+                "compile cache %s: entry %s was not compiled from the source a record says "
+                "it holds; the record is dropped and the model hashed again",
+                self.directory,
+                key[:12],
+            )
+            return _UNPROVEN
+        found = self._read(key, content_hash, device, source_id.identities())
+        if isinstance(found, Executable):
+            if source_id.file_stat is not None:  # known by its bytes: by its status next
+                self._remember(source_id, content_hash)
+            return found
+        if found is None:
+            self._refuse_newer(slot, claim)  # before paying for validation
+        return None
+
     def _remember(self, source_id: SourceId, content_hash: str) -> None:
         """Next time, recognise these bytes (and this file while unchanged) without parsing
         or validating them."""
@@ -315,8 +412,11 @@ class CompileCache:
             if source_id.path is not None and source_id.file_stat is not None:
                 self._store.set_path_alias(source_id.path, source_id.file_stat, content_hash)
 
-    def _read(self, key: str, content_hash: str, device: DeviceInfo) -> Executable | str | None:
-        """The entry's executable; ``None`` when there is none; why, when it is unusable."""
+    def _read(
+        self, key: str, content_hash: str, device: DeviceInfo, sources: list[str]
+    ) -> Executable | str | None:
+        """The entry's executable, now marked used and compiled from ``sources`` too; ``None``
+        when there is none; why, when it is unusable."""
         path = self._store.crm(key)
         if not path.exists():
             return None
@@ -326,13 +426,18 @@ class CompileCache:
             return None if not path.exists() else exc.message  # None: evicted while read
         if exe.content_hash != content_hash:
             return f"it holds model content {exe.content_hash[:12]}, not {content_hash[:12]}"
-        self._store.touch(key)
+        self._store.touch(key, sources)
         # Devices of one fingerprint share entries; the executable names the one asked for.
         return exe if exe.device == device.id else replace(exe, device=device.id)
 
-    def _refuse_newer(self, slot: str) -> None:
+    def _refuse_newer(self, slot: str, claim: str | None = None) -> None:
+        """Refuse a slot's entry of a newer version (of the source ``claim`` when given: a
+        source record's word alone does not make the error)."""
         for meta in self._store.slot_metadata(slot):
             version = meta.get("version")
+            sources = meta.get("sources")
+            if claim is not None and not (isinstance(sources, list) and claim in sources):
+                continue
             if isinstance(version, int) and version > self.version:
                 raise InvalidArgumentError(
                     f"the cache {str(self.directory)!r} holds version {version} of model "
@@ -347,13 +452,6 @@ class CompileCache:
         """Before building ``key`` (holding the slot's lock): refuse a newer version, drop an
         older one and a bad entry. Whether an entry is being replaced."""
         self._refuse_newer(slot)
-        if bad is not None:
-            log.warning(
-                "compile cache %s: entry %s is corrupt (%s); rebuilding it",
-                self.directory,
-                key[:12],
-                bad,
-            )
         stale = [str(m["key"]) for m in self._store.slot_metadata(slot) if m.get("key") != key]
         with self._store.lock():
             for old in stale:
@@ -361,6 +459,13 @@ class CompileCache:
                 self._store.unlink(old)
             if bad is not None:
                 self._store.unlink(key)
+        if bad is not None:  # said once it is gone: a bad entry that stays is another matter
+            log.warning(
+                "compile cache %s: entry %s is corrupt (%s); rebuilding it",
+                self.directory,
+                key[:12],
+                bad,
+            )
         return bad is not None or bool(stale)
 
     def _put(
@@ -369,7 +474,10 @@ class CompileCache:
         slot: str,
         exe: Executable,
         fallback: str | Sequence[str] | None,
+        *,
+        sources: Sequence[str] = (),
         payload: bytes | None = None,
+        explicit: bool = False,
     ) -> None:
         now = time.time()
         meta = {
@@ -386,12 +494,19 @@ class CompileCache:
             "format": FORMAT_VERSION,
             "created": now,
             "last_used": now,
+            # The sources it was compiled from: what a source record leading here must be.
+            "sources": list(sources),
         }
         try:
             data = exe.to_bytes() if payload is None else payload
             evicted = self._store.put(key, data, meta, self.max_bytes)
-        except (OSError, CrossrtError) as exc:
+        except OSError as exc:
+            if explicit:
+                raise
             # The cache only saves time: a full disk must not fail the compile.
+            self._unusable(exc, f"store entry {key[:12]}")
+            return
+        except CrossrtError as exc:
             log.warning("compile cache %s: cannot store %s: %s", self.directory, key[:12], exc)
             return
         self._count(evictions=len(evicted))
@@ -401,7 +516,23 @@ class CompileCache:
         return f"CompileCache({where!r}, version={self.version}, max_bytes={self.max_bytes})"
 
 
+_UNPROVEN = "unproven"
+"""What :meth:`CompileCache._known` gives for an entry a source record leads to wrongly."""
+
+
+def _check_arguments(version: Any, max_bytes: Any) -> None:
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise InvalidArgumentError(f"cache version {version!r} is not valid; give an integer >= 0")
+    if max_bytes is not None and (
+        isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0
+    ):
+        raise InvalidArgumentError(
+            f"cache max_bytes={max_bytes!r} is not valid; give bytes >= 0, or None"
+        )
+
+
 _shared: dict[tuple[Path, int, int | None], CompileCache] = {}
+_unusable: set[Path] = set()  # directories already warned about
 _shared_lock = threading.Lock()
 
 
@@ -416,15 +547,32 @@ def shared_cache(
         version: the user cache version.
 
     Returns:
-        The cache (its budget from ``CROSSRT_CACHE_MAX_SIZE``), or ``None``.
+        The cache (its budget from ``CROSSRT_CACHE_MAX_SIZE``), or ``None``; ``None`` too, with
+        a warning the first time, when the directory cannot be made a cache (it only saves
+        time).
+
+    Raises:
+        InvalidArgumentError: a bad version.
     """
     config = settings()
     where = directory if directory is not None else config.cache_dir
     if where is None:
         return None
+    _check_arguments(version, config.cache_max_bytes)
     index = (Path(where).expanduser().absolute(), version, config.cache_max_bytes)
     with _shared_lock:
         cache = _shared.get(index)
         if cache is None:
-            cache = _shared[index] = CompileCache(index[0], version, config.cache_max_bytes)
+            try:
+                cache = _shared[index] = CompileCache(index[0], version, config.cache_max_bytes)
+            except InvalidArgumentError as exc:  # tried again next time: it may be mended
+                first = index[0] not in _unusable
+                _unusable.add(index[0])
+                log.log(
+                    logging.WARNING if first else logging.DEBUG,
+                    "compile cache %s cannot be used (%s); compiling without it",
+                    index[0],
+                    exc.message,
+                )
+                return None
         return cache

@@ -99,6 +99,19 @@ def key_of(slot: str, version: int) -> str:
     return hashlib.sha256(f"{slot}:v{version}".encode()).hexdigest()
 
 
+def digest_identity(digest: str) -> str:
+    """The identity of file or buffer bytes of SHA-256 ``digest``, as an entry records the
+    sources it was compiled from."""
+    return f"bytes:{digest}"
+
+
+def file_identity(path: Path, st: os.stat_result) -> str:
+    """The identity of file ``path`` with status ``st`` (its real path, device, inode, size and
+    times), as an entry records the sources it was compiled from."""
+    text = json.dumps([os.path.realpath(path), stat_signature(st)])
+    return f"file:{hashlib.sha256(text.encode()).hexdigest()}"
+
+
 @dataclass
 class SourceId:
     """A model source, identified as cheaply as possible.
@@ -123,6 +136,14 @@ class SourceId:
     file_stat: os.stat_result | None = None
     _data: bytes | None = None
     _digest: str | None = None
+
+    def identities(self) -> list[str]:
+        """What identifies this source's bytes, as far as they were read: the digest, and the
+        file with its status when it provably did not change while read."""
+        found = [] if self._digest is None else [digest_identity(self._digest)]
+        if self.path is not None and self.file_stat is not None:
+            found.append(file_identity(self.path, self.file_stat))
+        return found
 
     @property
     def digest(self) -> str | None:

@@ -60,8 +60,8 @@ def compile(
         The :class:`Executable`.
 
     Raises:
-        InvalidArgumentError: the cache holds the model at a newer ``cache_version``, or the
-            cache directory cannot be used.
+        InvalidArgumentError: the cache holds the model at a newer ``cache_version``, or a bad
+            ``cache_version`` (a cache directory that cannot be used is passed by, warned once).
         InvalidOptionError: an unknown option or a bad value, or a bad stage (an unknown
             input, a wrong rank, a static dim changed, a stage given twice).
         DeviceUnavailableError: no such device, or an option it cannot honour.
