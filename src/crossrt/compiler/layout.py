@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from stat import S_ISCHR, S_ISDIR, S_ISFIFO, S_ISREG, S_ISSOCK
 from typing import Any
 
 from ..drivers.base import ArtifactFile
@@ -378,8 +379,17 @@ def _open(source: Source) -> tuple[memoryview, FileIdentity | None]:
         )
     path = os.fspath(source)
     try:
-        with open(path, "rb") as f:
+        # Opened without blocking, and refused unless a regular file: opening a FIFO for
+        # reading waits for a writer forever, a device or socket is no container.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        with open(fd, "rb", closefd=True) as f:
             stat = os.fstat(f.fileno())
+            if not S_ISREG(stat.st_mode):
+                raise InvalidArgumentError(
+                    f"cannot read the container {path!r}: it is not a regular file (a "
+                    f"{_file_kind(stat.st_mode)}); give a .crm file",
+                    details={"path": path},
+                )
             if stat.st_size == 0:
                 return memoryview(b""), None  # mmap refuses empty files; the caller reports it
             # The view keeps the mapping alive; the mapping keeps its own descriptor.
@@ -397,3 +407,9 @@ def _open(source: Source) -> tuple[memoryview, FileIdentity | None]:
             "give a readable .crm file",
             details={"path": path},
         ) from None
+
+
+def _file_kind(mode: int) -> str:
+    """What a non-regular file is, for messages."""
+    kinds = ((S_ISDIR, "directory"), (S_ISFIFO, "FIFO"), (S_ISSOCK, "socket"), (S_ISCHR, "device"))
+    return next((name for test, name in kinds if test(mode)), "special file")
