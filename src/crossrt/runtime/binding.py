@@ -34,6 +34,7 @@ from ..drivers.base import DeviceArray
 from ..errors import InvalidArgumentError, InvalidInputError
 from ..model import TensorSpec
 from .inputs import InputChecker
+from .memory.allocation import host_contiguous
 from .memory.allocator import Allocator, allocator_for, count_copy
 from .memory.storage import Storage
 from .memory.tensor import Tensor
@@ -369,7 +370,7 @@ class OutputBinder:
             return self._adopt_device(spec, produced)
         array = np.asarray(produced)
         if not array.flags.c_contiguous:
-            array = np.ascontiguousarray(array)
+            array = host_contiguous(array, f"output {spec.name!r}")
             count_copy(array.nbytes)
         raw = array.reshape(-1).view(np.uint8)
         allocator = self._allocator()
@@ -420,7 +421,7 @@ class OutputBinder:
             host = to_host(produced, self._transfers)
             release(produced)
             produced = host
-        array = np.ascontiguousarray(produced)
+        array = host_contiguous(produced, f"output {spec.name!r}")
         if tensor.size < array.nbytes:
             shape = "[" + ",".join(map(str, array.shape)) + "]"
             raise _too_small(spec.name, f"{spec.dtype} {shape}", array.nbytes, tensor)

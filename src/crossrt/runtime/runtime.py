@@ -30,6 +30,7 @@ from .cores.groups import CoreGroup, pick_free, split_instances
 from .cores.reservation import reserve_cores
 from .loaded import LoadedModel
 from .loading import load_instances
+from .memory import shm
 from .memory.allocator import MemoryStats, all_stats
 from .staged import StagedModel
 
@@ -73,6 +74,7 @@ class Runtime:
         self._models: list[LoadedModel] = []
         self._groups: list[CoreGroup] = []
         self._closed = False
+        shm.sweep_once()  # named segments of crossrt processes killed with their group
         self._cores = reserve_cores(visible_cores, num_cores)
         # An unclosed runtime gives its cores back when collected, not only at exit.
         self._release_cores = weakref.finalize(self, self._cores.release)

@@ -10,12 +10,14 @@ access (see :mod:`.devices`).
 from __future__ import annotations
 
 import dataclasses
+import errno
 from typing import Any, Protocol
 
 import numpy as np
 
 from ...drivers import DeviceInfo, Driver
 from ...drivers.base import Capabilities, host_cpu
+from ...errors import OutOfResourcesError, StatusCode
 
 HOST = "host"
 """The device name of host memory (HOST and VIRTUAL placements, shared memory)."""
@@ -60,6 +62,54 @@ class HostMemory:
 
 
 _HOOKS = ("allocate", "free", "copy_in", "copy_out", "copy_device")
+
+# What the system answers when it has no memory (or /dev/shm no room) for a mapping or a file.
+_NO_MEMORY = {errno.ENOMEM, errno.ENOSPC}
+_NO_FILES = {errno.EMFILE, errno.ENFILE}
+
+
+def host_memory_error(nbytes: int, what: str, exc: BaseException) -> OutOfResourcesError:
+    """The system refused ``nbytes`` of host memory for ``what``: ``FAIL_HOST_MEM_ALLOC``
+    naming the bytes, in place of a bare ``MemoryError`` or ``OSError`` (ENOMEM, ENOSPC; too
+    many open files is ``RESOURCE``)."""
+    if isinstance(exc, OSError) and exc.errno in _NO_FILES:
+        return OutOfResourcesError(
+            f"cannot make {what} ({nbytes} bytes): this process has too many open files "
+            f"({exc.strerror}); free tensors no longer needed or raise the limit (ulimit -n)",
+            details={"requested": nbytes, "errno": exc.errno},
+        )
+    why = exc.strerror if isinstance(exc, OSError) and exc.strerror else "out of memory"
+    return OutOfResourcesError(
+        f"cannot allocate {nbytes} bytes of host memory for {what}: {why}; free memory (tensors, "
+        "models no longer needed), or give the process more (its cgroup or ulimit -v limit)",
+        code=StatusCode.FAIL_HOST_MEM_ALLOC,
+        details={"requested": nbytes},
+    )
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is the system refusing memory (or file descriptors)."""
+    if isinstance(exc, OSError):
+        return exc.errno in _NO_MEMORY or exc.errno in _NO_FILES
+    return isinstance(exc, MemoryError)
+
+
+def host_empty(shape: tuple[int, ...], dtype: Any, what: str) -> np.ndarray:
+    """``np.empty(shape, dtype)``, a refusal being :func:`host_memory_error`."""
+    try:
+        return np.empty(shape, dtype=dtype)
+    except MemoryError as exc:
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        raise host_memory_error(nbytes, what, exc) from None
+
+
+def host_contiguous(array: Any, what: str) -> np.ndarray:
+    """``np.ascontiguousarray(array)`` (a copy when it is not), a refusal being
+    :func:`host_memory_error`."""
+    try:
+        return np.ascontiguousarray(array)
+    except MemoryError as exc:
+        raise host_memory_error(int(getattr(array, "nbytes", 0)), what, exc) from None
 
 
 def is_coherent(driver: Any) -> bool:
@@ -172,6 +222,6 @@ class Allocation:
             if self.mapping is not None:
                 self.mapping.after_device_write()
             return
-        staging = np.empty(nbytes, dtype=np.uint8)
+        staging = host_empty((nbytes,), np.uint8, "a copy between devices")
         src.copy_out(staging, src_offset)
         self.copy_in(staging, dst_offset)

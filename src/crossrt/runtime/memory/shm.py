@@ -7,7 +7,11 @@ mapping are gone, however the processes holding them end. Elsewhere, or when a n
 extension), it is a POSIX segment made through :mod:`multiprocessing.shared_memory`: created
 0600 under an unguessable name (128 random bits), unlinked right after mapping unless the
 name is kept, else unlinked when its last tensor is freed, at exit, or, if the process dies
-without running either, by Python's resource tracker process.
+without running either, by Python's resource tracker process. When the tracker dies too (the
+whole process group killed), the name is left behind: names carry the creating process's PID
+(``crossrt-<pid namespace>-<pid>-<random>``), and the next crossrt process of the same user
+(its first :class:`Runtime` or named segment) unlinks those whose process is gone
+(:func:`remove_leftovers`).
 
 Pass a segment to another process as its file descriptor (``socket.send_fds``, or
 ``subprocess`` ``pass_fds``); there, :func:`tensor_from_fd` maps it.
@@ -17,10 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import math
 import mmap
 import os
+import re
 import secrets
+import threading
 import weakref
 from collections.abc import Sequence
 from multiprocessing import shared_memory
@@ -30,12 +37,79 @@ import numpy as np
 
 from ...dtypes import DType
 from ...errors import InvalidArgumentError, UnsupportedError
+from .allocation import host_memory_error, is_out_of_memory
 from .allocator import host_allocator
 from .storage import Storage, buffer_storage
 from .tensorbase import TensorBase
 from .tensordesc import as_dtype, as_shape, byte_index, fixed_size, owner_key
 
+log = logging.getLogger("crossrt")
+
 KINDS = ("memfd", "posix")
+SHM_DIRECTORY = "/dev/shm"  # where Linux shows POSIX segments (shm_open names) as files
+_NAME = re.compile(r"crossrt-([0-9]+)-([0-9]+)-[0-9a-f]{32}")
+_swept = False
+_sweep_lock = threading.Lock()
+
+
+def _pid_namespace() -> int:
+    """This process's PID namespace (its inode), 0 where unknown: a PID means something only
+    inside its namespace, so only segments named in ours are ever judged by their PID."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it exists, another user's
+        return True
+    return True
+
+
+def remove_leftovers(directory: str = SHM_DIRECTORY) -> list[str]:
+    """Unlink the named segments this user's dead crossrt processes left behind.
+
+    A segment qualifies when its name is crossrt's, made in this PID namespace, by a process
+    that no longer exists, and the file is this user's. A PID reused since by a living process
+    keeps the segment (never the other way round).
+
+    Returns:
+        The names removed.
+    """
+    namespace = _pid_namespace()
+    try:
+        names = os.listdir(directory)
+    except OSError:  # no /dev/shm (not Linux): nothing to look at
+        return []
+    removed = []
+    for name in names:
+        match = _NAME.fullmatch(name)
+        if match is None or not namespace or int(match[1]) != namespace or _alive(int(match[2])):
+            continue
+        path = os.path.join(directory, name)
+        with contextlib.suppress(OSError):  # gone meanwhile, or not ours to remove
+            if os.lstat(path).st_uid == os.geteuid():
+                os.unlink(path)
+                removed.append(name)
+    return removed
+
+
+def sweep_once() -> None:
+    """:func:`remove_leftovers`, once per process (a :class:`Runtime` and the first named
+    segment call it)."""
+    global _swept
+    with _sweep_lock:
+        if _swept:
+            return
+        _swept = True
+    removed = remove_leftovers()
+    if removed:
+        log.info("removed %d shared-memory segments of dead processes: %s", len(removed), removed)
 
 
 class SharedMemorySegment:
@@ -58,26 +132,31 @@ class SharedMemorySegment:
         if kind == "memfd" and (keep_name or not memfd):
             why = "a memfd has no name to keep" if keep_name else "this system has no memfd"
             raise UnsupportedError(f"kind='memfd' is not possible: {why}; use kind='posix'")
-        label = f"crossrt-{secrets.token_hex(16)}"
+        label = f"crossrt-{_pid_namespace()}-{os.getpid()}-{secrets.token_hex(16)}"
         length = max(size, 1)  # the system maps no empty files
         posix: shared_memory.SharedMemory | None = None
-        if kind == "memfd":
-            fd = os.memfd_create(label, os.MFD_CLOEXEC)
-            os.fchmod(fd, 0o600)  # memfds start 0777; /proc/<pid>/fd could reopen them
-            os.ftruncate(fd, length)
-        else:
-            posix = shared_memory.SharedMemory(name=label, create=True, size=length)  # 0600
-            fd = os.dup(posix._fd)  # type: ignore[attr-defined]  # ours: its own one closes
-            posix.close()
-            if not keep_name:
-                posix.unlink()  # the mapping below keeps the memory; no name to leak
-                posix = None
+        fd = -1
         try:
+            if kind == "memfd":
+                fd = os.memfd_create(label, os.MFD_CLOEXEC)
+                os.fchmod(fd, 0o600)  # memfds start 0777; /proc/<pid>/fd could reopen them
+                os.ftruncate(fd, length)
+            else:
+                sweep_once()
+                posix = shared_memory.SharedMemory(name=label, create=True, size=length)  # 0600
+                fd = os.dup(posix._fd)  # type: ignore[attr-defined]  # ours: its own one closes
+                posix.close()
+                if not keep_name:
+                    posix.unlink()  # the mapping below keeps the memory; no name to leak
+                    posix = None
             self._map = mmap.mmap(fd, length)
-        except BaseException:
-            os.close(fd)
+        except BaseException as exc:
+            if fd >= 0:
+                os.close(fd)
             if posix is not None:
                 posix.unlink()
+            if is_out_of_memory(exc):
+                raise host_memory_error(length, f"a shared-memory segment ({kind})", exc) from None
             raise
         self.kind, self.fd, self.size = kind, fd, size
         self.name: str | None = label if kind == "memfd" or posix is not None else None

@@ -12,6 +12,7 @@ import numpy as np
 
 from ...dtypes import DType
 from ...errors import InvalidArgumentError, InvalidHandleError, UnsupportedError
+from .allocation import host_empty
 from .storage import Storage
 from .tensordesc import Format, Placement, TensorDesc, as_dtype, as_shape, byte_index, fixed_size
 
@@ -168,7 +169,7 @@ class TensorBase:
             raw = storage.host[self._offset : self._offset + self.byte_size]
             self._view = raw.view(self._dtype.numpy).reshape(self._shape)
             return self._view.view()
-        out = np.empty(self._shape, dtype=self._dtype.numpy)
+        out = host_empty(self._shape, self._dtype.numpy, f"a host copy of tensor {self.name!r}")
         storage.read_into(self._offset, out.reshape(-1).view(np.uint8))
         return out
 

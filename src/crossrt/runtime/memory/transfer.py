@@ -32,6 +32,7 @@ import numpy as np
 from ...drivers import DeviceInfo, Driver, Program, resolve_device
 from ...drivers.base import CancelToken, DeviceArray, Residence
 from ...errors import InvalidInputError
+from .allocation import host_contiguous, host_empty
 
 if TYPE_CHECKING:
     from .tensor import Tensor
@@ -109,7 +110,7 @@ def _driver_of(device: str) -> tuple[Driver, DeviceInfo]:
 def to_host(value: DeviceArray, transfers: Transfers) -> np.ndarray:
     """A host copy of a device array (device -> host, counted)."""
     driver, info = _driver_of(value.device)
-    out = np.empty(value.shape, dtype=value.dtype)
+    out = host_empty(value.shape, value.dtype, f"a host copy of a result on {value.device}")
     driver.copy_out(info, _bytes_of(out), value.buffer, value.offset)
     transfers.count(D2H, out.nbytes)
     return out
@@ -117,7 +118,7 @@ def to_host(value: DeviceArray, transfers: Transfers) -> np.ndarray:
 
 def to_device(array: np.ndarray, device: DeviceInfo, driver: Driver, transfers: Transfers) -> Any:
     """A new buffer on ``device`` holding ``array`` (host -> device, counted)."""
-    array = np.ascontiguousarray(array)
+    array = host_contiguous(array, f"an input staged for {device.id}")
     buffer = driver.allocate(device, array.nbytes)
     try:
         driver.copy_in(device, buffer, _bytes_of(array), 0)
@@ -253,7 +254,7 @@ class ResidentProgram(Program):
         for name, buffer in after:
             produced = results[name]
             if isinstance(buffer, DeviceArray):  # a host result into device memory
-                array = np.ascontiguousarray(produced)
+                array = host_contiguous(produced, f"result {name!r}")
                 driver, info = _driver_of(buffer.device)
                 driver.copy_in(info, buffer.buffer, _bytes_of(array), buffer.offset)
                 self.transfers.count(H2D, array.nbytes)
