@@ -7,6 +7,13 @@ per host CPU in the runtime directory: the kernel drops it when the process dies
 PID written in a file never blocks anyone. A process that asks for nothing shares every core
 it may use, takes no lock and blocks no one (docs/cores.md says why).
 
+Lock files stay (removing one safely would need every taker to check the file it locked is
+still the one named), so they must not lock out the next user: in a directory its group may
+write (a group's shared runtime directory), a lock file is made group-writable and given the
+directory's group, as a setgid directory gives it; and ``flock`` needs only read access, so a
+lock file this user cannot write (another user's, from before) is locked read-only, its owner
+line left as it is (``/proc/locks`` names the holder).
+
 Reservation belongs to the process: runtimes of one process that ask for the same core share
 it (counted), and the lock goes when the last of them lets it go.
 """
@@ -170,6 +177,7 @@ def _locked(path: Path) -> bool:
 class _Held:
     fd: int
     users: int
+    writable: bool = True  # False: another user's lock file, locked through a read-only fd
 
 
 _state = threading.Lock()
@@ -366,7 +374,7 @@ def _take(directory: Path, cpu: int) -> CoreOwner | None:
         return None
     path = directory / f"cpu{cpu}.lock"
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        fd, writable = _open_lock(directory, path)
     except OSError as exc:
         raise OutOfResourcesError(
             f"cannot open the lock file of core {cpu}, {path}: {exc.strerror}; make "
@@ -378,11 +386,48 @@ def _take(directory: Path, cpu: int) -> CoreOwner | None:
     except BlockingIOError:
         os.close(fd)
         return _owner(path, _proc_locks(), locked=True)
-    me = {**process_info().to_dict(), "host_cpu": cpu, "reserved_at": time.time()}
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
-    _held[(str(directory), cpu)] = _Held(fd, 1)
+    if writable:
+        me = {**process_info().to_dict(), "host_cpu": cpu, "reserved_at": time.time()}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
+    _held[(str(directory), cpu)] = _Held(fd, 1, writable)
     return None
+
+
+_OPEN = os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _open_lock(directory: Path, path: Path) -> tuple[int, bool]:
+    """A core's lock file, opened (made if missing) for ``flock``; whether it is writable."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _OPEN, 0o644)
+    except FileExistsError:
+        try:
+            fd = os.open(path, os.O_RDWR | _OPEN)
+        except PermissionError:  # another user's, not writable by this one: flock reads
+            return os.open(path, os.O_RDONLY | _OPEN), False
+        if os.fstat(fd).st_uid != os.geteuid():
+            return fd, True
+    try:
+        _share(fd, os.stat(directory))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, True
+
+
+def _share(fd: int, folder: os.stat_result) -> None:
+    """Let the group of a group-writable directory write a lock file made by this user: mode
+    0664 whatever the umask, and the directory's group (a setgid directory gives it; else it
+    is set when this user is in that group)."""
+    if not folder.st_mode & stat.S_IWGRP:
+        return  # a directory of one user (0700, the default): nobody else takes cores there
+    st = os.fstat(fd)
+    if st.st_gid != folder.st_gid:
+        with contextlib.suppress(PermissionError):  # not a member: the group stays ours
+            os.fchown(fd, -1, folder.st_gid)
+    if stat.S_IMODE(st.st_mode) & 0o060 != 0o060:
+        os.fchmod(fd, stat.S_IMODE(st.st_mode) | 0o060)
 
 
 def _give_back(directory: Path, cpu: int) -> None:
@@ -392,7 +437,8 @@ def _give_back(directory: Path, cpu: int) -> None:
     held.users -= 1
     if held.users == 0:
         del _held[(str(directory), cpu)]
-        os.ftruncate(held.fd, 0)  # a living process that let go is no longer named as owner
+        if held.writable:
+            os.ftruncate(held.fd, 0)  # a living process that let go is no longer named as owner
         # Unlock before closing: a child forked a moment ago may still share this open file,
         # and closing alone would leave the lock held until it closes its copy too.
         fcntl.flock(held.fd, fcntl.LOCK_UN)
