@@ -20,7 +20,7 @@ from ..compiler.cache import CacheEntry, CompileCache
 from ..compiler.cache_store import TAG
 from ..config import parse_size, settings
 from ..errors import CrossrtError, InvalidArgumentError, StatusCode
-from .common import fail, human_bytes
+from .common import fail, human_bytes, say
 
 
 def parser() -> argparse.ArgumentParser:
@@ -112,22 +112,22 @@ def _ls(cache: CompileCache, as_json: bool) -> int:
             "entries": [e.to_dict() for e in entries],
             "total_bytes": total,
         }
-        print(json.dumps(doc, indent=2))
+        print(json.dumps(doc, indent=2))  # JSON escapes every control character itself
         return 0
     if not entries:
-        print(f"no entries in {cache.directory}")
+        say(f"no entries in {cache.directory}")
         return 0
-    print(
+    say(
         f"{'key':<12}  {'model':<20} {'driver':<13} {'device':<7} {'size':>10} "
         f"{'version':>7}  last used"
     )
     for e in entries:
         version = "?" if e.version is None else str(e.version)
-        print(
+        say(
             f"{e.key[:12]:<12}  {e.model[:20]:<20} {e.driver[:13]:<13} {e.device:<7} "
             f"{human_bytes(e.size):>10} {version:>7}  {_when(e.last_used)}"
         )
-    print(f"{len(entries)} entries, {human_bytes(total)} in {cache.directory}")
+    say(f"{len(entries)} entries, {human_bytes(total)} in {cache.directory}")
     return 0
 
 
@@ -137,8 +137,8 @@ def _verify(cache: CompileCache, fix: bool) -> int:
     for e in entries:
         state = "ok" if e.key not in bad else ("REMOVED" if fix else "CORRUPT")
         reason = f": {bad[e.key]}" if e.key in bad else ""
-        print(f"{state:<8} {e.key[:12]}  {e.model}{reason}")
-    print(f"{len(entries) - len(bad)} ok, {len(bad)} corrupt{' (removed)' if fix and bad else ''}")
+        say(f"{state:<8} {e.key[:12]}  {e.model}{reason}")
+    say(f"{len(entries) - len(bad)} ok, {len(bad)} corrupt{' (removed)' if fix and bad else ''}")
     return 1 if bad else 0
 
 
@@ -161,9 +161,9 @@ def _prune(cache: CompileCache, args: argparse.Namespace) -> int:
             )
         evicted = cache.prune(limit)
     for e in evicted:
-        print(f"removed  {e.key[:12]}  {e.model} ({human_bytes(e.size)})")
+        say(f"removed  {e.key[:12]}  {e.model} ({human_bytes(e.size)})")
     left = cache.entries()
-    print(
+    say(
         f"removed {len(evicted)} entries ({human_bytes(sum(e.size for e in evicted))}); "
         f"{len(left)} left, {human_bytes(sum(e.size for e in left))}"
     )

@@ -23,7 +23,7 @@ from onnx import external_data_helper
 from ..compiler import Executable, compile
 from ..compiler.cache import cache_stats
 from ..errors import CrossrtError, InvalidArgumentError
-from .common import fail, human_bytes
+from .common import fail, human_bytes, printable, say
 
 _QUIET_S = 1.0  # compiles shorter than this show no progress at all
 _FRAMES = "|/-\\"
@@ -138,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cache = "miss (stored)"
     else:
         cache = "off"
-    print(summary(exe, output, elapsed, cache, Path(args.model)))
+    say(*summary(exe, output, elapsed, cache, Path(args.model)).split("\n"))
     return 0
 
 
@@ -206,7 +206,7 @@ class Progress:
     """
 
     def __init__(self, what: str, stream: TextIO, quiet_s: float = _QUIET_S) -> None:
-        self.what = what
+        self.what = printable(what)  # a file name: it may hold anything but "/"
         self.stream = stream
         self.quiet_s = quiet_s
         self._done = threading.Event()

@@ -21,7 +21,7 @@ from ..drivers import driver_statuses
 from ..errors import CrossrtError, InvalidArgumentError
 from ..model import TensorSpec
 from . import inspect_model
-from .common import fail, human_bytes
+from .common import fail, human_bytes, printable, say
 
 
 def parser() -> argparse.ArgumentParser:
@@ -108,13 +108,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CrossrtError as exc:
         return fail("inspect", exc)
     if args.json:
-        print(json.dumps(info, indent=2))
+        print(json.dumps(info, indent=2))  # JSON escapes every control character itself
         return 0
     networks = [n for n in container.networks if args.network in (None, n.name)]
-    print("\n".join(_summary(container, args.file)))
+    say(*_summary(container, args.file))
     for exe in networks:
-        print()
-        print("\n".join(_network(container, exe)))
+        say("", *_network(container, exe))
     return 0
 
 
@@ -131,7 +130,10 @@ def _inspect_model(args: argparse.Namespace) -> int:
         doc = inspect_model.collect(args.file, args.device, args.driver)
     except CrossrtError as exc:
         return fail("inspect", exc)
-    print(json.dumps(doc, indent=2) if args.json else "\n".join(inspect_model.lines(doc)))
+    if args.json:
+        print(json.dumps(doc, indent=2))  # JSON escapes every control character itself
+    else:
+        say(*inspect_model.lines(doc))
     return 0
 
 
@@ -168,9 +170,9 @@ def _network(container: Container, exe: Executable) -> list[str]:
         f"  placement       {exe.placement_summary()}",
         "",
         "  INPUTS",
-        *(f"    {s.name:<24} {s.describe()}" for s in exe.inputs),
+        *(f"    {printable(s.name):<24} {s.describe()}" for s in exe.inputs),
         "  OUTPUTS",
-        *(f"    {s.name:<24} {s.describe()}" for s in exe.outputs),
+        *(f"    {printable(s.name):<24} {s.describe()}" for s in exe.outputs),
         "",
         "  NODES",
     ]
@@ -231,10 +233,11 @@ def _table(exe: Executable) -> list[str]:
                         str(spec.dtype or spec.kind) if spec else "?",
                     )
                 )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    shown = [tuple(map(printable, row)) for row in rows]  # escaped before measuring widths
+    widths = [max(len(row[i]) for row in shown) for i in range(len(shown[0]))]
     return [
         "    " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-        for row in rows
+        for row in shown
     ]
 
 

@@ -24,7 +24,7 @@ from ..drivers.base import DeviceInfo, Driver
 from ..drivers.registry import resolve_device
 from ..model import Model, TensorSpec, load_model
 from ..model.spec import spec_from_value_info
-from .common import human_bytes
+from .common import human_bytes, printable
 
 _LISTED = 10  # nodes a text line names before "and N more"
 
@@ -110,7 +110,8 @@ def placement(model: Model, device: str, driver: str | None = None) -> dict[str,
 
 
 def lines(doc: dict[str, Any]) -> list[str]:
-    """The document as the text ``crossrt inspect`` prints."""
+    """The document as the text ``crossrt inspect`` prints (through
+    :func:`~crossrt.tools.common.say`, which escapes what a terminal would act on)."""
     producer = " ".join(p for p in doc["producer"].values() if p) or "not recorded"
     opsets = ", ".join(f"{domain} {version}" for domain, version in doc["opsets"].items())
     out = [
@@ -123,9 +124,9 @@ def lines(doc: dict[str, Any]) -> list[str]:
         f"  nodes           {doc['nodes']}",
         "",
         "  INPUTS",
-        *(f"    {v['name']:<24} {v['type']}" for v in doc["inputs"]),
+        *(f"    {printable(v['name']):<24} {v['type']}" for v in doc["inputs"]),
         "  OUTPUTS",
-        *(f"    {v['name']:<24} {v['type']}" for v in doc["outputs"]),
+        *(f"    {printable(v['name']):<24} {v['type']}" for v in doc["outputs"]),
         "",
         "  OPERATORS",
         *(f"    {op:<32} x{count}" for op, count in doc["op_types"].items()),

@@ -29,7 +29,7 @@ from ..compiler import load_executable
 from ..errors import CrossrtError, InvalidArgumentError, InvalidInputError, UnsupportedError
 from ..model import TensorSpec
 from ..runtime import Runtime
-from .common import fail
+from .common import fail, say
 
 
 def parser() -> argparse.ArgumentParser:
@@ -111,9 +111,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             ),
         )
     for name, path in written.items():
-        print(f"{name}: {_describe(outputs[name])} -> {path}")
+        say(f"{name}: {_describe(outputs[name])} -> {path}")
     drivers = ", ".join(dict.fromkeys(n.driver for n in model.executable.nodes))
-    print(f"ran {model.name!r} on {model.device.id} ({drivers}) in {elapsed * 1e3:.2f} ms")
+    say(f"ran {model.name!r} on {model.device.id} ({drivers}) in {elapsed * 1e3:.2f} ms")
     return 0
 
 
@@ -279,7 +279,7 @@ def _zeros(spec: TensorSpec) -> np.ndarray:
         )
     shape = tuple(d if isinstance(d, int) else 1 for d in spec.shape)
     note = " (dynamic dimensions set to 1)" if spec.dynamic_axes else ""
-    print(
+    say(
         f"crossrt run: warning: input {spec.name!r} not given; using zeros "
         f"{spec.dtype} {list(shape)}{note}",
         file=sys.stderr,
