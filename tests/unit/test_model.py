@@ -361,8 +361,8 @@ def test_missing_file(tmp_path: Path) -> None:
     assert err.details == {"path": str(missing)}
 
 
-def test_directory_is_not_a_model(tmp_path: Path) -> None:
-    with pytest.raises(ModelNotFoundError):
+def test_directory_is_not_a_model_and_not_missing(tmp_path: Path) -> None:
+    with pytest.raises(InvalidModelError, match="not a regular file"):
         load_model(tmp_path)
 
 

@@ -15,8 +15,8 @@ from typing import Any, cast
 import numpy as np
 import onnx
 
-from ..errors import CompileError, ExecutionError
-from ..model import Model
+from ..errors import CompileError, ExecutionError, InvalidContainerError
+from ..model import Model, tensors
 from .base import (
     ArtifactFile,
     Capabilities,
@@ -82,6 +82,22 @@ class ReferenceDriver(Driver):
             proto = onnx.ModelProto.FromString(artifact)
             if not proto.graph.output:  # b"" and foreign bytes can parse as an empty model
                 raise ValueError("it holds no ONNX graph with outputs")
+        except Exception as exc:
+            raise CompileError(
+                f"the reference driver could not load the artifact: {type(exc).__name__}: "
+                f"{str(exc)[:200]}; it is damaged or another driver's: compile the model again",
+                details={"driver": self.name},
+            ) from None
+        # The evaluator reads a tensor marked as external data from the file it names, in the
+        # working directory (numpy_helper.to_array); a compiled model holds all its bytes.
+        named = next(tensors.files_named(proto), None)
+        if named is not None:
+            raise InvalidContainerError(
+                f"the reference artifact is damaged or crafted: its {named.where} refers to "
+                f"the file {tensors.location(named.tensor)!r}; compile the model again",
+                details={"driver": self.name},
+            )
+        try:
             return ReferenceProgram(proto)
         except Exception as exc:
             raise CompileError(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -14,19 +15,23 @@ from google.protobuf.message import DecodeError
 from ..errors import InvalidModelError, ModelNotFoundError
 from .skeleton import Skeleton, checkable, misfit_weights, skeleton
 from .spec import TensorSpec, spec_from_value_info
+from .tensors import files_named, location, read_external
 
 
 class Model:
     """A validated ONNX model held in memory (OH_NNModel, a MindIR or NEFF's source).
 
     Build one with :func:`load_model` or :class:`GraphBuilder`. Unnamed nodes are given
-    ``<OpType>_<index>`` names so that every message and placement can name them.
+    ``<OpType>_<index>`` names so that every message and placement can name them. A proto
+    whose tensors still name files (ONNX external data) is refused with InvalidModelError:
+    :func:`load_model` reads them, from the model's folder only.
 
     Attributes:
         proto: the ``onnx.ModelProto``.
     """
 
     def __init__(self, proto: onnx.ModelProto, *, validate: bool = True) -> None:
+        _refuse_files(proto)
         self.proto = proto
         _name_nodes(proto.graph)
         self._inferred: onnx.ModelProto | None = None
@@ -116,40 +121,48 @@ class Model:
         return f"Model({self.name!r}, {len(self.proto.graph.node)} nodes, ({ins}) -> ({outs}))"
 
 
-def load_model(source: Any, *, validate: bool = True) -> Model:
+def load_model(
+    source: Any, *, validate: bool = True, base_dir: str | os.PathLike[str] | None = None
+) -> Model:
     """Load and validate an ONNX model.
+
+    Weights a model keeps in files of their own (ONNX external data) are read from the
+    model's folder, and only from inside it: a location that is absolute, climbs out with
+    ``..`` or leads out through a symbolic link is refused. Bytes and an ``onnx.ModelProto``
+    have no folder: one that names such files needs ``base_dir``.
 
     Args:
         source: a path, the serialized bytes, an ``onnx.ModelProto``, or a :class:`Model`
             (returned as is).
         validate: run the ONNX checker and strict shape inference (default). Turn it off
             only for models already known to be valid.
+        base_dir: the folder the model's external data files lie in; for a path, the
+            file's own folder unless given.
 
     Returns:
         The :class:`Model`.
 
     Raises:
         ModelNotFoundError: the path does not exist.
-        InvalidModelError: the bytes are not a model, or the graph fails validation; the
-            message names the node and what is wrong.
+        InvalidModelError: the bytes are not a model, the graph fails validation (the
+            message names the node and what is wrong), or a tensor's external data file lies
+            outside the folder, is missing, or is bytes' or a proto's with no ``base_dir``.
     """
     if isinstance(source, Model):
         return source
     if isinstance(source, onnx.ModelProto):
         proto = onnx.ModelProto()
         proto.CopyFrom(source)
+        _external_data(proto, base_dir, "given as an onnx.ModelProto")
         return Model(proto, validate=validate)
     if isinstance(source, bytes | bytearray | memoryview):
-        return Model(_parse(bytes(source), "the given bytes"), validate=validate)
+        proto = _parse(bytes(source), "the given bytes")
+        _external_data(proto, base_dir, "given as bytes")
+        return Model(proto, validate=validate)
     if isinstance(source, str | os.PathLike):
         path = Path(source)
-        if not path.is_file():
-            raise ModelNotFoundError(
-                f"model file {str(path)!r} does not exist; check the path",
-                details={"path": str(path)},
-            )
-        proto = _parse(path.read_bytes(), repr(str(path)))
-        _load_external_data(proto, path)
+        proto = _parse(_read_regular(path), repr(str(path)))
+        _external_data(proto, path.parent if base_dir is None else base_dir, repr(str(path)))
         return Model(proto, validate=validate)
     raise InvalidModelError(
         f"cannot load a model from {type(source).__name__}; "
@@ -176,19 +189,35 @@ def _parse(data: bytes, where: str) -> onnx.ModelProto:
     return proto
 
 
-def _load_external_data(proto: onnx.ModelProto, path: Path) -> None:
-    """Read weights stored beside the model file into the model (ONNX external data)."""
-    tensors = onnx.external_data_helper._get_all_tensors(proto)
-    if not any(onnx.external_data_helper.uses_external_data(t) for t in tensors):
+def _external_data(
+    proto: onnx.ModelProto, folder: str | os.PathLike[str] | None, source: str
+) -> None:
+    """Read the files ``proto``'s tensors name from inside ``folder`` into the tensors."""
+    if folder is None:
+        named = next(files_named(proto), None)
+        if named is not None:
+            file = location(named.tensor)[:100]
+            raise InvalidModelError(
+                f"the model {source} keeps the bytes of its {named.where} in the file "
+                f"{file!r}, and has no folder to read it from; load it from its path, or "
+                "give the folder: load_model(..., base_dir=...)",
+                details={"source": source, "location": file},
+            )
         return
-    try:
-        onnx.external_data_helper.load_external_data_for_model(proto, str(path.parent))
-    except (OSError, ValueError, onnx.checker.ValidationError) as exc:
+    read_external(proto, folder, source)
+
+
+def _refuse_files(proto: onnx.ModelProto) -> None:
+    """Refuse a model that still names a file for some tensor: an engine handed it would read
+    that file from its working directory (:func:`load_model` reads a model's own files)."""
+    named = next(files_named(proto), None)
+    if named is not None:
+        file = location(named.tensor)[:100]
         raise InvalidModelError(
-            f"model {str(path)!r} keeps weights in external files that cannot be read ({exc}); "
-            "keep the data files next to the model as they were saved",
-            details={"path": str(path)},
-        ) from None
+            f"the {named.where} keeps its bytes in the file {file!r}: crossrt reads such "
+            "files only through load_model, from the model's folder (or base_dir=)",
+            details={"location": file},
+        )
 
 
 def _name_nodes(graph: onnx.GraphProto) -> None:
@@ -269,3 +298,39 @@ def _with_default_attributes(proto: onnx.ModelProto) -> onnx.ModelProto | None:
 def _first_lines(text: str, limit: int = 3) -> str:
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return " | ".join(lines[:limit])
+
+
+def _read_regular(path: Path) -> bytes:
+    """The bytes of the regular file at ``path``, opened without blocking: a FIFO would wait
+    for a writer forever, and a directory, device or socket is no model."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise ModelNotFoundError(
+            f"model file {str(path)!r} does not exist; check the path",
+            details={"path": str(path)},
+        ) from None
+    except OSError as exc:
+        raise InvalidModelError(
+            f"cannot read the model file {str(path)!r}: {exc.strerror or exc}",
+            details={"path": str(path)},
+        ) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = (
+                "directory"
+                if stat.S_ISDIR(mode)
+                else "FIFO"
+                if stat.S_ISFIFO(mode)
+                else ("special file")
+            )
+            raise InvalidModelError(
+                f"cannot read the model {str(path)!r}: it is not a regular file (a {kind}); "
+                "give an .onnx file",
+                details={"path": str(path)},
+            )
+        with open(fd, "rb", closefd=False) as f:
+            return f.read()
+    finally:
+        os.close(fd)

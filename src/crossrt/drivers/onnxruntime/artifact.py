@@ -26,19 +26,24 @@ buffer only at a file offset that is a multiple of 256 (it copies it into each s
 otherwise, silently): the buffers start at pages, and the container starts every section at
 a page. Artifacts written with the buffers at multiples of 64 still load, unshared.
 
-Version 1 (no ``target``: always ``"extended"``) still loads. Artifacts written before this
-format are the optimized model's plain ONNX bytes. A serialized ModelProto from ORT starts
-with its ``ir_version`` field (byte ``0x08``), never with ``C``, so the magic tells them apart.
+Only this version loads: version 1 (before ``target``) and the plain ONNX bytes crossrt
+wrote before this format are refused, with a message to compile again.
+
+The graph names no file (:func:`parse_graph`): its only tensors marked as external data are
+the stubs of its stored weights, exactly as :func:`pack` writes them, and the driver says
+where their bytes are. Any other tensor marked so (an initializer without stored bytes, a
+sparse initializer, ``Constant(value=...)`` or ``Constant(sparse_value=...)``, in the main
+graph, a subgraph or a function) would make ORT read the file it names beside the ``.crm`` or
+in the working directory: the artifact is refused before ORT sees it, and ORT is handed the
+graph as checked (unknown protobuf fields dropped), never the artifact's own bytes.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import struct
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +53,7 @@ from onnx import numpy_helper
 
 from ...dtypes import TABLE
 from ...errors import InvalidContainerError, StatusCode, UnsupportedError
+from ...model import tensors
 
 MAGIC = b"CRORTART"
 VERSION = 2
@@ -111,11 +117,6 @@ def numpy_dtype(onnx_type: int) -> np.dtype[Any] | None:
     return None if name is None else _DTYPES[name][0]
 
 
-def is_packed(artifact: bytes | memoryview) -> bool:
-    """Whether ``artifact`` is in this format (else it is a plain ONNX model)."""
-    return bytes(artifact[: len(MAGIC)]) == MAGIC
-
-
 def pack(
     model: bytes | memoryview,
     threshold: int = THRESHOLD,
@@ -155,7 +156,7 @@ def pack(
         dtype_name = _BY_ONNX[init.data_type]
         stub = onnx.TensorProto(name=init.name, data_type=init.data_type, dims=init.dims)
         stub.data_location = onnx.TensorProto.EXTERNAL
-        for key, value in (("location", _LOCATION), ("offset", "0"), ("length", str(len(blob)))):
+        for key, value in _stub_entries(len(blob)):
             stub.external_data.add(key=key, value=value)
         init.CopyFrom(stub)
         parts.append([blob, *(b for _, buffers in packs for b in buffers)])
@@ -166,9 +167,9 @@ def pack(
             ]
         entries.append(entry)
     if data is not None:  # tensors of subgraphs and attributes ORT also wrote out: back in
-        for tensor in _nested_tensors(proto):
-            if tensor.data_location == onnx.TensorProto.EXTERNAL:
-                _embed(tensor, _external(tensor, memoryview(data))[0])
+        for nested in list(tensors.files_named(proto)):
+            if not nested.main_initializer:
+                _embed(nested.tensor, _external(nested.tensor, memoryview(data))[0])
     graph = proto.SerializeToString()
     index: dict[str, Any] = {
         "target": {"level": level, "features": list(features)},
@@ -236,14 +237,6 @@ def _external(
     return data[offset : offset + length], packs
 
 
-def _nested_tensors(proto: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
-    """Every tensor of ``proto`` but its main graph's initializers: those of subgraphs (If,
-    Loop, Scan bodies), of attributes and of functions. onnx's own walk, which yields the main
-    graph's initializers first."""
-    tensors = onnx.external_data_helper._get_all_tensors(proto)
-    return itertools.islice(tensors, len(proto.graph.initializer), None)
-
-
 def _embed(init: onnx.TensorProto, blob: memoryview) -> None:
     del init.external_data[:]
     init.data_location = onnx.TensorProto.DEFAULT
@@ -254,9 +247,10 @@ def unpack(artifact: bytes | memoryview) -> Unpacked:
     """Validate an artifact and view its parts in place.
 
     Raises:
-        InvalidContainerError: the artifact is truncated or its index is malformed or
-            inconsistent (an offset or a length outside the artifact, overlapping weights...).
-        UnsupportedError: (UNSUPPORTED_NEFF_VERSION) a newer version of this format.
+        InvalidContainerError: the artifact is not in this format, is truncated, or its index
+            is malformed or inconsistent (an offset or a length outside the artifact,
+            overlapping weights...).
+        UnsupportedError: (UNSUPPORTED_NEFF_VERSION) another version of this format.
     """
     view = memoryview(artifact).cast("B") if not isinstance(artifact, bytes) else artifact
     size = len(view)
@@ -264,29 +258,32 @@ def unpack(artifact: bytes | memoryview) -> Unpacked:
         raise _corrupt(f"it is truncated: {size} bytes, less than its {_PRELUDE.size}-byte prelude")
     magic, version, reserved, length = _PRELUDE.unpack_from(view)
     if magic != MAGIC:
-        raise _corrupt(f"it does not start with {MAGIC!r}")
-    if version > VERSION:
-        raise UnsupportedError(
-            f"the onnxruntime artifact is version {version}; this crossrt reads version "
-            f"{VERSION}; upgrade crossrt, or recompile the model with `crossrt compile`",
-            code=StatusCode.UNSUPPORTED_NEFF_VERSION,
-            details={"artifact_version": version, "supported": VERSION},
+        raise _corrupt(
+            f"it does not start with {MAGIC!r} (a plain ONNX model, as crossrt wrote before "
+            "it packed artifacts, or another driver's artifact)"
         )
     if version < 1 or reserved:
         raise _corrupt(f"its prelude is damaged (version {version}, reserved {reserved})")
+    if version != VERSION:
+        newer = version > VERSION
+        raise UnsupportedError(
+            f"the onnxruntime artifact is version {version}; this crossrt reads version "
+            f"{VERSION} only; "
+            + ("upgrade crossrt, or " if newer else "")
+            + "recompile the model with `crossrt compile`",
+            code=StatusCode.UNSUPPORTED_NEFF_VERSION,
+            details={"artifact_version": version, "supported": VERSION},
+        )
     if length > size - _PRELUDE.size:
         raise _corrupt(
             f"it is truncated: its index needs {length} bytes, {size - _PRELUDE.size} follow"
         )
     index = _decode(bytes(view[_PRELUDE.size : _PRELUDE.size + length]))
-    level: str = "extended"
-    features: tuple[str, ...] = ()
-    if version >= 2:
-        target = _field(index, "target", "", dict)
-        level = _field(target, "level", "target", str)
-        features = tuple(_field(target, "features", "target", list))
-        if level not in LEVELS or not all(type(f) is str for f in features):
-            raise _corrupt("index field target has an unknown level or features not strings")
+    target = _field(index, "target", "", dict)
+    level = _field(target, "level", "target", str)
+    features = tuple(_field(target, "features", "target", list))
+    if level not in LEVELS or not all(type(f) is str for f in features):
+        raise _corrupt("index field target has an unknown level or features not strings")
     graph = _field(index, "graph", "", dict)
     start = _count(graph, "offset", "graph")
     graph_length = _count(graph, "length", "graph")
@@ -363,30 +360,61 @@ def _packs(
 
 
 def parse_graph(unpacked: Unpacked) -> onnx.ModelProto:
-    """The artifact's graph, checked to name no file of its own.
+    """The artifact's graph, checked to name no file (see the module docstring).
 
-    Only the main graph's weight stubs are external data, and the driver says where they lie.
-    Any other tensor marked as external (in a subgraph, or an attribute) would make ORT read
-    whatever file of that name sits beside the ``.crm`` (or in the working directory): a
-    damaged or crafted artifact must not reach other files.
+    Each tensor marked as external data must be a main-graph initializer whose stub is as
+    :func:`pack` writes it and whose bytes the artifact stores, of the same type and shape;
+    each stored weight must have its stub. Unknown protobuf fields are dropped, so that what
+    the checks saw is all ORT gets when handed the graph serialized again.
 
     Raises:
-        InvalidContainerError: the graph cannot be parsed, or a tensor other than a main-graph
-            initializer is external data.
+        InvalidContainerError: the graph cannot be parsed, or it and the index disagree (a
+            stub no weight fills, a weight no stub names, or another type or shape), or a
+            tensor inside the graph names a file.
     """
     proto = onnx.ModelProto()
     try:
         proto.ParseFromString(unpacked.graph)
     except Exception:  # protobuf's DecodeError, or worse on hostile bytes
         raise _corrupt("its graph is not a valid ONNX model") from None
-    for tensor in _nested_tensors(proto):
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            raise _corrupt(f"tensor {tensor.name!r} inside its graph refers to a file")
+    proto.DiscardUnknownFields()
+    stored = dict(zip(unpacked.names, unpacked.arrays, strict=True))
+    for found in tensors.files_named(proto):
+        tensor = found.tensor
+        file = f"the file {tensors.location(tensor)[:100]!r}"
+        if not found.main_initializer:
+            raise _corrupt(f"tensor {tensor.name!r} ({found.where}) refers to {file}")
+        array = stored.pop(tensor.name, None)
+        if array is None:
+            raise _corrupt(
+                f"the graph's initializer {tensor.name!r} refers to {file} and has no stored bytes"
+            )
+        if _BY_ONNX.get(tensor.data_type) != array.dtype.name or list(tensor.dims) != list(
+            array.shape
+        ):
+            raise _corrupt(f"the graph's initializer {tensor.name!r} and its stored bytes differ")
+        if [(e.key, e.value) for e in tensor.external_data] != _stub_entries(array.nbytes):
+            raise _corrupt(
+                f"the graph's initializer {tensor.name!r} refers to {file}, not to its stored bytes"
+            )
+    if stored:
+        raise _corrupt(f"the stored weight {next(iter(stored))!r} is in no initializer")
     return proto
 
 
+def graph_in_memory(unpacked: Unpacked) -> bytes:
+    """The graph to hand ORT with the weights given beside it (``add_external_initializers``),
+    checked (:func:`parse_graph`).
+
+    Raises:
+        InvalidContainerError: as :func:`parse_graph`.
+    """
+    return bytes(parse_graph(unpacked).SerializeToString())
+
+
 def graph_reading(unpacked: Unpacked, location: str, base: int) -> bytes:
-    """The graph with each weight stub pointing into the file ``location``.
+    """The graph with each weight stub pointing into the file ``location``, checked
+    (:func:`parse_graph`).
 
     Args:
         unpacked: the artifact, validated.
@@ -394,9 +422,7 @@ def graph_reading(unpacked: Unpacked, location: str, base: int) -> bytes:
         base: where the artifact's first byte lies in that file.
 
     Raises:
-        InvalidContainerError: the graph's external initializers and the index disagree (a
-            stub no weight fills, a weight no stub names, or another type or shape), or a
-            tensor inside the graph refers to a file (see :func:`parse_graph`).
+        InvalidContainerError: as :func:`parse_graph`.
     """
     proto = parse_graph(unpacked)
     packs = unpacked.prepacked or [[] for _ in unpacked.names]
@@ -407,14 +433,9 @@ def graph_reading(unpacked: Unpacked, location: str, base: int) -> bytes:
         )
     }
     for init in proto.graph.initializer:
-        if init.data_location != onnx.TensorProto.EXTERNAL:
+        if not tensors.names_a_file(init):
             continue
-        found = stored.pop(init.name, None)
-        if found is None:
-            raise _corrupt(f"the graph's initializer {init.name!r} has no stored bytes")
-        offset, array, pre = found
-        if _BY_ONNX.get(init.data_type) != array.dtype.name or list(init.dims) != list(array.shape):
-            raise _corrupt(f"the graph's initializer {init.name!r} and its stored bytes differ")
+        offset, array, pre = stored[init.name]  # parse_graph matched each stub to its weight
         del init.external_data[:]
         entries = [
             ("location", location),
@@ -426,9 +447,12 @@ def graph_reading(unpacked: Unpacked, location: str, base: int) -> bytes:
             entries.append((f"prepacked_{j}", f"{key}|{text}"))
         for key, value in entries:
             init.external_data.add(key=key, value=value)
-    if stored:
-        raise _corrupt(f"the stored weight {next(iter(stored))!r} is in no initializer")
     return bytes(proto.SerializeToString())
+
+
+def _stub_entries(nbytes: int) -> list[tuple[str, str]]:
+    """The external data entries of a weight's stub, as :func:`pack` writes them."""
+    return [("location", _LOCATION), ("offset", "0"), ("length", str(nbytes))]
 
 
 def _align(offset: int, to: int = ALIGN) -> int:

@@ -18,10 +18,12 @@ from ...config import settings
 from ...errors import (
     CompileError,
     CrossrtError,
+    InvalidContainerError,
+    InvalidModelError,
     StatusCode,
     UnsupportedError,
 )
-from ...model import Model
+from ...model import Model, tensors
 from ..base import (
     ArtifactFile,
     Capabilities,
@@ -144,6 +146,7 @@ class OnnxRuntimeDriver(Driver):
         initializers = model.proto.graph.initializer
         dtypes = [ort_artifact.numpy_dtype(initializers[i].data_type) for i in light.stubbed]
         arrays: list[np.ndarray] = []
+        names: list[str] = []
         if any(d is None for d in dtypes):  # a type NumPy cannot hand ORT: the model whole
             proto = model.proto
         else:
@@ -152,7 +155,6 @@ class OnnxRuntimeDriver(Driver):
             read = _names_read(model.proto.graph)
             proto = onnx.ModelProto()
             proto.CopyFrom(light.proto)  # small: the stubs hold no data
-            names = []
             for i, dtype in reversed(list(zip(light.stubbed, dtypes, strict=True))):
                 weight = initializers[i]
                 if weight.name not in read:
@@ -162,6 +164,15 @@ class OnnxRuntimeDriver(Driver):
                     arrays.append(np.frombuffer(weight.raw_data, dtype).reshape(weight.dims))
             values = [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays]
             so.add_external_initializers(names, values)
+        given = set(names)
+        for found in tensors.files_named(proto):  # a Model's proto may be edited after
+            if not (found.main_initializer and found.tensor.name in given):
+                raise InvalidModelError(
+                    f"model {model.name!r}: the {found.where} keeps its bytes in the file "
+                    f"{tensors.location(found.tensor)!r}; load the model with "
+                    "crossrt.load_model, which reads such files from the model's folder",
+                    details={"driver": self.name},
+                )
         known = self._registry()
         onnx_opset = model.opsets.get("", model.opsets.get("ai.onnx", 0))
         if proto.ir_version > known.max_ir or onnx_opset > known.max_opset:
@@ -183,6 +194,8 @@ class OnnxRuntimeDriver(Driver):
                     graph, so, providers=[_PROVIDER], disabled_optimizers=list(disabled)
                 )
                 del weights  # ORT has its own copy now
+            except CrossrtError:
+                raise
             except Exception as exc:
                 raise CompileError(
                     f"ONNX Runtime {self.version} could not compile model {model.name!r}: "
@@ -202,8 +215,6 @@ class OnnxRuntimeDriver(Driver):
                 return ort_artifact.pack(model_view, data=data, level=level, features=features)
 
     def describe_artifact(self, artifact: bytes | memoryview) -> dict[str, str]:
-        if not ort_artifact.is_packed(artifact):
-            return {}
         unpacked = ort_artifact.unpack(artifact)
         cpu = " ".join(unpacked.features) if unpacked.level == "all" else "any (portable)"
         return {"optimization": unpacked.level, "cpu": cpu}
@@ -249,11 +260,19 @@ class OnnxRuntimeDriver(Driver):
         if options.performance_mode is PerformanceMode.LOW:
             # Low power: idle pool threads sleep instead of spin-waiting for work.
             so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        _onnx_only(so)
         try:
             model, weights, mapped = self._model_and_weights(artifact, device, file, so)
-            session = ort.InferenceSession(model, so, providers=[_PROVIDER])
         except CrossrtError:
             raise
+        except Exception as exc:  # crossrt's own unpacking: the artifact, not ORT, is at fault
+            raise InvalidContainerError(
+                f"the onnxruntime artifact is damaged ({type(exc).__name__}: "
+                f"{str(exc)[:200]}); recompile the model with `crossrt compile`",
+                details={"driver": self.name},
+            ) from None
+        try:
+            session = ort.InferenceSession(model, so, providers=[_PROVIDER])
         except Exception as exc:
             raise CompileError(
                 f"ONNX Runtime {self.version} could not load the artifact: {short_error(exc)}",
@@ -279,11 +298,6 @@ class OnnxRuntimeDriver(Driver):
         Sets the optimization level on ``so``, and where the weights come from.
         """
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if not ort_artifact.is_packed(artifact):
-            # An artifact from before ort_artifact: the optimized model's plain ONNX bytes,
-            # still loaded (the engine version, which keys artifacts, did not change).
-            # InferenceSession takes bytes only, so a view into a .crm file is copied here.
-            return (bytes(artifact) if isinstance(artifact, memoryview) else artifact), (), False
         unpacked = ort_artifact.unpack(artifact)
         if unpacked.level == "all":
             if unpacked.features != device.features:
@@ -302,11 +316,11 @@ class OnnxRuntimeDriver(Driver):
         # read-only view of the mapping or of bytes is enough. ORT checks that each matches
         # the name, type and shape of its stub in the graph. A writable buffer (a bytearray
         # the caller loaded from) is copied first: its owner may overwrite it meanwhile.
-        ort_artifact.parse_graph(unpacked)  # names no file ORT would read from the directory
+        graph = ort_artifact.graph_in_memory(unpacked)  # names no file ORT would read
         arrays = tuple(a.copy() if a.flags.writeable else a for a in unpacked.arrays)
         values = [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays]
         so.add_external_initializers(unpacked.names, values)
-        return bytes(unpacked.graph), arrays, False
+        return graph, arrays, False
 
 
 def _model_bytes(model: Model) -> int:
@@ -333,6 +347,7 @@ def _save_options(level: str, out: Path, severity: int) -> ort.SessionOptions:
     """Options for a session that optimizes at ``level`` and saves the result to ``out``,
     logging from ``severity`` up."""
     so = ort.SessionOptions()
+    _onnx_only(so)
     so.graph_optimization_level = _LEVELS[level]
     so.log_severity_level = severity
     so.optimized_model_filepath = str(out)
@@ -345,6 +360,13 @@ def _save_options(level: str, out: Path, severity: int) -> ort.SessionOptions:
         so.add_session_config_entry(_SAVE_DATA_MIN, str(ort_artifact.THRESHOLD))
         so.add_session_config_entry(_SAVE_PREPACKED, "1")
     return so
+
+
+def _onnx_only(so: ort.SessionOptions) -> None:
+    """Have ORT read the bytes it is handed as ONNX, whatever they look like: it takes bytes
+    with ``ORTM`` at offset 4 for its own ORT format otherwise, which a model can spell (a
+    one-byte ir_version, then a producer name of ``ORTM...``) and crossrt never checked."""
+    so.add_session_config_entry("session.load_model_format", "ONNX")
 
 
 def _warn_if_copied(unpacked: ort_artifact.Unpacked, file: ArtifactFile) -> None:
