@@ -1,6 +1,15 @@
 """Pure facts about the host CPU: usable cores (affinity, cgroup cpuset and quota), memory,
 model name and vector extensions. The base layer: drivers, compiler, runtime and tools read
-them from here; nothing here knows about devices or drivers."""
+them from here; nothing here knows about devices or drivers.
+
+The usable cores and memory come from about ten cgroup and ``/proc`` files. They are read once
+per process and affinity mask and kept: every device lookup (``Tensor((4, 10))`` resolves its
+device) asks for them, and reading the files cost 160 µs a call against 1 µs for the one
+``sched_getaffinity`` call that tells whether the mask changed. A new mask (this thread's, as
+``os.sched_getaffinity(0)`` reports it: a pinned worker has its own) reads the files again, so
+a cgroup cpuset change, which moves the mask, is seen; a cgroup quota or memory limit changed
+under a running process is seen after :func:`forget_host_facts`.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +23,7 @@ from functools import cache
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+_KEPT_MASKS = 64  # distinct affinity masks kept per process (pinned workers have their own)
 
 
 def usable_cores() -> list[int]:
@@ -36,17 +46,58 @@ class HostCpus:
     limit: int
 
 
+@dataclass(frozen=True)
+class _Facts:
+    cpus: HostCpus
+    memory: int
+
+
+# (pid, affinity mask) -> the facts read under it; the pid because a forked child may be
+# moved to another cgroup.
+_facts: dict[tuple[int, frozenset[int] | None], _Facts] = {}
+
+
+def _affinity() -> frozenset[int] | None:
+    try:
+        return frozenset(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux: no mask to follow
+        return None
+
+
+def _current() -> _Facts:
+    key = (os.getpid(), _affinity())
+    found = _facts.get(key)
+    if found is None:
+        found = _Facts(_read_host_cpus(key[1], CGROUP_ROOT, None), _read_usable_memory())
+        if len(_facts) >= _KEPT_MASKS:
+            _facts.clear()
+        _facts[key] = found
+    return found
+
+
+def forget_host_facts() -> None:
+    """Read the usable cores and memory again on the next call (after a cgroup limit changed)."""
+    _facts.clear()
+
+
 def host_cpus(cgroup_root: Path = CGROUP_ROOT, proc_cgroup: str | None = None) -> HostCpus:
     """The host CPUs this process may use (affinity, cgroup cpuset and CPU quota).
+
+    Kept per affinity mask (see the module docstring) when the arguments are the defaults.
 
     Args:
         cgroup_root: where the cgroup file system is mounted.
         proc_cgroup: the text of ``/proc/self/cgroup``; read when not given.
     """
-    try:
-        affinity = sorted(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        affinity = list(range(os.cpu_count() or 1))
+    if cgroup_root == CGROUP_ROOT and proc_cgroup is None:
+        return _current().cpus
+    return _read_host_cpus(_affinity(), cgroup_root, proc_cgroup)
+
+
+def _read_host_cpus(
+    mask: frozenset[int] | None, cgroup_root: Path, proc_cgroup: str | None
+) -> HostCpus:
+    affinity = sorted(mask) if mask is not None else list(range(os.cpu_count() or 1))
     if proc_cgroup is None:
         proc_cgroup = read_text("/proc/self/cgroup") or ""
     cpuset, quota = cgroup_cpu_limits(cgroup_root, proc_cgroup)
@@ -117,7 +168,12 @@ def format_cpus(cpus: Sequence[int]) -> str:
 
 
 def usable_memory() -> int:
-    """Bytes of memory this process may use: the cgroup limit or the machine's total."""
+    """Bytes of memory this process may use: the cgroup limit or the machine's total (kept
+    as :func:`host_cpus` is)."""
+    return _current().memory
+
+
+def _read_usable_memory() -> int:
     total = 0
     try:
         pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ...drivers import DeviceInfo, Driver, resolve_device
+from ...drivers.registry import driver_status
 from ...errors import InvalidArgumentError, OutOfResourcesError
 from .allocation import HOST, Allocation, HostMemory, MemoryHooks, is_coherent
 from .memlog import MemoryEvent, memory_log
@@ -180,7 +181,7 @@ class Allocator:
         handle, allocation.handle, allocation.host = allocation.handle, None, None
         if not allocation.adopted:
             self.hooks.free(self.device, handle)
-        memory_log().record(
+        memory_log().add(
             "free",
             self.device.id,
             allocation.owner,
@@ -286,7 +287,7 @@ class Allocator:
         self._peak = max(self._peak, self._in_use)
         self._count += 1
         log = memory_log()
-        log.record(event, self.device.id, owner, name, nbytes, self._in_use, account.in_use)
+        log.add(event, self.device.id, owner, name, nbytes, self._in_use, account.in_use)
         return allocation
 
     def _refuse(
@@ -367,6 +368,12 @@ def device_allocator(driver: Driver, device: DeviceInfo) -> Allocator:
         return found
 
 
+# Device string -> its allocator, as last resolved: every Tensor(...) asks, and resolving
+# lists each driver's devices (tens of microseconds). Valid while the driver that served it
+# is still the registered one (a driver registered again is a new instance).
+_resolved: dict[str, Allocator] = {}
+
+
 def allocator_for(device: str) -> Allocator:
     """The allocator of a device string (``"cpu"``, ``"cpu:0"``, ``"host"``).
 
@@ -375,8 +382,17 @@ def allocator_for(device: str) -> Allocator:
     """
     if device == HOST:
         return host_allocator()
+    found = _resolved.get(device)
+    if found is not None and _registered(found.hooks):
+        return found
     driver, info = resolve_device(device)
-    return device_allocator(driver, info)
+    found = _resolved[device] = device_allocator(driver, info)
+    return found
+
+
+def _registered(hooks: Any) -> bool:
+    status = driver_status(getattr(hooks, "name", ""))
+    return status is not None and status.driver is hooks
 
 
 def all_stats() -> dict[str, MemoryStats]:

@@ -16,6 +16,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import astuple, dataclass
+from typing import Any
 
 from ...config import settings
 
@@ -73,9 +74,31 @@ class MemoryLog:
 
     def __init__(self, max_entries: int) -> None:
         self.max_entries = max_entries
-        self._rows: deque[MemoryEvent] = deque(maxlen=max_entries)
+        # Plain tuples, made into MemoryEvents only when read: every allocation and free of
+        # every tensor adds a row, and a dataclass per row doubled the cost of adding one.
+        self._rows: deque[tuple[Any, ...]] = deque(maxlen=max_entries)
         self._seq = 0
         self._lock = threading.Lock()
+
+    def add(
+        self,
+        event: str,
+        device: str,
+        owner: str,
+        name: str,
+        nbytes: int,
+        device_in_use: int,
+        owner_in_use: int,
+        note: str = "",
+    ) -> tuple[Any, ...]:
+        """Append one event (dropping the oldest past ``max_entries``); its row's fields."""
+        with self._lock:
+            self._seq += 1
+            row: tuple[Any, ...] = (self._seq, time.time(), event, device, owner, name, nbytes)
+            row += (device_in_use, owner_in_use, note)
+            if self.max_entries:
+                self._rows.append(row)
+            return row
 
     def record(
         self,
@@ -88,29 +111,16 @@ class MemoryLog:
         owner_in_use: int,
         note: str = "",
     ) -> MemoryEvent:
-        """Append one event (dropping the oldest past ``max_entries``) and return it."""
-        with self._lock:
-            self._seq += 1
-            row = MemoryEvent(
-                self._seq,
-                time.time(),
-                event,
-                device,
-                owner,
-                name,
-                nbytes,
-                device_in_use,
-                owner_in_use,
-                note,
-            )
-            if self.max_entries:
-                self._rows.append(row)
-            return row
+        """:meth:`add`, returning the event."""
+        return MemoryEvent(
+            *self.add(event, device, owner, name, nbytes, device_in_use, owner_in_use, note)
+        )
 
     def rows(self) -> list[MemoryEvent]:
         """The rows kept, oldest first."""
         with self._lock:
-            return list(self._rows)
+            kept = list(self._rows)
+        return [MemoryEvent(*row) for row in kept]
 
     def dump(self, failing: MemoryEvent | None = None) -> str:
         """Write the rows (and ``failing``, when the ring did not keep it) as CSV.
@@ -119,7 +129,7 @@ class MemoryLog:
             The path of the file written.
         """
         rows = self.rows()
-        if failing is not None and (not rows or rows[-1] is not failing):
+        if failing is not None and (not rows or rows[-1].seq != failing.seq):
             rows.append(failing)
         directory = _dump_dir()
         # mkstemp: an unguessable name, created 0600, never following a planted link.
@@ -147,6 +157,9 @@ _log_lock = threading.Lock()
 def memory_log() -> MemoryLog:
     """The process's log, sized by ``CROSSRT_MEMLOG_MAX_SIZE`` when first used."""
     global _log
+    found = _log
+    if found is not None:
+        return found
     with _log_lock:
         if _log is None:
             _log = MemoryLog(settings().memlog_max_entries)

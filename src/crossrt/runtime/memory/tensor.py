@@ -82,8 +82,9 @@ class Tensor(TensorBase):
                 f"tensor {name!r}: size={nbytes} is less than the {needed} bytes of {dt} "
                 f"{list(dims)}; give size >= {needed} or leave it out"
             )
-        storage, where = _allocate(nbytes, Placement(placement), device, owner, name)
-        self._setup(storage, dt, dims, name, format, Placement(placement), where)
+        where_to = Placement(placement)
+        storage, where = _allocate(nbytes, where_to, device, owner, name)
+        self._setup(storage, dt, dims, name, format, where_to, where)
 
     @classmethod
     def _wrap(
