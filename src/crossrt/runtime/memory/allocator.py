@@ -181,7 +181,7 @@ class Allocator:
         handle, allocation.handle, allocation.host = allocation.handle, None, None
         if not allocation.adopted:
             self.hooks.free(self.device, handle)
-        memory_log().add(
+        memory_log().record(
             "free",
             self.device.id,
             allocation.owner,
@@ -287,7 +287,7 @@ class Allocator:
         self._peak = max(self._peak, self._in_use)
         self._count += 1
         log = memory_log()
-        log.add(event, self.device.id, owner, name, nbytes, self._in_use, account.in_use)
+        log.record(event, self.device.id, owner, name, nbytes, self._in_use, account.in_use)
         return allocation
 
     def _refuse(

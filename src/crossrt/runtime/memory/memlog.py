@@ -15,8 +15,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from dataclasses import astuple, dataclass
-from typing import Any
+from typing import NamedTuple
 
 from ...config import settings
 
@@ -35,9 +34,9 @@ COLUMNS = (
 """The CSV header, one column per :class:`MemoryEvent` field."""
 
 
-@dataclass(frozen=True)
-class MemoryEvent:
-    """One row of the log.
+class MemoryEvent(NamedTuple):
+    """One row of the log (a named tuple: every allocation and free of every tensor adds one,
+    and a frozen dataclass cost three times as much to make).
 
     Attributes:
         seq: position in the process's sequence of events (gaps show dropped rows).
@@ -74,31 +73,9 @@ class MemoryLog:
 
     def __init__(self, max_entries: int) -> None:
         self.max_entries = max_entries
-        # Plain tuples, made into MemoryEvents only when read: every allocation and free of
-        # every tensor adds a row, and a dataclass per row doubled the cost of adding one.
-        self._rows: deque[tuple[Any, ...]] = deque(maxlen=max_entries)
+        self._rows: deque[MemoryEvent] = deque(maxlen=max_entries)
         self._seq = 0
         self._lock = threading.Lock()
-
-    def add(
-        self,
-        event: str,
-        device: str,
-        owner: str,
-        name: str,
-        nbytes: int,
-        device_in_use: int,
-        owner_in_use: int,
-        note: str = "",
-    ) -> tuple[Any, ...]:
-        """Append one event (dropping the oldest past ``max_entries``); its row's fields."""
-        with self._lock:
-            self._seq += 1
-            row: tuple[Any, ...] = (self._seq, time.time(), event, device, owner, name, nbytes)
-            row += (device_in_use, owner_in_use, note)
-            if self.max_entries:
-                self._rows.append(row)
-            return row
 
     def record(
         self,
@@ -111,16 +88,29 @@ class MemoryLog:
         owner_in_use: int,
         note: str = "",
     ) -> MemoryEvent:
-        """:meth:`add`, returning the event."""
-        return MemoryEvent(
-            *self.add(event, device, owner, name, nbytes, device_in_use, owner_in_use, note)
-        )
+        """Append one event (dropping the oldest past ``max_entries``) and return it."""
+        with self._lock:
+            self._seq += 1
+            row = MemoryEvent(
+                self._seq,
+                time.time(),
+                event,
+                device,
+                owner,
+                name,
+                nbytes,
+                device_in_use,
+                owner_in_use,
+                note,
+            )
+            if self.max_entries:
+                self._rows.append(row)
+            return row
 
     def rows(self) -> list[MemoryEvent]:
         """The rows kept, oldest first."""
         with self._lock:
-            kept = list(self._rows)
-        return [MemoryEvent(*row) for row in kept]
+            return list(self._rows)
 
     def dump(self, failing: MemoryEvent | None = None) -> str:
         """Write the rows (and ``failing``, when the ring did not keep it) as CSV.
@@ -129,7 +119,7 @@ class MemoryLog:
             The path of the file written.
         """
         rows = self.rows()
-        if failing is not None and (not rows or rows[-1].seq != failing.seq):
+        if failing is not None and (not rows or rows[-1] is not failing):
             rows.append(failing)
         directory = _dump_dir()
         # mkstemp: an unguessable name, created 0600, never following a planted link.
@@ -137,7 +127,7 @@ class MemoryLog:
         with os.fdopen(fd, "w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(COLUMNS)
-            writer.writerows(astuple(r) for r in rows)
+            writer.writerows(rows)
         return path
 
 
