@@ -169,7 +169,7 @@ class OnnxRuntimeDriver(Driver):
             if not (found.main_initializer and found.tensor.name in given):
                 raise InvalidModelError(
                     f"model {model.name!r}: the {found.where} keeps its bytes in the file "
-                    f"{tensors.location(found.tensor)!r}; load the model with "
+                    f"{tensors.location(found.tensor)[:100]!r}; load the model with "
                     "crossrt.load_model, which reads such files from the model's folder",
                     details={"driver": self.name},
                 )
@@ -313,8 +313,8 @@ class OnnxRuntimeDriver(Driver):
             _warn_if_copied(unpacked, file)
             return ort_artifact.graph_reading(unpacked, name, file.offset), (), True
         # ORT copies initializers handed to it in memory (it never writes to them): a
-        # read-only view of the mapping or of bytes is enough. ORT checks that each matches
-        # the name, type and shape of its stub in the graph. A writable buffer (a bytearray
+        # read-only view of the mapping or of bytes is enough; graph_in_memory checked that
+        # each matches the name, type and shape of its stub. A writable buffer (a bytearray
         # the caller loaded from) is copied first: its owner may overwrite it meanwhile.
         graph = ort_artifact.graph_in_memory(unpacked)  # names no file ORT would read
         arrays = tuple(a.copy() if a.flags.writeable else a for a in unpacked.arrays)
