@@ -15,7 +15,7 @@ from google.protobuf.message import DecodeError
 
 import crossrt
 from crossrt.drivers import registry
-from crossrt.drivers.base import CoreSet, Program
+from crossrt.drivers.base import Program
 from crossrt.drivers.reference import ReferenceDriver
 from crossrt.errors import StatusCode
 from crossrt.model import GraphBuilder
@@ -157,13 +157,21 @@ def test_a_leak_in_run_is_an_execution_error_in_run_and_run_async(leaky) -> None
 
 
 def test_a_bound_call_that_leaks_is_an_execution_error(leaky) -> None:
+    """A repeated bound run calls what ``Program.bind`` returned; the runtime maps its leak."""
     exe = crossrt.compile(_model(), "cpu", driver="leaky")
-    program = leaky.load(exe.nodes[0].artifact, leaky.devices()[0], CoreSet((0,)), exe.options)
-    call = program.bind(X)
-    np.testing.assert_array_equal(call()["y"], [0.0, 2.0])
-    program.leak = RuntimeError("engine state lost")
-    with pytest.raises(crossrt.ExecutionError, match=r"RuntimeError.*engine state lost"):
-        call()
+    with crossrt.Runtime() as rt:
+        model = rt.load(exe)
+        out = {"y": crossrt.Tensor((2,), "float32")}
+        model.run(X, out)
+        model.run(X, out)  # the same objects: the bound call kept from the first run
+        np.testing.assert_array_equal(out["y"].numpy(), [0.0, 2.0])
+        (program,) = model._programs
+        program.leak = RuntimeError("engine state lost")
+        with pytest.raises(
+            crossrt.ExecutionError, match=r"RuntimeError.*engine state lost"
+        ) as info:
+            model.run(X, out)
+        assert "a bound call" in info.value.message
 
 
 def test_running_out_of_memory_is_out_of_resources(leaky) -> None:

@@ -25,6 +25,7 @@ from .base import (
     copy_into,
     host_cpu,
 )
+from .boundary import bound_call_error
 from .registry import (
     DriverStatus,
     available_drivers,
@@ -50,6 +51,7 @@ __all__ = [
     "Program",
     "Residence",
     "available_drivers",
+    "bound_call_error",
     "check_range",
     "copy_into",
     "driver_statuses",

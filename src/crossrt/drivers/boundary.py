@@ -63,7 +63,6 @@ PROGRAM_METHODS: dict[str, tuple[type[CrossrtError], str]] = {
     "bind": (ExecutionError, f"the engine failed on these inputs; {_REPORT}"),
     "close": (ExecutionError, _REPORT),
 }
-_RETURNS_CALL = {"bind"}  # the call it returns is guarded too
 _RETURNS_CONTEXT = {"sharing"}  # the context manager it returns is guarded too
 
 
@@ -124,8 +123,6 @@ def guard(
             raise
         except Exception as exc:
             raise driver_error(_who(self, methods), name, exc, error, advice) from exc
-        if name in _RETURNS_CALL:
-            return _guard_call(result, _who(self, methods), error, advice)
         if name in _RETURNS_CONTEXT:
             return _GuardedContext(result, _who(self, methods), name, error, advice)
         return result
@@ -160,18 +157,13 @@ def guard_class(cls: type, methods: dict[str, tuple[type[CrossrtError], str]]) -
             setattr(cls, name, guard(method, name, methods))
 
 
-def _guard_call(
-    call: Callable[[], Any], who: str, error: type[CrossrtError], advice: str
-) -> Callable[[], Any]:
-    def bound() -> Any:
-        try:
-            return call()
-        except CrossrtError:
-            raise
-        except Exception as exc:
-            raise driver_error(who, "a bound call", exc, error, advice) from exc
+def bound_call_error(program: Any, exc: Exception) -> CrossrtError:
+    """What a call returned by ``program.bind`` raised, as a :class:`CrossrtError`.
 
-    return bound
+    The bound call is the hottest path there is (a repeated bound run), so it is not wrapped:
+    the runtime, which already catches around it, passes what is not a CrossrtError here."""
+    error, advice = PROGRAM_METHODS["run"]
+    return driver_error(_who(program, PROGRAM_METHODS), "a bound call", exc, error, advice)
 
 
 class _GuardedContext(contextlib.AbstractContextManager[Any]):

@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any, overload
 import numpy as np
 
 from ..compiler import Executable
-from ..drivers import DeviceInfo, Program, get_driver
+from ..drivers import DeviceInfo, Program, bound_call_error, get_driver
 from ..errors import (
     ClosedError,
+    CrossrtError,
     InvalidArgumentError,
     InvalidHandleError,
     OperationForbiddenError,
@@ -250,9 +251,11 @@ class LoadedModel:
             if outputs is None or (not outputs and type(outputs) is dict):
                 return inst.call(feed)
             return self._binder.run(inst.call, feed, outputs, inputs)
-        except Exception:
+        except Exception as exc:
             if self._released is not None:  # unloaded or closed while running
                 raise self._released[0](self._released[1]) from None
+            if checked is not None and not isinstance(exc, CrossrtError):
+                raise bound_call_error(inst.programs[0], exc) from exc  # a driver's bound call
             raise
         finally:
             self._give(inst)
