@@ -23,7 +23,6 @@ import contextlib
 import json
 import os
 import struct
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,10 +36,8 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 import crossrt
-from crossrt.drivers import available_drivers
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))  # the shared .crm layout writer
 from crm_layout import build, split
+from crossrt.drivers import available_drivers
 
 _CONTAINER_TESTS, _MODEL_TESTS = 3, 1
 _LONG = "CROSSRT_FUZZ_CONTAINERS" in os.environ or "CROSSRT_FUZZ_MODELS" in os.environ

@@ -22,13 +22,11 @@ import numpy as np
 import pytest
 
 import crossrt
+from concurrency_models import gate, tiny
 from crossrt import GraphBuilder, StatusCode, host
 from crossrt.host import host_cpus
 from crossrt.runtime.cores import reservation
 from crossrt.runtime.memory import shm
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
-from concurrency_models import gate, tiny
 
 WAIT = 10  # seconds: the bound on every wait; reached only when something is broken
 SRC = str(Path(crossrt.__file__).parents[1])

@@ -6,10 +6,10 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from concurrency_models import tiny
 from onnx import TensorProto
 
 import crossrt
+from concurrency_models import tiny
 from crossrt import GraphBuilder, StatusCode
 
 X = np.ones((4, 8), np.float32)

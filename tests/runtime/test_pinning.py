@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from concurrency_models import tiny
 
 import crossrt
+from concurrency_models import tiny
 from crossrt.drivers import get_driver
 from crossrt.drivers.base import CoreSet
 from crossrt.host import host_cpus

@@ -17,10 +17,10 @@ from importlib.metadata import entry_points
 
 import numpy as np
 import pytest
-from concurrency_models import tiny
 from onnx import TensorProto, helper
 
 import crossrt
+from concurrency_models import tiny
 from crossrt.config import SimSettings, parse_sim, settings
 from crossrt.drivers import get_driver, registry, resolve_device, sim_artifact
 from crossrt.drivers.base import (

@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 import pytest
-from crm_layout import build, edit, patch_header, prelude, split
 
 import crossrt
+from crm_layout import build, edit, patch_header, prelude, split
 from crossrt import (
     CompileOptions,
     DeviceUnavailableError,

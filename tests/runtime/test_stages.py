@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from crm_layout import edit
 
 import crossrt
+from crm_layout import edit
 from crossrt import InvalidInputError, InvalidOptionError, StatusCode
 from crossrt.model import GraphBuilder
 from crossrt.tools import inspect as inspect_tool

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from crm_layout import align, build, prelude
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import crossrt
+from crm_layout import align, build, prelude
 from crossrt.compiler import read_container
 from crossrt.model import GraphBuilder
 from crossrt.tools import inspect as inspect_tool

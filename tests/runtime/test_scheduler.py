@@ -10,9 +10,9 @@ from concurrent.futures import CancelledError, Future
 
 import numpy as np
 import pytest
-from concurrency_models import gate, heavy, pipelined, tiny
 
 import crossrt
+from concurrency_models import gate, heavy, pipelined, tiny
 from crossrt import StatusCode
 
 WAIT = 10  # seconds: the bound on every wait; reached only when something is broken
