@@ -25,7 +25,7 @@ from .base import (
     copy_into,
     host_cpu,
 )
-from .boundary import bound_call_error
+from .boundary import program_error, unguarded
 from .registry import (
     DriverStatus,
     available_drivers,
@@ -51,12 +51,13 @@ __all__ = [
     "Program",
     "Residence",
     "available_drivers",
-    "bound_call_error",
     "check_range",
     "copy_into",
     "driver_statuses",
     "get_driver",
     "host_cpu",
     "parse_device",
+    "program_error",
     "resolve_device",
+    "unguarded",
 ]

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, overload
 import numpy as np
 
 from ..compiler import Executable
-from ..drivers import DeviceInfo, Program, bound_call_error, get_driver
+from ..drivers import DeviceInfo, Program, get_driver, program_error, unguarded
 from ..errors import (
     ClosedError,
     CrossrtError,
@@ -125,7 +125,7 @@ class LoadedModel:
             inst.call = self._inline(inst)
         # Whether run() calls a program with nothing around it (_inline): then a repeated bound
         # call goes straight into the program's own binding (Binding.call_on).
-        self._direct = all(inst.call == inst.programs[0].run for inst in self._instances)
+        self._direct = all(inst.call == unguarded(inst.programs[0].run) for inst in self._instances)
         self._output_names = tuple(s.name for s in executable.outputs)
         self.memory_owner = f"{executable.name}#{next(_serial)}"
         self._device_memory: Allocator | None = None
@@ -154,7 +154,7 @@ class LoadedModel:
         added, so the common case costs no extra Python call."""
         execute: Callable[..., dict[str, np.ndarray]]
         if len(inst.programs) == 1 and self._exec_timeout is None:
-            execute = inst.programs[0].run
+            execute = unguarded(inst.programs[0].run)  # run() maps what it raises
         elif self._exec_timeout is None:
             execute = inst.execute
         else:
@@ -254,8 +254,9 @@ class LoadedModel:
         except Exception as exc:
             if self._released is not None:  # unloaded or closed while running
                 raise self._released[0](self._released[1]) from None
-            if checked is not None and not isinstance(exc, CrossrtError):
-                raise bound_call_error(inst.programs[0], exc) from exc  # a driver's bound call
+            if not isinstance(exc, CrossrtError):  # from a driver call left unguarded
+                what = "run" if checked is None else "a bound call"
+                raise program_error(inst.programs[0], exc, what) from exc
             raise
         finally:
             self._give(inst)
