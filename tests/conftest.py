@@ -1,5 +1,63 @@
-"""Shared fixtures of every test folder (tests/README.md says what goes where).
+"""Fixtures shared by every test folder; tests/README.md says which folder a test goes in.
 
-pytest puts this folder on ``sys.path`` when it loads this file, so the shared helper modules
-beside it (``concurrency_models``, ``crm_layout``) import by their plain names from any folder.
+pytest puts this folder on ``sys.path`` when it loads this file, so the helper modules beside
+it (``models``, ``concurrency_models``, ``crm_layout``) import by their plain names from any
+folder.
 """
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+import crossrt
+from concurrency_models import tiny
+from crossrt.drivers import get_driver
+
+
+@pytest.fixture
+def runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A ``CROSSRT_RUNTIME_DIR`` of this test's own (core locks, allocation-log dumps), not yet
+    created, and no core reservation asked by the environment: a test never sees another
+    test's locks or the user's. Files that need it in every test name it in ``pytestmark``."""
+    folder = tmp_path / "run"
+    monkeypatch.setenv("CROSSRT_RUNTIME_DIR", str(folder))
+    monkeypatch.delenv("CROSSRT_VISIBLE_CORES", raising=False)
+    monkeypatch.delenv("CROSSRT_NUM_CORES", raising=False)
+    return folder
+
+
+@pytest.fixture
+def rt() -> Iterator[crossrt.Runtime]:
+    """A default runtime, closed after the test."""
+    with crossrt.Runtime() as runtime:
+        yield runtime
+
+
+@pytest.fixture(scope="module")
+def tiny_exe() -> crossrt.Executable:
+    """``concurrency_models.tiny()`` compiled for the default device, once per test file."""
+    return crossrt.compile(tiny())
+
+
+@pytest.fixture
+def ort_reads(monkeypatch: pytest.MonkeyPatch) -> Callable[[int, int], tuple[int, int]]:
+    """``ort_reads(max_ir, max_opset)``: the onnxruntime driver takes ORT to read at most that
+    IR version and ai.onnx opset (the limits it probed, made lower; never higher than the
+    installed ORT's), for this test, so that models newer than ORT reads exist whatever ORT is
+    installed. Returns the limits in force."""
+    driver = get_driver("onnxruntime")
+    real = driver._registry()
+    monkeypatch.delenv("CROSSRT_CACHE_DIR", raising=False)  # a cached artifact is not lowered
+
+    def reads(max_ir: int, max_opset: int) -> tuple[int, int]:
+        limits = dataclasses.replace(
+            real, max_ir=min(max_ir, real.max_ir), max_opset=min(max_opset, real.max_opset)
+        )
+        monkeypatch.setattr(driver, "_known", limits)
+        return limits.max_ir, limits.max_opset
+
+    return reads

@@ -7,9 +7,6 @@ runs whatever ORT is installed, and the lowered model really runs on it.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
-
 import numpy as np
 import onnx
 import pytest
@@ -39,25 +36,6 @@ def _model(nodes: list[onnx.NodeProto], opset: int, ir: int, **io: int) -> onnx.
 def _limits() -> tuple[int, int]:
     known = get_driver("onnxruntime")._registry()
     return known.max_ir, known.max_opset
-
-
-@pytest.fixture
-def ort_reads(monkeypatch: pytest.MonkeyPatch) -> Callable[[int, int], tuple[int, int]]:
-    """``ort_reads(max_ir, max_opset)``: the onnxruntime driver takes ORT to read at most that
-    IR version and ai.onnx opset (the limits it probed, made lower; never higher than the
-    installed ORT's), for this test. Returns the limits in force."""
-    driver = get_driver("onnxruntime")
-    real = driver._registry()
-    monkeypatch.delenv("CROSSRT_CACHE_DIR", raising=False)  # a cached artifact is not lowered
-
-    def reads(max_ir: int, max_opset: int) -> tuple[int, int]:
-        limits = dataclasses.replace(
-            real, max_ir=min(max_ir, real.max_ir), max_opset=min(max_opset, real.max_opset)
-        )
-        monkeypatch.setattr(driver, "_known", limits)
-        return limits.max_ir, limits.max_opset
-
-    return reads
 
 
 def _engine_versions(exe: crossrt.Executable) -> tuple[int, int]:

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
-
 import numpy as np
 import onnx
 import pytest
@@ -133,25 +130,6 @@ def test_many_unsupported_nodes_are_summarised():
     assert len(err.details["nodes"]) == 13  # details keep all of them
     assert "13 of 13 nodes" in err.message
     assert "and 3 more" in err.message
-
-
-@pytest.fixture
-def ort_reads(monkeypatch: pytest.MonkeyPatch) -> Callable[[int, int], tuple[int, int]]:
-    """``ort_reads(max_ir, max_opset)``: the onnxruntime driver takes ORT to read at most that
-    IR version and opset (never more than it does), so that models newer than ORT reads exist
-    whatever ORT is installed (ORT 1.32 reads all onnx 1.23 writes). Returns the limits."""
-    driver = get_driver("onnxruntime")
-    real = driver._registry()
-    monkeypatch.delenv("CROSSRT_CACHE_DIR", raising=False)  # a cached artifact is not lowered
-
-    def reads(max_ir: int, max_opset: int) -> tuple[int, int]:
-        limits = dataclasses.replace(
-            real, max_ir=min(max_ir, real.max_ir), max_opset=min(max_opset, real.max_opset)
-        )
-        monkeypatch.setattr(driver, "_known", limits)
-        return limits.max_ir, limits.max_opset
-
-    return reads
 
 
 def _engine_versions(exe: crossrt.Executable) -> tuple[int, int]:

@@ -2,36 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 from onnx import TensorProto
 
 import crossrt
-from concurrency_models import tiny
 from crossrt import GraphBuilder, StatusCode
 
 X = np.ones((4, 8), np.float32)
 
 
-@pytest.fixture
-def rt() -> Iterator[crossrt.Runtime]:
-    with crossrt.Runtime() as runtime:
-        yield runtime
-
-
-@pytest.fixture(scope="module")
-def exe() -> crossrt.Executable:
-    return crossrt.compile(tiny())
-
-
 def test_explicit_group_loads_stopped_and_runs_one_model_at_a_time(
-    rt: crossrt.Runtime, exe: crossrt.Executable
+    rt: crossrt.Runtime, tiny_exe: crossrt.Executable
 ) -> None:
     group = rt.create_core_group(cores=1)
     assert group.indices == (0,) and not group.implicit
-    a, b = rt.load(exe, group=group), rt.load(exe, group=group)
+    a, b = rt.load(tiny_exe, group=group), rt.load(tiny_exe, group=group)
     assert not a.running and not b.running
     with pytest.raises(crossrt.OperationForbiddenError) as stopped:
         a.run({"x": X})
@@ -53,10 +39,10 @@ def test_explicit_group_loads_stopped_and_runs_one_model_at_a_time(
 
 
 def test_destroy_refuses_a_group_with_models_and_names_them(
-    rt: crossrt.Runtime, exe: crossrt.Executable
+    rt: crossrt.Runtime, tiny_exe: crossrt.Executable
 ) -> None:
     group = rt.create_core_group(indices=[0])
-    model = rt.load(exe, group=group)
+    model = rt.load(tiny_exe, group=group)
     with pytest.raises(crossrt.OperationForbiddenError) as info:
         group.destroy()
     assert "'tiny_mm'" in info.value.message
@@ -64,28 +50,30 @@ def test_destroy_refuses_a_group_with_models_and_names_them(
     group.destroy()
     assert group not in rt.core_groups
     with pytest.raises(crossrt.InvalidHandleError):
-        rt.load(exe, group=group)
+        rt.load(tiny_exe, group=group)
 
 
-def test_a_core_belongs_to_one_explicit_group(rt: crossrt.Runtime, exe: crossrt.Executable) -> None:
+def test_a_core_belongs_to_one_explicit_group(
+    rt: crossrt.Runtime, tiny_exe: crossrt.Executable
+) -> None:
     group = rt.create_core_group(indices=[0])
     with pytest.raises(crossrt.OperationForbiddenError):
         rt.create_core_group(indices=[0])
     with pytest.raises(crossrt.OperationForbiddenError):
-        rt.load(exe, cores=[0])  # an implicit group may not take an explicit group's core
+        rt.load(tiny_exe, cores=[0])  # an implicit group may not take an explicit group's core
     with pytest.raises(crossrt.OutOfResourcesError) as info:
         rt.create_core_group(cores=len(rt.cores))
     assert info.value.code is StatusCode.LOAD_NOT_ENOUGH_NC
     if len(rt.cores) > 1:  # a load without core indices takes what explicit groups leave
-        assert 0 not in rt.load(exe).cores
-        assert rt.load(exe, cores=1).cores == (1,)
+        assert 0 not in rt.load(tiny_exe).cores
+        assert rt.load(tiny_exe, cores=1).cores == (1,)
     group.destroy()
 
 
 def test_implicit_groups_come_and_go_with_their_model(
-    rt: crossrt.Runtime, exe: crossrt.Executable
+    rt: crossrt.Runtime, tiny_exe: crossrt.Executable
 ) -> None:
-    model = rt.load(exe)
+    model = rt.load(tiny_exe)
     assert model.running
     (group,) = rt.core_groups
     assert group.implicit and group.models == [model] and group.indices == model.cores
@@ -94,7 +82,7 @@ def test_implicit_groups_come_and_go_with_their_model(
     assert info.value.code is StatusCode.LOAD_NOT_ENOUGH_NC
     with pytest.raises(crossrt.OperationForbiddenError):
         rt.create_core_group(indices=[0])
-    other = rt.load(exe)  # implicit groups may share cores: the CPU is time-shared
+    other = rt.load(tiny_exe)  # implicit groups may share cores: the CPU is time-shared
     assert len(rt.core_groups) == 2
     model.unload()
     assert rt.core_groups == [other.group]
@@ -131,9 +119,9 @@ def _threads(model: crossrt.LoadedModel) -> list[int]:
 
 
 def test_request_binds_once_and_runs_many_times(
-    rt: crossrt.Runtime, exe: crossrt.Executable
+    rt: crossrt.Runtime, tiny_exe: crossrt.Executable
 ) -> None:
-    model = rt.load(exe)
+    model = rt.load(tiny_exe)
     out = np.empty((4, 8), np.float32)
     request = model.request(outputs={"y": out})
     request.set_input("x", X)

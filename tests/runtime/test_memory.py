@@ -34,12 +34,10 @@ from crossrt.runtime.memory.allocator import Allocator, allocator_for, copied_by
 
 
 @pytest.fixture(autouse=True)
-def runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def fresh_log(runtime_dir: Path) -> Iterator[None]:
     """Dumps go to a directory of this test's own, and each test starts a fresh log."""
-    directory = tmp_path / "run"
-    monkeypatch.setenv("CROSSRT_RUNTIME_DIR", str(directory))
     memlog.reset_memory_log()
-    yield directory
+    yield
     memlog.reset_memory_log()
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -36,21 +35,10 @@ def _new_threads(before: set[int]) -> dict[int, set[int]]:
     return {tid: cpus for tid, cpus in affinities().items() if tid not in before}
 
 
-@pytest.fixture
-def rt() -> Iterator[crossrt.Runtime]:
-    with crossrt.Runtime() as runtime:
-        yield runtime
-
-
-@pytest.fixture(scope="module")
-def exe() -> crossrt.Executable:
-    return crossrt.compile(tiny())
-
-
 def test_each_worker_runs_pinned_to_the_instance_it_serves(
-    rt: crossrt.Runtime, exe: crossrt.Executable
+    rt: crossrt.Runtime, tiny_exe: crossrt.Executable
 ) -> None:
-    model = rt.load(exe, instances=2, cores_per_instance=1)
+    model = rt.load(tiny_exe, instances=2, cores_per_instance=1)
     instances = model._scheduler.instances
     assert [inst.pin for inst in instances] == [(rt.cores[0],), (rt.cores[1],)]
     seen: list[set[int]] = []
@@ -67,19 +55,23 @@ def test_each_worker_runs_pinned_to_the_instance_it_serves(
     assert len(seen) == 8 and all(cpus in ({rt.cores[0]}, {rt.cores[1]}) for cpus in seen)
 
 
-def test_the_callers_thread_is_never_pinned(rt: crossrt.Runtime, exe: crossrt.Executable) -> None:
-    model = rt.load(exe, instances=2, cores_per_instance=1)
+def test_the_callers_thread_is_never_pinned(
+    rt: crossrt.Runtime, tiny_exe: crossrt.Executable
+) -> None:
+    model = rt.load(tiny_exe, instances=2, cores_per_instance=1)
     before = os.sched_getaffinity(0)
     for _ in range(4):
         model.run({"x": X})
     assert os.sched_getaffinity(0) == before
 
 
-def test_a_model_on_every_core_is_not_pinned(rt: crossrt.Runtime, exe: crossrt.Executable) -> None:
-    model = rt.load(exe)
+def test_a_model_on_every_core_is_not_pinned(
+    rt: crossrt.Runtime, tiny_exe: crossrt.Executable
+) -> None:
+    model = rt.load(tiny_exe)
     assert model._scheduler.instances[0].pin is None
     model.unload()
-    one = rt.load(exe, cores=1)
+    one = rt.load(tiny_exe, cores=1)
     assert one._scheduler.instances[0].pin == (rt.cores[0],)
 
 
@@ -104,12 +96,12 @@ def test_ort_pins_its_pool_threads_to_the_cores_after_the_first() -> None:
 
 
 def test_a_runtime_that_owns_its_cores_pins_a_load_on_all_of_them(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, exe: crossrt.Executable
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_exe: crossrt.Executable
 ) -> None:
     monkeypatch.setenv("CROSSRT_RUNTIME_DIR", str(tmp_path))
     with crossrt.Runtime(visible_cores=CPUS[1]) as owner:
         assert owner.exclusive and owner.cores == (CPUS[1],)
-        model = owner.load(exe)
+        model = owner.load(tiny_exe)
         assert model._scheduler.instances[0].pin == (CPUS[1],)
         seen: list[set[int]] = []
         model.run_async({"x": X}, callback=lambda r, d: seen.append(os.sched_getaffinity(0)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
 
 import numpy as np
@@ -20,17 +20,6 @@ WAIT = 10  # seconds: the bound on every wait; reached only when something is br
 
 def x(seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((4, 8)).astype(np.float32)
-
-
-@pytest.fixture
-def rt() -> Iterator[crossrt.Runtime]:
-    with crossrt.Runtime() as runtime:
-        yield runtime
-
-
-@pytest.fixture(scope="module")
-def tiny_exe() -> crossrt.Executable:
-    return crossrt.compile(tiny())
 
 
 def test_run_async_matches_run(rt: crossrt.Runtime, tiny_exe: crossrt.Executable) -> None:

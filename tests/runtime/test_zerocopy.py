@@ -30,6 +30,8 @@ from crossrt.runtime.memory.allocator import copied_bytes
 
 DRIVERS = ("onnxruntime", "reference")
 N = 1024
+# Allocation failures dump their log into the test's own directory, not the real one.
+pytestmark = pytest.mark.usefixtures("runtime_dir")
 
 
 def _add_one(n: int | str = N, name: str = "add_one") -> crossrt.Model:
@@ -39,21 +41,9 @@ def _add_one(n: int | str = N, name: str = "add_one") -> crossrt.Model:
     return b.finish()
 
 
-@pytest.fixture(autouse=True)
-def _memlog_dumps_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Allocation failures dump their log into this test's directory, not the real one."""
-    monkeypatch.setenv("CROSSRT_RUNTIME_DIR", str(tmp_path / "run"))
-
-
 @pytest.fixture(params=DRIVERS)
 def driver(request: pytest.FixtureRequest) -> str:
     return str(request.param)
-
-
-@pytest.fixture
-def rt() -> crossrt.Runtime:
-    with crossrt.Runtime() as runtime:
-        yield runtime
 
 
 def _x() -> np.ndarray:

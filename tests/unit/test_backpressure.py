@@ -7,14 +7,13 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
-from concurrency_models import gate, tiny
 
 import crossrt
+from concurrency_models import gate
 from crossrt import StatusCode
 from crossrt.model import GraphBuilder
 
@@ -35,17 +34,6 @@ class WatchedLine(deque[Any]):
     def append(self, job: Any) -> None:
         super().append(job)
         self.joined.release()
-
-
-@pytest.fixture
-def rt() -> Iterator[crossrt.Runtime]:
-    with crossrt.Runtime() as runtime:
-        yield runtime
-
-
-@pytest.fixture(scope="module")
-def tiny_exe() -> crossrt.Executable:
-    return crossrt.compile(tiny())
 
 
 def _watch(model: crossrt.LoadedModel) -> WatchedLine:

@@ -4,8 +4,7 @@ host-coherent, where skipping invalidate or flush is caught."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -27,6 +26,9 @@ from crossrt.compat.bmlib import POISON, Device, DeviceMemory
 from crossrt.drivers import Driver, registry
 from crossrt.runtime.memory.allocator import copied_bytes
 from crossrt.runtime.memory.tensorset import TensorSet
+
+# Allocation failures dump their log into the test's own directory, not the real one.
+pytestmark = pytest.mark.usefixtures("runtime_dir")
 
 
 class _Block:
@@ -97,18 +99,6 @@ class SeparateMemoryDriver(Driver):
         src_offset: int = 0,
     ) -> None:
         dst.data[dst_offset : dst_offset + nbytes] = src.data[src_offset : src_offset + nbytes]
-
-
-@pytest.fixture(autouse=True)
-def _memlog_dumps_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Allocation failures dump their log into this test's directory, not the real one."""
-    monkeypatch.setenv("CROSSRT_RUNTIME_DIR", str(tmp_path / "run"))
-
-
-@pytest.fixture
-def rt() -> Iterator[crossrt.Runtime]:
-    with crossrt.Runtime() as runtime:
-        yield runtime
 
 
 @pytest.fixture
