@@ -1,15 +1,11 @@
-"""Shared-memory tensors: memfd and POSIX segments, fd + offset + size, permissions, sharing
-with another process, and cleanup when the process that made a segment crashes."""
+"""Shared-memory tensors: memfd and POSIX segments, fd + offset + size, permissions, names.
+Sharing with another process, and cleanup when the process that made a segment exits or
+crashes, are tested in tests/system/test_shm_processes.py."""
 
 from __future__ import annotations
 
 import os
-import select
-import signal
 import stat
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -20,35 +16,10 @@ from crossrt import InvalidArgumentError, Tensor, UnsupportedError
 from crossrt.runtime.memory.shm import SharedMemorySegment, segment_name
 
 pytestmark = pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="needs Linux /dev/shm")
-TIMEOUT = 60
 
 
 def _shm_names() -> set[str]:
     return set(os.listdir("/dev/shm"))
-
-
-def _child(code: str, **kwargs: object) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        **kwargs,  # type: ignore[call-overload]
-    )
-
-
-def _wait_exit(pid: int) -> None:
-    """Wait, bounded, for a process that is not our child to end (a pidfd becomes readable)."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    try:
-        ready, _, _ = select.select([fd], [], [], TIMEOUT)
-        assert ready, f"process {pid} did not end within {TIMEOUT} s"
-    finally:
-        os.close(fd)
 
 
 def test_memfd_tensor_has_fd_offset_size_and_owner_only_mode() -> None:
@@ -88,24 +59,6 @@ def test_from_fd_checks_the_descriptor_and_the_range() -> None:
         crossrt.tensor_from_fd(t.fd, 8, 4)  # type: ignore[arg-type]
 
 
-def test_another_process_maps_the_segment_through_its_fd() -> None:
-    t = crossrt.shared_tensor((4,), "int32")
-    t.numpy()[:] = [1, 2, 3, 4]
-    child = _child(
-        f"""
-        import crossrt
-        v = crossrt.tensor_from_fd({t.fd}, 16, dtype="int32", shape=(4,))
-        print(v.numpy().tolist(), flush=True)
-        v.numpy()[:] *= 10
-        """,
-        pass_fds=(t.fd,),
-    )
-    out, err = child.communicate(timeout=TIMEOUT)
-    assert child.returncode == 0, err
-    assert out.strip() == "[1, 2, 3, 4]"
-    assert t.numpy().tolist() == [10, 20, 30, 40]
-
-
 def test_posix_segments_are_unlinked_right_after_mapping() -> None:
     before = _shm_names()
     t = crossrt.shared_tensor((16,), "uint8", kind="posix")
@@ -131,70 +84,6 @@ def test_memfd_cannot_keep_a_name() -> None:
         SharedMemorySegment(8, kind="memfd", keep_name=True)
     with pytest.raises(InvalidArgumentError, match="choose one of"):
         SharedMemorySegment(8, kind="sysv")
-
-
-def test_named_segment_is_unlinked_when_its_process_exits_normally() -> None:
-    child = _child(
-        """
-        import crossrt
-        from crossrt.runtime.memory.shm import segment_name
-        t = crossrt.shared_tensor((64,), "uint8", keep_name=True)
-        print(segment_name(t), flush=True)
-        """
-    )
-    out, err = child.communicate(timeout=TIMEOUT)
-    assert child.returncode == 0, err
-    assert out.strip() and out.strip() not in _shm_names()
-
-
-@pytest.mark.parametrize("how", ["SIGKILL", "os._exit"])
-def test_named_segment_is_cleaned_up_after_its_process_crashes(how: str) -> None:
-    crash = "os.kill(os.getpid(), signal.SIGKILL)" if how == "SIGKILL" else "os._exit(3)"
-    child = _child(
-        f"""
-        import os, signal, sys
-        from multiprocessing import resource_tracker
-        import crossrt
-        from crossrt.runtime.memory.shm import segment_name
-        t = crossrt.shared_tensor((4096,), "uint8", keep_name=True)
-        print(segment_name(t), resource_tracker._resource_tracker._pid, flush=True)
-        sys.stdin.readline()  # until the parent has seen the segment
-        {crash}
-        """
-    )
-    assert child.stdout is not None and child.stdin is not None
-    name, tracker = child.stdout.readline().split()
-    assert name in _shm_names()
-    child.stdin.write("go\n")
-    child.stdin.flush()
-    returncode = child.wait(timeout=TIMEOUT)
-    assert returncode == (-signal.SIGKILL if how == "SIGKILL" else 3)
-    _wait_exit(int(tracker))  # the tracker unlinks what a dead process leaked, then ends
-    assert name not in _shm_names()
-    child.communicate(timeout=TIMEOUT)
-
-
-def test_memfd_segment_of_a_crashed_process_leaves_no_name_behind() -> None:
-    child = _child(
-        """
-        import os, signal, sys
-        import crossrt
-        from crossrt.runtime.memory.shm import segment_name
-        t = crossrt.shared_tensor((4096,), "uint8")
-        print(segment_name(t), t.fd, flush=True)
-        sys.stdin.readline()
-        os.kill(os.getpid(), signal.SIGKILL)
-        """
-    )
-    assert child.stdout is not None and child.stdin is not None
-    label, fd = child.stdout.readline().split()
-    assert Path(f"/proc/{child.pid}/fd/{fd}").readlink().name.startswith(f"memfd:{label}")
-    assert not any(label in n for n in _shm_names())
-    child.stdin.write("go\n")
-    child.stdin.flush()
-    assert child.wait(timeout=TIMEOUT) == -signal.SIGKILL
-    assert not any(label in n for n in _shm_names())
-    child.communicate(timeout=TIMEOUT)
 
 
 def test_shared_tensor_is_accounted_in_host_memory() -> None:
