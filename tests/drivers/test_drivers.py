@@ -22,6 +22,7 @@ from crossrt.drivers import (
 )
 from crossrt.drivers.onnxruntime import artifact as ort_artifact
 from crossrt.model import GraphBuilder
+from models import relu
 
 DRIVERS = ("onnxruntime", "reference")
 CORES = len(os.sched_getaffinity(0))
@@ -36,13 +37,6 @@ def fresh_registry(monkeypatch):
 
 def _by_name() -> dict[str, crossrt.drivers.DriverStatus]:
     return {s.name: s for s in crossrt.driver_statuses()}
-
-
-def _relu_model() -> crossrt.Model:
-    b = GraphBuilder("relu")
-    x = b.input("x", "float32", [2, 3])
-    b.output(b.op("Relu", [x]))
-    return b.finish()
 
 
 # -- the registry -----------------------------------------------------------------------------
@@ -80,7 +74,7 @@ def test_a_driver_asked_for_by_name_is_loaded_alone(fresh_registry):
 
 
 def test_loading_a_compiled_model_imports_only_its_driver(tmp_path):
-    crossrt.compile(_relu_model(), driver="onnxruntime").save(tmp_path / "relu.crm")
+    crossrt.compile(relu(), driver="onnxruntime").save(tmp_path / "relu.crm")
     code = (
         "import sys, numpy as np, crossrt\n"
         f"exe = crossrt.load_executable({str(tmp_path / 'relu.crm')!r})\n"
@@ -114,20 +108,20 @@ def test_disabling_a_driver(fresh_registry):
     assert info.value.code is StatusCode.DEVICE_UNAVAILABLE
     assert "unavailable" in info.value.message and "CROSSRT_DISABLE_DRIVERS" in info.value.message
     with pytest.raises(DeviceUnavailableError):
-        crossrt.compile(_relu_model(), driver="reference")
-    assert crossrt.compile(_relu_model()).nodes[0].driver == "onnxruntime"
+        crossrt.compile(relu(), driver="reference")
+    assert crossrt.compile(relu()).nodes[0].driver == "onnxruntime"
 
 
 def test_disabling_the_preferred_driver_falls_back(fresh_registry):
     fresh_registry.setenv("CROSSRT_DISABLE_DRIVERS", "onnxruntime")
-    exe = crossrt.compile(_relu_model(), device="cpu")
+    exe = crossrt.compile(relu(), device="cpu")
     assert exe.nodes[0].driver == "reference"
 
 
 def test_disabling_every_driver_gives_a_clear_device_error(fresh_registry):
     fresh_registry.setenv("CROSSRT_DISABLE_DRIVERS", "onnxruntime,reference")
     with pytest.raises(DeviceUnavailableError) as info:
-        crossrt.compile(_relu_model())
+        crossrt.compile(relu())
     assert "devices: none" in info.value.message
     assert "crossrt ls" in info.value.message
 
@@ -184,7 +178,7 @@ def test_broken_entry_points_are_reported_and_the_others_still_work(extra_target
     for name in DRIVERS:
         assert statuses[name].available
     # The working drivers still compile and run.
-    exe = crossrt.compile(_relu_model(), driver="reference")
+    exe = crossrt.compile(relu(), driver="reference")
     with crossrt.Runtime() as rt:
         out = rt.load(exe).run({"x": -np.ones((2, 3), np.float32)})
     assert (next(iter(out.values())) == 0).all()
@@ -324,7 +318,7 @@ def _ort_runs(model: crossrt.Model) -> bool:
     [1, pytest.param(2, marks=pytest.mark.skipif(CORES < 2, reason="needs 2 usable cores"))],
 )
 def test_ort_intra_op_threads_follow_cores(cores):
-    exe = crossrt.compile(_relu_model(), driver="onnxruntime")
+    exe = crossrt.compile(relu(), driver="onnxruntime")
     with crossrt.Runtime() as rt:
         loaded = rt.load(exe, cores=cores)
         so = loaded._programs[0].session.get_session_options()
@@ -334,20 +328,20 @@ def test_ort_intra_op_threads_follow_cores(cores):
 
 
 def test_ort_threads_for_a_core_list():
-    exe = crossrt.compile(_relu_model(), driver="onnxruntime")
+    exe = crossrt.compile(relu(), driver="onnxruntime")
     with crossrt.Runtime() as rt:
         loaded = rt.load(exe, cores=[CORES - 1])
         assert loaded._programs[0].session.get_session_options().intra_op_num_threads == 1
 
 
 def test_ort_artifact_holds_an_onnx_model():
-    exe = crossrt.compile(_relu_model(), driver="onnxruntime")
+    exe = crossrt.compile(relu(), driver="onnxruntime")
     proto = onnx.ModelProto.FromString(bytes(ort_artifact.unpack(exe.nodes[0].artifact).graph))
     assert [n.op_type for n in proto.graph.node] == ["Relu"]
 
 
 def test_reference_artifact_is_the_model():
-    model = _relu_model()
+    model = relu()
     exe = crossrt.compile(model, driver="reference")
     assert crossrt.load_model(exe.nodes[0].artifact).content_hash == model.content_hash
 

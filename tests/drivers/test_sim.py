@@ -17,7 +17,6 @@ from importlib.metadata import entry_points
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
 
 import crossrt
 from concurrency_models import tiny
@@ -38,6 +37,7 @@ from crossrt.drivers.sim_memory import SimBuffer
 from crossrt.errors import StatusCode
 from crossrt.model import GraphBuilder
 from crossrt.tools import ls as ls_tool
+from models import sequence_length
 
 OPTIONS = CompileOptions()
 W = np.arange(64, dtype=np.float32).reshape(8, 8) / 64  # tiny()'s weight
@@ -341,23 +341,7 @@ def test_dynamic_outputs_get_a_buffer_of_the_shape_each_run(sim: SimDriver) -> N
 
 
 def test_values_that_are_not_tensors_pass_as_they_are(sim: SimDriver) -> None:
-    graph = helper.make_graph(
-        [
-            helper.make_node("SequenceLength", ["s"], ["n"]),
-            helper.make_node("Identity", ["x"], ["y"]),
-        ],
-        "seq",
-        [
-            helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, None),
-            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
-        ],
-        [
-            helper.make_tensor_value_info("n", TensorProto.INT64, []),
-            helper.make_tensor_value_info("y", TensorProto.FLOAT, [2]),
-        ],
-    )
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    proto.ir_version = 8
+    proto = sequence_length()
     program = _loaded(sim, crossrt.load_model(proto))
     assert program.residence() == {
         "x": Residence.DEVICE,

@@ -21,15 +21,9 @@ from crossrt.compiler import KNOWN_OPTIONS
 from crossrt.drivers import get_driver
 from crossrt.drivers.onnxruntime import artifact as ort_artifact
 from crossrt.model import GraphBuilder
+from models import relu
 
 DRIVERS = ("onnxruntime", "reference")
-
-
-def _relu_model(opset: int = 21) -> crossrt.Model:
-    b = GraphBuilder("relu", opset=opset)
-    x = b.input("x", "float32", [2, 3])
-    b.output(b.op("Relu", [x], name="the_relu"))
-    return b.finish()
 
 
 def _custom_op_model() -> crossrt.Model:
@@ -195,7 +189,7 @@ def test_constant_node_compiles_on_onnxruntime():
 
 @pytest.mark.parametrize("driver", DRIVERS)
 def test_supported_model_compiles_on_each_driver(driver):
-    exe = crossrt.compile(_relu_model(), driver=driver)
+    exe = crossrt.compile(relu(), driver=driver)
     assert exe.nodes[0].driver == driver
     assert exe.device == "cpu:0"
     assert exe.nodes[0].artifact
@@ -206,7 +200,7 @@ def test_supported_model_compiles_on_each_driver(driver):
 
 def test_unknown_option_is_rejected_listing_known_ones():
     with pytest.raises(InvalidOptionError) as info:
-        crossrt.compile(_relu_model(), turbo=True)
+        crossrt.compile(relu(), turbo=True)
     err = info.value
     assert err.code is StatusCode.INVALID_OPTION
     assert "'turbo'" in err.message
@@ -218,7 +212,7 @@ def test_unknown_option_is_rejected_listing_known_ones():
 
 def test_several_unknown_options_are_all_named():
     with pytest.raises(InvalidOptionError) as info:
-        crossrt.compile(_relu_model(), turbo=True, threads=4)
+        crossrt.compile(relu(), turbo=True, threads=4)
     assert info.value.details["unknown"] == ["threads", "turbo"]
     assert "'threads'" in info.value.message and "'turbo'" in info.value.message
 
@@ -241,7 +235,7 @@ def test_several_unknown_options_are_all_named():
 )
 def test_bad_option_values_are_rejected(option, value):
     with pytest.raises(InvalidOptionError) as info:
-        crossrt.compile(_relu_model(), **{option: value})
+        crossrt.compile(relu(), **{option: value})
     err = info.value
     assert err.code is StatusCode.INVALID_OPTION
     assert f"{option}=" in err.message
@@ -261,7 +255,7 @@ def test_bad_option_values_are_rejected(option, value):
 @pytest.mark.parametrize("driver", DRIVERS)
 def test_options_a_driver_cannot_honour_are_refused_by_name(driver, options, named):
     with pytest.raises(crossrt.InvalidOptionError) as info:
-        crossrt.compile(_relu_model(), driver=driver, **options)
+        crossrt.compile(relu(), driver=driver, **options)
     err = info.value
     assert err.code is StatusCode.INVALID_OPTION
     assert f"option {named}" in err.message
@@ -272,7 +266,7 @@ def test_options_a_driver_cannot_honour_are_refused_by_name(driver, options, nam
 @pytest.mark.parametrize("mode", ["high", "HIGH", 3, PerformanceMode.HIGH])
 def test_reference_refuses_performance_modes(mode):
     with pytest.raises(crossrt.InvalidOptionError) as info:
-        crossrt.compile(_relu_model(), driver="reference", performance_mode=mode)
+        crossrt.compile(relu(), driver="reference", performance_mode=mode)
     assert "performance_mode" in info.value.message
     assert "NONE" in info.value.message  # what it supports
 
@@ -288,7 +282,7 @@ def test_reference_refuses_performance_modes(mode):
     ],
 )
 def test_performance_mode_as_str_int_or_enum_on_onnxruntime(value, expected):
-    exe = crossrt.compile(_relu_model(), driver="onnxruntime", performance_mode=value)
+    exe = crossrt.compile(relu(), driver="onnxruntime", performance_mode=value)
     assert exe.options.performance_mode is expected
     assert exe.describe()["options"]["performance_mode"] == expected.name
 
@@ -297,13 +291,13 @@ def test_performance_mode_as_str_int_or_enum_on_onnxruntime(value, expected):
 def test_onnxruntime_claims_only_the_modes_it_honours(mode):
     # Only LOW changes an ORT session (no spinning); the others would be a silent no-op.
     with pytest.raises(crossrt.InvalidOptionError) as info:
-        crossrt.compile(_relu_model(), driver="onnxruntime", performance_mode=mode)
+        crossrt.compile(relu(), driver="onnxruntime", performance_mode=mode)
     assert info.value.code is StatusCode.INVALID_OPTION
     assert "onnxruntime" in info.value.message and "NONE, LOW" in info.value.message
 
 
 def test_low_performance_mode_reaches_the_session():
-    exe = crossrt.compile(_relu_model(), driver="onnxruntime", performance_mode="low")
+    exe = crossrt.compile(relu(), driver="onnxruntime", performance_mode="low")
     with crossrt.Runtime() as rt:
         loaded = rt.load(exe)
         so = loaded._programs[0].session.get_session_options()
@@ -313,7 +307,7 @@ def test_low_performance_mode_reaches_the_session():
 def test_neutral_options_are_accepted_everywhere():
     for driver in DRIVERS:
         exe = crossrt.compile(
-            _relu_model(),
+            relu(),
             driver=driver,
             performance_mode="none",
             priority=Priority.NONE,
@@ -328,7 +322,7 @@ def test_neutral_options_are_accepted_everywhere():
 
 @pytest.mark.parametrize("driver", DRIVERS)
 def test_describe_has_one_node(driver):
-    model = _relu_model()
+    model = relu()
     exe = crossrt.compile(model, driver=driver)
     d = exe.describe()
     assert d["name"] == "relu"
@@ -355,7 +349,7 @@ def test_describe_has_one_node(driver):
 
 
 def test_compile_accepts_path_bytes_proto_and_model(tmp_path):
-    model = _relu_model()
+    model = relu()
     path = tmp_path / "relu.onnx"
     model.save(path)
     hashes = {
@@ -370,7 +364,7 @@ def test_compile_accepts_path_bytes_proto_and_model(tmp_path):
 
 def test_unknown_device_kind():
     with pytest.raises(DeviceUnavailableError) as info:
-        crossrt.compile(_relu_model(), device="tpu")
+        crossrt.compile(relu(), device="tpu")
     err = info.value
     assert err.code is StatusCode.DEVICE_UNAVAILABLE
     assert "'tpu'" in err.message and "cpu:0" in err.message  # what exists
@@ -379,14 +373,14 @@ def test_unknown_device_kind():
 
 def test_device_index_out_of_range():
     with pytest.raises(DeviceUnavailableError) as info:
-        crossrt.compile(_relu_model(), device="cpu:7")
+        crossrt.compile(relu(), device="cpu:7")
     assert "'cpu:7'" in info.value.message
 
 
 @pytest.mark.parametrize("device", ["cpu:x", "cpu:", ":0", "cpu:-1"])
 def test_malformed_device(device):
     with pytest.raises(InvalidArgumentError) as info:
-        crossrt.compile(_relu_model(), device=device)
+        crossrt.compile(relu(), device=device)
     err = info.value
     assert err.code is StatusCode.INVALID
     assert repr(device) in err.message
@@ -395,12 +389,12 @@ def test_malformed_device(device):
 
 @pytest.mark.parametrize("device", ["cpu", "cpu:0", "CPU", " cpu:0 "])
 def test_device_spellings(device):
-    assert crossrt.compile(_relu_model(), device=device).device == "cpu:0"
+    assert crossrt.compile(relu(), device=device).device == "cpu:0"
 
 
 def test_unknown_driver():
     with pytest.raises(DeviceUnavailableError) as info:
-        crossrt.compile(_relu_model(), driver="tensorrt")
+        crossrt.compile(relu(), driver="tensorrt")
     err = info.value
     assert err.code is StatusCode.DEVICE_UNAVAILABLE
     assert "'tensorrt'" in err.message
@@ -410,9 +404,9 @@ def test_unknown_driver():
 def test_default_device_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv("CROSSRT_DEFAULT_DEVICE", "tpu")
     with pytest.raises(DeviceUnavailableError, match="'tpu'"):
-        crossrt.compile(_relu_model())
+        crossrt.compile(relu())
     monkeypatch.setenv("CROSSRT_DEFAULT_DEVICE", "cpu:0")
-    assert crossrt.compile(_relu_model()).device == "cpu:0"
+    assert crossrt.compile(relu()).device == "cpu:0"
 
 
 def test_invalid_model_is_refused_before_any_driver_runs():

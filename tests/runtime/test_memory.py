@@ -27,10 +27,10 @@ from crossrt import (
 )
 from crossrt.config import settings
 from crossrt.drivers import Driver, get_driver
-from crossrt.model import GraphBuilder
 from crossrt.runtime.memory import allocator, memlog
 from crossrt.runtime.memory.allocation import HostMemory
 from crossrt.runtime.memory.allocator import Allocator, allocator_for, copied_bytes
+from models import add_one
 
 
 @pytest.fixture(autouse=True)
@@ -39,13 +39,6 @@ def fresh_log(runtime_dir: Path) -> Iterator[None]:
     memlog.reset_memory_log()
     yield
     memlog.reset_memory_log()
-
-
-def _add_one(n: int | str = 256) -> crossrt.Model:
-    b = GraphBuilder("add_one")
-    x = b.input("x", "float32", [n])
-    b.output(b.op("Add", [x, b.constant(np.float32(1))], outputs=["y"]))
-    return b.finish()
 
 
 def _small_allocator(limit: int) -> Allocator:
@@ -84,7 +77,7 @@ def test_bad_sizes_are_invalid(size: Any) -> None:
 
 def test_budget_exceeded_names_the_model_the_request_and_what_is_left() -> None:
     with crossrt.Runtime() as rt:
-        model = rt.load(_add_one(), "cpu")
+        model = rt.load(add_one(256), "cpu")
         model.set_memory_budget(1000)
         assert model.memory_budget == 1000
         kept = Tensor((150,), "float32", owner=model)  # 600 bytes
@@ -189,7 +182,7 @@ def test_cpu_drivers_are_coherent_and_share_one_allocator() -> None:
 
 def test_runtime_memory_stats_show_devices_and_models() -> None:
     with crossrt.Runtime() as rt:
-        model = rt.load(_add_one(), "cpu")
+        model = rt.load(add_one(256), "cpu")
         host = Tensor((8,), "float32", placement=crossrt.Placement.HOST)
         stats = rt.memory_stats()
         assert {"cpu:0", "host"} <= set(stats)
@@ -212,7 +205,7 @@ def test_runtime_memory_stats_show_devices_and_models() -> None:
 def test_copied_bytes_counts_only_runtime_copies() -> None:
     gc.collect()
     with crossrt.Runtime() as rt:
-        model = rt.load(_add_one("N"), "cpu")
+        model = rt.load(add_one("N"), "cpu")
         x = np.ones(16, np.float32)
         before = copied_bytes()
         model.run({"x": x})

@@ -27,18 +27,12 @@ from crossrt import (
 )
 from crossrt.model import GraphBuilder
 from crossrt.runtime.memory.allocator import copied_bytes
+from models import add_one, sequence_length
 
 DRIVERS = ("onnxruntime", "reference")
 N = 1024
 # Allocation failures dump their log into the test's own directory, not the real one.
 pytestmark = pytest.mark.usefixtures("runtime_dir")
-
-
-def _add_one(n: int | str = N, name: str = "add_one") -> crossrt.Model:
-    b = GraphBuilder(name)
-    x = b.input("x", "float32", [n])
-    b.output(b.op("Add", [x, b.constant(np.float32(1))], outputs=["y"]))
-    return b.finish()
 
 
 @pytest.fixture(params=DRIVERS)
@@ -51,7 +45,7 @@ def _x() -> np.ndarray:
 
 
 def test_ort_output_lands_in_the_callers_buffer_with_zero_copies(rt: crossrt.Runtime) -> None:
-    model = rt.load(_add_one(), "cpu", driver="onnxruntime")
+    model = rt.load(add_one(N), "cpu", driver="onnxruntime")
     x = Tensor.from_buffer(_x(), name="x")
     y = Tensor((N,), "float32", name="y")
     where = y.address
@@ -63,7 +57,7 @@ def test_ort_output_lands_in_the_callers_buffer_with_zero_copies(rt: crossrt.Run
 
 
 def test_attached_numpy_output_is_written_in_place(rt: crossrt.Runtime) -> None:
-    model = rt.load(_add_one(), "cpu", driver="onnxruntime")
+    model = rt.load(add_one(N), "cpu", driver="onnxruntime")
     out = np.zeros(N, np.float32)
     before = copied_bytes()
     model.run(TensorSet({"x": _x()}), outputs={"y": Tensor.from_buffer(out)})
@@ -72,14 +66,14 @@ def test_attached_numpy_output_is_written_in_place(rt: crossrt.Runtime) -> None:
 
 
 def test_tensor_outputs_on_every_driver(rt: crossrt.Runtime, driver: str) -> None:
-    model = rt.load(_add_one(), "cpu", driver=driver)
+    model = rt.load(add_one(N), "cpu", driver=driver)
     y = Tensor((N,), "float32")
     assert model.run(Tensor.from_buffer(_x()), outputs={"y": y})["y"] is y
     assert np.array_equal(y.numpy(), _x() + 1)
 
 
 def test_plain_arrays_still_come_back_as_arrays(rt: crossrt.Runtime) -> None:
-    model = rt.load(_add_one(), "cpu")
+    model = rt.load(add_one(N), "cpu")
     result = model.run({"x": _x()})
     assert type(result["y"]) is np.ndarray
     out = np.empty(N, np.float32)
@@ -87,7 +81,7 @@ def test_plain_arrays_still_come_back_as_arrays(rt: crossrt.Runtime) -> None:
 
 
 def test_tensor_set_outputs_are_filled_by_the_runtime(rt: crossrt.Runtime) -> None:
-    model = rt.load(_add_one(), "cpu")
+    model = rt.load(add_one(N), "cpu")
     outs = TensorSet()
     before = copied_bytes()
     returned = model.run(TensorSet({"x": _x()}), outputs=outs)
@@ -104,27 +98,27 @@ def test_tensor_set_outputs_are_filled_by_the_runtime(rt: crossrt.Runtime) -> No
 
 
 def test_none_asks_the_runtime_to_allocate(rt: crossrt.Runtime, driver: str) -> None:
-    model = rt.load(_add_one(), "cpu", driver=driver)
+    model = rt.load(add_one(N), "cpu", driver=driver)
     y = model.run({"x": _x()}, outputs={"y": None})["y"]
     assert isinstance(y, Tensor) and np.array_equal(y.numpy(), _x() + 1)
     assert model.memory_stats().allocations == 1
 
 
 def test_runtime_allocation_respects_the_model_budget(rt: crossrt.Runtime) -> None:
-    model = rt.load(_add_one(), "cpu")
+    model = rt.load(add_one(N), "cpu")
     model.set_memory_budget(N)  # a quarter of the output
     with pytest.raises(OutOfResourcesError, match=r"model 'add_one' cannot allocate 'y'"):
         model.run({"x": _x()}, outputs={"y": None})
 
 
 def test_output_tensor_too_small_is_refused_before_the_run(rt: crossrt.Runtime) -> None:
-    model = rt.load(_add_one(), "cpu")
+    model = rt.load(add_one(N), "cpu")
     with pytest.raises(InvalidArgumentError, match=r"\(4096 bytes\) but the tensor given holds 40"):
         model.run({"x": _x()}, outputs={"y": Tensor((10,), "float32")})
 
 
 def test_larger_raw_memory_takes_the_outputs_shape(rt: crossrt.Runtime) -> None:
-    model = rt.load(_add_one(), "cpu")
+    model = rt.load(add_one(N), "cpu")
     raw = Tensor.allocate(8 * N)  # nrt_tensor_allocate: bytes, no dtype yet
     model.run({"x": _x()}, outputs={"y": raw})
     assert (raw.dtype.name, raw.shape, raw.size) == ("float32", (N,), 8 * N)
@@ -132,19 +126,19 @@ def test_larger_raw_memory_takes_the_outputs_shape(rt: crossrt.Runtime) -> None:
 
 
 def test_output_tensor_of_the_wrong_dtype_is_refused(rt: crossrt.Runtime) -> None:
-    model = rt.load(_add_one(), "cpu")
+    model = rt.load(add_one(N), "cpu")
     with pytest.raises(InvalidInputError, match="is float64, the output is float32"):
         model.run({"x": _x()}, outputs={"y": Tensor((N,), "float64")})
 
 
 def test_unknown_output_name_is_refused(rt: crossrt.Runtime) -> None:
-    model = rt.load(_add_one(), "cpu")
+    model = rt.load(add_one(N), "cpu")
     with pytest.raises(InvalidInputError, match="unknown output 'z'"):
         model.run({"x": _x()}, outputs={"z": None})
 
 
 def test_input_tensors_are_checked_like_arrays(rt: crossrt.Runtime) -> None:
-    model = rt.load(_add_one(), "cpu")
+    model = rt.load(add_one(N), "cpu")
     with pytest.raises(InvalidInputError, match="expected float32 \\[1024\\], got int32"):
         model.run(Tensor((N,), "int32"))
     with pytest.raises(InvalidInputError, match="dimension 0 must be 1024"):
@@ -155,7 +149,7 @@ def test_input_tensors_are_checked_like_arrays(rt: crossrt.Runtime) -> None:
 
 
 def test_dynamic_output_is_copied_into_a_tensor_that_fits(rt: crossrt.Runtime, driver: str) -> None:
-    model = rt.load(_add_one("N"), "cpu", driver=driver)
+    model = rt.load(add_one("N"), "cpu", driver=driver)
     y = Tensor.from_desc(TensorDesc("y", "float32", [-1]), size=400)
     before = copied_bytes()
     model.run({"x": np.ones(50, np.float32)}, outputs={"y": y})
@@ -166,20 +160,20 @@ def test_dynamic_output_is_copied_into_a_tensor_that_fits(rt: crossrt.Runtime, d
 
 
 def test_dynamic_output_too_small_names_the_size_needed(rt: crossrt.Runtime) -> None:
-    model = rt.load(_add_one("N"), "cpu")
+    model = rt.load(add_one("N"), "cpu")
     y = Tensor.from_desc(TensorDesc("y", "float32", [-1]), size=16)
     with pytest.raises(InvalidArgumentError, match=r"is float32 \[10\] \(40 bytes\).*holds 16"):
         model.run({"x": np.ones(10, np.float32)}, outputs={"y": y})
 
 
 def test_dynamic_output_allocated_by_the_runtime(rt: crossrt.Runtime) -> None:
-    model = rt.load(_add_one("N"), "cpu")
+    model = rt.load(add_one("N"), "cpu")
     y = model.run({"x": np.ones(7, np.float32)}, outputs={"y": None})["y"]
     assert y.shape == (7,) and y.size == 28
 
 
 def test_output_shapes_are_per_thread(rt: crossrt.Runtime) -> None:
-    model = rt.load(_add_one("N"), "cpu")
+    model = rt.load(add_one("N"), "cpu")
     with pytest.raises(OperationForbiddenError, match="has not run it yet"):
         model.output_shapes()
     model.run({"x": np.ones(3, np.float32)})
@@ -202,7 +196,7 @@ def test_output_shapes_are_per_thread(rt: crossrt.Runtime) -> None:
 
 
 def test_static_output_shapes_need_no_run(rt: crossrt.Runtime) -> None:
-    assert rt.load(_add_one(), "cpu").output_shapes() == {"y": (N,)}
+    assert rt.load(add_one(N), "cpu").output_shapes() == {"y": (N,)}
 
 
 # -- input dimension ranges -----------------------------------------------------------------
@@ -266,7 +260,7 @@ def test_bad_dim_range_declarations(rt: crossrt.Runtime, ranges: str, message: s
 
 
 def test_a_reused_binding_reads_the_inputs_current_bytes(rt: crossrt.Runtime) -> None:
-    model = rt.load(_add_one(), "cpu", driver="onnxruntime")
+    model = rt.load(add_one(N), "cpu", driver="onnxruntime")
     x, y = np.zeros(N, np.float32), np.empty(N, np.float32)
     feed, outs = {"x": x}, {"y": y}
     for value in (1.0, 5.0, -2.0):  # the same objects each time: the binding is reused
@@ -303,23 +297,7 @@ def test_outputs_the_engine_allocated_are_never_overwritten(rt: crossrt.Runtime)
 
 
 def test_outputs_given_with_a_sequence_input_ort_cannot_bind(rt: crossrt.Runtime) -> None:
-    graph = helper.make_graph(
-        [
-            helper.make_node("SequenceLength", ["s"], ["n"]),
-            helper.make_node("Identity", ["x"], ["y"]),
-        ],
-        "seq",
-        [
-            helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, None),
-            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
-        ],
-        [
-            helper.make_tensor_value_info("n", TensorProto.INT64, []),
-            helper.make_tensor_value_info("y", TensorProto.FLOAT, [2]),
-        ],
-    )
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    proto.ir_version = 8
+    proto = sequence_length()
     model = rt.load(proto, "cpu", driver="onnxruntime")
     y, n = np.empty(2, np.float32), np.empty((), np.int64)
     seq = [np.ones(3, np.float32), np.ones(2, np.float32)]
