@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -119,12 +118,6 @@ def device(driver: Driver) -> DeviceInfo:
 @pytest.fixture
 def place(driver: Driver, device: DeviceInfo) -> Place:
     return Place(driver, device)
-
-
-@pytest.fixture
-def runtime() -> Iterator[crossrt.Runtime]:
-    with crossrt.Runtime() as rt:
-        yield rt
 
 
 def _load(driver: Driver, device: DeviceInfo, case: str, cores: int = 1) -> Program:
@@ -262,7 +255,7 @@ def test_load_from_a_memoryview_on_several_cores(
 
 
 def test_a_dynamic_batch_runs_at_every_size(
-    driver: Driver, device: DeviceInfo, place: Place, runtime: crossrt.Runtime
+    driver: Driver, device: DeviceInfo, place: Place, rt: crossrt.Runtime
 ) -> None:
     if not device.capabilities.dynamic_shapes:
         pytest.skip(f"{device.id} does not claim dynamic_shapes")
@@ -271,7 +264,7 @@ def test_a_dynamic_batch_runs_at_every_size(
         inputs = DYNAMIC.inputs(batch, batch)
         check_results(place.run(program, inputs), DYNAMIC.answer(inputs), f"batch {batch}")
     program.close()
-    model = runtime.load(crossrt.compile(DYNAMIC.build(), device.id, driver=driver.name))
+    model = rt.load(crossrt.compile(DYNAMIC.build(), device.id, driver=driver.name))
     for batch in (2, 5):
         inputs = DYNAMIC.inputs(batch, batch)
         check_results(model.run(inputs), DYNAMIC.answer(inputs), f"runtime batch {batch}")
@@ -615,11 +608,11 @@ def test_another_drivers_artifact_is_refused(
 
 
 def _runtime_load(
-    runtime: crossrt.Runtime, driver_name: str, device: DeviceInfo, case: Any, **load: Any
+    rt: crossrt.Runtime, driver_name: str, device: DeviceInfo, case: Any, **load: Any
 ) -> crossrt.LoadedModel:
     exe = crossrt.compile(case.build(), device.id, driver=driver_name)
     assert exe.device == device.id
-    return runtime.load(exe, **load)
+    return rt.load(exe, **load)
 
 
 def _tensors(device: DeviceInfo, arrays: dict[str, np.ndarray]) -> dict[str, crossrt.Tensor]:
@@ -631,10 +624,10 @@ def _tensors(device: DeviceInfo, arrays: dict[str, np.ndarray]) -> dict[str, cro
 
 
 def test_runtime_run_run_async_and_request_equal_numpy(
-    driver_name: str, device: DeviceInfo, runtime: crossrt.Runtime
+    driver_name: str, device: DeviceInfo, rt: crossrt.Runtime
 ) -> None:
     for case in (DENSE, TWO_OUTPUTS):
-        model = _runtime_load(runtime, driver_name, device, case)
+        model = _runtime_load(rt, driver_name, device, case)
         inputs = [case.inputs(seed, 0) for seed in range(4)]
         check_results(model.run(inputs[0]), case.answer(inputs[0]), f"{case.name} run")
         futures = [model.run_async(feed) for feed in inputs]
@@ -644,10 +637,8 @@ def test_runtime_run_run_async_and_request_equal_numpy(
         model.unload()
 
 
-def test_runtime_concurrent_runs(
-    driver_name: str, device: DeviceInfo, runtime: crossrt.Runtime
-) -> None:
-    model = _runtime_load(runtime, driver_name, device, DENSE)
+def test_runtime_concurrent_runs(driver_name: str, device: DeviceInfo, rt: crossrt.Runtime) -> None:
+    model = _runtime_load(rt, driver_name, device, DENSE)
     start = threading.Barrier(THREADS)
 
     def runs(thread: int) -> None:
@@ -669,9 +660,9 @@ def _residence(driver: Driver, device: DeviceInfo, case: str) -> set[str]:
 
 
 def test_runtime_resident_tensors_move_nothing(
-    driver_name: str, device: DeviceInfo, runtime: crossrt.Runtime
+    driver_name: str, device: DeviceInfo, rt: crossrt.Runtime
 ) -> None:
-    model = _runtime_load(runtime, driver_name, device, TWO_OUTPUTS)
+    model = _runtime_load(rt, driver_name, device, TWO_OUTPUTS)
     inputs = TWO_OUTPUTS.inputs(40, 0)
     feed = _tensors(device, inputs)
     outputs = {
@@ -690,10 +681,10 @@ def test_runtime_resident_tensors_move_nothing(
 
 
 def test_runtime_host_inputs_are_copied_once_each(
-    driver: Driver, device: DeviceInfo, runtime: crossrt.Runtime
+    driver: Driver, device: DeviceInfo, rt: crossrt.Runtime
 ) -> None:
     resident = _residence(driver, device, "add")
-    model = _runtime_load(runtime, driver.name, device, CASES["add"])
+    model = _runtime_load(rt, driver.name, device, CASES["add"])
     inputs = CASES["add"].inputs(50, 0)
     check_results(model.run(inputs), CASES["add"].answer(inputs))
     nbytes = inputs["x"].nbytes  # x, y and z are all [2, 3] float32
@@ -708,9 +699,9 @@ def test_runtime_host_inputs_are_copied_once_each(
 
 
 def test_runtime_outputs_left_to_the_runtime_are_charged_to_the_model(
-    driver_name: str, device: DeviceInfo, runtime: crossrt.Runtime
+    driver_name: str, device: DeviceInfo, rt: crossrt.Runtime
 ) -> None:
-    model = _runtime_load(runtime, driver_name, device, TWO_OUTPUTS)
+    model = _runtime_load(rt, driver_name, device, TWO_OUTPUTS)
     inputs = TWO_OUTPUTS.inputs(60, 0)
     result = model.run(inputs, outputs={"shifted": None, "positive": None})
     assert all(isinstance(t, crossrt.Tensor) for t in result.values())
@@ -722,14 +713,14 @@ def test_runtime_outputs_left_to_the_runtime_are_charged_to_the_model(
 
 
 def test_runtime_a_tensor_on_another_device(
-    driver: Driver, device: DeviceInfo, runtime: crossrt.Runtime
+    driver: Driver, device: DeviceInfo, rt: crossrt.Runtime
 ) -> None:
     found = other_device(driver, device)
     if found is None:
         pytest.skip("no other device with memory of its own is available")
     other = found[1]
     wanted_on_device = "x" in _residence(driver, device, "dense")
-    model = _runtime_load(runtime, driver.name, device, DENSE)
+    model = _runtime_load(rt, driver.name, device, DENSE)
     inputs = DENSE.inputs(70, 0)
     x = _tensors(other, inputs)["x"]
     if wanted_on_device:  # the runtime never moves data between devices on its own
@@ -746,9 +737,9 @@ def test_runtime_a_tensor_on_another_device(
 
 
 def test_runtime_request_runs_the_new_contents(
-    driver_name: str, device: DeviceInfo, runtime: crossrt.Runtime
+    driver_name: str, device: DeviceInfo, rt: crossrt.Runtime
 ) -> None:
-    model = _runtime_load(runtime, driver_name, device, DENSE)
+    model = _runtime_load(rt, driver_name, device, DENSE)
     first, second = DENSE.inputs(80, 0), DENSE.inputs(81, 0)
     feeds = [_tensors(device, first), _tensors(device, second)]
     outs = [
@@ -769,9 +760,9 @@ def test_runtime_request_runs_the_new_contents(
 
 
 def test_runtime_exec_timeout_stops_runs_with_timeout(
-    driver_name: str, device: DeviceInfo, runtime: crossrt.Runtime
+    driver_name: str, device: DeviceInfo, rt: crossrt.Runtime
 ) -> None:
-    model = _runtime_load(runtime, driver_name, device, DENSE, exec_timeout=1e-9)
+    model = _runtime_load(rt, driver_name, device, DENSE, exec_timeout=1e-9)
     inputs = DENSE.inputs(90, 0)
     with pytest.raises(crossrt.DeadlineExceededError) as info:
         model.run(inputs)
@@ -782,12 +773,12 @@ def test_runtime_exec_timeout_stops_runs_with_timeout(
 
 
 def _timed_out_keeps_nothing(
-    driver: Driver, device: DeviceInfo, runtime: crossrt.Runtime, queued: bool
+    driver: Driver, device: DeviceInfo, rt: crossrt.Runtime, queued: bool
 ) -> None:
     before = Held.now(driver, device).device_bytes
     if before is None:
         pytest.skip(f"{driver.name} keeps no account of its device memory")
-    model = _runtime_load(runtime, driver.name, device, DENSE, exec_timeout=1e-9)
+    model = _runtime_load(rt, driver.name, device, DENSE, exec_timeout=1e-9)
     with pytest.raises(crossrt.DeadlineExceededError):
         if queued:
             model.run_async(DENSE.inputs(91, 0)).result()
@@ -798,23 +789,23 @@ def _timed_out_keeps_nothing(
 
 
 def test_runtime_a_timed_out_run_keeps_no_device_memory(
-    driver: Driver, device: DeviceInfo, runtime: crossrt.Runtime
+    driver: Driver, device: DeviceInfo, rt: crossrt.Runtime
 ) -> None:
-    _timed_out_keeps_nothing(driver, device, runtime, queued=False)
+    _timed_out_keeps_nothing(driver, device, rt, queued=False)
 
 
 def test_runtime_a_timed_out_queued_run_keeps_no_device_memory(
-    driver: Driver, device: DeviceInfo, runtime: crossrt.Runtime
+    driver: Driver, device: DeviceInfo, rt: crossrt.Runtime
 ) -> None:
-    _timed_out_keeps_nothing(driver, device, runtime, queued=True)
+    _timed_out_keeps_nothing(driver, device, rt, queued=True)
 
 
 def test_runtime_unload_gives_memory_back(
-    driver: Driver, device: DeviceInfo, runtime: crossrt.Runtime
+    driver: Driver, device: DeviceInfo, rt: crossrt.Runtime
 ) -> None:
     allocator = allocator_for(device.id)
     before = (allocator.stats().bytes_in_use, Held.now(driver, device).device_bytes)
-    model = _runtime_load(runtime, driver.name, device, TWO_OUTPUTS)
+    model = _runtime_load(rt, driver.name, device, TWO_OUTPUTS)
     inputs = TWO_OUTPUTS.inputs(95, 0)
     model.run(inputs)
     for tensor in model.run(inputs, outputs={"shifted": None, "positive": None}).values():
@@ -826,12 +817,12 @@ def test_runtime_unload_gives_memory_back(
 
 
 def test_runtime_device_arrays_in_and_out(
-    driver: Driver, device: DeviceInfo, runtime: crossrt.Runtime
+    driver: Driver, device: DeviceInfo, rt: crossrt.Runtime
 ) -> None:
     """Where the program wants device memory, what it returns for an output left to the
     runtime stays there (a tensor on the device); elsewhere it is a host tensor."""
     on_device = "y" in _residence(driver, device, "dense")
-    model = _runtime_load(runtime, driver.name, device, DENSE)
+    model = _runtime_load(rt, driver.name, device, DENSE)
     inputs = DENSE.inputs(97, 0)
     feed = _tensors(device, inputs)
     y = model.run(feed, outputs={"y": None})["y"]
