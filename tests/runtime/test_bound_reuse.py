@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_zerocopy import _add_one, _memlog_dumps_in_tmp  # noqa: F401 (an autouse fixture)
 
 import crossrt
 from crossrt import (
@@ -21,14 +20,17 @@ from crossrt import (
     Tensor,
 )
 from crossrt.runtime.memory.allocator import copied_bytes
+from models import add_one
 
+# Allocation failures dump their log into the test's own directory, not the real one.
+pytestmark = pytest.mark.usefixtures("runtime_dir")
 N = 256
 
 
 @pytest.fixture(params=("onnxruntime", "reference"))
 def model(request: pytest.FixtureRequest) -> Iterator[crossrt.LoadedModel]:
     with crossrt.Runtime() as rt:
-        yield rt.load(_add_one(N), "cpu", driver=str(request.param))
+        yield rt.load(add_one(N), "cpu", driver=str(request.param))
 
 
 @pytest.fixture
@@ -192,7 +194,7 @@ def test_an_unloaded_model_refuses_a_repeated_call(model: crossrt.LoadedModel) -
 @pytest.mark.parametrize("load", [{"check_numerics": True}, {"exec_timeout": 60.0}])
 def test_repeated_calls_keep_what_wraps_the_engine(load: dict[str, Any]) -> None:
     with crossrt.Runtime() as rt:
-        model = rt.load(_add_one(N), "cpu", driver="onnxruntime", **load)
+        model = rt.load(add_one(N), "cpu", driver="onnxruntime", **load)
         x, y = Tensor.from_buffer(_x()), Tensor((N,), "float32")
         for value in (1.0, 2.0, 3.0):
             x.numpy()[:] = value
@@ -206,7 +208,7 @@ def test_repeated_calls_keep_what_wraps_the_engine(load: dict[str, Any]) -> None
 
 def test_each_instance_runs_its_own_binding() -> None:
     with crossrt.Runtime() as rt:
-        model = rt.load(_add_one(N), "cpu", driver="onnxruntime", instances=2, cores_per_instance=1)
+        model = rt.load(add_one(N), "cpu", driver="onnxruntime", instances=2, cores_per_instance=1)
         x, y = Tensor.from_buffer(_x(4)), Tensor((N,), "float32")
         feed, outs = {"x": x}, {"y": y}
         start = threading.Barrier(2)
