@@ -15,7 +15,13 @@ import pytest
 
 import crossrt
 from concurrency_models import tiny
+from conformance.report import ConformanceReport
 from crossrt.drivers import get_driver
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Here, not in tests/conformance/conftest.py: conformance/report.py says why.
+    config.pluginmanager.register(ConformanceReport(), "crossrt-conformance-report")
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """What the ONNX node suite runs and expects: its configurations, exclusions and thresholds.
 
 Shared by the pytest suite (``test_onnx_node_suite.py``, one item per configuration and case),
-its summary (``conftest.py``) and ``regenerate.py`` (``make exclusions``).
+its summary (``report.py``) and ``regenerate.py`` (``make exclusions``).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ fails and ``exclusions.toml`` does not exclude it, or when an excluded case pass
 noticed: remove its entry, or run ``make exclusions``). Cases whose outcome depends on the run
 or the machine are listed under ``[<config>.flaky]`` and may pass or fail. When a
 configuration's whole suite ran, the session fails if fewer cases passed than its threshold
-(``suite.MIN_PASSED``): ``conftest.py`` counts the outcomes and prints one line per
+(``suite.MIN_PASSED``): ``report.py`` counts the outcomes and prints one line per
 configuration.
 """
 
@@ -20,7 +20,7 @@ import pytest
 from .node_cases import NodeCase, load_case_names, read_case
 from .suite import EXCLUSIONS, Config, configurations, engine_version, failure, load_exclusions
 
-OUTCOME = "onnx-node-outcome"  # the user property a test reports its outcome under (conftest.py)
+OUTCOME = "onnx-node-outcome"  # the user property a test reports its outcome under (report.py)
 
 _EXCLUSIONS = load_exclusions()
 _CASES = load_case_names()

@@ -3,9 +3,10 @@
 Each test of ``test_onnx_node_suite.py`` reports its outcome as a user property of its report;
 the hooks here add them up where every report arrives: in the one pytest process, or on the
 pytest-xdist controller (the workers forward their reports with their user properties). That
-is why pyproject.toml's ``testpaths`` name ``tests/conformance`` itself: a controller collects
-nothing and loads only the conftest files of the paths it is given, and those of their
-``test*`` subfolders.
+is why tests/conftest.py, not a conftest of this folder, registers :class:`ConformanceReport`:
+a controller collects nothing and loads only the conftest files of the paths it is given,
+their parents, and their ``test*`` subfolders, so ``pytest tests -n 2`` would never load
+``tests/conformance/conftest.py``.
 
 At the end of the session, one line per configuration is printed; a configuration whose every
 case ran, with fewer passes than ``suite.MIN_PASSED``, fails the session.
@@ -91,7 +92,3 @@ class ConformanceReport:
             terminalreporter.write_line(line)
         for problem in self.problems:
             terminalreporter.write_line(f"FAILED {problem}", red=True, bold=True)
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.pluginmanager.register(ConformanceReport(), "crossrt-conformance-report")
