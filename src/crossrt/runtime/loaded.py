@@ -474,8 +474,14 @@ class LoadedModel:
 
     @property
     def instance_cores(self) -> list[tuple[int, ...]]:
-        """The core indices of each instance."""
+        """The core indices of each instance (on its device: :attr:`instance_devices`)."""
         return [inst.cores for inst in self._instances]
+
+    @property
+    def instance_devices(self) -> list[str]:
+        """The device of each instance: :attr:`device`'s id, or for a load across devices
+        (``Runtime.load(exe, ["sim:0", "sim:1"])``) each instance's own."""
+        return [inst.device or self.device.id for inst in self._instances]
 
     @property
     def queue_depth(self) -> int:

@@ -22,8 +22,10 @@ def load_instances(
     mode: str,
     host_cpus: tuple[int, ...],
     exclusive: bool = False,
+    first: int = 0,
 ) -> list[Instance]:
-    """Load every node of ``exe`` once per core set.
+    """Load every node of ``exe`` once per core set, on ``device``; the instances are numbered
+    from ``first`` (a load across devices loads each device's in turn).
 
     In ``shared`` mode every node of an instance uses all the instance's cores (one at a time
     per request, pipelined across requests); in ``normal`` mode each node on the model's
@@ -75,7 +77,9 @@ def load_instances(
             pin = (
                 pinned_cpus(cores, host_cpus, exclusive) if device.kind is DeviceKind.CPU else None
             )
-            result.append(Instance(k, cores, programs, steps, outputs, pin=pin))
+            result.append(
+                Instance(first + k, cores, programs, steps, outputs, pin=pin, device=device.id)
+            )
     except BaseException:
         for program in every:
             program.close()

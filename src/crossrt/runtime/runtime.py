@@ -20,6 +20,7 @@ from ..drivers import (
 )
 from ..errors import (
     ClosedError,
+    DeviceUnavailableError,
     InvalidArgumentError,
     OperationForbiddenError,
     OutOfResourcesError,
@@ -32,6 +33,7 @@ from .loaded import LoadedModel
 from .loading import load_instances
 from .memory import shm
 from .memory.allocator import MemoryStats, all_stats
+from .scheduler import Instance
 from .staged import StagedModel
 
 
@@ -128,7 +130,7 @@ class Runtime:
     def load(
         self,
         source: Any,
-        device: str | None = None,
+        device: str | Sequence[str] | None = None,
         *,
         cores: int | Sequence[int] | None = None,
         driver: str | None = None,
@@ -149,7 +151,10 @@ class Runtime:
                 shape ``stages``, every stage is loaded on the same cores and each run goes
                 to the stage its input shapes match.
             device: the device (``"cpu"``, ``"cpu:0"``); for an executable, default the one
-                it was compiled for.
+                it was compiled for. A list of devices (``["sim:0", "sim:1"]``) loads
+                ``instances`` copies on each, on the same core indices of each: the devices
+                must be linked to each other (``DeviceInfo.links``, drawn by ``crossrt ls
+                --topology``), directly or through the others of the list.
             cores: how many cores (the first N that no explicit core group holds) or which
                 core indices to use; default all but those of explicit groups. On the CPU
                 device, indices count from 0 within :attr:`cores` (index ``i`` is host CPU
@@ -158,7 +163,8 @@ class Runtime:
             group: an explicit :class:`CoreGroup` to load onto (instead of ``cores``); the
                 model is loaded stopped: call ``model.start()``. Without it the load makes an
                 implicit group, started at once and removed at unload.
-            instances: copies of the model on disjoint cores, run in parallel.
+            instances: copies of the model on disjoint cores, run in parallel (on each
+                device, for a list of devices).
             cores_per_instance: cores (engine threads) per instance; default an equal share.
             queue_depth: requests ``run_async`` admits at once (waiting or running); default
                 instances + nodes + 1.
@@ -176,6 +182,9 @@ class Runtime:
                 instances x cores_per_instance more than the load has.
         """
         self._check_open()
+        # A list of devices: a load across them; checked once the executable is known.
+        listed = None if device is None or isinstance(device, str) else [str(d) for d in device]
+        one = listed[0] if listed else device if isinstance(device, str) else None
         if isinstance(source, Executable):
             if compile_options or driver:
                 raise InvalidArgumentError(
@@ -184,11 +193,11 @@ class Runtime:
                 )
             exe = source
         else:
-            exe = compile(source, device, driver=driver, **compile_options)
-        # The device is the model's own: served by the driver of a node placed on it (not one
-        # that fell back to the CPU), or by any driver when every node fell back.
-        own = [n.driver for n in exe.nodes if n.device_kind == exe.device_kind]
-        _, info = resolve_device(device or exe.device, own[0] if own else None)
+            exe = compile(source, one, driver=driver, **compile_options)
+        spread = _linked_devices(listed, exe) if listed is not None else None
+        info = spread[0] if spread else _model_device(exe, one or exe.device)
+        for other in spread or []:
+            info = other if parse_device(other.id)[0] != exe.device_kind else info
         if parse_device(info.id)[0] != exe.device_kind:  # sim:3 is a sim, cpu:0 a cpu
             raise InvalidArgumentError(
                 f"{exe.name!r} was compiled for {exe.device_kind}, not {info.id}; compile it "
@@ -227,7 +236,17 @@ class Runtime:
         ):
             raise InvalidArgumentError(f"exec_timeout={timeout!r}: give seconds, more than 0")
         numerics = config.check_numerics if check_numerics is None else check_numerics
-        runs = load_instances(exe, info, core_sets, mode, self.cores, self.exclusive)
+
+        def load_all(exe: Executable) -> list[Instance]:
+            """Every instance, on each device of the load in turn."""
+            runs: list[Instance] = []
+            for dev in spread or [info]:
+                runs += load_instances(
+                    exe, dev, core_sets, mode, self.cores, self.exclusive, first=len(runs)
+                )
+            return runs
+
+        runs = load_all(exe)
         implicit = group is None
         with self._lock:
             home = group or CoreGroup(self, chosen, implicit=True)
@@ -238,9 +257,7 @@ class Runtime:
             ) if not exe.stages else StagedModel(
                 self._forget, exe, runs, info, chosen, home,
                 queue_depth=queue_depth, exec_timeout=timeout, check_numerics=bool(numerics),
-                load=lambda stage: load_instances(
-                    stage, info, core_sets, mode, self.cores, self.exclusive
-                ),
+                load=load_all,
             )  # fmt: skip
         except BaseException:
             for inst in runs:
@@ -381,3 +398,46 @@ def _choose_cores(
             details={"cores": list(chosen), "available": total},
         )
     return chosen
+
+
+def _model_device(exe: Executable, device: str) -> DeviceInfo:
+    """The device ``exe`` loads on: served by the driver of a node placed there (the first of
+    the executable's drivers that serves it; a node that fell back to the CPU does not), or by
+    any driver when every node fell back."""
+    for name in dict.fromkeys(n.driver for n in exe.nodes):
+        try:
+            _, info = resolve_device(device, name)
+        except DeviceUnavailableError:
+            continue
+        return info
+    return resolve_device(device)[1]
+
+
+def _linked_devices(devices: Sequence[str], exe: Executable) -> list[DeviceInfo]:
+    """The devices of a load across devices, checked: distinct devices of one kind, each
+    linked to the others directly or through them (a group of devices follows the links)."""
+    infos = [_model_device(exe, d) for d in devices]
+    ids = [i.id for i in infos]
+    if not infos or len(set(ids)) != len(ids):
+        raise InvalidArgumentError(
+            f"device={list(devices)!r}: give distinct devices, e.g. ['sim:0', 'sim:1']",
+            details={"devices": ids},
+        )
+    if len(infos) == 1:
+        return infos
+    reached, todo = {ids[0]}, [infos[0]]
+    by_id = {i.id: i for i in infos}
+    while todo:
+        for linked in todo.pop().links:
+            if linked in by_id and linked not in reached:
+                reached.add(linked)
+                todo.append(by_id[linked])
+    apart = [i for i in ids if i not in reached]
+    if apart:
+        raise InvalidArgumentError(
+            f"devices {', '.join(apart)} are not linked to {ids[0]}, directly or through the "
+            f"other devices of the load: a load across devices follows the devices' links "
+            "(see `crossrt ls --topology`); choose linked devices",
+            details={"devices": ids, "not_linked": apart},
+        )
+    return infos

@@ -61,6 +61,8 @@ class Instance:
     pin: tuple[int, ...] | None = None
     """The host CPUs of its cores when they are part of the process's: workers running it
     pin themselves there (a ``run()`` caller's thread is never pinned)."""
+    device: str = ""
+    """The device it runs on (a load across devices has instances on several)."""
     locks: list[threading.Lock] = field(default_factory=list)
     call: Callable[..., dict[str, np.ndarray]] = field(init=False)
     """What ``LoadedModel.run`` calls on the instance it took (set by the model)."""

@@ -1,0 +1,107 @@
+"""A load across devices (``Runtime.load(exe, ["sim:0", "sim:1"])``): instances on each device,
+allowed only along the devices' links (issue 9: core groups across devices follow the links).
+
+The sim driver's default topology is a 4x4 torus: ``sim:0`` links to ``sim:1``, ``sim:3``,
+``sim:4`` and ``sim:12``; ``sim:5`` links to ``sim:1`` but not to ``sim:0``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+import crossrt
+from crossrt import InvalidArgumentError
+
+
+@pytest.fixture(autouse=True)
+def _default_sim(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CROSSRT_SIM", raising=False)
+
+
+@pytest.fixture(scope="module")
+def exe() -> crossrt.Executable:
+    b = crossrt.GraphBuilder("relu")
+    x = b.input("x", "float32", [4])
+    b.output(b.op("Relu", [x]))
+    return crossrt.compile(b.finish(), "sim")
+
+
+@pytest.fixture
+def runtime() -> Iterator[crossrt.Runtime]:
+    with crossrt.Runtime() as rt:
+        yield rt
+
+
+X = np.array([-1.0, 2.0, -3.0, 4.0], np.float32)
+
+
+def test_linked_devices_each_get_their_instances(
+    runtime: crossrt.Runtime, exe: crossrt.Executable
+) -> None:
+    model = runtime.load(exe, ["sim:0", "sim:1"], instances=2, cores_per_instance=1)
+    assert model.instance_devices == ["sim:0", "sim:0", "sim:1", "sim:1"]
+    assert model.instance_cores == [(0,), (1,), (0,), (1,)]
+    assert model.device.id == "sim:0"
+    results: list[np.ndarray] = []
+
+    def run() -> None:  # several at once: every instance busy, each on its device
+        for _ in range(20):
+            results.append(model.run({"x": X}))
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 80
+    for result in results:
+        (value,) = result.values()
+        np.testing.assert_array_equal(value, np.maximum(X, 0))
+    moved = model.transfer_stats()
+    assert moved.host_to_device_copies == 80 and moved.device_to_host_copies == 80
+    assert moved.host_to_device_bytes == 80 * X.nbytes
+
+
+def test_devices_reached_through_the_others_are_linked(
+    runtime: crossrt.Runtime, exe: crossrt.Executable
+) -> None:
+    model = runtime.load(exe, ["sim:0", "sim:1", "sim:5"])  # sim:5 through sim:1
+    assert model.instance_devices == ["sim:0", "sim:1", "sim:5"]
+    (value,) = model.run({"x": X}).values()
+    np.testing.assert_array_equal(value, np.maximum(X, 0))
+
+
+def test_devices_without_a_link_are_refused(
+    runtime: crossrt.Runtime, exe: crossrt.Executable
+) -> None:
+    with pytest.raises(InvalidArgumentError, match=r"sim:5 are not linked to sim:0") as info:
+        runtime.load(exe, ["sim:0", "sim:5"])
+    assert info.value.details["not_linked"] == ["sim:5"]
+    assert "crossrt ls --topology" in info.value.message
+    assert runtime.models == []
+
+
+@pytest.mark.parametrize("devices", [["sim:0", "sim:0"], []])
+def test_a_list_of_devices_is_distinct_and_not_empty(
+    runtime: crossrt.Runtime, exe: crossrt.Executable, devices: list[str]
+) -> None:
+    with pytest.raises(InvalidArgumentError, match="distinct devices"):
+        runtime.load(exe, devices)
+
+
+def test_a_list_of_one_device_is_that_device(
+    runtime: crossrt.Runtime, exe: crossrt.Executable
+) -> None:
+    model = runtime.load(exe, ["sim:3"])
+    assert model.device.id == "sim:3" and model.instance_devices == ["sim:3"]
+
+
+def test_a_model_compiled_for_another_kind_is_refused_on_a_list(
+    runtime: crossrt.Runtime, exe: crossrt.Executable
+) -> None:
+    with pytest.raises(crossrt.CrossrtError):
+        runtime.load(exe, ["cpu:0"])
