@@ -45,11 +45,10 @@ lint: $(STAMP)
 test: lint
 	$(PY) -m pytest -n $(TEST_WORKERS)
 
-# The inner loop: no lint, stop at the first failure, without the ONNX node suite and slow tests
-# (the suite's file is left out, not only deselected: collecting its 7,500 cases takes 5 s).
+# The inner loop: unit/, drivers/ and runtime/ (tests/README.md), no lint, no slow tests, stop at
+# the first failure. `make test` adds system/, e2e/, security/, realmodels/ and conformance/.
 test-fast: $(STAMP)
-	$(PY) -m pytest tests -x -q -n $(TEST_WORKERS) -m 'not slow' \
-		--ignore=tests/conformance/test_onnx_node_suite.py
+	$(PY) -m pytest tests/unit tests/drivers tests/runtime -x -q -n $(TEST_WORKERS) -m 'not slow'
 
 # The long run of tests/security/test_fuzz.py (make test runs it with a small fixed budget):
 # FUZZ_CONTAINERS crafted .crm files and FUZZ_MODELS crafted ONNX models through load and run

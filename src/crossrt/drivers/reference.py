@@ -180,7 +180,7 @@ def _ml_divergence(node: onnx.NodeProto) -> str | None:
 
     An oracle that answers wrongly is worse than one that refuses: these are the cases where
     the evaluator's result differs from onnxruntime's (and scikit-learn's), found by running
-    skl2onnx exports of scikit-learn estimators on both (tests/unit/test_reference_ml.py).
+    skl2onnx exports of scikit-learn estimators on both (tests/drivers/test_reference_ml.py).
     The node is refused, so a compile with fallback places it on another driver.
     """
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
