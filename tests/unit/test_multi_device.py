@@ -8,7 +8,6 @@ The sim driver's default topology is a 4x4 torus: ``sim:0`` links to ``sim:1``, 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -30,19 +29,13 @@ def exe() -> crossrt.Executable:
     return crossrt.compile(b.finish(), "sim")
 
 
-@pytest.fixture
-def runtime() -> Iterator[crossrt.Runtime]:
-    with crossrt.Runtime() as rt:
-        yield rt
-
-
 X = np.array([-1.0, 2.0, -3.0, 4.0], np.float32)
 
 
 def test_linked_devices_each_get_their_instances(
-    runtime: crossrt.Runtime, exe: crossrt.Executable
+    rt: crossrt.Runtime, exe: crossrt.Executable
 ) -> None:
-    model = runtime.load(exe, ["sim:0", "sim:1"], instances=2, cores_per_instance=1)
+    model = rt.load(exe, ["sim:0", "sim:1"], instances=2, cores_per_instance=1)
     assert model.instance_devices == ["sim:0", "sim:0", "sim:1", "sim:1"]
     assert model.instance_cores == [(0,), (1,), (0,), (1,)]
     assert model.device.id == "sim:0"
@@ -67,41 +60,37 @@ def test_linked_devices_each_get_their_instances(
 
 
 def test_devices_reached_through_the_others_are_linked(
-    runtime: crossrt.Runtime, exe: crossrt.Executable
+    rt: crossrt.Runtime, exe: crossrt.Executable
 ) -> None:
-    model = runtime.load(exe, ["sim:0", "sim:1", "sim:5"])  # sim:5 through sim:1
+    model = rt.load(exe, ["sim:0", "sim:1", "sim:5"])  # sim:5 through sim:1
     assert model.instance_devices == ["sim:0", "sim:1", "sim:5"]
     (value,) = model.run({"x": X}).values()
     np.testing.assert_array_equal(value, np.maximum(X, 0))
 
 
-def test_devices_without_a_link_are_refused(
-    runtime: crossrt.Runtime, exe: crossrt.Executable
-) -> None:
+def test_devices_without_a_link_are_refused(rt: crossrt.Runtime, exe: crossrt.Executable) -> None:
     with pytest.raises(InvalidArgumentError, match=r"sim:5 are not linked to sim:0") as info:
-        runtime.load(exe, ["sim:0", "sim:5"])
+        rt.load(exe, ["sim:0", "sim:5"])
     assert info.value.details["not_linked"] == ["sim:5"]
     assert "crossrt ls --topology" in info.value.message
-    assert runtime.models == []
+    assert rt.models == []
 
 
 @pytest.mark.parametrize("devices", [["sim:0", "sim:0"], []])
 def test_a_list_of_devices_is_distinct_and_not_empty(
-    runtime: crossrt.Runtime, exe: crossrt.Executable, devices: list[str]
+    rt: crossrt.Runtime, exe: crossrt.Executable, devices: list[str]
 ) -> None:
     with pytest.raises(InvalidArgumentError, match="distinct devices"):
-        runtime.load(exe, devices)
+        rt.load(exe, devices)
 
 
-def test_a_list_of_one_device_is_that_device(
-    runtime: crossrt.Runtime, exe: crossrt.Executable
-) -> None:
-    model = runtime.load(exe, ["sim:3"])
+def test_a_list_of_one_device_is_that_device(rt: crossrt.Runtime, exe: crossrt.Executable) -> None:
+    model = rt.load(exe, ["sim:3"])
     assert model.device.id == "sim:3" and model.instance_devices == ["sim:3"]
 
 
 def test_a_model_compiled_for_another_kind_is_refused_on_a_list(
-    runtime: crossrt.Runtime, exe: crossrt.Executable
+    rt: crossrt.Runtime, exe: crossrt.Executable
 ) -> None:
     with pytest.raises(crossrt.CrossrtError):
-        runtime.load(exe, ["cpu:0"])
+        rt.load(exe, ["cpu:0"])
