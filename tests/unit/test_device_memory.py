@@ -229,9 +229,11 @@ def test_reading_a_mapping_without_invalidate_sees_poison(sep: Device) -> None:
     mem = sep.malloc(16)
     sep.memcpy_s2d(mem, _pattern(16))
     view = sep.mmap(mem)
-    assert bytes(view) == bytes([POISON]) * 16  # never the data, never stale plausible bytes
+    assert bytes(view) == _pattern(16)  # nothing cached yet: a new mapping reads the device
+    sep.memcpy_s2d(mem, b"\x02" * 16)
+    assert bytes(view) == bytes([POISON]) * 16  # never stale plausible bytes
     sep.invalidate(mem)
-    assert bytes(view) == _pattern(16)
+    assert bytes(view) == b"\x02" * 16
     sep.memcpy_s2d(mem, b"\x01" * 16)  # the device changes it again
     assert bytes(view) == bytes([POISON]) * 16
     sep.invalidate(mem, offset=0, size=8)
@@ -269,6 +271,18 @@ def test_flush_over_newer_device_writes_is_refused(sep: Device) -> None:
     view[0] = 1
     with pytest.raises(OperationForbiddenError, match="invalidate before writing"):
         sep.flush(mem)
+
+
+def test_a_new_mapping_written_and_flushed_reaches_the_device(sep: Device) -> None:
+    # Seed 004's mmap example: mmap, write, flush, with no invalidate before the write.
+    mem = sep.malloc(8)
+    sep.memcpy_s2d(mem, b"\x00" * 8)
+    view = sep.mmap(mem)
+    view[:] = bytes([POISON]) * 4 + b"host"  # poison-valued bytes are data too
+    sep.flush(mem)
+    out = bytearray(8)
+    sep.memcpy_d2s(out, mem)
+    assert bytes(out) == bytes([POISON]) * 4 + b"host"
 
 
 def test_flush_with_nothing_written_is_a_no_op(sep: Device) -> None:

@@ -2,4 +2,5 @@
 
 - :mod:`crossrt.compat.bmlib`: BMLib-style device memory (``bm_handle_t``,
   ``bm_malloc_device_byte``, ``bm_memcpy_s2d``...) as :class:`~crossrt.compat.bmlib.Device`.
+- :mod:`crossrt.compat.bmruntime`: Sophgo BMRuntime (``bm_*``, ``bmrt_*``, Context / Network).
 """

@@ -6,8 +6,9 @@ On a host-coherent device (every CPU driver) device memory is host memory: ``mma
 a view of the bytes themselves and ``flush`` / ``invalidate`` do nothing. On a device whose
 memory is not host-coherent the contract is enforced, as a cache would punish breaking it:
 
-- ``mmap`` gives a host copy that reads as poison (0xDB bytes) until ``invalidate`` fetches
-  the device's bytes, and again after any device write to the memory;
+- ``mmap`` gives a host copy of the device's bytes; after any device write to the memory
+  (a copy, a run) it reads as poison (0xDB bytes), stale cache lines, until ``invalidate``
+  fetches the device's bytes again;
 - a device operation on memory whose mapping holds host writes not yet ``flush``-ed is
   refused (OPERATION_FORBIDDEN), as are ``invalidate`` (it would discard them) and
   ``munmap``;
@@ -40,7 +41,7 @@ from ..runtime.memory.tensordesc import (
 )
 
 POISON = 0xDB
-"""What an mmap of non-coherent memory reads as before ``invalidate``."""
+"""What a mapping of non-coherent memory reads as after a device write, until ``invalidate``."""
 
 
 class DeviceMemory:
@@ -75,9 +76,16 @@ class _Mapping:
 
     def __init__(self, allocation: Allocation) -> None:
         self.allocation = allocation
-        self.shadow = np.full(allocation.nbytes, POISON, dtype=np.uint8)
+        # A new mapping has nothing cached: reads reach the device's bytes, as an uncached
+        # line is read from DDR. Poison stands for stale cache lines, after a device write.
+        self.shadow = np.empty(allocation.nbytes, dtype=np.uint8)
+        allocation.allocator.hooks.copy_out(
+            allocation.allocator.device, self.shadow.data, allocation.handle, 0
+        )
         self.clean = self.shadow.copy()  # the shadow as of the last flush or invalidate
-        self.synced = -1  # the allocation's version the shadow last matched
+        # The allocation's version the host side last agreed with: device writes after this
+        # (poisoning the shadow) must be invalidated before the host writes and flushes.
+        self.synced = allocation.version
 
     def dirty(self, lo: int = 0, hi: int | None = None) -> bool:
         return not np.array_equal(self.shadow[lo:hi], self.clean[lo:hi])
@@ -285,6 +293,22 @@ class Device:
             offset=offset,
             size=nbytes,
         )
+
+    def before_device_access(self, mem: DeviceMemory, what: str) -> None:
+        """Refuse (OPERATION_FORBIDDEN) a device operation ``what`` that is not one of this
+        class's own (a run on the memory) while its mapping holds writes not flushed."""
+        mapping = _mapping(self._own(mem, what))
+        if mapping is not None:
+            mapping.before_device_access(what)
+
+    def device_wrote(self, mem: DeviceMemory) -> None:
+        """Record that the device wrote ``mem`` outside this class (a run's outputs): its
+        mapping reads as poison again until :meth:`invalidate`."""
+        block = self._own(mem, "device_wrote", allow_freed=True)
+        block.version += 1
+        mapping = _mapping(block)
+        if mapping is not None:
+            mapping.after_device_write()
 
     def stats(self) -> MemoryStats:
         """This device's memory statistics (``bm_get_stat``)."""

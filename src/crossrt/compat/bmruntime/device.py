@@ -1,0 +1,383 @@
+"""BMLIB: devices (``bm_handle_t``), device memory (``bm_device_mem_t``), copies, mmap with
+flush / invalidate, and ``bm_thread_sync``, over :class:`crossrt.compat.bmlib.Device`.
+
+``devid`` is an index into :func:`bm_devices` (the accelerators first: ``sim:0``...; the CPU
+when there is none) or a crossrt device name (``"cpu:0"``, ``"sim:3"``). Host buffers are any
+Python buffer (bytes, bytearray, memoryview, NumPy array). Out-parameters come back as
+``(status, value)``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+from ...drivers import DeviceKind, available_drivers
+from ...errors import (
+    ClosedError,
+    CrossrtError,
+    DeadlineExceededError,
+    InvalidArgumentError,
+    StatusCode,
+)
+from ..bmlib import Device, DeviceMemory
+from .status import BM_SUCCESS, bm_status_t, failed
+
+__all__ = [
+    "bm_dev_free",
+    "bm_dev_getcount",
+    "bm_dev_request",
+    "bm_device_mem_t",
+    "bm_devices",
+    "bm_free_device",
+    "bm_get_devid",
+    "bm_handle_t",
+    "bm_malloc_device_byte",
+    "bm_malloc_device_dword",
+    "bm_mem_flush_device_mem",
+    "bm_mem_flush_partial_device_mem",
+    "bm_mem_get_device_size",
+    "bm_mem_invalidate_device_mem",
+    "bm_mem_invalidate_partial_device_mem",
+    "bm_mem_mmap_device_mem",
+    "bm_mem_unmap_device_mem",
+    "bm_memcpy_d2d",
+    "bm_memcpy_d2d_byte",
+    "bm_memcpy_d2s",
+    "bm_memcpy_d2s_partial",
+    "bm_memcpy_d2s_partial_offset",
+    "bm_memcpy_s2d",
+    "bm_memcpy_s2d_partial",
+    "bm_memcpy_s2d_partial_offset",
+    "bm_set_sync_timeout",
+    "bm_thread_sync",
+]
+
+bm_device_mem_t = DeviceMemory
+"""A block of device memory, as :func:`bm_malloc_device_byte` returns it."""
+
+
+def bm_devices() -> list[str]:
+    """The devices ``devid`` numbers: accelerators (the ``sim`` devices here) in driver order,
+    else the other non-CPU devices, else the CPUs."""
+    infos = [info for drv in available_drivers() for info in drv.devices()]
+    accelerators = [i.id for i in infos if i.kind is DeviceKind.ACCELERATOR]
+    others = [i.id for i in infos if i.kind is not DeviceKind.CPU]
+    return accelerators or others or [i.id for i in infos]
+
+
+class bm_handle_t:
+    """One requested device (``bm_dev_request``): its memory, and the launches each thread
+    made through it and has not synchronised yet."""
+
+    def __init__(self, devid: int | str, device: Device) -> None:
+        self.devid = devid
+        self.device = device
+        self.freed = False
+        self.sync_timeout_ms = 0  # 0: bm_thread_sync waits as long as it takes
+        self._local = threading.local()
+        self._mappings: dict[int, tuple[memoryview, DeviceMemory]] = {}
+        self._lock = threading.Lock()
+
+    def pending(self) -> list[tuple[Future[Any], Callable[[], None]]]:
+        """This thread's launches not synchronised yet, each with what to do once done."""
+        queue: list[tuple[Future[Any], Callable[[], None]]] | None
+        queue = getattr(self._local, "pending", None)
+        if queue is None:
+            queue = []
+            self._local.pending = queue
+        return queue
+
+    def check(self) -> Device:
+        """The device, unless the handle was freed."""
+        if self.freed:
+            raise ClosedError(
+                f"bm_handle_t of device {self.devid} was freed by bm_dev_free; request it again"
+            )
+        return self.device
+
+    def __repr__(self) -> str:
+        return f"bm_handle_t({self.devid!r} = {self.device.id}{', freed' if self.freed else ''})"
+
+
+def _call(what: str, action: Callable[[], Any]) -> bm_status_t:
+    try:
+        action()
+    except (CrossrtError, TypeError, ValueError, MemoryError) as exc:
+        return failed(what, exc)
+    return BM_SUCCESS
+
+
+# -- devices ---------------------------------------------------------------------------------
+
+
+def bm_dev_getcount() -> tuple[bm_status_t, int]:
+    """How many devices ``devid`` numbers."""
+    try:
+        return BM_SUCCESS, len(bm_devices())
+    except CrossrtError as exc:
+        return failed("bm_dev_getcount", exc), 0
+
+
+def bm_dev_request(devid: int | str = 0) -> tuple[bm_status_t, bm_handle_t | None]:
+    """Open device ``devid``; BM_ERR_DEVNOTREADY when there is no such device."""
+    try:
+        if isinstance(devid, str):
+            name = devid
+        else:
+            devices = bm_devices()
+            if isinstance(devid, bool) or not 0 <= devid < len(devices):
+                raise ClosedError(
+                    f"there is no device {devid!r}: bm_dev_getcount() is {len(devices)}; "
+                    "give 0 to count - 1, or a device name such as 'cpu:0'",
+                    code=StatusCode.DEVICE_UNAVAILABLE,
+                )
+            name = devices[devid]
+        return BM_SUCCESS, bm_handle_t(devid, Device.open(name))
+    except CrossrtError as exc:
+        return failed("bm_dev_request", exc), None
+
+
+def bm_dev_free(handle: bm_handle_t) -> None:
+    """Release the handle; later calls with it return BM_ERR_DEVNOTREADY."""
+    handle.freed = True
+
+
+def bm_get_devid(handle: bm_handle_t) -> int | str:
+    """The ``devid`` the handle was requested with."""
+    return handle.devid
+
+
+# -- memory ----------------------------------------------------------------------------------
+
+
+def bm_malloc_device_byte(
+    handle: bm_handle_t, size: int
+) -> tuple[bm_status_t, DeviceMemory | None]:
+    """Allocate ``size`` bytes of device memory; BM_ERR_NOMEM when the device lacks them."""
+    try:
+        return BM_SUCCESS, handle.check().malloc(size)
+    except (CrossrtError, TypeError, ValueError, MemoryError) as exc:
+        return failed("bm_malloc_device_byte", exc), None
+
+
+def bm_malloc_device_dword(
+    handle: bm_handle_t, count: int
+) -> tuple[bm_status_t, DeviceMemory | None]:
+    """Allocate ``count`` dwords (4 bytes each)."""
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        return failed("bm_malloc_device_dword", InvalidArgumentError(f"count={count!r}")), None
+    return bm_malloc_device_byte(handle, 4 * count)
+
+
+def bm_free_device(handle: bm_handle_t, mem: DeviceMemory) -> None:
+    """Free device memory (twice is harmless)."""
+    _call("bm_free_device", lambda: handle.device.free(mem))
+
+
+def bm_mem_get_device_size(mem: DeviceMemory) -> int:
+    """The memory's size in bytes."""
+    return mem.size
+
+
+def bm_memcpy_s2d(handle: bm_handle_t, dst: DeviceMemory, src: Any) -> bm_status_t:
+    """Copy the whole of ``dst`` (its size in bytes) from host buffer ``src``."""
+    return _call("bm_memcpy_s2d", lambda: handle.check().memcpy_s2d(dst, src, dst.size))
+
+
+def bm_memcpy_s2d_partial(
+    handle: bm_handle_t, dst: DeviceMemory, src: Any, size: int
+) -> bm_status_t:
+    """Copy ``size`` bytes from ``src`` to the start of ``dst``."""
+    return _call("bm_memcpy_s2d_partial", lambda: handle.check().memcpy_s2d(dst, src, size))
+
+
+def bm_memcpy_s2d_partial_offset(
+    handle: bm_handle_t, dst: DeviceMemory, src: Any, size: int, offset: int
+) -> bm_status_t:
+    """Copy ``size`` bytes from ``src`` to ``dst`` at byte ``offset`` of the device memory
+    (as libbmlib does; the seed's prose says "from src's offset")."""
+    return _call(
+        "bm_memcpy_s2d_partial_offset",
+        lambda: handle.check().memcpy_s2d(dst, src, size, offset),
+    )
+
+
+def bm_memcpy_d2s(handle: bm_handle_t, dst: Any, src: DeviceMemory) -> bm_status_t:
+    """Copy all of ``src`` to host buffer ``dst``."""
+    return _call("bm_memcpy_d2s", lambda: handle.check().memcpy_d2s(dst, src, src.size))
+
+
+def bm_memcpy_d2s_partial(
+    handle: bm_handle_t, dst: Any, src: DeviceMemory, size: int
+) -> bm_status_t:
+    """Copy the first ``size`` bytes of ``src`` to ``dst``."""
+    return _call("bm_memcpy_d2s_partial", lambda: handle.check().memcpy_d2s(dst, src, size))
+
+
+def bm_memcpy_d2s_partial_offset(
+    handle: bm_handle_t, dst: Any, src: DeviceMemory, size: int, offset: int
+) -> bm_status_t:
+    """Copy ``size`` bytes of ``src`` from byte ``offset`` to ``dst``."""
+    return _call(
+        "bm_memcpy_d2s_partial_offset",
+        lambda: handle.check().memcpy_d2s(dst, src, size, offset),
+    )
+
+
+def bm_memcpy_d2d(
+    handle: bm_handle_t,
+    dst: DeviceMemory,
+    dst_offset: int,
+    src: DeviceMemory,
+    src_offset: int,
+    len: int,
+) -> bm_status_t:
+    """Copy ``len`` **dwords** (4 bytes each, as the seed says) from ``src`` at byte
+    ``src_offset`` to ``dst`` at byte ``dst_offset``."""
+
+    def copy() -> None:
+        if isinstance(len, bool) or not isinstance(len, int) or len < 0:
+            raise InvalidArgumentError(f"len={len!r}: give a count of dwords >= 0")
+        handle.check().memcpy_d2d(dst, src, 4 * len, dst_offset, src_offset)
+
+    return _call("bm_memcpy_d2d", copy)
+
+
+def bm_memcpy_d2d_byte(
+    handle: bm_handle_t,
+    dst: DeviceMemory,
+    dst_offset: int,
+    src: DeviceMemory,
+    src_offset: int,
+    size: int,
+) -> bm_status_t:
+    """:func:`bm_memcpy_d2d` with the length in bytes."""
+    return _call(
+        "bm_memcpy_d2d_byte",
+        lambda: handle.check().memcpy_d2d(dst, src, size, dst_offset, src_offset),
+    )
+
+
+# -- mmap ------------------------------------------------------------------------------------
+
+
+def bm_mem_mmap_device_mem(
+    handle: bm_handle_t, dmem: DeviceMemory
+) -> tuple[bm_status_t, memoryview | None]:
+    """Map device memory into the host: ``(status, vmem)``, ``vmem`` a writable memoryview.
+
+    On a coherent device (the CPU) it is the memory itself. Otherwise it is a cached copy:
+    :func:`bm_mem_invalidate_device_mem` before reading what the device wrote,
+    :func:`bm_mem_flush_device_mem` after writing (docs/memory.md says what is refused).
+    """
+    try:
+        view = handle.check().mmap(dmem)
+    except (CrossrtError, TypeError, ValueError) as exc:
+        return failed("bm_mem_mmap_device_mem", exc), None
+    with handle._lock:
+        handle._mappings[id(view)] = (view, dmem)
+    return BM_SUCCESS, view
+
+
+def bm_mem_unmap_device_mem(handle: bm_handle_t, vmem: Any, size: int) -> bm_status_t:
+    """Unmap ``vmem`` from :func:`bm_mem_mmap_device_mem`; ``size`` is the memory's size."""
+
+    def unmap() -> None:
+        device = handle.check()
+        with handle._lock:
+            entry = handle._mappings.get(id(vmem))
+        if entry is None or entry[0] is not vmem:
+            raise InvalidArgumentError(
+                "bm_mem_unmap_device_mem: vmem is not a mapping of this handle; give what "
+                "bm_mem_mmap_device_mem returned"
+            )
+        mem = entry[1]
+        if size != mem.size:
+            raise InvalidArgumentError(
+                f"bm_mem_unmap_device_mem: size {size} is not the memory's size {mem.size}; "
+                "give bm_mem_get_device_size(mem)"
+            )
+        device.munmap(mem)
+        with handle._lock:
+            del handle._mappings[id(vmem)]
+
+    return _call("bm_mem_unmap_device_mem", unmap)
+
+
+def bm_mem_invalidate_device_mem(handle: bm_handle_t, dmem: DeviceMemory) -> bm_status_t:
+    """Fetch what the device wrote into the mapping."""
+    return _call("bm_mem_invalidate_device_mem", lambda: handle.check().invalidate(dmem))
+
+
+def bm_mem_invalidate_partial_device_mem(
+    handle: bm_handle_t, dmem: DeviceMemory, offset: int, len: int
+) -> bm_status_t:
+    """:func:`bm_mem_invalidate_device_mem` for ``len`` bytes from ``offset``."""
+    return _call(
+        "bm_mem_invalidate_partial_device_mem",
+        lambda: handle.check().invalidate(dmem, offset, len),
+    )
+
+
+def bm_mem_flush_device_mem(handle: bm_handle_t, dmem: DeviceMemory) -> bm_status_t:
+    """Write the host's writes through the mapping to the device."""
+    return _call("bm_mem_flush_device_mem", lambda: handle.check().flush(dmem))
+
+
+def bm_mem_flush_partial_device_mem(
+    handle: bm_handle_t, dmem: DeviceMemory, offset: int, len: int
+) -> bm_status_t:
+    """:func:`bm_mem_flush_device_mem` for ``len`` bytes from ``offset``."""
+    return _call("bm_mem_flush_partial_device_mem", lambda: handle.check().flush(dmem, offset, len))
+
+
+# -- synchronisation -------------------------------------------------------------------------
+
+
+def bm_set_sync_timeout(handle: bm_handle_t, timeout: int) -> bm_status_t:
+    """The most milliseconds :func:`bm_thread_sync` waits (0: no limit)."""
+
+    def set_timeout() -> None:
+        handle.check()
+        if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0:
+            raise InvalidArgumentError(f"timeout={timeout!r}: give milliseconds >= 0")
+        handle.sync_timeout_ms = timeout
+
+    return _call("bm_set_sync_timeout", set_timeout)
+
+
+def bm_thread_sync(handle: bm_handle_t) -> bm_status_t:
+    """Wait for every launch this thread made through ``handle``; the first failure's status.
+
+    A launch still running after the ``bm_set_sync_timeout`` limit gives BM_ERR_TIMEOUT and
+    stays pending: a later call waits for it again.
+    """
+    try:
+        handle.check()
+    except CrossrtError as exc:
+        return failed("bm_thread_sync", exc)
+    pending = handle.pending()
+    limit = handle.sync_timeout_ms / 1000 or None
+    status = BM_SUCCESS
+    while pending:
+        future, done = pending[0]
+        try:
+            future.result(timeout=limit)
+        except FutureTimeout:
+            return failed(
+                "bm_thread_sync",
+                DeadlineExceededError(
+                    f"a launch is still running after {handle.sync_timeout_ms} ms; call "
+                    "bm_thread_sync again, or raise bm_set_sync_timeout"
+                ),
+            )
+        except Exception as exc:
+            if status == BM_SUCCESS:
+                status = failed("bm_thread_sync (the launch)", exc)
+        pending.pop(0)
+        done()
+    return status

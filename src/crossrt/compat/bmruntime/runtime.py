@@ -1,0 +1,480 @@
+"""The BMRuntime C API (``bmruntime_interface.h``): ``bmrt_create`` / ``_ex`` / ``destroy``,
+``bmrt_load_bmodel`` / ``_data`` (a ``.crm`` of one or several networks, each with stages),
+network queries, ``bmrt_tensor*``, and the launches.
+
+A runtime is a :class:`crossrt.Runtime`; each network of a loaded file is one
+:class:`crossrt.LoadedModel` on the handle's device. ``bmrt_launch_tensor`` / ``_ex`` queue
+a run (``LoadedModel.run_async``) on tensors over the caller's device memory and return at
+once; ``bm_thread_sync`` waits for it. A network whose output shapes cannot be known before
+it runs (dynamic, without stages) runs before the launch returns, as the seed says of
+networks the host must help.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ... import Executable, LoadedModel, Runtime, list_networks, load_executable
+from ...errors import CrossrtError, InvalidArgumentError, InvalidInputError, OperationForbiddenError
+from ...model import TensorSpec
+from ...runtime.memory.tensor import Tensor as CrossrtTensor
+from ..bmlib import DeviceMemory
+from .device import bm_handle_t
+from .status import NoFeatureError, failed
+from .types import (
+    BM_STORE_1N,
+    bm_data_type_t,
+    bm_dtype,
+    bm_net_info_t,
+    bm_shape_t,
+    bm_stage_info_t,
+    bm_tensor_t,
+    bmrt_shape_count,
+    crossrt_dtype,
+    shape_dims,
+)
+
+__all__ = [
+    "Bmruntime",
+    "bm_store_name",
+    "bmrt_create",
+    "bmrt_create_ex",
+    "bmrt_destroy",
+    "bmrt_get_bm_handle",
+    "bmrt_get_network_info",
+    "bmrt_get_network_names",
+    "bmrt_get_network_number",
+    "bmrt_launch_tensor",
+    "bmrt_launch_tensor_ex",
+    "bmrt_load_bmodel",
+    "bmrt_load_bmodel_data",
+    "bmrt_print_network_info",
+    "bmrt_show_neuron_network",
+    "bmrt_tensor",
+    "bmrt_tensor_with_device",
+    "bmrt_trace",
+    "launch",
+]
+
+
+@dataclass
+class _Network:
+    executable: Executable
+    model: LoadedModel
+    info: bm_net_info_t
+
+
+class Bmruntime:
+    """What ``bmrt_create`` returns (``void *p_bmrt``): a crossrt Runtime and its networks."""
+
+    def __init__(self, handles: Sequence[bm_handle_t]) -> None:
+        self.handles = list(handles)
+        self.runtime = Runtime()
+        self.networks: dict[str, _Network] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def handle(self) -> bm_handle_t:
+        """The first handle: where inputs and outputs lie."""
+        return self.handles[0]
+
+    def network(self, name: str) -> _Network:
+        """The loaded network ``name``."""
+        if self.runtime.closed:
+            raise InvalidArgumentError("the bmruntime was destroyed; create another")
+        net = self.networks.get(name)
+        if net is None:
+            raise InvalidArgumentError(
+                f"no network {name!r} is loaded; loaded: {sorted(self.networks)}",
+                details={"network": name},
+            )
+        return net
+
+    def load(self, source: Any) -> None:
+        """Load every network of a ``.crm`` (path or bytes); none if one fails."""
+        names = list_networks(source)
+        exes = [load_executable(source, name) for name in names]
+        with self._lock:
+            clash = [n for n in names if n in self.networks]
+            if clash:
+                raise OperationForbiddenError(
+                    f"network {clash[0]!r} is loaded already; a runtime holds each network "
+                    "name once: load the other bmodel into another runtime",
+                    details={"network": clash[0]},
+                )
+            devices = [h.check().id for h in self.handles]
+            models = []
+            try:
+                for exe in exes:
+                    models.append(
+                        self.runtime.load(exe, devices[0] if len(devices) == 1 else devices)
+                    )
+            except BaseException:
+                for model in models:
+                    model.unload()
+                raise
+            for exe, model in zip(exes, models, strict=True):
+                self.networks[exe.name] = _Network(exe, model, _net_info(exe))
+
+
+def _stage_list(exe: Executable) -> list[Executable]:
+    return list(exe.stages) or [exe]
+
+
+def _bytes(spec: TensorSpec) -> int:
+    dims = shape_dims(spec.shape)
+    if spec.dtype is None or any(d < 0 for d in dims):
+        return 0
+    return math.prod(dims) * max(1, spec.dtype.itemsize)
+
+
+def _net_info(exe: Executable) -> bm_net_info_t:
+    stages = _stage_list(exe)
+    n_in, n_out = len(exe.inputs), len(exe.outputs)
+    dynamic = not all(s.is_static for s in (*exe.inputs, *exe.outputs)) and not exe.stages
+    return bm_net_info_t(
+        name=exe.name,
+        is_dynamic=dynamic,
+        input_num=n_in,
+        input_names=[s.name for s in exe.inputs],
+        input_dtypes=[bm_dtype(s.dtype) for s in exe.inputs],
+        input_scales=[1.0] * n_in,
+        output_num=n_out,
+        output_names=[s.name for s in exe.outputs],
+        output_dtypes=[bm_dtype(s.dtype) for s in exe.outputs],
+        output_scales=[1.0] * n_out,
+        stage_num=len(stages),
+        stages=[
+            bm_stage_info_t(
+                [bm_shape_t.of(shape_dims(s.shape)) for s in st.inputs],
+                [bm_shape_t.of(shape_dims(s.shape)) for s in st.outputs],
+            )
+            for st in stages
+        ],
+        max_input_bytes=[max(_bytes(st.inputs[i]) for st in stages) for i in range(n_in)],
+        max_output_bytes=[max(_bytes(st.outputs[i]) for st in stages) for i in range(n_out)],
+        input_zero_point=[0] * n_in,
+        output_zero_point=[0] * n_out,
+        input_loc_devices=[0] * n_in,
+        output_loc_devices=[0] * n_out,
+        core_num=exe.cores_required,
+    )
+
+
+# -- lifecycle and loading -------------------------------------------------------------------
+
+
+def bmrt_create(bm_handle: bm_handle_t) -> Bmruntime | None:
+    """A runtime on the handle's device (None, logged, when it cannot be made)."""
+    return bmrt_create_ex([bm_handle], 1)
+
+
+def bmrt_create_ex(bm_handles: Sequence[bm_handle_t], num_handles: int) -> Bmruntime | None:
+    """A runtime over several devices: each network loads one instance on each of them (they
+    must be linked, as a distributed bmodel's devices are)."""
+    try:
+        handles = list(bm_handles[:num_handles])
+        if not handles or len(handles) != num_handles:
+            raise InvalidArgumentError(f"num_handles={num_handles}: give that many handles")
+        for h in handles:
+            h.check()
+        return Bmruntime(handles)
+    except CrossrtError as exc:
+        failed("bmrt_create", exc)
+        return None
+
+
+def bmrt_destroy(p_bmrt: Bmruntime) -> None:
+    """Unload every network and close the runtime."""
+    p_bmrt.runtime.close()
+    p_bmrt.networks.clear()
+
+
+def bmrt_get_bm_handle(p_bmrt: Bmruntime) -> bm_handle_t:
+    """The handle the runtime was created with."""
+    return p_bmrt.handle
+
+
+def bmrt_load_bmodel(p_bmrt: Bmruntime, bmodel_path: str | os.PathLike[str]) -> bool:
+    """Load every network of a ``.crm`` file; False (nothing loaded) when one fails."""
+    try:
+        p_bmrt.load(os.fspath(bmodel_path))
+    except (CrossrtError, TypeError, ValueError) as exc:
+        failed("bmrt_load_bmodel", exc)
+        return False
+    return True
+
+
+def bmrt_load_bmodel_data(p_bmrt: Bmruntime, bmodel_data: Any, size: int) -> bool:
+    """:func:`bmrt_load_bmodel` from the first ``size`` bytes of a buffer (copied: the
+    caller may reuse it)."""
+    try:
+        data = bytes(memoryview(bmodel_data).cast("B")[:size])
+        if len(data) != size:
+            raise InvalidArgumentError(f"size {size} is more than the buffer's {len(data)} bytes")
+        p_bmrt.load(data)
+    except (CrossrtError, TypeError, ValueError) as exc:
+        failed("bmrt_load_bmodel_data", exc)
+        return False
+    return True
+
+
+# -- queries ---------------------------------------------------------------------------------
+
+
+def bmrt_get_network_number(p_bmrt: Bmruntime) -> int:
+    """How many networks are loaded."""
+    return len(p_bmrt.networks)
+
+
+def bmrt_get_network_names(p_bmrt: Bmruntime) -> list[str]:
+    """The loaded networks' names, in load order (the C out-array, returned)."""
+    return list(p_bmrt.networks)
+
+
+def bmrt_get_network_info(p_bmrt: Bmruntime, net_name: str) -> bm_net_info_t | None:
+    """The network's ``bm_net_info_t``; None when it is not loaded."""
+    net = p_bmrt.networks.get(net_name)
+    return None if net is None else net.info
+
+
+def bmrt_show_neuron_network(p_bmrt: Bmruntime) -> None:
+    """Print the loaded networks' names."""
+    for name in p_bmrt.networks:
+        print(name)
+
+
+def bmrt_print_network_info(net_info: bm_net_info_t) -> None:
+    """Print a network's inputs, outputs and stages (a debugging aid)."""
+    kind = "dynamic" if net_info.is_dynamic else "static"
+    print(f"net: [{net_info.name}] {kind}, {net_info.stage_num} stage(s)")
+    for i, stage in enumerate(net_info.stages):
+        for usage, names, dts, shapes in (
+            ("input", net_info.input_names, net_info.input_dtypes, stage.input_shapes),
+            ("output", net_info.output_names, net_info.output_dtypes, stage.output_shapes),
+        ):
+            for name, dt, shape in zip(names, dts, shapes, strict=True):
+                print(f"  stage[{i}] {usage}: {name}, {list(shape.shape)}, {dt.name}")
+
+
+def bmrt_trace(p_bmrt: Bmruntime) -> None:
+    """Print the runtime's devices, networks and device memory (a debugging aid)."""
+    print(f"bmruntime on {[h.device.id for h in p_bmrt.handles]}")
+    for name, net in p_bmrt.networks.items():
+        model = net.model
+        print(f"  net {name!r}: loaded={model.loaded}, cores={model.cores}")
+    print(f"  device memory: {p_bmrt.handle.device.stats()}")
+
+
+# -- tensors ---------------------------------------------------------------------------------
+
+
+def bmrt_tensor(
+    tensor: bm_tensor_t, p_bmrt: Bmruntime, dtype: bm_data_type_t, shape: bm_shape_t
+) -> None:
+    """Fill ``tensor`` with new device memory for ``shape`` of ``dtype`` (store mode 1N);
+    the caller frees it with ``bm_free_device``. On failure (logged) it gets no memory."""
+    tensor.dtype, tensor.shape, tensor.st_mode = bm_data_type_t(dtype), shape, BM_STORE_1N
+    tensor.device_mem = None
+    try:
+        size = bmrt_shape_count(shape) * max(1, crossrt_dtype(dtype).itemsize)
+        tensor.device_mem = p_bmrt.handle.check().malloc(size)
+    except CrossrtError as exc:
+        failed("bmrt_tensor", exc)
+
+
+def bmrt_tensor_with_device(
+    tensor: bm_tensor_t, device_mem: DeviceMemory, dtype: bm_data_type_t, shape: bm_shape_t
+) -> None:
+    """Fill ``tensor`` over existing device memory (store mode 1N)."""
+    tensor.dtype, tensor.shape, tensor.st_mode = bm_data_type_t(dtype), shape, BM_STORE_1N
+    tensor.device_mem = device_mem
+
+
+# -- launches --------------------------------------------------------------------------------
+
+
+def _as_tensor(handle: bm_handle_t, t: bm_tensor_t, spec: TensorSpec, usage: str) -> CrossrtTensor:
+    if not isinstance(t, bm_tensor_t) or t.device_mem is None:
+        raise InvalidInputError(f"{usage} {spec.name!r} has no device_mem; set it first")
+    if t.st_mode != BM_STORE_1N:
+        raise NoFeatureError(
+            f"{usage} {spec.name!r}: store mode {bm_store_name(t.st_mode)} is not provided by "
+            "crossrt; use BM_STORE_1N"
+        )
+    dt = crossrt_dtype(t.dtype)
+    return handle.device.tensor(t.device_mem, dt, t.shape.shape, name=spec.name)
+
+
+def bm_store_name(mode: int) -> str:
+    """``BM_STORE_2N`` for 1..."""
+    return {0: "BM_STORE_1N", 1: "BM_STORE_2N", 2: "BM_STORE_4N"}.get(int(mode), str(mode))
+
+
+def _output_specs(exe: Executable, feed: Mapping[str, CrossrtTensor]) -> tuple[TensorSpec, ...]:
+    """The outputs of the stage the inputs' shapes choose (or of the network)."""
+    for stage in exe.stages:
+        if all(tuple(feed[s.name].shape) == tuple(s.shape or ()) for s in stage.inputs):
+            return stage.outputs
+    return exe.outputs
+
+
+def launch(
+    p_bmrt: Bmruntime,
+    net_name: str,
+    input_tensors: Sequence[bm_tensor_t],
+    input_num: int,
+    output_tensors: Sequence[bm_tensor_t],
+    output_num: int,
+    user_mem: bool,
+    user_stmode: bool,
+) -> None:
+    """Queue one run of ``net_name``; raises the CrossrtError of what is wrong."""
+    net = p_bmrt.network(net_name)
+    exe = net.executable
+    handle = p_bmrt.handle
+    device = handle.check()
+    if input_num != len(exe.inputs) or output_num != len(exe.outputs):
+        raise InvalidArgumentError(
+            f"network {net_name!r} has {len(exe.inputs)} inputs and {len(exe.outputs)} outputs;"
+            f" got input_num={input_num}, output_num={output_num}"
+        )
+    if len(input_tensors) < input_num or len(output_tensors) < output_num:
+        raise InvalidArgumentError("fewer tensors in the arrays than input_num / output_num")
+    feed = {
+        spec.name: _as_tensor(handle, t, spec, "input")
+        for spec, t in zip(exe.inputs, input_tensors, strict=False)
+    }
+    for t in input_tensors[:input_num]:
+        assert t.device_mem is not None
+        device.before_device_access(t.device_mem, f"running {net_name!r} on it")
+    specs = _output_specs(exe, feed)
+    if user_stmode:
+        for spec, t in zip(specs, output_tensors, strict=False):
+            if t.st_mode != BM_STORE_1N:
+                raise NoFeatureError(
+                    f"output {spec.name!r}: store mode {bm_store_name(t.st_mode)} is not "
+                    "provided by crossrt; use BM_STORE_1N or user_stmode=false"
+                )
+    if not all(s.is_static for s in specs):
+        _run_now(p_bmrt, net, feed, output_tensors[:output_num], user_mem)
+        return
+    made: list[DeviceMemory] = []
+    mems: list[DeviceMemory] = []
+    outputs: dict[str, CrossrtTensor] = {}
+    try:
+        for spec, t in zip(specs, output_tensors, strict=False):
+            dims = shape_dims(spec.shape)
+            dtype = crossrt_dtype(bm_dtype(spec.dtype))
+            size = math.prod(dims) * max(1, dtype.itemsize)
+            if user_mem:
+                mem = _user_mem(t, spec, size)
+            else:
+                mem = device.malloc(size)
+                made.append(mem)
+            mems.append(mem)
+            outputs[spec.name] = device.tensor(mem, dtype, dims, name=spec.name)
+            device.before_device_access(mem, f"running {net_name!r} into it")
+        future: Future[Any] = net.model.run_async(feed, outputs)
+    except BaseException:
+        for mem in made:
+            device.free(mem)
+        raise
+    for spec, t, mem in zip(specs, output_tensors, mems, strict=False):
+        t.dtype, t.shape = bm_dtype(spec.dtype), bm_shape_t.of(shape_dims(spec.shape))
+        t.device_mem = mem
+        if not user_stmode:
+            t.st_mode = BM_STORE_1N
+
+    def done() -> None:
+        for mem in mems:
+            device.device_wrote(mem)
+
+    handle.pending().append((future, done))
+
+
+def _user_mem(t: bm_tensor_t, spec: TensorSpec, size: int) -> DeviceMemory:
+    mem = t.device_mem
+    if mem is None:
+        raise InvalidArgumentError(
+            f"output {spec.name!r}: user_mem is true but its device_mem is not set; allocate "
+            f"max_output_bytes with bm_malloc_device_byte, or pass user_mem=false"
+        )
+    if mem.size < size:
+        raise InvalidArgumentError(
+            f"output {spec.name!r} needs {size} bytes; its device_mem holds {mem.size}"
+        )
+    return mem
+
+
+def _run_now(
+    p_bmrt: Bmruntime,
+    net: _Network,
+    feed: Mapping[str, CrossrtTensor],
+    output_tensors: Sequence[bm_tensor_t],
+    user_mem: bool,
+) -> None:
+    """A run whose output shapes are known only after it: done before the launch returns."""
+    device = p_bmrt.handle.device
+    result = net.model.run(dict(feed), outputs={s.name: None for s in net.executable.outputs})
+    for spec, t in zip(net.executable.outputs, output_tensors, strict=True):
+        value = result[spec.name]
+        array = value if isinstance(value, np.ndarray) else None
+        shape = tuple(value.shape)
+        dtype = bm_dtype(spec.dtype)
+        size = math.prod(shape) * max(1, crossrt_dtype(dtype).itemsize)
+        mem = _user_mem(t, spec, size) if user_mem else device.malloc(size)
+        if array is not None:
+            device.memcpy_s2d(mem, np.ascontiguousarray(array), size)
+        else:
+            assert isinstance(value, CrossrtTensor)
+            value.copy_to(device.tensor(mem, crossrt_dtype(dtype), shape))
+            value.free()
+        t.dtype, t.shape, t.device_mem, t.st_mode = dtype, bm_shape_t.of(shape), mem, BM_STORE_1N
+
+
+def bmrt_launch_tensor(
+    p_bmrt: Bmruntime,
+    net_name: str,
+    input_tensors: Sequence[bm_tensor_t],
+    input_num: int,
+    output_tensors: Sequence[bm_tensor_t],
+    output_num: int,
+) -> bool:
+    """Launch ``net_name`` on the inputs; fills ``output_tensors`` with new device memory
+    (the caller frees it). Asynchronous: call ``bm_thread_sync`` before reading outputs."""
+    return bmrt_launch_tensor_ex(
+        p_bmrt, net_name, input_tensors, input_num, output_tensors, output_num, False, False
+    )
+
+
+def bmrt_launch_tensor_ex(
+    p_bmrt: Bmruntime,
+    net_name: str,
+    input_tensors: Sequence[bm_tensor_t],
+    input_num: int,
+    output_tensors: Sequence[bm_tensor_t],
+    output_num: int,
+    user_mem: bool,
+    user_stmode: bool,
+) -> bool:
+    """:func:`bmrt_launch_tensor`; with ``user_mem`` the outputs go into the device memory
+    already in ``output_tensors``; with ``user_stmode`` their ``st_mode`` is kept (only
+    BM_STORE_1N is provided)."""
+    try:
+        launch(
+            p_bmrt, net_name, input_tensors, input_num, output_tensors, output_num,
+            user_mem, user_stmode,
+        )  # fmt: skip
+    except (CrossrtError, TypeError, ValueError) as exc:
+        failed("bmrt_launch_tensor", exc)
+        return False
+    return True
