@@ -20,6 +20,8 @@ from crossrt.compat.bmruntime import (
     BM_FLOAT32,
     BM_STORE_1N,
     BM_SUCCESS,
+    Context,
+    Network,
     bm_dev_free,
     bm_dev_request,
     bm_free_device,
@@ -339,5 +341,137 @@ def test_one_runtime_per_thread(bmodel, exes) -> None:
         finally:
             bmrt_destroy(p_bmrt)
             bm_dev_free(bm_handle)
+
+    _check_threads(work)
+
+
+# -- the C++ interface ---------------------------------------------------------------------
+
+
+def net1() -> crossrt.Model:
+    """Two batch-dynamic inputs, compiled without stages: a dynamic network."""
+    b = GraphBuilder("net1")
+    x = b.input("x", "float32", ["N", 4])
+    y = b.input("y", "float32", ["N", 4])
+    b.output(b.op("Mul", [b.op("Add", [x, y]), y], outputs=["z"]))
+    return b.finish()
+
+
+@pytest.fixture(scope="module")
+def net1_exe() -> crossrt.Executable:
+    return crossrt.compile(net1(), "sim:0")
+
+
+def test_context_and_network_example(bmodel, exes, net1_exe) -> None:
+    p_net1 = net1_exe.to_bytes()
+    net1_size = len(p_net1)
+    shape0 = bm_shape_t(2, [3, 4])
+    shape1 = bm_shape_t(2, [3, 4])
+    x, y = (np.arange(12, dtype=np.float32).reshape(3, 4) + k for k in (1, 2))
+    data0 = _input0(batch=4, size=24, seed=7)
+
+    # start program
+    status, bm_handle = bm_dev_request(0)
+    assert status == BM_SUCCESS
+    p_ctx = Context(bm_handle)
+
+    status = p_ctx.load_bmodel(p_net1, net1_size)  # p_net1: the bmodel's bytes in memory
+    assert status == BM_SUCCESS
+    status = p_ctx.load_bmodel(str(bmodel))  # a bmodel file's path
+    assert status == BM_SUCCESS
+    net_names: list[str] = []
+    p_ctx.get_network_names(net_names)
+    assert net_names == ["net1", "PNet", "RNet"] and p_ctx.get_network_number() == 3
+    net1_info = p_ctx.get_network_info("net1")
+    assert net1_info is not None and net1_info.input_num == 2 and net1_info.is_dynamic
+    assert p_ctx.get_network_info("net3") is None
+
+    # net1: its input tensors' shapes may be reshaped
+    net1_ = Network(p_ctx, "net1")
+    # net2: stage[1]'s shapes of bm_net_info_t, never reshaped
+    net2 = Network(p_ctx, "RNet", 1)
+
+    # device_mem0 and device_mem1 hold the input data already
+    status, device_mem0 = bm_malloc_device_byte(bm_handle, x.nbytes)
+    status, device_mem1 = bm_malloc_device_byte(bm_handle, y.nbytes)
+    bm_memcpy_s2d_partial(bm_handle, device_mem0, x, x.nbytes)
+    bm_memcpy_s2d_partial(bm_handle, device_mem1, y, y.nbytes)
+    inputs = net1_.Inputs()
+    assert inputs[0].Reshape(shape0) == BM_SUCCESS
+    assert inputs[1].Reshape(shape1) == BM_SUCCESS
+    assert inputs[0].set_device_mem(device_mem0) == BM_SUCCESS
+    assert inputs[1].set_device_mem(device_mem1) == BM_SUCCESS
+
+    inputs = net2.Inputs()
+    assert inputs[0].Reshape(shape0) != BM_SUCCESS  # error: cannot be changed
+    assert inputs[0].CopyFrom(data0) == BM_SUCCESS  # the input data is in host memory
+
+    assert net1_.Forward() == BM_SUCCESS
+    assert net2.Forward(False) == BM_SUCCESS
+    assert bm_thread_sync(p_ctx.handle()) == BM_SUCCESS
+
+    z = np.empty((3, 4), np.float32)
+    out = net1_.Output("z")
+    assert out is not None and out.tensor().shape == bm_shape_t(2, [3, 4])
+    assert out.CopyTo(z) == BM_SUCCESS
+    np.testing.assert_array_equal(z, crossrt_run_feed(net1_exe, {"x": x, "y": y})["z"])
+    r = np.empty(net2.Outputs()[0].tensor().shape.shape, np.float32)
+    assert net2.Outputs()[0].CopyTo(r) == BM_SUCCESS
+    np.testing.assert_array_equal(r, crossrt_run(exes["RNet"], data0)["out"])
+    assert net2.info().name == "RNet" and net2.Input("data") is net2.Inputs()[0]
+
+    # end of program: destroy the context first, then free bm_handle
+    net1_.close()
+    net2.close()
+    bm_free_device(bm_handle, device_mem0)
+    bm_free_device(bm_handle, device_mem1)
+    p_ctx.close()
+    bm_dev_free(bm_handle)
+
+
+def crossrt_run_feed(exe: crossrt.Executable, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    with crossrt.Runtime() as rt:
+        return rt.load(exe, "sim:0").run(feed)
+
+
+def _forward_pnet(ctx, x: np.ndarray) -> dict[str, np.ndarray]:
+    with Network(ctx, "PNet") as net:
+        assert net.Inputs()[0].CopyFrom(x) == BM_SUCCESS
+        assert net.Forward() == BM_SUCCESS
+        result = {}
+        for t in net.Outputs():
+            result[t.name] = np.empty(t.tensor().shape.shape, np.float32)
+            assert t.CopyTo(result[t.name]) == BM_SUCCESS
+        return result
+
+
+def test_cpp_single_context_shared_by_threads(bmodel, exes) -> None:
+    """One Context, bmodels loaded once, a Network per thread."""
+    inputs = [_input0(seed=30 + i) for i in range(THREADS)]
+    expected = [crossrt_run(exes["PNet"], x) for x in inputs]
+    with Context() as ctx:
+        assert ctx.load_bmodel(bmodel) == BM_SUCCESS
+
+        def work(i: int) -> None:
+            for _ in range(RUNS):
+                got = _forward_pnet(ctx, inputs[i])
+                for name, want in expected[i].items():
+                    np.testing.assert_array_equal(got[name], want)
+
+        _check_threads(work)
+
+
+def test_cpp_one_context_per_thread(bmodel, exes) -> None:
+    """Each thread makes its own Context and loads the same bmodel."""
+    inputs = [_input0(seed=40 + i) for i in range(THREADS)]
+    expected = [crossrt_run(exes["PNet"], x) for x in inputs]
+
+    def work(i: int) -> None:
+        with Context(0) as ctx:
+            assert ctx.load_bmodel(bmodel) == BM_SUCCESS
+            for _ in range(RUNS):
+                got = _forward_pnet(ctx, inputs[i])
+                for name, want in expected[i].items():
+                    np.testing.assert_array_equal(got[name], want)
 
     _check_threads(work)

@@ -13,6 +13,8 @@ A program written for BMRuntime ports line by line::
 docs/compat-bmruntime.md lists every function, and the status mapping both ways.
 """
 
+from .cpp import *  # noqa: F403
+from .cpp import __all__ as _cpp_all
 from .device import *  # noqa: F403
 from .device import __all__ as _device_all
 from .runtime import *  # noqa: F403
@@ -22,4 +24,4 @@ from .status import __all__ as _status_all
 from .types import *  # noqa: F403
 from .types import __all__ as _types_all
 
-__all__ = [*_device_all, *_runtime_all, *_status_all, *_types_all]
+__all__ = [*_cpp_all, *_device_all, *_runtime_all, *_status_all, *_types_all]
