@@ -52,6 +52,7 @@ __all__ = [
     "bmrt_get_network_info",
     "bmrt_get_network_names",
     "bmrt_get_network_number",
+    "bmrt_launch_data",
     "bmrt_launch_tensor",
     "bmrt_launch_tensor_ex",
     "bmrt_load_bmodel",
@@ -476,5 +477,58 @@ def bmrt_launch_tensor_ex(
         )  # fmt: skip
     except (CrossrtError, TypeError, ValueError) as exc:
         failed("bmrt_launch_tensor", exc)
+        return False
+    return True
+
+
+def bmrt_launch_data(
+    p_bmrt: Bmruntime,
+    net_name: str,
+    input_datas: Sequence[Any],
+    input_shapes: Sequence[bm_shape_t],
+    input_num: int,
+    output_datas: list[Any],
+    output_shapes: Sequence[bm_shape_t],
+    output_num: int,
+    user_mem: bool,
+) -> bool:
+    """Run ``net_name`` on host buffers and return when it is done (synchronous).
+
+    ``input_datas[i]`` is any buffer of ``input_shapes[i]`` elements of the input's type.
+    With ``user_mem`` each ``output_datas[i]`` is a writable buffer large enough for its
+    output; without, ``output_datas[i]`` is set to a new NumPy array. ``output_shapes[i]``
+    is set to each output's shape.
+    """
+    try:
+        net = p_bmrt.network(net_name)
+        exe = net.executable
+        if input_num != len(exe.inputs) or output_num != len(exe.outputs):
+            raise InvalidArgumentError(
+                f"network {net_name!r} has {len(exe.inputs)} inputs and {len(exe.outputs)} "
+                f"outputs; got input_num={input_num}, output_num={output_num}"
+            )
+        feed = {}
+        for spec, data, shape in zip(exe.inputs, input_datas, input_shapes, strict=False):
+            assert spec.dtype is not None
+            count = bmrt_shape_count(shape)
+            array = np.frombuffer(data, dtype=spec.dtype.numpy, count=count)
+            feed[spec.name] = array.reshape(shape.shape)
+        result = net.model.run(feed)
+        for i, spec in enumerate(exe.outputs):
+            value = np.ascontiguousarray(result[spec.name])
+            if user_mem:
+                out = np.frombuffer(output_datas[i], dtype=np.uint8)
+                if out.nbytes < value.nbytes:
+                    raise InvalidArgumentError(
+                        f"output {spec.name!r} needs {value.nbytes} bytes; output_datas[{i}] "
+                        f"holds {out.nbytes}"
+                    )
+                out[: value.nbytes] = value.reshape(-1).view(np.uint8)
+            else:
+                output_datas[i] = value
+            shape = output_shapes[i]
+            shape.num_dims, shape.dims = value.ndim, bm_shape_t.of(value.shape).dims
+    except (CrossrtError, TypeError, ValueError) as exc:
+        failed("bmrt_launch_data", exc)
         return False
     return True
