@@ -385,3 +385,30 @@ def test_tensor_copies_check_the_range(handle, p_bmrt) -> None:
         assert net.Output("nosuch") is None
         bm_free_device(handle, small)
     ctx.close()
+
+
+def test_a_dynamic_networks_outputs_are_made_per_forward_and_freed_by_the_next(handle) -> None:
+    b = GraphBuilder("dyn")
+    x = b.input("x", "float32", ["N", 4])
+    b.output(b.op("Neg", [x], outputs=["y"]))
+    exe = crossrt.compile(b.finish(), "sim:0")
+    with Context(handle) as ctx:
+        assert ctx.load_bmodel(exe.to_bytes()) == BM_SUCCESS
+        with Network(ctx, "dyn") as net:
+            assert net.info().is_dynamic and net.info().max_output_bytes == [0]
+            used = []
+            for n in (3, 5, 2):
+                data = np.arange(4 * n, dtype=np.float32)
+                assert net.Inputs()[0].Reshape(bm_shape_t(2, [n, 4])) == BM_SUCCESS
+                _, mem = bm_malloc_device_byte(handle, data.nbytes)
+                assert net.Inputs()[0].set_device_mem(mem) == BM_SUCCESS
+                assert net.Inputs()[0].CopyFrom(data) == BM_SUCCESS
+                assert net.Forward() == BM_SUCCESS
+                y = net.Outputs()[0]
+                assert y.tensor().shape == bm_shape_t(2, [n, 4])
+                out = np.empty(4 * n, np.float32)
+                assert y.CopyTo(out) == BM_SUCCESS
+                np.testing.assert_array_equal(out, -data)
+                bm_free_device(handle, mem)
+                used.append(handle.device.stats().bytes_in_use)
+            assert used[2] < used[1]  # the 5-row output was freed by the next Forward

@@ -223,6 +223,7 @@ class Network:
         stage = info.stages[max(stage_id, 0)]
         device = ctx.handle().check()
         self._owned: list[DeviceMemory] = []
+        self._per_run: list[DeviceMemory] = []
         ins = zip(info.input_names, info.input_dtypes, stage.input_shapes, strict=True)
         self._inputs = [Tensor(self, n, dt, bm_shape_t.of(s.shape)) for n, dt, s in ins]
         self._outputs = [
@@ -263,6 +264,11 @@ class Network:
         """Run the network on the inputs' device memory into the outputs'. With
         ``sync=False`` it returns at once: call ``bm_thread_sync(ctx.handle())``."""
         outs = [t._tensor for t in self._outputs]
+        for mem in self._per_run:  # a dynamic network's outputs of the last Forward
+            self._context.handle().device.free(mem)
+            for t in outs:
+                t.device_mem = None if t.device_mem is mem else t.device_mem
+        self._per_run = []
         user_mem = all(t.device_mem is not None for t in outs)
         try:
             launch(
@@ -278,7 +284,7 @@ class Network:
         except (CrossrtError, TypeError, ValueError) as exc:
             return failed("Network.Forward", exc)
         if not user_mem:
-            self._owned += [t.device_mem for t in outs if t.device_mem is not None]
+            self._per_run = [t.device_mem for t in outs if t.device_mem is not None]
         return bm_thread_sync(self._context.handle()) if sync else BM_SUCCESS
 
     def close(self) -> None:
@@ -286,9 +292,10 @@ class Network:
         handle = self._context.handle()
         if handle.freed:
             return
-        for mem in self._owned:
+        for mem in [*self._owned, *self._per_run]:
             handle.device.free(mem)
         self._owned.clear()
+        self._per_run.clear()
 
     def __enter__(self) -> Network:
         return self
