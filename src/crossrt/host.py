@@ -227,3 +227,26 @@ def cpu_features() -> tuple[str, ...]:
     except OSError:
         pass
     return ()
+
+
+def pid_namespace() -> int:
+    """This process's PID namespace (its inode), 0 where unknown: a PID means something only
+    inside its namespace, so a file named by its owner's PID is judged only in the same one."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (this one, or another user's, counts): what a leftover
+    named by its owner's PID is judged by before it is removed."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it exists, another user's
+        return True
+    return True

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidArgumentError
+from ..host import process_alive
 
 log = logging.getLogger("crossrt")
 
@@ -400,21 +401,9 @@ def _is_leftover(path: Path, now: float) -> bool:
     finally:
         os.close(fd)
     owner = _TEMP_OWNER.match(path.name)
-    if owner is None or not _alive(int(owner.group(1))):
+    if owner is None or not process_alive(int(owner.group(1))):
         return True
     return now - path.lstat().st_mtime > _STALE_TEMP_S
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True
 
 
 def _write(fd: int, data: bytes) -> None:

@@ -41,6 +41,7 @@ from .program import ORT_SEVERITY, OrtProgram, short_error
 
 log = logging.getLogger("crossrt")
 _PROVIDER = support.PROVIDER
+COMPILE_PREFIX = "crossrt-ort-"  # ORT saves the optimized model in such a temporary folder
 _SAVE_DATA = "session.optimized_model_external_initializers_file_name"
 _SAVE_DATA_MIN = "session.optimized_model_external_initializers_min_size_in_bytes"
 _SAVE_PREPACKED = "session.save_external_prepacked_constant_initializers"
@@ -185,7 +186,10 @@ class OnnxRuntimeDriver(Driver):
         """ORT's optimized model at ``level``, packed as the artifact (``artifact``);
         ``None`` when ORT cannot load what it saved at level ALL (it happens: a model with
         a subgraph constant can come back in a form ORT's own checker refuses)."""
-        with tempfile.TemporaryDirectory(prefix="crossrt-ort-") as tmp:
+        # Named by its owner: a compile killed here leaves the folder (ORT writes files in
+        # it), and the next process to compile removes it (spill.sweep).
+        spill.sweep(COMPILE_PREFIX)
+        with tempfile.TemporaryDirectory(prefix=spill.owned(COMPILE_PREFIX)) as tmp:
             out = Path(tmp) / "optimized.onnx"
             try:
                 so = _save_options(level, out, self._severity)

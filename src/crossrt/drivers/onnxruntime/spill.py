@@ -7,19 +7,29 @@ in this process), the driver (``OnnxRuntimeDriver.sharing``) writes it once to a
 file in shared memory (``/dev/shm``; the temporary directory where that is missing or too
 small, as a container's 64 MB often is), lets the engine map it, and unlinks it when the
 instances are loaded: the mappings keep the pages for as long as the sessions live.
+
+The file must have a name while the engine opens it (ONNX Runtime resolves the path of a
+weight file and refuses ``/proc/self/fd/N`` of an unnamed one), so a process killed during a
+load leaves it: the name holds the owner's PID namespace and PID, and the first spill of every
+process removes the files of owners that are gone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import re
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from ...host import pid_namespace, process_alive
 from ..base import ArtifactFile
 
 SHM = Path("/dev/shm")
+PREFIX = "crossrt-artifact-"
 
 
 @contextlib.contextmanager
@@ -29,6 +39,7 @@ def spilled(artifact: bytes | memoryview) -> Iterator[ArtifactFile | None]:
     The file is created owner-only with an unguessable name and removed when the block ends.
     """
     folders = [str(SHM)] if SHM.is_dir() and os.access(SHM, os.W_OK) else []
+    sweep(PREFIX, tuple(folders))
     file = None
     for folder in (*folders, None):  # None: the temporary directory
         file = _write(artifact, folder)
@@ -48,7 +59,10 @@ def _write(artifact: bytes | memoryview, folder: str | None) -> ArtifactFile | N
     path = None
     try:
         with tempfile.NamedTemporaryFile(
-            prefix="crossrt-artifact-", suffix=".bin", dir=folder, delete=False
+            prefix=f"{PREFIX}{pid_namespace()}-{os.getpid()}-",
+            suffix=".bin",
+            dir=folder,
+            delete=False,
         ) as handle:
             path = handle.name
             handle.write(artifact)
@@ -59,3 +73,38 @@ def _write(artifact: bytes | memoryview, folder: str | None) -> ArtifactFile | N
             with contextlib.suppress(OSError):
                 os.unlink(path)
         return None
+
+
+def owned(prefix: str) -> str:
+    """``prefix`` followed by this process's PID namespace and PID: the start of the name of a
+    temporary file or folder that :func:`sweep` may judge by its owner."""
+    return f"{prefix}{pid_namespace()}-{os.getpid()}-"
+
+
+@functools.cache
+def sweep(prefix: str, folders: tuple[str, ...] = ()) -> list[str]:
+    """Remove, once per process, the files and folders named ``owned(prefix)`` by an owner
+    that is gone (a process killed while it held them), in ``folders`` and the temporary
+    directory; returns their paths. Only names of this PID namespace are judged."""
+    namespace = pid_namespace()
+    pattern = re.compile(re.escape(prefix) + r"(\d+)-(\d+)-")
+    removed = []
+    for folder in dict.fromkeys((*folders, tempfile.gettempdir())):
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for name in names:
+            owner = pattern.match(name)
+            if owner is None or not namespace or int(owner[1]) != namespace:
+                continue
+            if process_alive(int(owner[2])):
+                continue
+            path = os.path.join(folder, name)
+            with contextlib.suppress(OSError):  # another user's, or gone meanwhile
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path)
+                else:
+                    os.unlink(path)
+                removed.append(path)
+    return removed

@@ -37,6 +37,7 @@ import numpy as np
 
 from ...dtypes import DType
 from ...errors import InvalidArgumentError, UnsupportedError
+from ...host import pid_namespace, process_alive
 from .allocation import host_memory_error, is_out_of_memory
 from .allocator import host_allocator
 from .storage import Storage, buffer_storage
@@ -52,25 +53,6 @@ _swept = False
 _sweep_lock = threading.Lock()
 
 
-def _pid_namespace() -> int:
-    """This process's PID namespace (its inode), 0 where unknown: a PID means something only
-    inside its namespace, so only segments named in ours are ever judged by their PID."""
-    try:
-        return os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return 0
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # EPERM: it exists, another user's
-        return True
-    return True
-
-
 def remove_leftovers(directory: str = SHM_DIRECTORY) -> list[str]:
     """Unlink the named segments this user's dead crossrt processes left behind.
 
@@ -81,7 +63,7 @@ def remove_leftovers(directory: str = SHM_DIRECTORY) -> list[str]:
     Returns:
         The names removed.
     """
-    namespace = _pid_namespace()
+    namespace = pid_namespace()
     try:
         names = os.listdir(directory)
     except OSError:  # no /dev/shm (not Linux): nothing to look at
@@ -89,7 +71,12 @@ def remove_leftovers(directory: str = SHM_DIRECTORY) -> list[str]:
     removed = []
     for name in names:
         match = _NAME.fullmatch(name)
-        if match is None or not namespace or int(match[1]) != namespace or _alive(int(match[2])):
+        if (
+            match is None
+            or not namespace
+            or int(match[1]) != namespace
+            or process_alive(int(match[2]))
+        ):
             continue
         path = os.path.join(directory, name)
         with contextlib.suppress(OSError):  # gone meanwhile, or not ours to remove
@@ -132,7 +119,7 @@ class SharedMemorySegment:
         if kind == "memfd" and (keep_name or not memfd):
             why = "a memfd has no name to keep" if keep_name else "this system has no memfd"
             raise UnsupportedError(f"kind='memfd' is not possible: {why}; use kind='posix'")
-        label = f"crossrt-{_pid_namespace()}-{os.getpid()}-{secrets.token_hex(16)}"
+        label = f"crossrt-{pid_namespace()}-{os.getpid()}-{secrets.token_hex(16)}"
         length = max(size, 1)  # the system maps no empty files
         posix: shared_memory.SharedMemory | None = None
         fd = -1
