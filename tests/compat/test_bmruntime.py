@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,6 +42,7 @@ from crossrt.compat.bmruntime import (
     bm_dev_getcount,
     bm_dev_request,
     bm_free_device,
+    bm_handle_sync,
     bm_malloc_device_byte,
     bm_mem_flush_partial_device_mem,
     bm_mem_get_device_size,
@@ -58,6 +60,7 @@ from crossrt.compat.bmruntime import (
     bm_status_t,
     bm_tensor_t,
     bm_thread_sync,
+    bm_thread_sync_from_core,
     bmrt_create,
     bmrt_create_ex,
     bmrt_destroy,
@@ -65,6 +68,7 @@ from crossrt.compat.bmruntime import (
     bmrt_launch_data,
     bmrt_launch_tensor,
     bmrt_launch_tensor_ex,
+    bmrt_launch_tensor_multi_cores,
     bmrt_load_bmodel,
     bmrt_load_bmodel_data,
     bmrt_shape,
@@ -412,3 +416,41 @@ def test_a_dynamic_networks_outputs_are_made_per_forward_and_freed_by_the_next(h
                 bm_free_device(handle, mem)
                 used.append(handle.device.stats().bytes_in_use)
             assert used[2] < used[1]  # the 5-row output was freed by the next Forward
+
+
+def test_launch_on_chosen_cores_loads_the_network_there(handle, p_bmrt) -> None:
+    x = _x()
+    inputs, outputs = [bm_tensor_t()], [bm_tensor_t()]
+    bmrt_tensor(inputs[0], p_bmrt, BM_FLOAT32, bm_shape_t(2, [2, 4]))
+    assert bm_memcpy_s2d(handle, inputs[0].device_mem, x) == BM_SUCCESS
+    assert bmrt_launch_tensor_multi_cores(
+        p_bmrt, "double", inputs, 1, outputs, 1, False, False, [1], 1
+    )
+    assert bm_thread_sync_from_core(handle, 1) == BM_SUCCESS
+    out = np.empty((2, 4), np.float32)
+    assert bm_memcpy_d2s(handle, out, outputs[0].device_mem) == BM_SUCCESS
+    np.testing.assert_array_equal(out, 2 * x)
+    assert p_bmrt.networks["double"].on_cores[(1,)].cores == (1,)
+    assert p_bmrt.networks["double"].model.cores == (0, 1)  # the load's own: every core
+    cores = handle.device.info.cores
+    assert not bmrt_launch_tensor_multi_cores(
+        p_bmrt, "double", inputs, 1, outputs, 1, False, False, [cores], 1
+    )  # no such core
+    for t in (*inputs, *outputs):
+        bm_free_device(handle, t.device_mem)
+
+
+def test_handle_sync_waits_for_every_threads_launches(
+    handle, p_bmrt, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sim = get_driver("sim")
+    monkeypatch.setattr(sim, "config", dataclasses.replace(sim.config, op_us=100_000))
+    launched: list[list[bm_tensor_t]] = []
+    thread = threading.Thread(target=lambda: launched.append(_launch(handle, p_bmrt, _x())))
+    thread.start()
+    thread.join()  # the other thread launched and did not sync
+    assert bm_thread_sync(handle) == BM_SUCCESS  # this thread launched nothing
+    assert bm_handle_sync(handle) == BM_SUCCESS
+    out = np.empty((2, 4), np.float32)
+    assert bm_memcpy_d2s(handle, out, launched[0][1].device_mem) == BM_SUCCESS
+    np.testing.assert_array_equal(out, 2 * _x())

@@ -17,6 +17,8 @@ from .cpp import *  # noqa: F403
 from .cpp import __all__ as _cpp_all
 from .device import *  # noqa: F403
 from .device import __all__ as _device_all
+from .launch import *  # noqa: F403
+from .launch import __all__ as _launch_all
 from .runtime import *  # noqa: F403
 from .runtime import __all__ as _runtime_all
 from .status import *  # noqa: F403
@@ -24,4 +26,4 @@ from .status import __all__ as _status_all
 from .types import *  # noqa: F403
 from .types import __all__ as _types_all
 
-__all__ = [*_cpp_all, *_device_all, *_runtime_all, *_status_all, *_types_all]
+__all__ = [*_cpp_all, *_device_all, *_launch_all, *_runtime_all, *_status_all, *_types_all]

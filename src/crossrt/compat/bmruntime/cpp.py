@@ -14,7 +14,8 @@ from typing import Any
 from ...errors import CrossrtError, InvalidArgumentError, OperationForbiddenError
 from ..bmlib import DeviceMemory
 from .device import bm_dev_free, bm_dev_request, bm_handle_t, bm_thread_sync
-from .runtime import Bmruntime, bmrt_destroy, bmrt_trace, launch
+from .launch import launch
+from .runtime import Bmruntime, bmrt_destroy, bmrt_trace
 from .status import BM_SUCCESS, bm_status_t, failed
 from .types import (
     BM_STORE_1N,

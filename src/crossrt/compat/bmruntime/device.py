@@ -34,6 +34,7 @@ __all__ = [
     "bm_devices",
     "bm_free_device",
     "bm_get_devid",
+    "bm_handle_sync",
     "bm_handle_t",
     "bm_malloc_device_byte",
     "bm_malloc_device_dword",
@@ -54,6 +55,7 @@ __all__ = [
     "bm_memcpy_s2d_partial_offset",
     "bm_set_sync_timeout",
     "bm_thread_sync",
+    "bm_thread_sync_from_core",
 ]
 
 bm_device_mem_t = DeviceMemory
@@ -69,6 +71,23 @@ def bm_devices() -> list[str]:
     return accelerators or others or [i.id for i in infos]
 
 
+class Launch:
+    """A launch through a handle: its future, and what to do once (the outputs' mappings
+    become stale) when a sync sees it end."""
+
+    def __init__(self, future: Future[Any], done: Callable[[], None]) -> None:
+        self.future = future
+        self._done: Callable[[], None] | None = done
+        self._lock = threading.Lock()
+
+    def finish(self) -> None:
+        """Run ``done`` the first time only."""
+        with self._lock:
+            done, self._done = self._done, None
+        if done is not None:
+            done()
+
+
 class bm_handle_t:
     """One requested device (``bm_dev_request``): its memory, and the launches each thread
     made through it and has not synchronised yet."""
@@ -80,16 +99,28 @@ class bm_handle_t:
         self.sync_timeout_ms = 0  # 0: bm_thread_sync waits as long as it takes
         self._local = threading.local()
         self._mappings: dict[int, tuple[memoryview, DeviceMemory]] = {}
+        self._launches: list[Launch] = []  # every thread's, for bm_handle_sync
         self._lock = threading.Lock()
 
-    def pending(self) -> list[tuple[Future[Any], Callable[[], None]]]:
-        """This thread's launches not synchronised yet, each with what to do once done."""
-        queue: list[tuple[Future[Any], Callable[[], None]]] | None
-        queue = getattr(self._local, "pending", None)
+    def pending(self) -> list[Launch]:
+        """This thread's launches not synchronised yet."""
+        queue: list[Launch] | None = getattr(self._local, "pending", None)
         if queue is None:
             queue = []
             self._local.pending = queue
         return queue
+
+    def launched(self, future: Future[Any], done: Callable[[], None]) -> None:
+        """Record a launch this thread made: ``done`` runs once, when a sync sees it end."""
+        launch = Launch(future, done)
+        self.pending().append(launch)
+        with self._lock:
+            self._launches.append(launch)
+
+    def _forget(self, launch: Launch) -> None:
+        with self._lock:
+            if launch in self._launches:
+                self._launches.remove(launch)
 
     def check(self) -> Device:
         """The device, unless the handle was freed."""
@@ -356,28 +387,45 @@ def bm_thread_sync(handle: bm_handle_t) -> bm_status_t:
     A launch still running after the ``bm_set_sync_timeout`` limit gives BM_ERR_TIMEOUT and
     stays pending: a later call waits for it again.
     """
+    return _sync(handle, handle.pending() if not handle.freed else [], "bm_thread_sync")
+
+
+def bm_thread_sync_from_core(handle: bm_handle_t, core_id: int) -> bm_status_t:
+    """:func:`bm_thread_sync` (this thread's launches on every core: crossrt does not keep
+    them apart by core)."""
+    return bm_thread_sync(handle)
+
+
+def bm_handle_sync(handle: bm_handle_t) -> bm_status_t:
+    """Wait for every launch made through ``handle``, by any thread."""
+    with handle._lock:
+        launches = list(handle._launches)
+    return _sync(handle, launches, "bm_handle_sync")
+
+
+def _sync(handle: bm_handle_t, pending: list[Launch], what: str) -> bm_status_t:
     try:
         handle.check()
     except CrossrtError as exc:
-        return failed("bm_thread_sync", exc)
-    pending = handle.pending()
+        return failed(what, exc)
     limit = handle.sync_timeout_ms / 1000 or None
     status = BM_SUCCESS
     while pending:
-        future, done = pending[0]
+        launch = pending[0]
         try:
-            future.result(timeout=limit)
+            launch.future.result(timeout=limit)
         except FutureTimeout:
             return failed(
-                "bm_thread_sync",
+                what,
                 DeadlineExceededError(
                     f"a launch is still running after {handle.sync_timeout_ms} ms; call "
-                    "bm_thread_sync again, or raise bm_set_sync_timeout"
+                    f"{what} again, or raise bm_set_sync_timeout"
                 ),
             )
         except Exception as exc:
             if status == BM_SUCCESS:
-                status = failed("bm_thread_sync (the launch)", exc)
+                status = failed(f"{what} (the launch)", exc)
         pending.pop(0)
-        done()
+        handle._forget(launch)
+        launch.finish()
     return status

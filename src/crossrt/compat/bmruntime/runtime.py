@@ -15,20 +15,16 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections.abc import Mapping, Sequence
-from concurrent.futures import Future
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from ... import Executable, LoadedModel, Runtime, list_networks, load_executable
-from ...errors import CrossrtError, InvalidArgumentError, InvalidInputError, OperationForbiddenError
+from ...errors import CrossrtError, InvalidArgumentError, OperationForbiddenError
 from ...model import TensorSpec
-from ...runtime.memory.tensor import Tensor as CrossrtTensor
 from ..bmlib import DeviceMemory
 from .device import bm_handle_t
-from .status import NoFeatureError, failed
+from .status import failed
 from .types import (
     BM_STORE_1N,
     bm_data_type_t,
@@ -44,7 +40,6 @@ from .types import (
 
 __all__ = [
     "Bmruntime",
-    "bm_store_name",
     "bmrt_create",
     "bmrt_create_ex",
     "bmrt_destroy",
@@ -52,9 +47,6 @@ __all__ = [
     "bmrt_get_network_info",
     "bmrt_get_network_names",
     "bmrt_get_network_number",
-    "bmrt_launch_data",
-    "bmrt_launch_tensor",
-    "bmrt_launch_tensor_ex",
     "bmrt_load_bmodel",
     "bmrt_load_bmodel_data",
     "bmrt_print_network_info",
@@ -62,7 +54,6 @@ __all__ = [
     "bmrt_tensor",
     "bmrt_tensor_with_device",
     "bmrt_trace",
-    "launch",
 ]
 
 
@@ -71,6 +62,7 @@ class _Network:
     executable: Executable
     model: LoadedModel
     info: bm_net_info_t
+    on_cores: dict[tuple[int, ...], LoadedModel] = field(default_factory=dict)
 
 
 class Bmruntime:
@@ -98,6 +90,18 @@ class Bmruntime:
                 details={"network": name},
             )
         return net
+
+    def on_cores(self, name: str, cores: Sequence[int]) -> LoadedModel:
+        """Network ``name`` loaded on these core indices of the device (loaded at the first
+        call for that list, unloaded with the runtime)."""
+        net = self.network(name)
+        key = tuple(cores)
+        with self._lock:
+            model = net.on_cores.get(key)
+            if model is None:
+                model = self.runtime.load(net.executable, self.handle.check().id, cores=list(key))
+                net.on_cores[key] = model
+        return model
 
     def load(self, source: Any) -> None:
         """Load every network of a ``.crm`` (path or bytes); none if one fails."""
@@ -298,237 +302,3 @@ def bmrt_tensor_with_device(
     """Fill ``tensor`` over existing device memory (store mode 1N)."""
     tensor.dtype, tensor.shape, tensor.st_mode = bm_data_type_t(dtype), shape, BM_STORE_1N
     tensor.device_mem = device_mem
-
-
-# -- launches --------------------------------------------------------------------------------
-
-
-def _as_tensor(handle: bm_handle_t, t: bm_tensor_t, spec: TensorSpec, usage: str) -> CrossrtTensor:
-    if not isinstance(t, bm_tensor_t) or t.device_mem is None:
-        raise InvalidInputError(f"{usage} {spec.name!r} has no device_mem; set it first")
-    if t.st_mode != BM_STORE_1N:
-        raise NoFeatureError(
-            f"{usage} {spec.name!r}: store mode {bm_store_name(t.st_mode)} is not provided by "
-            "crossrt; use BM_STORE_1N"
-        )
-    dt = crossrt_dtype(t.dtype)
-    return handle.device.tensor(t.device_mem, dt, t.shape.shape, name=spec.name)
-
-
-def bm_store_name(mode: int) -> str:
-    """``BM_STORE_2N`` for 1..."""
-    return {0: "BM_STORE_1N", 1: "BM_STORE_2N", 2: "BM_STORE_4N"}.get(int(mode), str(mode))
-
-
-def _output_specs(exe: Executable, feed: Mapping[str, CrossrtTensor]) -> tuple[TensorSpec, ...]:
-    """The outputs of the stage the inputs' shapes choose (or of the network)."""
-    for stage in exe.stages:
-        if all(tuple(feed[s.name].shape) == tuple(s.shape or ()) for s in stage.inputs):
-            return stage.outputs
-    return exe.outputs
-
-
-def launch(
-    p_bmrt: Bmruntime,
-    net_name: str,
-    input_tensors: Sequence[bm_tensor_t],
-    input_num: int,
-    output_tensors: Sequence[bm_tensor_t],
-    output_num: int,
-    user_mem: bool,
-    user_stmode: bool,
-) -> None:
-    """Queue one run of ``net_name``; raises the CrossrtError of what is wrong."""
-    net = p_bmrt.network(net_name)
-    exe = net.executable
-    handle = p_bmrt.handle
-    device = handle.check()
-    if input_num != len(exe.inputs) or output_num != len(exe.outputs):
-        raise InvalidArgumentError(
-            f"network {net_name!r} has {len(exe.inputs)} inputs and {len(exe.outputs)} outputs;"
-            f" got input_num={input_num}, output_num={output_num}"
-        )
-    if len(input_tensors) < input_num or len(output_tensors) < output_num:
-        raise InvalidArgumentError("fewer tensors in the arrays than input_num / output_num")
-    feed = {
-        spec.name: _as_tensor(handle, t, spec, "input")
-        for spec, t in zip(exe.inputs, input_tensors, strict=False)
-    }
-    for t in input_tensors[:input_num]:
-        assert t.device_mem is not None
-        device.before_device_access(t.device_mem, f"running {net_name!r} on it")
-    specs = _output_specs(exe, feed)
-    if user_stmode:
-        for spec, t in zip(specs, output_tensors, strict=False):
-            if t.st_mode != BM_STORE_1N:
-                raise NoFeatureError(
-                    f"output {spec.name!r}: store mode {bm_store_name(t.st_mode)} is not "
-                    "provided by crossrt; use BM_STORE_1N or user_stmode=false"
-                )
-    if not all(s.is_static for s in specs):
-        _run_now(p_bmrt, net, feed, output_tensors[:output_num], user_mem)
-        return
-    made: list[DeviceMemory] = []
-    mems: list[DeviceMemory] = []
-    outputs: dict[str, CrossrtTensor] = {}
-    try:
-        for spec, t in zip(specs, output_tensors, strict=False):
-            dims = shape_dims(spec.shape)
-            dtype = crossrt_dtype(bm_dtype(spec.dtype))
-            size = math.prod(dims) * max(1, dtype.itemsize)
-            if user_mem:
-                mem = _user_mem(t, spec, size)
-            else:
-                mem = device.malloc(size)
-                made.append(mem)
-            mems.append(mem)
-            outputs[spec.name] = device.tensor(mem, dtype, dims, name=spec.name)
-            device.before_device_access(mem, f"running {net_name!r} into it")
-        future: Future[Any] = net.model.run_async(feed, outputs)
-    except BaseException:
-        for mem in made:
-            device.free(mem)
-        raise
-    for spec, t, mem in zip(specs, output_tensors, mems, strict=False):
-        t.dtype, t.shape = bm_dtype(spec.dtype), bm_shape_t.of(shape_dims(spec.shape))
-        t.device_mem = mem
-        if not user_stmode:
-            t.st_mode = BM_STORE_1N
-
-    def done() -> None:
-        for mem in mems:
-            device.device_wrote(mem)
-
-    handle.pending().append((future, done))
-
-
-def _user_mem(t: bm_tensor_t, spec: TensorSpec, size: int) -> DeviceMemory:
-    mem = t.device_mem
-    if mem is None:
-        raise InvalidArgumentError(
-            f"output {spec.name!r}: user_mem is true but its device_mem is not set; allocate "
-            f"max_output_bytes with bm_malloc_device_byte, or pass user_mem=false"
-        )
-    if mem.size < size:
-        raise InvalidArgumentError(
-            f"output {spec.name!r} needs {size} bytes; its device_mem holds {mem.size}"
-        )
-    return mem
-
-
-def _run_now(
-    p_bmrt: Bmruntime,
-    net: _Network,
-    feed: Mapping[str, CrossrtTensor],
-    output_tensors: Sequence[bm_tensor_t],
-    user_mem: bool,
-) -> None:
-    """A run whose output shapes are known only after it: done before the launch returns."""
-    device = p_bmrt.handle.device
-    result = net.model.run(dict(feed), outputs={s.name: None for s in net.executable.outputs})
-    for spec, t in zip(net.executable.outputs, output_tensors, strict=True):
-        value = result[spec.name]
-        array = value if isinstance(value, np.ndarray) else None
-        shape = tuple(value.shape)
-        dtype = bm_dtype(spec.dtype)
-        size = math.prod(shape) * max(1, crossrt_dtype(dtype).itemsize)
-        mem = _user_mem(t, spec, size) if user_mem else device.malloc(size)
-        if array is not None:
-            device.memcpy_s2d(mem, np.ascontiguousarray(array), size)
-        else:
-            assert isinstance(value, CrossrtTensor)
-            value.copy_to(device.tensor(mem, crossrt_dtype(dtype), shape))
-            value.free()
-        t.dtype, t.shape, t.device_mem, t.st_mode = dtype, bm_shape_t.of(shape), mem, BM_STORE_1N
-
-
-def bmrt_launch_tensor(
-    p_bmrt: Bmruntime,
-    net_name: str,
-    input_tensors: Sequence[bm_tensor_t],
-    input_num: int,
-    output_tensors: Sequence[bm_tensor_t],
-    output_num: int,
-) -> bool:
-    """Launch ``net_name`` on the inputs; fills ``output_tensors`` with new device memory
-    (the caller frees it). Asynchronous: call ``bm_thread_sync`` before reading outputs."""
-    return bmrt_launch_tensor_ex(
-        p_bmrt, net_name, input_tensors, input_num, output_tensors, output_num, False, False
-    )
-
-
-def bmrt_launch_tensor_ex(
-    p_bmrt: Bmruntime,
-    net_name: str,
-    input_tensors: Sequence[bm_tensor_t],
-    input_num: int,
-    output_tensors: Sequence[bm_tensor_t],
-    output_num: int,
-    user_mem: bool,
-    user_stmode: bool,
-) -> bool:
-    """:func:`bmrt_launch_tensor`; with ``user_mem`` the outputs go into the device memory
-    already in ``output_tensors``; with ``user_stmode`` their ``st_mode`` is kept (only
-    BM_STORE_1N is provided)."""
-    try:
-        launch(
-            p_bmrt, net_name, input_tensors, input_num, output_tensors, output_num,
-            user_mem, user_stmode,
-        )  # fmt: skip
-    except (CrossrtError, TypeError, ValueError) as exc:
-        failed("bmrt_launch_tensor", exc)
-        return False
-    return True
-
-
-def bmrt_launch_data(
-    p_bmrt: Bmruntime,
-    net_name: str,
-    input_datas: Sequence[Any],
-    input_shapes: Sequence[bm_shape_t],
-    input_num: int,
-    output_datas: list[Any],
-    output_shapes: Sequence[bm_shape_t],
-    output_num: int,
-    user_mem: bool,
-) -> bool:
-    """Run ``net_name`` on host buffers and return when it is done (synchronous).
-
-    ``input_datas[i]`` is any buffer of ``input_shapes[i]`` elements of the input's type.
-    With ``user_mem`` each ``output_datas[i]`` is a writable buffer large enough for its
-    output; without, ``output_datas[i]`` is set to a new NumPy array. ``output_shapes[i]``
-    is set to each output's shape.
-    """
-    try:
-        net = p_bmrt.network(net_name)
-        exe = net.executable
-        if input_num != len(exe.inputs) or output_num != len(exe.outputs):
-            raise InvalidArgumentError(
-                f"network {net_name!r} has {len(exe.inputs)} inputs and {len(exe.outputs)} "
-                f"outputs; got input_num={input_num}, output_num={output_num}"
-            )
-        feed = {}
-        for spec, data, shape in zip(exe.inputs, input_datas, input_shapes, strict=False):
-            assert spec.dtype is not None
-            count = bmrt_shape_count(shape)
-            array = np.frombuffer(data, dtype=spec.dtype.numpy, count=count)
-            feed[spec.name] = array.reshape(shape.shape)
-        result = net.model.run(feed)
-        for i, spec in enumerate(exe.outputs):
-            value = np.ascontiguousarray(result[spec.name])
-            if user_mem:
-                out = np.frombuffer(output_datas[i], dtype=np.uint8)
-                if out.nbytes < value.nbytes:
-                    raise InvalidArgumentError(
-                        f"output {spec.name!r} needs {value.nbytes} bytes; output_datas[{i}] "
-                        f"holds {out.nbytes}"
-                    )
-                out[: value.nbytes] = value.reshape(-1).view(np.uint8)
-            else:
-                output_datas[i] = value
-            shape = output_shapes[i]
-            shape.num_dims, shape.dims = value.ndim, bm_shape_t.of(value.shape).dims
-    except (CrossrtError, TypeError, ValueError) as exc:
-        failed("bmrt_launch_data", exc)
-        return False
-    return True
