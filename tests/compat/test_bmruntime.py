@@ -55,6 +55,8 @@ from crossrt.compat.bmruntime import (
     bm_memcpy_s2d,
     bm_memcpy_s2d_partial,
     bm_memcpy_s2d_partial_offset,
+    bm_memset_device,
+    bm_memset_device_ext,
     bm_set_sync_timeout,
     bm_shape_t,
     bm_status_t,
@@ -65,6 +67,8 @@ from crossrt.compat.bmruntime import (
     bmrt_create_ex,
     bmrt_destroy,
     bmrt_get_network_info,
+    bmrt_get_network_name,
+    bmrt_get_stage_index,
     bmrt_launch_data,
     bmrt_launch_tensor,
     bmrt_launch_tensor_ex,
@@ -77,6 +81,7 @@ from crossrt.compat.bmruntime import (
     bmrt_tensor,
     bmrt_tensor_bytesize,
     bmrt_tensor_device_size,
+    bmrt_tensor_ex,
     crossrt_status,
     status_of,
 )
@@ -454,3 +459,35 @@ def test_handle_sync_waits_for_every_threads_launches(
     out = np.empty((2, 4), np.float32)
     assert bm_memcpy_d2s(handle, out, launched[0][1].device_mem) == BM_SUCCESS
     np.testing.assert_array_equal(out, 2 * _x())
+
+
+def test_memset_repeats_a_32_bit_value_or_a_pattern(handle) -> None:
+    _, mem = bm_malloc_device_byte(handle, 10)
+    assert bm_memset_device(handle, 0x04030201, mem) == BM_SUCCESS
+    out = bytearray(10)
+    assert bm_memcpy_d2s(handle, out, mem) == BM_SUCCESS
+    assert out == bytes([1, 2, 3, 4, 1, 2, 3, 4, 1, 2])
+    assert bm_memset_device_ext(handle, b"\xaa\xbb", 2, mem) == BM_SUCCESS
+    assert bm_memcpy_d2s(handle, out, mem) == BM_SUCCESS and out == b"\xaa\xbb" * 5
+    assert bm_memset_device_ext(handle, b"\x01", 5, mem) == BM_ERR_PARAM
+    bm_free_device(handle, mem)
+
+
+def test_stage_index_and_network_name(bmodel, handle) -> None:
+    b = GraphBuilder("staged")
+    x = b.input("x", "float32", ["N", 4])
+    b.output(b.op("Neg", [x], outputs=["y"]))
+    exe = crossrt.compile(b.finish(), "sim:0", stages=[{"x": [1, 4]}, {"x": [3, 4]}])
+    p = bmrt_create(handle)
+    assert bmrt_load_bmodel(p, bmodel) and bmrt_load_bmodel_data(
+        p, exe.to_bytes(), len(exe.to_bytes())
+    )
+    assert [bmrt_get_network_name(p, i) for i in range(3)] == ["double", "staged", None]
+    t = bm_tensor_t(BM_FLOAT32, bm_shape_t(2, [3, 4]))
+    assert bmrt_get_stage_index(p, "staged", [t]) == 1
+    t.shape = bm_shape_t(2, [2, 4])
+    assert bmrt_get_stage_index(p, "staged", [t]) == -1
+    tensor = bm_tensor_t()
+    bmrt_tensor_ex(tensor, p, 1, BM_FLOAT32, bm_shape_t(1, [4]))  # a runtime of one device
+    assert tensor.device_mem is None
+    bmrt_destroy(p)

@@ -53,6 +53,8 @@ __all__ = [
     "bm_memcpy_s2d",
     "bm_memcpy_s2d_partial",
     "bm_memcpy_s2d_partial_offset",
+    "bm_memset_device",
+    "bm_memset_device_ext",
     "bm_set_sync_timeout",
     "bm_thread_sync",
     "bm_thread_sync_from_core",
@@ -291,6 +293,34 @@ def bm_memcpy_d2d_byte(
         "bm_memcpy_d2d_byte",
         lambda: handle.check().memcpy_d2d(dst, src, size, dst_offset, src_offset),
     )
+
+
+def bm_memset_device_ext(
+    handle: bm_handle_t, value: Any, mode: int, mem: DeviceMemory
+) -> bm_status_t:
+    """Fill ``mem`` with the first ``mode`` bytes (1 to 4) of ``value`` repeated; a tail
+    shorter than ``mode`` gets the pattern's first bytes."""
+
+    def fill() -> None:
+        device = handle.check()
+        if mode not in (1, 2, 3, 4):
+            raise InvalidArgumentError(f"mode={mode!r}: give 1, 2, 3 or 4 bytes")
+        pattern = bytes(memoryview(value).cast("B")[:mode])
+        if len(pattern) != mode:
+            raise InvalidArgumentError(f"value holds fewer than mode={mode} bytes")
+        reps = -(-mem.size // mode)
+        device.memcpy_s2d(mem, (pattern * reps)[: mem.size])
+
+    return _call("bm_memset_device_ext", fill)
+
+
+def bm_memset_device(handle: bm_handle_t, value: int, mem: DeviceMemory) -> bm_status_t:
+    """Fill ``mem`` with the 32-bit ``value`` (little-endian) repeated."""
+    try:
+        word = int(value).to_bytes(4, "little", signed=value < 0)
+    except (OverflowError, TypeError, ValueError) as exc:
+        return failed("bm_memset_device", exc)
+    return bm_memset_device_ext(handle, word, 4, mem)
 
 
 # -- mmap ------------------------------------------------------------------------------------

@@ -45,13 +45,16 @@ __all__ = [
     "bmrt_destroy",
     "bmrt_get_bm_handle",
     "bmrt_get_network_info",
+    "bmrt_get_network_name",
     "bmrt_get_network_names",
     "bmrt_get_network_number",
+    "bmrt_get_stage_index",
     "bmrt_load_bmodel",
     "bmrt_load_bmodel_data",
     "bmrt_print_network_info",
     "bmrt_show_neuron_network",
     "bmrt_tensor",
+    "bmrt_tensor_ex",
     "bmrt_tensor_with_device",
     "bmrt_trace",
 ]
@@ -251,6 +254,26 @@ def bmrt_get_network_info(p_bmrt: Bmruntime, net_name: str) -> bm_net_info_t | N
     return None if net is None else net.info
 
 
+def bmrt_get_network_name(p_bmrt: Bmruntime, index: int) -> str | None:
+    """The name of the ``index``-th loaded network; None when there is none."""
+    names = list(p_bmrt.networks)
+    return names[index] if 0 <= index < len(names) else None
+
+
+def bmrt_get_stage_index(
+    p_bmrt: Bmruntime, net_name: str, input_tensors: Sequence[bm_tensor_t]
+) -> int:
+    """The stage whose input shapes the tensors' shapes equal; -1 when none does."""
+    net = p_bmrt.networks.get(net_name)
+    if net is None:
+        return -1
+    for i, stage in enumerate(net.info.stages):
+        shapes = [t.shape.shape for t in input_tensors]
+        if shapes == [s.shape for s in stage.input_shapes]:
+            return i
+    return -1
+
+
 def bmrt_show_neuron_network(p_bmrt: Bmruntime) -> None:
     """Print the loaded networks' names."""
     for name in p_bmrt.networks:
@@ -287,13 +310,27 @@ def bmrt_tensor(
 ) -> None:
     """Fill ``tensor`` with new device memory for ``shape`` of ``dtype`` (store mode 1N);
     the caller frees it with ``bm_free_device``. On failure (logged) it gets no memory."""
+    bmrt_tensor_ex(tensor, p_bmrt, 0, dtype, shape)
+
+
+def bmrt_tensor_ex(
+    tensor: bm_tensor_t, p_bmrt: Bmruntime, devid: int, dtype: bm_data_type_t, shape: bm_shape_t
+) -> None:
+    """:func:`bmrt_tensor` on the ``devid``-th device of a runtime from ``bmrt_create_ex``."""
+    if not 0 <= devid < len(p_bmrt.handles):
+        tensor.device_mem = None
+        failed(
+            "bmrt_tensor_ex",
+            InvalidArgumentError(f"devid {devid}: the runtime has {len(p_bmrt.handles)} devices"),
+        )
+        return
     tensor.dtype, tensor.shape, tensor.st_mode = bm_data_type_t(dtype), shape, BM_STORE_1N
     tensor.device_mem = None
     try:
         size = bmrt_shape_count(shape) * max(1, crossrt_dtype(dtype).itemsize)
-        tensor.device_mem = p_bmrt.handle.check().malloc(size)
+        tensor.device_mem = p_bmrt.handles[devid].check().malloc(size)
     except CrossrtError as exc:
-        failed("bmrt_tensor", exc)
+        failed("bmrt_tensor_ex", exc)
 
 
 def bmrt_tensor_with_device(
