@@ -435,7 +435,7 @@ def test_launch_on_chosen_cores_loads_the_network_there(handle, p_bmrt) -> None:
     out = np.empty((2, 4), np.float32)
     assert bm_memcpy_d2s(handle, out, outputs[0].device_mem) == BM_SUCCESS
     np.testing.assert_array_equal(out, 2 * x)
-    assert p_bmrt.networks["double"].on_cores[(1,)].cores == (1,)
+    assert p_bmrt.networks["double"].on_cores[("sim:0", (1,))].cores == (1,)
     assert p_bmrt.networks["double"].model.cores == (0, 1)  # the load's own: every core
     cores = handle.device.info.cores
     assert not bmrt_launch_tensor_multi_cores(
@@ -491,3 +491,27 @@ def test_stage_index_and_network_name(bmodel, handle) -> None:
     bmrt_tensor_ex(tensor, p, 1, BM_FLOAT32, bm_shape_t(1, [4]))  # a runtime of one device
     assert tensor.device_mem is None
     bmrt_destroy(p)
+
+
+def test_a_runtime_over_two_devices_runs_where_the_inputs_lie(bmodel) -> None:
+    _, h0 = bm_dev_request(0)
+    _, h1 = bm_dev_request(1)
+    p = bmrt_create_ex([h0, h1], 2)
+    assert bmrt_load_bmodel(p, bmodel)
+    outputs = []
+    for devid, h in enumerate((h0, h1)):
+        inputs, out = [bm_tensor_t()], [bm_tensor_t()]
+        bmrt_tensor_ex(inputs[0], p, devid, BM_FLOAT32, bm_shape_t(2, [2, 4]))
+        assert inputs[0].device_mem.device == h.device.id
+        assert bm_memcpy_s2d(h, inputs[0].device_mem, (devid + 1) * _x()) == BM_SUCCESS
+        assert bmrt_launch_tensor(p, "double", inputs, 1, out, 1)
+        assert out[0].device_mem.device == h.device.id  # the output lies there too
+        outputs.append(out[0])
+    for devid, h in enumerate((h0, h1)):
+        assert bm_thread_sync(h) == BM_SUCCESS
+        result = np.empty((2, 4), np.float32)
+        assert bm_memcpy_d2s(h, result, outputs[devid].device_mem) == BM_SUCCESS
+        np.testing.assert_array_equal(result, 2 * (devid + 1) * _x())
+    bmrt_destroy(p)
+    bm_dev_free(h0)
+    bm_dev_free(h1)

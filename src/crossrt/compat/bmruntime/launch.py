@@ -82,8 +82,9 @@ def launch(
     CrossrtError of what is wrong."""
     net = p_bmrt.network(net_name)
     exe = net.executable
-    model = p_bmrt.on_cores(net_name, cores) if cores else net.model
-    handle = p_bmrt.handle
+    first = input_tensors[0] if input_num and input_tensors else None
+    handle = p_bmrt.handle_of(first.device_mem if isinstance(first, bm_tensor_t) else None)
+    model = p_bmrt.model(net_name, handle, cores)
     device = handle.check()
     if input_num != len(exe.inputs) or output_num != len(exe.outputs):
         raise InvalidArgumentError(
@@ -108,7 +109,7 @@ def launch(
                     "provided by crossrt; use BM_STORE_1N or user_stmode=false"
                 )
     if not all(s.is_static for s in specs):
-        _run_now(p_bmrt, net, model, feed, output_tensors[:output_num], user_mem)
+        _run_now(handle, net, model, feed, output_tensors[:output_num], user_mem)
         return
     made: list[DeviceMemory] = []
     mems: list[DeviceMemory] = []
@@ -159,7 +160,7 @@ def _user_mem(t: bm_tensor_t, spec: TensorSpec, size: int) -> DeviceMemory:
 
 
 def _run_now(
-    p_bmrt: Bmruntime,
+    handle: bm_handle_t,
     net: _Network,
     model: LoadedModel,
     feed: Mapping[str, CrossrtTensor],
@@ -167,7 +168,7 @@ def _run_now(
     user_mem: bool,
 ) -> None:
     """A run whose output shapes are known only after it: done before the launch returns."""
-    device = p_bmrt.handle.device
+    device = handle.device
     result = model.run(dict(feed), outputs={s.name: None for s in net.executable.outputs})
     for spec, t in zip(net.executable.outputs, output_tensors, strict=True):
         value = result[spec.name]

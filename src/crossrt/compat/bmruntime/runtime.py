@@ -63,9 +63,14 @@ __all__ = [
 @dataclass
 class _Network:
     executable: Executable
-    model: LoadedModel
+    models: dict[str, LoadedModel]  # by device id: one load on each device of the runtime
     info: bm_net_info_t
-    on_cores: dict[tuple[int, ...], LoadedModel] = field(default_factory=dict)
+    on_cores: dict[tuple[str, tuple[int, ...]], LoadedModel] = field(default_factory=dict)
+
+    @property
+    def model(self) -> LoadedModel:
+        """The load on the runtime's first device."""
+        return next(iter(self.models.values()))
 
 
 class Bmruntime:
@@ -94,15 +99,30 @@ class Bmruntime:
             )
         return net
 
-    def on_cores(self, name: str, cores: Sequence[int]) -> LoadedModel:
-        """Network ``name`` loaded on these core indices of the device (loaded at the first
-        call for that list, unloaded with the runtime)."""
+    def handle_of(self, mem: DeviceMemory | None) -> bm_handle_t:
+        """The handle of the device ``mem`` lies on (the first handle for None)."""
+        if mem is None:
+            return self.handle
+        for handle in self.handles:
+            if handle.device.id == mem.device:
+                return handle
+        raise InvalidArgumentError(
+            f"{mem!r} lies on none of this runtime's devices "
+            f"{[h.device.id for h in self.handles]}; copy it to one of them"
+        )
+
+    def model(self, name: str, handle: bm_handle_t, cores: Sequence[int] = ()) -> LoadedModel:
+        """Network ``name`` on the handle's device; on these core indices of it when given
+        (loaded at the first call for that list, unloaded with the runtime)."""
         net = self.network(name)
-        key = tuple(cores)
+        device = handle.check().id
+        if not cores:
+            return net.models[device]
+        key = (device, tuple(cores))
         with self._lock:
             model = net.on_cores.get(key)
             if model is None:
-                model = self.runtime.load(net.executable, self.handle.check().id, cores=list(key))
+                model = self.runtime.load(net.executable, device, cores=list(key[1]))
                 net.on_cores[key] = model
         return model
 
@@ -119,18 +139,19 @@ class Bmruntime:
                     details={"network": clash[0]},
                 )
             devices = [h.check().id for h in self.handles]
-            models = []
+            loaded: list[dict[str, LoadedModel]] = []
             try:
                 for exe in exes:
-                    models.append(
-                        self.runtime.load(exe, devices[0] if len(devices) == 1 else devices)
-                    )
+                    loaded.append({})
+                    for device in devices:
+                        loaded[-1][device] = self.runtime.load(exe, device)
             except BaseException:
-                for model in models:
-                    model.unload()
+                for models in loaded:
+                    for model in models.values():
+                        model.unload()
                 raise
-            for exe, model in zip(exes, models, strict=True):
-                self.networks[exe.name] = _Network(exe, model, _net_info(exe))
+            for exe, models in zip(exes, loaded, strict=True):
+                self.networks[exe.name] = _Network(exe, models, _net_info(exe))
 
 
 def _stage_list(exe: Executable) -> list[Executable]:
@@ -186,8 +207,8 @@ def bmrt_create(bm_handle: bm_handle_t) -> Bmruntime | None:
 
 
 def bmrt_create_ex(bm_handles: Sequence[bm_handle_t], num_handles: int) -> Bmruntime | None:
-    """A runtime over several devices: each network loads one instance on each of them (they
-    must be linked, as a distributed bmodel's devices are)."""
+    """A runtime over several devices: each network is loaded on each of them, and a launch
+    runs on the device its inputs lie on (``bmrt_tensor_ex`` allocates there)."""
     try:
         handles = list(bm_handles[:num_handles])
         if not handles or len(handles) != num_handles:
