@@ -178,7 +178,8 @@ class Tensor:
         return self._tensor
 
     def set_store_mode(self, mode: bm_store_mode_t) -> None:
-        """Set the store mode (only BM_STORE_1N runs; Forward refuses others)."""
+        """Set the store mode: how the tensor lies in its device memory (BM_STORE_2N for
+        16-bit types, BM_STORE_4N for 8-bit ones; the run sees BM_STORE_1N)."""
         self._tensor.st_mode = bm_store_mode_t(mode)
 
     def set_device_mem(self, device_mem: DeviceMemory) -> bm_status_t:

@@ -457,5 +457,9 @@ def _sync(handle: bm_handle_t, pending: list[Launch], what: str) -> bm_status_t:
                 status = failed(f"{what} (the launch)", exc)
         pending.pop(0)
         handle._forget(launch)
-        launch.finish()
+        try:
+            launch.finish()  # the outputs' store modes laid out: copies that may fail
+        except (CrossrtError, ValueError, MemoryError) as exc:
+            if status == BM_SUCCESS:
+                status = failed(f"{what} (the launch's outputs)", exc)
     return status

@@ -15,10 +15,11 @@ from ... import Executable, LoadedModel
 from ...errors import CrossrtError, InvalidArgumentError, InvalidInputError
 from ...model import TensorSpec
 from ...runtime.memory.tensor import Tensor as CrossrtTensor
-from ..bmlib import DeviceMemory
+from ..bmlib import Device, DeviceMemory
 from .device import bm_handle_t
 from .runtime import Bmruntime, _Network
-from .status import NoFeatureError, failed
+from .status import failed
+from .storemode import batches_per_word, from_1n, stored_bytes, to_1n
 from .types import (
     BM_STORE_1N,
     bm_dtype,
@@ -42,16 +43,24 @@ __all__ = [
 # -- launches --------------------------------------------------------------------------------
 
 
-def _as_tensor(handle: bm_handle_t, t: bm_tensor_t, spec: TensorSpec, usage: str) -> CrossrtTensor:
+def _as_tensor(
+    device: Device, t: bm_tensor_t, spec: TensorSpec, temps: list[DeviceMemory]
+) -> CrossrtTensor:
+    """An input as the run takes it: the caller's memory in BM_STORE_1N, else a 1N copy."""
     if not isinstance(t, bm_tensor_t) or t.device_mem is None:
-        raise InvalidInputError(f"{usage} {spec.name!r} has no device_mem; set it first")
-    if t.st_mode != BM_STORE_1N:
-        raise NoFeatureError(
-            f"{usage} {spec.name!r}: store mode {bm_store_name(t.st_mode)} is not provided by "
-            "crossrt; use BM_STORE_1N"
-        )
+        raise InvalidInputError(f"input {spec.name!r} has no device_mem; set it first")
     dt = crossrt_dtype(t.dtype)
-    return handle.device.tensor(t.device_mem, dt, t.shape.shape, name=spec.name)
+    shape = t.shape.shape
+    k = batches_per_word(t.st_mode, dt, f"input {spec.name!r}")
+    if k == 1:
+        return device.tensor(t.device_mem, dt, shape, name=spec.name)
+    raw = np.empty(stored_bytes(shape, dt.itemsize, k), np.uint8)
+    device.memcpy_d2s(raw, t.device_mem, raw.nbytes)
+    data = to_1n(raw, dt.numpy, shape, k)
+    temp = device.malloc(data.nbytes, name=f"{spec.name} in BM_STORE_1N")
+    temps.append(temp)
+    device.memcpy_s2d(temp, data)
+    return device.tensor(temp, dt, shape, name=spec.name)
 
 
 def bm_store_name(mode: int) -> str:
@@ -93,44 +102,54 @@ def launch(
         )
     if len(input_tensors) < input_num or len(output_tensors) < output_num:
         raise InvalidArgumentError("fewer tensors in the arrays than input_num / output_num")
-    feed = {
-        spec.name: _as_tensor(handle, t, spec, "input")
-        for spec, t in zip(exe.inputs, input_tensors, strict=False)
-    }
-    for t in input_tensors[:input_num]:
-        assert t.device_mem is not None
-        device.before_device_access(t.device_mem, f"running {net_name!r} on it")
-    specs = _output_specs(exe, feed)
-    if user_stmode:
-        for spec, t in zip(specs, output_tensors, strict=False):
-            if t.st_mode != BM_STORE_1N:
-                raise NoFeatureError(
-                    f"output {spec.name!r}: store mode {bm_store_name(t.st_mode)} is not "
-                    "provided by crossrt; use BM_STORE_1N or user_stmode=false"
-                )
-    if not all(s.is_static for s in specs):
-        _run_now(handle, net, model, feed, output_tensors[:output_num], user_mem)
-        return
-    made: list[DeviceMemory] = []
-    mems: list[DeviceMemory] = []
-    outputs: dict[str, CrossrtTensor] = {}
+    temps: list[DeviceMemory] = []  # freed once the run is over
+    made: list[DeviceMemory] = []  # output memory this launch allocated: the caller's to free
     try:
+        for t in input_tensors[:input_num]:
+            if isinstance(t, bm_tensor_t) and t.device_mem is not None:
+                device.before_device_access(t.device_mem, f"running {net_name!r} on it")
+        feed = {
+            spec.name: _as_tensor(device, t, spec, temps)
+            for spec, t in zip(exe.inputs, input_tensors, strict=False)
+        }
+        specs = _output_specs(exe, feed)
+        if not all(s.is_static for s in specs):
+            for spec, t in zip(specs, output_tensors, strict=False):
+                if user_stmode:  # the layout is checked; the shape comes after the run
+                    batches_per_word(t.st_mode, crossrt_dtype(bm_dtype(spec.dtype)), spec.name)
+                    if t.st_mode != BM_STORE_1N:
+                        raise InvalidArgumentError(
+                            f"output {spec.name!r}: a dynamic network's outputs are stored "
+                            "BM_STORE_1N; give user_stmode=false"
+                        )
+            _run_now(handle, net, model, feed, output_tensors[:output_num], user_mem)
+            _free(device, temps)
+            return
+        outputs: dict[str, CrossrtTensor] = {}
+        layouts: list[tuple[DeviceMemory, DeviceMemory, int, tuple[int, ...], Any]] = []
+        mems: list[DeviceMemory] = []
         for spec, t in zip(specs, output_tensors, strict=False):
-            dims = shape_dims(spec.shape)
+            dims = tuple(shape_dims(spec.shape))
             dtype = crossrt_dtype(bm_dtype(spec.dtype))
-            size = math.prod(dims) * max(1, dtype.itemsize)
+            mode = t.st_mode if user_stmode else BM_STORE_1N
+            k = batches_per_word(mode, dtype, f"output {spec.name!r}")
+            size = stored_bytes(dims, max(1, dtype.itemsize), k)
             if user_mem:
                 mem = _user_mem(t, spec, size)
             else:
                 mem = device.malloc(size)
                 made.append(mem)
-            mems.append(mem)
-            outputs[spec.name] = device.tensor(mem, dtype, dims, name=spec.name)
             device.before_device_access(mem, f"running {net_name!r} into it")
+            mems.append(mem)
+            target = mem
+            if k > 1:  # the run writes 1N into a temporary; the sync lays it out
+                target = device.malloc(math.prod(dims) * dtype.itemsize)
+                temps.append(target)
+                layouts.append((target, mem, k, dims, dtype.numpy))
+            outputs[spec.name] = device.tensor(target, dtype, dims, name=spec.name)
         future: Future[Any] = model.run_async(feed, outputs)
     except BaseException:
-        for mem in made:
-            device.free(mem)
+        _free(device, [*temps, *made])
         raise
     for spec, t, mem in zip(specs, output_tensors, mems, strict=False):
         t.dtype, t.shape = bm_dtype(spec.dtype), bm_shape_t.of(shape_dims(spec.shape))
@@ -139,10 +158,23 @@ def launch(
             t.st_mode = BM_STORE_1N
 
     def done() -> None:
-        for mem in mems:
-            device.device_wrote(mem)
+        try:
+            if future.exception() is None:
+                for temp, mem, k, dims, numpy_type in layouts:
+                    data = np.empty(dims, numpy_type)
+                    device.memcpy_d2s(data, temp)
+                    device.memcpy_s2d(mem, from_1n(data, k))
+        finally:
+            _free(device, temps)
+            for mem in mems:
+                device.device_wrote(mem)
 
     handle.launched(future, done)
+
+
+def _free(device: Device, mems: Sequence[DeviceMemory]) -> None:
+    for mem in mems:
+        device.free(mem)
 
 
 def _user_mem(t: bm_tensor_t, spec: TensorSpec, size: int) -> DeviceMemory:
@@ -212,8 +244,8 @@ def bmrt_launch_tensor_ex(
     user_stmode: bool,
 ) -> bool:
     """:func:`bmrt_launch_tensor`; with ``user_mem`` the outputs go into the device memory
-    already in ``output_tensors``; with ``user_stmode`` their ``st_mode`` is kept (only
-    BM_STORE_1N is provided)."""
+    already in ``output_tensors``; with ``user_stmode`` they are stored in their ``st_mode``
+    (laid out when ``bm_thread_sync`` sees the run end), else in BM_STORE_1N."""
     try:
         launch(
             p_bmrt, net_name, input_tensors, input_num, output_tensors, output_num,

@@ -106,8 +106,7 @@ FROM_BM: dict[bm_status_t, StatusCode] = {
 
 
 class NoFeatureError(CrossrtError, NotImplementedError):
-    """What this layer raises for a feature of the seed it does not provide (BM_ERR_NOFEATURE):
-    store modes other than BM_STORE_1N."""
+    """A feature of the seed that this layer does not provide (BM_ERR_NOFEATURE)."""
 
     default_code = StatusCode.UNSUPPORTED_OPERATOR
 

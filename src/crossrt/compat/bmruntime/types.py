@@ -67,7 +67,7 @@ class bm_data_type_t(IntEnum):
 
 
 class bm_store_mode_t(IntEnum):
-    """How a tensor's elements lie in device memory; this layer stores BM_STORE_1N only."""
+    """How a tensor's elements lie in device memory (see :mod:`.storemode`)."""
 
     BM_STORE_1N = 0
     BM_STORE_2N = 1
