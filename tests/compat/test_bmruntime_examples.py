@@ -9,7 +9,8 @@ shapes: 1x3x28x28 in, 1x2x9x9 and 1x4x9x9 out) and "RNet" with two stages. Devic
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -291,12 +292,16 @@ def _launch_pnet(bm_handle, p_bmrt, x: np.ndarray) -> dict[str, np.ndarray]:
 THREADS, RUNS = 4, 3
 
 
-def _check_threads(work) -> None:
+def _in_threads(exes, seed: int, work: Callable[[np.ndarray, dict[str, np.ndarray]], None]):
+    """``work(x, expected)`` in THREADS threads at once, each with its own input and what
+    crossrt's own API gives for it; fails with the threads' errors."""
+    inputs = [_input0(seed=seed + i) for i in range(THREADS)]
+    expected = [crossrt_run(exes["PNet"], x) for x in inputs]
     errors: list[BaseException] = []
 
     def guarded(i: int) -> None:
         try:
-            work(i)
+            work(inputs[i], expected[i])
         except BaseException as exc:
             errors.append(exc)
 
@@ -308,41 +313,35 @@ def _check_threads(work) -> None:
     assert not errors, errors
 
 
+def _repeat(run: Callable[[np.ndarray], dict[str, np.ndarray]], x, expected) -> None:
+    for _ in range(RUNS):
+        got = run(x)
+        for name, want in expected.items():
+            np.testing.assert_array_equal(got[name], want)
+
+
 def test_single_runtime_shared_by_threads(runtime, exes) -> None:
     """One bmruntime, every model loaded once, networks launched from several threads."""
     bm_handle, p_bmrt = runtime
-    inputs = [_input0(seed=10 + i) for i in range(THREADS)]
-    expected = [crossrt_run(exes["PNet"], x) for x in inputs]
-
-    def work(i: int) -> None:
-        for _ in range(RUNS):
-            got = _launch_pnet(bm_handle, p_bmrt, inputs[i])
-            for name, want in expected[i].items():
-                np.testing.assert_array_equal(got[name], want)
-
-    _check_threads(work)
+    launch = partial(_launch_pnet, bm_handle, p_bmrt)
+    _in_threads(exes, 10, lambda x, want: _repeat(launch, x, want))
 
 
 def test_one_runtime_per_thread(bmodel, exes) -> None:
     """Each thread creates its own bmruntime and loads the same bmodel into it."""
-    inputs = [_input0(seed=20 + i) for i in range(THREADS)]
-    expected = [crossrt_run(exes["PNet"], x) for x in inputs]
 
-    def work(i: int) -> None:
+    def work(x: np.ndarray, expected: dict[str, np.ndarray]) -> None:
         status, bm_handle = bm_dev_request(0)
         assert status == BM_SUCCESS
         p_bmrt = bmrt_create(bm_handle)
         assert bmrt_load_bmodel(p_bmrt, bmodel)
         try:
-            for _ in range(RUNS):
-                got = _launch_pnet(bm_handle, p_bmrt, inputs[i])
-                for name, want in expected[i].items():
-                    np.testing.assert_array_equal(got[name], want)
+            _repeat(partial(_launch_pnet, bm_handle, p_bmrt), x, expected)
         finally:
             bmrt_destroy(p_bmrt)
             bm_dev_free(bm_handle)
 
-    _check_threads(work)
+    _in_threads(exes, 20, work)
 
 
 # -- the C++ interface ---------------------------------------------------------------------
@@ -447,31 +446,17 @@ def _forward_pnet(ctx, x: np.ndarray) -> dict[str, np.ndarray]:
 
 def test_cpp_single_context_shared_by_threads(bmodel, exes) -> None:
     """One Context, bmodels loaded once, a Network per thread."""
-    inputs = [_input0(seed=30 + i) for i in range(THREADS)]
-    expected = [crossrt_run(exes["PNet"], x) for x in inputs]
     with Context() as ctx:
         assert ctx.load_bmodel(bmodel) == BM_SUCCESS
-
-        def work(i: int) -> None:
-            for _ in range(RUNS):
-                got = _forward_pnet(ctx, inputs[i])
-                for name, want in expected[i].items():
-                    np.testing.assert_array_equal(got[name], want)
-
-        _check_threads(work)
+        _in_threads(exes, 30, lambda x, want: _repeat(partial(_forward_pnet, ctx), x, want))
 
 
 def test_cpp_one_context_per_thread(bmodel, exes) -> None:
     """Each thread makes its own Context and loads the same bmodel."""
-    inputs = [_input0(seed=40 + i) for i in range(THREADS)]
-    expected = [crossrt_run(exes["PNet"], x) for x in inputs]
 
-    def work(i: int) -> None:
+    def work(x: np.ndarray, expected: dict[str, np.ndarray]) -> None:
         with Context(0) as ctx:
             assert ctx.load_bmodel(bmodel) == BM_SUCCESS
-            for _ in range(RUNS):
-                got = _forward_pnet(ctx, inputs[i])
-                for name, want in expected[i].items():
-                    np.testing.assert_array_equal(got[name], want)
+            _repeat(partial(_forward_pnet, ctx), x, expected)
 
-    _check_threads(work)
+    _in_threads(exes, 40, work)
