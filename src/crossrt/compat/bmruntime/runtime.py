@@ -1,13 +1,13 @@
 """The BMRuntime C API (``bmruntime_interface.h``): ``bmrt_create`` / ``_ex`` / ``destroy``,
 ``bmrt_load_bmodel`` / ``_data`` (a ``.crm`` of one or several networks, each with stages),
-network queries, ``bmrt_tensor*``, and the launches.
+network queries and ``bmrt_tensor*`` (the launches are launch.py's).
 
 A runtime is a :class:`crossrt.Runtime`; each network of a loaded file is one
-:class:`crossrt.LoadedModel` on the handle's device. ``bmrt_launch_tensor`` / ``_ex`` queue
-a run (``LoadedModel.run_async``) on tensors over the caller's device memory and return at
-once; ``bm_thread_sync`` waits for it. A network whose output shapes cannot be known before
-it runs (dynamic, without stages) runs before the launch returns, as the seed says of
-networks the host must help.
+:class:`crossrt.LoadedModel` on each of the runtime's devices. ``bmrt_launch_tensor`` /
+``_ex`` queue a run (``LoadedModel.run_async``) on tensors over the caller's device memory and
+return at once; ``bm_thread_sync`` waits for it. A network whose output shapes cannot be
+known before it runs (dynamic, without stages) runs before the launch returns, as the seed
+says of networks the host must help.
 """
 
 from __future__ import annotations
