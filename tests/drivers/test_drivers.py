@@ -22,7 +22,7 @@ from crossrt.drivers import (
 )
 from crossrt.drivers.onnxruntime import artifact as ort_artifact
 from crossrt.model import GraphBuilder
-from models import relu
+from small_models import relu
 
 DRIVERS = ("onnxruntime", "reference")
 CORES = len(os.sched_getaffinity(0))

@@ -37,7 +37,7 @@ from crossrt.drivers.sim_memory import SimBuffer
 from crossrt.errors import StatusCode
 from crossrt.model import GraphBuilder
 from crossrt.tools import ls as ls_tool
-from models import sequence_length
+from small_models import sequence_length
 
 OPTIONS = CompileOptions()
 W = np.arange(64, dtype=np.float32).reshape(8, 8) / 64  # tiny()'s weight

@@ -20,7 +20,7 @@ from crossrt import (
     Tensor,
 )
 from crossrt.runtime.memory.allocator import copied_bytes
-from models import add_one
+from small_models import add_one
 
 # Allocation failures dump their log into the test's own directory, not the real one.
 pytestmark = pytest.mark.usefixtures("runtime_dir")

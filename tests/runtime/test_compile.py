@@ -21,7 +21,7 @@ from crossrt.compiler import KNOWN_OPTIONS
 from crossrt.drivers import get_driver
 from crossrt.drivers.onnxruntime import artifact as ort_artifact
 from crossrt.model import GraphBuilder
-from models import relu
+from small_models import relu
 
 DRIVERS = ("onnxruntime", "reference")
 

@@ -30,7 +30,7 @@ from crossrt.drivers import Driver, get_driver
 from crossrt.runtime.memory import allocator, memlog
 from crossrt.runtime.memory.allocation import HostMemory
 from crossrt.runtime.memory.allocator import Allocator, allocator_for, copied_bytes
-from models import add_one
+from small_models import add_one
 
 
 @pytest.fixture(autouse=True)

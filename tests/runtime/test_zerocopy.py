@@ -27,7 +27,7 @@ from crossrt import (
 )
 from crossrt.model import GraphBuilder
 from crossrt.runtime.memory.allocator import copied_bytes
-from models import add_one, sequence_length
+from small_models import add_one, sequence_length
 
 DRIVERS = ("onnxruntime", "reference")
 N = 1024
