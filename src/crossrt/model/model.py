@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import onnx
 from google.protobuf.message import DecodeError
 
-from ..errors import InvalidModelError, ModelNotFoundError
+from ..errors import InvalidModelError, ModelNotFoundError, OutOfResourcesError, StatusCode
 from .skeleton import Skeleton, checkable, misfit_weights, skeleton
 from .spec import TensorSpec, spec_from_value_info
 from .tensors import files_named, location, read_external
@@ -32,11 +33,17 @@ class Model:
 
     def __init__(self, proto: onnx.ModelProto, *, validate: bool = True) -> None:
         _refuse_files(proto)
+        _refuse_long_names(proto)
         self.proto = proto
         _name_nodes(proto.graph)
         self._inferred: onnx.ModelProto | None = None
         if validate:
-            self._inferred = _validate(proto, self.skeleton)
+            try:
+                self._inferred = _validate(proto, self.skeleton)
+            except MemoryError:
+                # onnx's checker and inference run in C++: std::bad_alloc arrives as a bare
+                # MemoryError, which callers cannot tell from their own.
+                raise _out_of_memory("validating the model") from None
 
     @cached_property
     def skeleton(self) -> Skeleton:
@@ -150,6 +157,15 @@ def load_model(
     """
     if isinstance(source, Model):
         return source
+    try:
+        return _load(source, validate, base_dir)
+    except OutOfResourcesError:
+        raise
+    except MemoryError:
+        raise _out_of_memory("loading the model") from None
+
+
+def _load(source: Any, validate: bool, base_dir: str | os.PathLike[str] | None) -> Model:
     if isinstance(source, onnx.ModelProto):
         proto = onnx.ModelProto()
         proto.CopyFrom(source)
@@ -167,6 +183,15 @@ def load_model(
     raise InvalidModelError(
         f"cannot load a model from {type(source).__name__}; "
         "give a path, bytes, an onnx.ModelProto or a crossrt.Model"
+    )
+
+
+def _out_of_memory(doing: str) -> OutOfResourcesError:
+    return OutOfResourcesError(
+        f"{doing} ran out of host memory: the model (or what the ONNX checker and shape "
+        "inference make of it) needs more than this process may allocate; raise the memory "
+        "limit, or, for a trusted model, load it with validate=False",
+        code=StatusCode.FAIL_HOST_MEM_ALLOC,
     )
 
 
@@ -220,6 +245,63 @@ def _refuse_files(proto: onnx.ModelProto) -> None:
         )
 
 
+MAX_DIM_NAME = 256
+"""Characters per symbolic dimension name (as a ``.crm`` header allows)."""
+MAX_NAME = 4096
+"""Characters per value, node or graph name: a long exported name is a few hundred."""
+
+
+def _refuse_long_names(proto: onnx.ModelProto) -> None:
+    """Refuse names no real model has: each is copied into messages, headers and tables."""
+    for kind, name in _names(proto):
+        limit = MAX_DIM_NAME if kind == "symbolic dimension" else MAX_NAME
+        if len(name) > limit:
+            raise InvalidModelError(
+                f"the model has a {kind} name of {len(name):,} characters, more than the "
+                f"{limit:,} allowed ({name[:40]!r}...); rename it in the exporter",
+                details={"kind": kind, "length": len(name), "limit": limit},
+            )
+
+
+def _names(proto: onnx.ModelProto) -> Iterator[tuple[str, str]]:
+    yield from _graph_names(proto.graph)
+    for function in proto.functions:
+        yield "function", function.name
+        for node in function.node:
+            yield from _node_names(node)
+
+
+def _graph_names(graph: onnx.GraphProto) -> Iterator[tuple[str, str]]:
+    yield "graph", graph.name
+    for info in (*graph.input, *graph.output, *graph.value_info):
+        yield "value", info.name
+        yield from _dim_names(info.type)
+    for init in graph.initializer:
+        yield "value", init.name
+    for node in graph.node:
+        yield from _node_names(node)
+
+
+def _node_names(node: onnx.NodeProto) -> Iterator[tuple[str, str]]:
+    yield "node", node.name
+    for value in (*node.input, *node.output):
+        yield "value", value
+    for attr in node.attribute:
+        for sub in (attr.g, *attr.graphs) if attr.HasField("g") else attr.graphs:
+            yield from _graph_names(sub)
+
+
+def _dim_names(t: onnx.TypeProto) -> Iterator[tuple[str, str]]:
+    kind = t.WhichOneof("value")
+    if kind in ("tensor_type", "sparse_tensor_type"):
+        for dim in getattr(t, kind).shape.dim:
+            yield "symbolic dimension", dim.dim_param
+    elif kind in ("sequence_type", "optional_type"):
+        yield from _dim_names(getattr(t, kind).elem_type)
+    elif kind == "map_type":
+        yield from _dim_names(t.map_type.value_type)
+
+
 def _name_nodes(graph: onnx.GraphProto) -> None:
     taken = {n.name for n in graph.node if n.name}
     for index, node in enumerate(graph.node):
@@ -262,8 +344,11 @@ def _validate(proto: onnx.ModelProto, light: Skeleton) -> onnx.ModelProto:
 
 
 def _infer(proto: onnx.ModelProto) -> onnx.ModelProto:
+    # No data propagation: it computes the values of shape-like tensors, and a 178-byte model
+    # (Range(0, 2**40, 1) into Add) makes it allocate terabytes. Without it, types are still
+    # checked and static shapes inferred; only shapes computed at run time stay symbolic.
     return onnx.shape_inference.infer_shapes(
-        proto, check_type=True, strict_mode=True, data_prop=True
+        proto, check_type=True, strict_mode=True, data_prop=False
     )
 
 
