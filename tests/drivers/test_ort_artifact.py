@@ -427,6 +427,25 @@ def test_damage_crossrt_finds_unpacking_is_not_blamed_on_ort(packed):
     assert "recompile the model" in info.value.message
 
 
+def test_a_graph_ort_refuses_is_an_error_and_prints_nothing(packed, capfd):
+    # ORT's Python wrapper, on a session it cannot create, prints "EP Error ... Falling back
+    # to CPUExecutionProvider" to stdout and tries again: crossrt reports one coded error.
+    start = _index(packed)["graph"]["offset"]
+    at = packed.index(b"Identity", start)
+    bad = packed[:at] + b"Identitx" + packed[at + len(b"Identity") :]
+    with pytest.raises(CrossrtError, match=r"ONNX Runtime .* could not load the artifact"):
+        _load(bad)
+    printed = capfd.readouterr()
+    assert "EP Error" not in printed.out + printed.err
+    assert "Falling back" not in printed.out + printed.err
+
+
+def test_sessions_never_fall_back_with_a_print(packed):
+    # The wrapper's fallback prints to stdout on any ValueError/RuntimeError at creation.
+    program = _load(packed)
+    assert program.session._enable_fallback is False
+
+
 def test_a_corrupt_artifact_in_an_unhashed_container_is_an_error(mlp_exe):
     bad = _with_index(bytes(mlp_exe.nodes[0].artifact), _first(lambda w: w.update(offset=64)))
     exe = dataclasses.replace(mlp_exe, nodes=(dataclasses.replace(mlp_exe.nodes[0], artifact=bad),))

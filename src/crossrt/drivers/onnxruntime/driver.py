@@ -40,7 +40,6 @@ from . import lower, spill, support
 from .program import ORT_SEVERITY, OrtProgram, short_error
 
 log = logging.getLogger("crossrt")
-_PROVIDER = support.PROVIDER
 COMPILE_PREFIX = "crossrt-ort-"  # ORT saves the optimized model in such a temporary folder
 _SAVE_DATA = "session.optimized_model_external_initializers_file_name"
 _SAVE_DATA_MIN = "session.optimized_model_external_initializers_min_size_in_bytes"
@@ -194,9 +193,7 @@ class OnnxRuntimeDriver(Driver):
             try:
                 so = _save_options(level, out, self._severity)
                 graph, weights = self._engine_model(model, so)
-                ort.InferenceSession(
-                    graph, so, providers=[_PROVIDER], disabled_optimizers=list(disabled)
-                )
+                support.new_session(graph, so, disabled_optimizers=list(disabled))
                 del weights  # ORT has its own copy now
             except CrossrtError:
                 raise
@@ -276,7 +273,7 @@ class OnnxRuntimeDriver(Driver):
                 details={"driver": self.name},
             ) from None
         try:
-            session = ort.InferenceSession(model, so, providers=[_PROVIDER])
+            session = support.new_session(model, so)
         except Exception as exc:
             raise CompileError(
                 f"ONNX Runtime {self.version} could not load the artifact: {short_error(exc)}",
@@ -404,7 +401,7 @@ def _reloads(path: Path, severity: int) -> bool:
     so.log_severity_level = severity
     so.intra_op_num_threads = 1
     try:
-        ort.InferenceSession(str(path), so, providers=[_PROVIDER])
+        support.new_session(str(path), so)
     except Exception:
         return False
     return True

@@ -23,6 +23,17 @@ from ...model import Model
 from . import lower, types
 
 PROVIDER = "CPUExecutionProvider"
+
+
+def new_session(
+    model: str | bytes, options: ort.SessionOptions, **kwargs: Any
+) -> ort.InferenceSession:
+    """An ORT session on :data:`PROVIDER`. ORT's Python wrapper, when a session cannot be
+    created, would print "EP Error ... Falling back to CPUExecutionProvider" to stdout and try
+    again (twice the time, the same error): crossrt reports one coded error instead."""
+    return ort.InferenceSession(model, options, providers=[PROVIDER], enable_fallback=0, **kwargs)
+
+
 # ONNX element types NumPy has only through ml_dtypes (bfloat16 and newer, 16 and up) that the
 # driver cannot convert at a session's boundary (ort_types converts bfloat16, float8, int4).
 _UNEXCHANGEABLE = frozenset(range(onnx.TensorProto.BFLOAT16, 64)) - {
@@ -352,7 +363,7 @@ def _probe_limits() -> tuple[int, int]:
         model = helper.make_model(graph, opset_imports=opsets)
         model.ir_version = ir or helper.find_min_ir_version_for(opsets)
         try:
-            ort.InferenceSession(model.SerializeToString(), so, providers=[PROVIDER])
+            new_session(model.SerializeToString(), so)
         except Exception:
             return False
         return True
