@@ -301,6 +301,28 @@ def _ls_json(capsys) -> dict[str, Any]:
     return doc
 
 
+def test_ls_escapes_control_characters_in_an_owners_command_line(capsys):
+    # Any local user writes their own process's command line (an -X option Python ignores,
+    # early enough to be shown): it reaches the terminal as text.
+    mark = "\x1b[2J\x1b]0;owned\x07\u202e"
+    owner = subprocess.Popen(
+        [sys.executable, "-X", mark, "-c", OWNER, json.dumps(owner_of(LAST))],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert owner.stdout is not None and owner.stdout.readline().startswith("ready")
+        assert ls_tool.main([]) == 0
+        text = capsys.readouterr().out
+    finally:
+        owner.kill()
+        owner.wait(timeout=TIMEOUT)
+    assert "\x1b" not in text and "\x07" not in text and "\u202e" not in text
+    line = next(line for line in text.splitlines() if str(owner.pid) in line)
+    assert "-X \\x1b[2J\\x1b]0;owned\\x07\\u202e -c" in line
+
+
 def test_ls_shows_the_owner_of_each_core(spawn, capsys, runtime_dir):
     owner = spawn(**owner_of(LAST))
     owner.expect("ready")

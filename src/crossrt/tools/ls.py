@@ -15,7 +15,7 @@ from ..drivers import driver_statuses, parse_device
 from ..errors import CrossrtError
 from ..host import format_cpus, host_cpus
 from ..runtime.cores.reservation import core_owners
-from .common import fail, human_bytes
+from .common import fail, human_bytes, say
 
 
 def parser() -> argparse.ArgumentParser:
@@ -168,24 +168,24 @@ def _index(device: str) -> int:
 def _print_topology(info: dict[str, Any]) -> None:
     by_id = {(d["driver"], d["id"]): d for d in info["devices"]}
     if not info["topology"]:
-        print("\nTOPOLOGY: no driver reports links between its devices")
+        say("\nTOPOLOGY: no driver reports links between its devices")
     for topo in info["topology"]:
         ids = topo["devices"]
         rows, cols, wraps = topo["rows"], topo["cols"], topo["wraps"]
         shape = _describe(rows, cols, wraps) if rows else "links that form no grid"
-        print(f"\nTOPOLOGY of {topo['driver']}: {len(ids)} devices, {shape}")
-        print(f"  {'device':<8} {'cores':>5} {'memory':>10}  connected devices")
+        say(f"\nTOPOLOGY of {topo['driver']}: {len(ids)} devices, {shape}")
+        say(f"  {'device':<8} {'cores':>5} {'memory':>10}  connected devices")
         for device in ids:
             d = by_id[(topo["driver"], device)]
-            print(
+            say(
                 f"  {device:<8} {d['cores']:>5} {human_bytes(d['memory_bytes']):>10}  "
                 f"{', '.join(d['links']) or '-'}"
             )
         if rows:
             labels = [str(_index(device)) for device in ids]
-            print()
+            say("")
             for line in draw(labels, rows, cols, wraps):
-                print(f"  {line}".rstrip())
+                say(f"  {line}".rstrip())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -210,31 +210,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.topology:
         info["topology"] = topologies(info["devices"])
     if args.json:
-        print(json.dumps(info, indent=2))
+        print(json.dumps(info, indent=2))  # JSON escapes control characters itself
         return status
-    print("DRIVERS")
-    print(f"  {'name':<13} {'status':<6} {'version':<10} reason")
+    say("DRIVERS")
+    say(f"  {'name':<13} {'status':<6} {'version':<10} reason")
     for d in info["drivers"]:
-        print(f"  {d['name']:<13} {d['status']:<6} {d['version'] or '-':<10} {d['reason']}")
-    print("\nDEVICES")
-    print(f"  {'device':<8} {'driver':<13} {'kind':<11} {'cores':>5} {'memory':>10}  name")
+        say(f"  {d['name']:<13} {d['status']:<6} {d['version'] or '-':<10} {d['reason']}")
+    say("\nDEVICES")
+    say(f"  {'device':<8} {'driver':<13} {'kind':<11} {'cores':>5} {'memory':>10}  name")
     for d in info["devices"]:
-        print(
+        say(
             f"  {d['id']:<8} {d['driver']:<13} {d['kind']:<11} {d['cores']:>5} "
             f"{human_bytes(d['memory_bytes']):>10}  {d['name']}"
         )
     cores = info["cores"]
     usable = [row["host_cpu"] for row in cores["host_cpus"] if row["usable"]]
-    print(
+    say(
         f"\nCORES of {cores['device']}: host CPUs {format_cpus(usable)}, {cores['limit']} at once; "
         f"lock files in {cores['runtime_dir']}"
     )
-    print(f"  {'cpu':>4}  {'owner pid':<9}  command")
+    say(f"  {'cpu':>4}  {'owner pid':<9}  command")
     for row in cores["host_cpus"]:
         owner = row["owner"]
         note = "" if row["usable"] else "  (not usable by this process)"
         who = f"{owner['pid'] or '?':<9}  {owner['cmdline'] or owner['name']}" if owner else "free"
-        print(f"  {row['host_cpu']:>4}  {who}{note}")
+        say(f"  {row['host_cpu']:>4}  {who}{note}")
     if args.topology:
         _print_topology(info)
     return status
