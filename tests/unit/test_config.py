@@ -8,7 +8,7 @@ import logging
 import pytest
 
 import crossrt
-from crossrt.config import SETTINGS, Settings, apply_log_level, problems, settings
+from crossrt.config import SETTINGS, Settings, apply_log_level, default_device, problems, settings
 from crossrt.drivers import registry
 
 
@@ -110,3 +110,14 @@ def test_a_driver_whose_variable_is_malformed_raises_it_when_used(
     monkeypatch.delenv("CROSSRT_SIM")  # fixed: the next use works, without a restart
     assert registry.get_driver("sim").devices()
     assert {d.name for d in registry.available_drivers()} >= {"sim", "reference"}
+
+
+def test_default_device_follows_the_environment(monkeypatch):
+    # Read on every call (every tensor made without a device), through os.environ's own data.
+    monkeypatch.delenv("CROSSRT_DEFAULT_DEVICE", raising=False)
+    assert default_device() == "cpu"
+    monkeypatch.setenv("CROSSRT_DEFAULT_DEVICE", " sim:1 ")
+    assert default_device() == "sim:1" == settings().default_device
+    monkeypatch.setenv("CROSSRT_DEFAULT_DEVICE", "")
+    assert default_device() == "cpu"
+    assert default_device({"CROSSRT_DEFAULT_DEVICE": "cpu:0"}) == "cpu:0"

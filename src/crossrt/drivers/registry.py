@@ -137,6 +137,14 @@ def driver_status(name: str) -> DriverStatus | None:
         return status
 
 
+def loaded_driver(name: str) -> Driver | None:
+    """The driver called ``name`` if it is loaded and available, else ``None``; loads
+    nothing and takes no lock (a dict lookup), for checks on every allocation."""
+    table = _statuses
+    status = None if table is None else table.get(name)
+    return None if status is None else status.driver
+
+
 def driver_names() -> list[str]:
     """The names of the registered drivers, without loading any."""
     with _lock:

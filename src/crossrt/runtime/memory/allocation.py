@@ -113,9 +113,8 @@ def host_contiguous(array: Any, what: str) -> np.ndarray:
 
 
 def is_coherent(driver: Any) -> bool:
-    """Whether a driver's memory is host memory: it keeps all five default memory hooks."""
-    if isinstance(driver, HostMemory):
-        return True
+    """Whether a driver's memory is host memory: it keeps all five default memory hooks
+    (:class:`HostMemory` is ``Driver``'s own)."""
     return all(getattr(type(driver), h, None) is getattr(Driver, h) for h in _HOOKS)
 
 

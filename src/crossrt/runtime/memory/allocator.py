@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ...drivers import DeviceInfo, Driver, resolve_device
-from ...drivers.registry import driver_status
+from ...drivers.registry import loaded_driver
 from ...errors import InvalidArgumentError, OutOfResourcesError
 from .allocation import HOST, Allocation, HostMemory, MemoryHooks, is_coherent
 from .memlog import MemoryEvent, memory_log
@@ -120,6 +120,10 @@ class Allocator:
         self.hooks = hooks
         self.device = device
         self.coherent = is_coherent(hooks)
+        # A coherent driver keeps Driver's own allocate and free (zeroed NumPy bytes, a
+        # dropped reference): every tensor allocates, so call that code directly rather
+        # than through the driver boundary's wrapper.
+        self._allocate_hook = _host_bytes if self.coherent else hooks.allocate
         self.limit = device.memory_bytes if limit is None else limit
         self._lock = threading.Lock()
         self._in_use = self._peak = self._count = self._failures = 0
@@ -138,7 +142,7 @@ class Allocator:
         with self._lock:
             self._admit(nbytes, owner, name)
             try:
-                handle = self.hooks.allocate(self.device, nbytes)
+                handle = self._allocate_hook(self.device, nbytes)
             except MemoryError as exc:
                 why = f"the driver is out of memory ({exc})"
                 raise self._refuse(nbytes, owner, name, why) from None
@@ -179,7 +183,7 @@ class Allocator:
             self._count -= 1
             in_use, owner_in_use = self._in_use, account.in_use
         handle, allocation.handle, allocation.host = allocation.handle, None, None
-        if not allocation.adopted:
+        if not allocation.adopted and not self.coherent:
             self.hooks.free(self.device, handle)
         memory_log().record(
             "free",
@@ -252,7 +256,9 @@ class Allocator:
     # -- under the lock ------------------------------------------------------------------
 
     def _admit(self, nbytes: int, owner: str, name: str) -> None:
-        account = self._accounts.setdefault(owner, _Account())
+        account = self._accounts.get(owner)
+        if account is None:
+            account = self._accounts[owner] = _Account()
         if account.budget is not None and account.in_use + nbytes > account.budget:
             left = account.budget - account.in_use
             raise self._refuse(
@@ -327,7 +333,14 @@ class Allocator:
         )
 
 
+def _host_bytes(device: DeviceInfo, nbytes: int) -> np.ndarray:
+    """What ``Driver.allocate`` gives (``nbytes`` already checked): zeroed host bytes."""
+    return np.zeros(nbytes, dtype=np.uint8)  # calloc: pages are zeroed when first touched
+
+
 def _check_size(nbytes: Any) -> int:
+    if type(nbytes) is int and nbytes >= 0:
+        return nbytes  # the common case, before the slower isinstance checks
     if isinstance(nbytes, bool) or not isinstance(nbytes, int | np.integer) or nbytes < 0:
         raise InvalidArgumentError(
             f"a memory size must be a whole number of bytes >= 0, not {nbytes!r}",
@@ -391,8 +404,7 @@ def allocator_for(device: str) -> Allocator:
 
 
 def _registered(hooks: Any) -> bool:
-    status = driver_status(getattr(hooks, "name", ""))
-    return status is not None and status.driver is hooks
+    return loaded_driver(getattr(hooks, "name", "")) is hooks
 
 
 def all_stats() -> dict[str, MemoryStats]:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ... import dtypes
-from ...config import settings
+from ...config import default_device
 from ...dtypes import DType
 from ...errors import InvalidArgumentError
 from . import shm
@@ -82,7 +82,7 @@ class Tensor(TensorBase):
                 f"tensor {name!r}: size={nbytes} is less than the {needed} bytes of {dt} "
                 f"{list(dims)}; give size >= {needed} or leave it out"
             )
-        where_to = Placement(placement)
+        where_to = placement if type(placement) is Placement else Placement(placement)
         storage, where = _allocate(nbytes, where_to, device, owner, name)
         self._setup(storage, dt, dims, name, format, where_to, where)
 
@@ -395,7 +395,7 @@ def _allocate(
     nbytes: int, placement: Placement, device: str | None, owner: Any, name: str
 ) -> tuple[Storage, str]:
     if placement is Placement.DEVICE:
-        allocator = allocator_for(device or settings().default_device)
+        allocator = allocator_for(device or default_device())
     else:
         allocator = host_allocator()
     a = allocator.allocate(nbytes, owner=owner_key(owner), name=name)
