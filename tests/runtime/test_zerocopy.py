@@ -125,6 +125,19 @@ def test_larger_raw_memory_takes_the_outputs_shape(rt: crossrt.Runtime) -> None:
     assert np.array_equal(raw.numpy(), _x() + 1)
 
 
+@pytest.mark.parametrize("device", ["cpu", "sim:0"])
+def test_raw_memory_is_taken_as_the_input_by_its_bytes(rt: crossrt.Runtime, device: str) -> None:
+    # nrt_tensor_allocate's tensors have no type: a run reads their bytes as the input's.
+    model = rt.load(add_one(N), device)
+    raw = Tensor.allocate(4 * N, device=device)
+    raw.write(_x().tobytes())
+    (out,) = model.run({"x": raw}).values()
+    assert np.array_equal(np.asarray(out), _x() + 1)
+    assert (raw.dtype.name, raw.shape) == ("uint8", (4 * N,))  # the caller's tensor unchanged
+    with pytest.raises(InvalidInputError, match="holds 4092 bytes, the input float32"):
+        model.run({"x": Tensor.allocate(4 * N - 4, device=device)})
+
+
 def test_output_tensor_of_the_wrong_dtype_is_refused(rt: crossrt.Runtime) -> None:
     model = rt.load(add_one(N), "cpu")
     with pytest.raises(InvalidInputError, match="is float64, the output is float32"):

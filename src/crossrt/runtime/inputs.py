@@ -67,6 +67,9 @@ class InputChecker:
             if np_dtype is None:
                 continue  # sequences, optionals, maps, untyped: the engine checks them
             if type(value) is not np.ndarray:
+                if type(value) is Tensor and not value._described and exact is not None:
+                    value = feed[name] = _raw_input(spec, value, np_dtype, exact)
+                    continue
                 view = value._view if type(value) is Tensor else None  # a host tensor's view
                 value = feed[name] = view if view is not None else self._coerce(spec, value)
             if value.dtype != np_dtype and not _same_string(value.dtype, np_dtype):
@@ -250,6 +253,22 @@ def _same_string(given: np.dtype[Any], wanted: np.dtype[Any]) -> bool:
 
 def _shape_str(shape: tuple[int, ...]) -> str:
     return "[" + ",".join(map(str, shape)) + "]"
+
+
+def _raw_input(
+    spec: TensorSpec, tensor: Tensor, np_dtype: Any, shape: tuple[int, ...]
+) -> np.ndarray:
+    """Raw memory (``Tensor.allocate``, ``nrt_tensor_allocate``: bytes without a type) read as
+    the input it is given for, as the seeds' runtimes take it: by its size in bytes."""
+    needed = int(np.prod(shape)) * np.dtype(np_dtype).itemsize
+    if tensor.size != needed:
+        raise InvalidInputError(
+            f"input {spec.name!r}: the raw tensor holds {tensor.size} bytes, the input "
+            f"{spec.describe()} takes {needed}; allocate {needed} bytes",
+            details={"input": spec.name, "expected_bytes": needed, "given_bytes": tensor.size},
+        )
+    data: np.ndarray = tensor.numpy().view(np_dtype).reshape(shape)
+    return data
 
 
 def _wrong_dtype(spec: TensorSpec, value: np.ndarray) -> InvalidInputError:
