@@ -1,0 +1,29 @@
+"""AWS Neuron Runtime (libnrt, seed 002) over crossrt: ``nrt_*`` calls, ``NRT_STATUS`` values,
+tensor sets and the ``NEURON_RT_*`` variables.
+
+A program written for libnrt ports line by line::
+
+    from crossrt.compat.neuron import *
+
+    result = nrt_init(NRT_FRAMEWORK_TYPE_NO_FW, "", "")
+    result, model = nrt_load(neff_data, neff_size, -1, -1)   # neff_data: a .crm's bytes
+    result, tensor_info_array = nrt_get_model_tensor_info(model)
+    ...
+    result = nrt_execute(model, inputs, outputs)
+
+Out-parameters come back as ``(status, value)``; no exception crosses the API. docs/compat.md
+lists every function of the seed, and the status mapping both ways.
+"""
+
+from .env import *  # noqa: F403
+from .env import __all__ as _env_all
+from .runtime import *  # noqa: F403
+from .runtime import __all__ as _runtime_all
+from .status import *  # noqa: F403
+from .status import __all__ as _status_all
+from .tensors import *  # noqa: F403
+from .tensors import __all__ as _tensors_all
+from .types import *  # noqa: F403
+from .types import __all__ as _types_all
+
+__all__ = [*_env_all, *_runtime_all, *_status_all, *_tensors_all, *_types_all]
