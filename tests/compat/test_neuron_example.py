@@ -57,7 +57,7 @@ def mmap_file(filepath: str) -> tuple[Any, int]:
 
 
 @dataclass
-class input_tensor_info_t:  # noqa: N801  # the seed's struct
+class input_tensor_info_t:  # the seed's struct
     name: str
     size: int
     data: Any

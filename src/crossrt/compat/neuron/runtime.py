@@ -29,7 +29,7 @@ from ...runtime.runtime import Runtime
 from .env import apply_logging, init_settings, load_settings
 from .status import NRT_STATUS, NrtError, guarded
 from .types import (
-    nrt_dtype_of,
+    dtype_code,
     nrt_framework_type_t,
     nrt_tensor_info_array_t,
     nrt_tensor_info_t,
@@ -298,7 +298,7 @@ def nrt_get_model_tensor_info(
         usage = nrt_tensor_usage_t[f"NRT_TENSOR_USAGE_{info.usage.upper()}"]
         infos.append(
             nrt_tensor_info_t(
-                info.name, usage, info.size or 0, nrt_dtype_of(info.dtype), shape, len(shape)
+                info.name, usage, info.size or 0, dtype_code(info.dtype), shape, len(shape)
             )
         )
     return NRT_STATUS.NRT_SUCCESS, nrt_tensor_info_array_t(len(infos), infos)
@@ -338,7 +338,7 @@ def nrt_execute_repeat(
         raise NrtError(NRT_STATUS.NRT_INVALID, f"repeat_count {repeat_count}: give 1 or more")
 
     def run() -> None:
-        results = handle.model.run_repeat(input_set, repeat_count)
+        results = handle.model.run_repeat(input_set, repeat_count, _feedback(handle.model))
         for name, value in results.items():
             if name in output_set:
                 output_set[name].write(np.ascontiguousarray(value))
@@ -346,6 +346,21 @@ def nrt_execute_repeat(
                 output_set.add(name, np.ascontiguousarray(value))
 
     return _timed(handle, "nrt_execute_repeat", run)
+
+
+def _feedback(model: LoadedModel) -> dict[str, str]:
+    """Which output feeds which input from one run to the next. A "specially compiled NEFF"
+    has its state outputs in its inputs' places: an ONNX graph cannot name an output as an
+    input, so the i-th output feeds the i-th input when the two have the same type and
+    shape, for a model with as many outputs as inputs."""
+    ins, outs = model.inputs, model.outputs
+    if len(ins) != len(outs):
+        return {}
+    return {
+        o.name: i.name
+        for i, o in zip(ins, outs, strict=True)
+        if (i.dtype, i.shape) == (o.dtype, o.shape)
+    }
 
 
 def _timed(model: nrt_model_t, what: str, run: Callable[[], Any]) -> NRT_STATUS:

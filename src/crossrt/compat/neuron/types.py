@@ -45,7 +45,7 @@ __all__ = [
     "NRT_TENSOR_USAGE_INPUT",
     "NRT_TENSOR_USAGE_OUTPUT",
     "RT_VERSION_DETAIL_LEN",
-    "nrt_dtype_of",
+    "dtype_code",
     "nrt_dtype_t",
     "nrt_framework_type_t",
     "nrt_tensor_info_array_t",
@@ -143,7 +143,7 @@ NRT_DTYPE_INT64 = nrt_dtype_t.NRT_DTYPE_INT64
 NRT_DTYPE_UINT64 = nrt_dtype_t.NRT_DTYPE_UINT64
 
 
-def nrt_dtype_of(dtype: str | DType | None) -> nrt_dtype_t:
+def dtype_code(dtype: str | DType | None) -> nrt_dtype_t:
     """The nrt_dtype_t of a crossrt dtype (or name); NRT_DTYPE_UNKNOWN for the others."""
     if dtype is None:
         return NRT_DTYPE_UNKNOWN
