@@ -517,6 +517,29 @@ def test_attach_buffer_becomes_virtual_and_slices_share_memory() -> None:
     assert nrt.nrt_tensor_get_size(part) == 8  # the slice keeps the memory
 
 
+def test_batched_reads_and_writes_check_every_op_first() -> None:
+    _init()
+    _, a = nrt.nrt_tensor_allocate(nrt.NRT_TENSOR_PLACEMENT_DEVICE, 0, 8, "a")
+    _, b = nrt.nrt_tensor_allocate(nrt.NRT_TENSOR_PLACEMENT_DEVICE, 0, 8, "b")
+    op = nrt.nrt_tensor_batch_op_t
+    writes = [
+        nrt.nrt_tensor_batch_t(a, [op(0, 4, b"\x01" * 4), op(4, 4, b"\x02" * 4)], 2),
+        nrt.nrt_tensor_batch_t(b, [op(0, 8, bytes(range(8)))], 1),
+    ]
+    assert nrt.nrt_tensor_write_batch(writes, 2, False) == nrt.NRT_SUCCESS
+    out_a, out_b = bytearray(8), bytearray(8)
+    reads = [
+        nrt.nrt_tensor_batch_t(a, [op(0, 8, out_a)], 1),
+        nrt.nrt_tensor_batch_t(b, [op(0, 8, out_b)], 1),
+    ]
+    assert nrt.nrt_tensor_read_batch(reads, 2, True) == nrt.NRT_SUCCESS
+    assert (bytes(out_a), bytes(out_b)) == (b"\x01" * 4 + b"\x02" * 4, bytes(range(8)))
+    bad = [nrt.nrt_tensor_batch_t(a, [op(0, 8, b"\x00" * 8), op(6, 4, b"\x00" * 4)], 2)]
+    assert nrt.nrt_tensor_write_batch(bad, 1, False) == nrt.NRT_INVALID
+    nrt.nrt_tensor_read(a, out_a, 0, 8)
+    assert bytes(out_a) == b"\x01" * 4 + b"\x02" * 4  # nothing written
+
+
 def test_tensor_sets() -> None:
     status, tensor_set = nrt.nrt_allocate_tensor_set()
     assert status == nrt.NRT_SUCCESS

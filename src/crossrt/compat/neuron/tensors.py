@@ -8,11 +8,12 @@ the CPU device, device memory on ``sim``), HOST and VIRTUAL ones in host memory.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from ...runtime.memory.tensor import Tensor
 from ...runtime.memory.tensordesc import Placement
-from ...runtime.memory.tensorset import TensorSet
+from ...runtime.memory.tensorset import TensorSet, read_batch, write_batch
 from .runtime import _state
 from .status import NRT_STATUS, NrtError, guarded
 from .types import HOST_PLACEMENT_MAX, nrt_tensor_placement_t
@@ -26,13 +27,17 @@ __all__ = [
     "nrt_tensor_allocate_empty",
     "nrt_tensor_allocate_slice",
     "nrt_tensor_attach_buffer",
+    "nrt_tensor_batch_op_t",
+    "nrt_tensor_batch_t",
     "nrt_tensor_copy",
     "nrt_tensor_free",
     "nrt_tensor_get_size",
     "nrt_tensor_get_va",
     "nrt_tensor_memset",
     "nrt_tensor_read",
+    "nrt_tensor_read_batch",
     "nrt_tensor_write",
+    "nrt_tensor_write_batch",
 ]
 
 
@@ -150,6 +155,47 @@ def nrt_tensor_get_va(tensor: Tensor) -> int | None:
     """The host address of the tensor's first byte, ``None`` (NULL) for device memory."""
     target = _tensor(tensor)
     return target.address if target.is_host else None
+
+
+@dataclass
+class nrt_tensor_batch_op_t:
+    """One read or write of a batch: ``size`` bytes at ``offset`` to or from ``buffer``."""
+
+    offset: int
+    size: int
+    buffer: Any
+
+
+@dataclass
+class nrt_tensor_batch_t:
+    """The operations of a batch on one tensor."""
+
+    tensor: Tensor
+    ops: list[nrt_tensor_batch_op_t]
+    num_ops: int
+
+
+def _batch_ops(batches: Any, num_batches: int) -> list[tuple[Tensor, int, int, Any]]:
+    ops = []
+    for batch in list(batches)[:num_batches]:
+        tensor = _tensor(batch.tensor)
+        ops += [(tensor, op.offset, op.size, op.buffer) for op in batch.ops[: batch.num_ops]]
+    return ops
+
+
+@guarded()
+def nrt_tensor_read_batch(batches: Any, num_batches: int, unsafe: bool = False) -> NRT_STATUS:
+    """Many reads in one call; every operation is checked before any byte moves. ``unsafe``
+    is accepted (crossrt's reads never wait on an execution)."""
+    read_batch(_batch_ops(batches, num_batches))
+    return NRT_STATUS.NRT_SUCCESS
+
+
+@guarded()
+def nrt_tensor_write_batch(batches: Any, num_batches: int, unsafe: bool = False) -> NRT_STATUS:
+    """Many writes in one call; a bad operation leaves every tensor unchanged."""
+    write_batch(_batch_ops(batches, num_batches))
+    return NRT_STATUS.NRT_SUCCESS
 
 
 # -- tensor sets -------------------------------------------------------------------------------
