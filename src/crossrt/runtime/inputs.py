@@ -67,7 +67,7 @@ class InputChecker:
             if np_dtype is None:
                 continue  # sequences, optionals, maps, untyped: the engine checks them
             if type(value) is not np.ndarray:
-                if type(value) is Tensor and not value._described and exact is not None:
+                if type(value) is Tensor and exact is not None and _raw(value, np_dtype, exact):
                     value = feed[name] = _raw_input(spec, value, np_dtype, exact)
                     continue
                 view = value._view if type(value) is Tensor else None  # a host tensor's view
@@ -253,6 +253,16 @@ def _same_string(given: np.dtype[Any], wanted: np.dtype[Any]) -> bool:
 
 def _shape_str(shape: tuple[int, ...]) -> str:
     return "[" + ",".join(map(str, shape)) + "]"
+
+
+def _raw(tensor: Tensor, np_dtype: Any, shape: tuple[int, ...]) -> bool:
+    """Whether ``tensor`` is raw memory (``Tensor.allocate``: bytes, given no type) that is
+    not already what the input takes."""
+    return (
+        not tensor._described
+        and tensor.dtype.name == "uint8"
+        and (np_dtype != np.uint8 or tensor.shape != shape)
+    )
 
 
 def _raw_input(
