@@ -23,6 +23,7 @@ ENTRY_POINT_GROUP = "crossrt.drivers"
 # installed (running from a source tree).
 _BUILTIN = {
     "onnxruntime": "crossrt.drivers.onnxruntime:OnnxRuntimeDriver",
+    "openvino": "crossrt.drivers.openvino:OpenVinoDriver",
     "reference": "crossrt.drivers.reference:ReferenceDriver",
     "sim": "crossrt.drivers.sim:SimDriver",
 }
