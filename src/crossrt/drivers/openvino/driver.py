@@ -265,6 +265,9 @@ def _replace(info: DeviceInfo, **changes: Any) -> DeviceInfo:
 
 
 def _first_line(exc: BaseException) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    useful = [line for line in lines if not line.startswith("Exception from src/")]
+    """The line of an OpenVINO error that says what is wrong (its first lines name source
+    files and failed checks)."""
+    lines = [line.strip(" -") for line in str(exc).splitlines() if line.strip()]
+    noise = ("Exception from src/", "Check '", "FrontEnd API failed", "Model wasn't", "Summary:")
+    useful = [line for line in lines if not line.startswith(noise)]
     return ((useful or lines or [type(exc).__name__])[0])[:300]

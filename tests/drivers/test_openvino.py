@@ -1,0 +1,154 @@
+"""The ``openvino`` driver: OpenVINO's exported blob in the ``.crm``, loaded in a new process
+through ``import_model``; the model's own precision (never OpenVINO's bf16 default); the
+artifact's checks; nodes OpenVINO cannot convert, placed elsewhere with fallback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("openvino")
+
+import crossrt  # noqa: E402
+from concurrency_models import tiny  # noqa: E402
+from crossrt import StatusCode  # noqa: E402
+from crossrt.drivers import get_driver  # noqa: E402
+from crossrt.drivers.base import CompileOptions, CoreSet  # noqa: E402
+from crossrt.drivers.openvino import artifact as ov_artifact  # noqa: E402
+from crossrt.errors import InvalidContainerError, UnsupportedError  # noqa: E402
+from crossrt.model import GraphBuilder  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("runtime_dir")
+
+
+def _conv() -> crossrt.Model:
+    rng = np.random.default_rng(5)
+    b = GraphBuilder("conv")
+    x = b.input("x", "float32", [None, 3, 16, 16])
+    w = b.constant(rng.standard_normal((8, 3, 3, 3)).astype(np.float32))
+    b.output(b.op("Relu", [b.op("Conv", [x, w], pads=[1, 1, 1, 1])]), shape=[None, 8, 16, 16])
+    return b.finish()
+
+
+def _x(batch: int = 2) -> np.ndarray:
+    return np.random.default_rng(6).standard_normal((batch, 3, 16, 16)).astype(np.float32)
+
+
+def test_a_crm_loads_in_a_new_process_through_import_model(tmp_path: Path) -> None:
+    exe = crossrt.compile(_conv(), "cpu", driver="openvino")
+    assert [n.driver for n in exe.nodes] == ["openvino"]
+    path = tmp_path / "conv.crm"
+    exe.save(path)
+    np.save(tmp_path / "x.npy", _x())
+    code = (
+        "import sys, numpy as np, crossrt\n"
+        "exe = crossrt.load_executable(sys.argv[1])\n"
+        "with crossrt.Runtime() as rt:\n"
+        "    (y,) = rt.load(exe).run({'x': np.load(sys.argv[2])}).values()\n"
+        "np.save(sys.argv[3], y)\n"
+    )
+    args = [str(path), str(tmp_path / "x.npy"), str(tmp_path / "y.npy")]
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    with crossrt.Runtime() as rt:
+        (here,) = rt.load(exe).run({"x": _x()}).values()
+        (ort,) = rt.load(_conv(), "cpu", driver="onnxruntime").run({"x": _x()}).values()
+    there = np.load(tmp_path / "y.npy")
+    assert np.array_equal(here, there)
+    np.testing.assert_allclose(here, ort, atol=1e-4)  # fp32, not OpenVINO's bf16 default
+
+
+def test_the_model_runs_in_its_own_precision() -> None:
+    exe = crossrt.compile(_conv(), "cpu", driver="openvino")
+    with crossrt.Runtime() as rt:
+        model = rt.load(exe)
+        program = model._instances[0].programs[0]  # type: ignore[attr-defined]
+        assert (
+            str(program._compiled.get_property("INFERENCE_PRECISION_HINT")) == "<Type: 'float32'>"
+        )
+
+
+def test_dynamic_shapes_and_threads_from_the_cores() -> None:
+    exe = crossrt.compile(_conv(), "cpu", driver="openvino")
+    with crossrt.Runtime() as rt:
+        model = rt.load(exe, cores=1)
+        for batch in (1, 3, 2):
+            (y,) = model.run({"x": _x(batch)}).values()
+            assert y.shape == (batch, 8, 16, 16)
+    driver = get_driver("openvino")
+    (device,) = [d for d in driver.devices() if d.id == "cpu:0"]
+    program = driver.load(exe.nodes[0].artifact, device, CoreSet((0,)), CompileOptions())
+    assert program._compiled.get_property("INFERENCE_NUM_THREADS") == 1
+    program.close()
+
+
+def test_outputs_land_in_the_callers_buffers_and_bound_calls_repeat() -> None:
+    exe = crossrt.compile(tiny(), "cpu", driver="openvino")
+    with crossrt.Runtime() as rt:
+        model = rt.load(exe)
+        x = np.ones((4, 8), np.float32)
+        y = np.empty((4, 8), np.float32)
+        model.run({"x": x}, outputs={"y": y})
+        expected = rt.load(tiny(), "cpu", driver="onnxruntime").run({"x": x})["y"]
+        np.testing.assert_allclose(y, expected, rtol=1e-6)
+        request = model.request({"x": x}, outputs={"y": y})
+        for value in (2.0, -1.0):
+            x[...] = value
+            request.run()
+            expected = (np.full((4, 8), value, np.float32) @ (np.arange(64).reshape(8, 8) / 64)) + 1
+            np.testing.assert_allclose(y, expected.astype(np.float32), rtol=1e-5)
+
+
+def test_a_damaged_or_foreign_artifact_is_refused() -> None:
+    driver = get_driver("openvino")
+    (device,) = [d for d in driver.devices() if d.id == "cpu:0"]
+    good = bytes(crossrt.compile(tiny(), "cpu", driver="openvino").nodes[0].artifact)
+    cores = CoreSet((0,))
+    with pytest.raises(InvalidContainerError, match="does not start with its header"):
+        driver.load(b"CRORTART" + good[8:], device, cores, CompileOptions())
+    with pytest.raises(InvalidContainerError, match="do not fill"):
+        driver.load(good[:-10], device, cores, CompileOptions())
+    other = bytearray(good)
+    other[8] = 9
+    with pytest.raises(UnsupportedError) as info:
+        driver.load(bytes(other), device, cores, CompileOptions())
+    assert info.value.code is StatusCode.UNSUPPORTED_NEFF_VERSION
+    damaged = bytearray(good)
+    damaged[-200:-100] = bytes(100)  # inside OpenVINO's own blob
+    try:
+        driver.load(bytes(damaged), device, cores, CompileOptions()).close()
+    except crossrt.CrossrtError as exc:  # OpenVINO noticed: a coded error, never a crash
+        assert exc.code in (StatusCode.INVALID, StatusCode.FAILURE)
+    unpacked = ov_artifact.unpack(good)
+    assert unpacked.inputs == ("x",) and unpacked.outputs == ("y",)
+
+
+def test_a_node_openvino_cannot_convert_falls_back() -> None:
+    b = GraphBuilder("strings")
+    x = b.input("x", "float32", [2, 3])
+    words = b.constant(np.array(["a", "b"], dtype=object))
+    joined = b.op("StringConcat", [words, words])
+    b.output(b.op("Relu", [x]))
+    b.output(joined)
+    model = b.finish()
+    driver = get_driver("openvino")
+    (device,) = [d for d in driver.devices() if d.id == "cpu:0"]
+    reasons = driver.unsupported_reasons(model, device)
+    assert reasons[0] == (
+        "OpenVINO's ONNX frontend cannot convert StringConcat: No conversion rule found for "
+        "operations: StringConcat-21"  # the builder's opset
+    )
+    assert reasons[1] is None
+    with pytest.raises(crossrt.CrossrtError, match="StringConcat"):
+        crossrt.compile(model, "cpu", driver="openvino")
+    exe = crossrt.compile(model, "cpu", driver="openvino", fallback="cpu")
+    assert {n.driver for n in exe.nodes} == {"openvino", "onnxruntime"}
+    with crossrt.Runtime() as rt:
+        out = rt.load(exe).run({"x": np.array([[-1, 2, 3], [4, -5, 6]], np.float32)})
+    values = list(out.values())
+    assert values[0].tolist() == [[0, 2, 3], [4, 0, 6]]
+    assert values[1].tolist() == ["aa", "bb"]
