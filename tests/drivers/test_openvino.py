@@ -13,14 +13,14 @@ import pytest
 
 pytest.importorskip("openvino")
 
-import crossrt  # noqa: E402
-from concurrency_models import tiny  # noqa: E402
-from crossrt import StatusCode  # noqa: E402
-from crossrt.drivers import get_driver  # noqa: E402
-from crossrt.drivers.base import CompileOptions, CoreSet  # noqa: E402
-from crossrt.drivers.openvino import artifact as ov_artifact  # noqa: E402
-from crossrt.errors import InvalidContainerError, UnsupportedError  # noqa: E402
-from crossrt.model import GraphBuilder  # noqa: E402
+import crossrt
+from concurrency_models import tiny
+from crossrt import StatusCode
+from crossrt.drivers import get_driver
+from crossrt.drivers.base import CompileOptions, CoreSet
+from crossrt.drivers.openvino import artifact as ov_artifact
+from crossrt.errors import InvalidContainerError, UnsupportedError
+from crossrt.model import GraphBuilder
 
 pytestmark = pytest.mark.usefixtures("runtime_dir")
 
