@@ -156,9 +156,10 @@ def flaky_causes(
     return causes
 
 
-def kept_table(config: Config, rules: Exclusions) -> Table:
-    """A table that could not be measured here, as the file had it."""
-    return Table(config, dict(rules.excluded), dict(rules.flaky), measured=False)
+def kept_table(config: Config, rules: Exclusions, measured: bool = False) -> Table:
+    """A table as the file had it: one that could not be measured here, or (``measured``)
+    one measured before and not run this time (``regenerate.py --only``)."""
+    return Table(config, dict(rules.excluded), dict(rules.flaky), measured=measured)
 
 
 def header(onnx_version: str, cases: int, versions: Mapping[str, str]) -> str:

@@ -46,11 +46,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--replay", type=Path, help="take the runs from a --dump file instead of running"
     )
+    parser.add_argument(
+        "--only",
+        help="comma-separated configurations to run (the other tables are kept as they are)",
+    )
     args = parser.parse_args(argv)
 
     names = load_case_names()
     configs = configurations()
     runnable = [c for c in configs if not c.unavailable]
+    if args.only:
+        wanted = set(args.only.split(","))
+        runnable = [c for c in runnable if c.name in wanted]
     start = time.perf_counter()
     if args.replay:
         runs = json.loads(args.replay.read_text(encoding="utf-8"))
@@ -66,15 +73,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.dump.write_text(json.dumps(runs, indent=1, sort_keys=True), encoding="utf-8")
 
     old = load_exclusions(args.output) if args.output.exists() else {}
-    versions = {c.driver: engine_version(c) for c in runnable}
+    versions = {c.driver: engine_version(c) for c in configs if not c.unavailable}
     causes = reasons.flaky_causes(runs, old)
     tables = []
     for config in configs:
         if config.unavailable or config.name not in runs:
-            why = config.unavailable or f"not in {args.replay}"
+            skipped = not config.unavailable and not args.replay  # left out by --only
+            why = config.unavailable or ("not run (--only)" if skipped else f"not in {args.replay}")
             if config.name in old:
                 tables.append(
-                    reasons.kept_table(replace(config, unavailable=why), old[config.name])
+                    reasons.kept_table(
+                        replace(config, unavailable=why), old[config.name], measured=skipped
+                    )
                 )
                 print(f"[{config.name}] kept as it was: {why}", file=sys.stderr)
             continue

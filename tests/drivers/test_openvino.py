@@ -128,27 +128,41 @@ def test_a_damaged_or_foreign_artifact_is_refused() -> None:
 
 
 def test_a_node_openvino_cannot_convert_falls_back() -> None:
-    b = GraphBuilder("strings")
+    b = GraphBuilder("ml", opsets={"ai.onnx.ml": 3})
     x = b.input("x", "float32", [2, 3])
-    words = b.constant(np.array(["a", "b"], dtype=object))
-    joined = b.op("StringConcat", [words, words])
+    b.output(b.op("Binarizer", [x], domain="ai.onnx.ml", threshold=0.5))
     b.output(b.op("Relu", [x]))
-    b.output(joined)
     model = b.finish()
     driver = get_driver("openvino")
     (device,) = [d for d in driver.devices() if d.id == "cpu:0"]
     reasons = driver.unsupported_reasons(model, device)
-    assert reasons[0] == (
-        "OpenVINO's ONNX frontend cannot convert StringConcat: No conversion rule found for "
-        "operations: StringConcat-21"  # the builder's opset
-    )
-    assert reasons[1] is None
-    with pytest.raises(crossrt.CrossrtError, match="StringConcat"):
+    assert reasons == [
+        "OpenVINO's ONNX frontend cannot convert Binarizer: No conversion rule found for "
+        "operations: ai.onnx.ml.Binarizer",
+        None,
+    ]
+    with pytest.raises(crossrt.CrossrtError, match="Binarizer"):
         crossrt.compile(model, "cpu", driver="openvino")
     exe = crossrt.compile(model, "cpu", driver="openvino", fallback="cpu")
     assert {n.driver for n in exe.nodes} == {"openvino", "onnxruntime"}
     with crossrt.Runtime() as rt:
-        out = rt.load(exe).run({"x": np.array([[-1, 2, 3], [4, -5, 6]], np.float32)})
-    values = list(out.values())
-    assert values[0].tolist() == [[0, 2, 3], [4, 0, 6]]
-    assert values[1].tolist() == ["aa", "bb"]
+        out = rt.load(exe).run({"x": np.array([[-1, 2, 0.25], [4, -5, 0.75]], np.float32)})
+    binary, relu = out.values()
+    assert binary.tolist() == [[0, 1, 0], [1, 0, 1]]
+    assert relu.tolist() == [[0, 2, 0.25], [4, 0, 0.75]]
+
+
+def test_nodes_of_types_openvino_lacks_or_computes_differently_are_refused() -> None:
+    driver = get_driver("openvino")
+    (device,) = [d for d in driver.devices() if d.id == "cpu:0"]
+    b = GraphBuilder("refused")
+    x = b.input("x", "float32", [4])
+    words = b.constant(np.array(["a", "b"], dtype=object))
+    b.output(b.op("StringConcat", [words, words]))
+    values, _ = b.op("TopK", [x, b.constant(np.array([2]))], outputs=2)
+    b.output(values)
+    b.output(b.op("Relu", [x]))
+    strings, topk, relu = driver.unsupported_reasons(b.finish(), device)
+    assert strings is not None and "takes no STRING tensors" in strings
+    assert topk is not None and "orders equal values differently" in topk
+    assert relu is None

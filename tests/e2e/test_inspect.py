@@ -223,11 +223,12 @@ def test_an_onnx_model_as_json(capsys, models):
     assert doc["inputs"][0]["shape"] == ["batch", 3]
     place = doc["placement"]
     assert place["device"] == "cpu:0" and place["target"] == "reference"
-    assert place["drivers"] == {"reference": 5, "onnxruntime": 4}
+    counts = {k: v for k, v in place["drivers"].items() if k != "openvino"}  # where installed
+    assert counts == {"reference": 5, "onnxruntime": 4}
     assert place["strict"] is None
     assert [g["driver"] for g in place["groups"]] == ["reference", None]
     assert [u["name"] for u in place["unsupported"]] == ["my_foo"]
-    assert set(place["unsupported"][0]["reasons"]) == {"reference", "onnxruntime"}
+    assert set(place["unsupported"][0]["reasons"]) - {"openvino"} == {"reference", "onnxruntime"}
 
 
 @pytest.mark.parametrize(

@@ -109,6 +109,7 @@ class Model:
         for init in graph.initializer:
             t = onnx.TypeProto()
             t.tensor_type.elem_type = init.data_type
+            t.tensor_type.shape.SetInParent()  # known rank, 0 for a scalar
             for d in init.dims:
                 t.tensor_type.shape.dim.add().dim_value = d
             types[init.name] = t

@@ -153,7 +153,8 @@ class LoadedModel:
         """What ``run()`` calls on an instance it holds: the program itself when nothing is
         added, so the common case costs no extra Python call."""
         execute: Callable[..., dict[str, np.ndarray]]
-        if len(inst.programs) == 1 and self._exec_timeout is None:
+        reads_all = len(inst.steps[0][0]) == len(self.executable.inputs)
+        if len(inst.programs) == 1 and self._exec_timeout is None and reads_all:
             execute = unguarded(inst.programs[0].run)  # run() maps what it raises
         elif self._exec_timeout is None:
             execute = inst.execute

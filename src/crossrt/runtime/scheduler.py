@@ -80,6 +80,9 @@ class Instance:
         walk takes the nodes' locks hand over hand, sharing them with the pipeline stages."""
         if len(self.programs) == 1:
             program = self.programs[0]
+            names = self.steps[0][0]
+            if len(names) != len(feed):  # inputs the node does not read (a type-only input)
+                feed = {n: feed[n] for n in names}
             if cancel is None:
                 return program.run(feed, outputs)
             return program.run_cancellable(feed, cancel, outputs)

@@ -41,13 +41,65 @@ _KINDS = {
     "NPU": ("npu", DeviceKind.ACCELERATOR),
 }
 _NODE_CACHE = 4096  # one-node models whose conversion was tried (see _node_reason)
+_BLOBS_KEPT = 2  # whole models compiled by unsupported_reasons, for compile to reuse
+
+# Element types OpenVINO has no tensors for (or none its Python binding exchanges), by ONNX
+# number: a node reading or writing one is refused. BFLOAT16: the CPU plugin compiles some
+# bf16 graphs it accepted (ReduceMax) with an error; bf16 is its precision= choice instead.
+_TP = onnx.TensorProto
+_NO_TYPE = {
+    getattr(_TP, name): name
+    for name in (
+        "STRING", "BFLOAT16", "FLOAT8E4M3FNUZ", "FLOAT8E5M2FNUZ", "FLOAT8E8M0", "FLOAT4E2M1",
+        "INT4", "UINT4", "INT2", "UINT2", "COMPLEX64", "COMPLEX128",
+    )
+    if hasattr(_TP, name)
+}  # fmt: skip
+
+
+def _attr(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
+    for a in node.attribute:
+        if a.name == name:
+            value = onnx.helper.get_attribute_value(a)
+            return value.decode() if isinstance(value, bytes) else value
+    return default
+
+
+# Nodes OpenVINO converts and runs, but whose results differ from ONNX's definition (found by
+# the ONNX node suite, tests/conformance): refused, so that with fallback they run where the
+# results are ONNX's, and never silently differ. Each rule gives the reason, or None.
+_DIFFERS: dict[str, Any] = {
+    "TopK": lambda n: "OpenVINO orders equal values differently from ONNX (lower index first)",
+    "BitShift": lambda n: "OpenVINO shifts by the type's width or more differently from ONNX",
+    "Attention": lambda n: "OpenVINO's Attention differs from ONNX's on masks and windows",
+    "RotaryEmbedding": lambda n: "OpenVINO's RotaryEmbedding differs from ONNX's",
+    "DynamicQuantizeLinear": lambda n: "OpenVINO rounds the zero point differently from ONNX",
+    "Resize": lambda n: (
+        "OpenVINO's Resize differs from ONNX's with antialias, exclude_outside or "
+        "keep_aspect_ratio_policy"
+        if _attr(n, "antialias", 0)
+        or _attr(n, "exclude_outside", 0)
+        or _attr(n, "keep_aspect_ratio_policy", "stretch") != "stretch"
+        else None
+    ),
+    "RoiAlign": lambda n: (
+        "OpenVINO's RoiAlign max mode differs from ONNX's" if _attr(n, "mode") == "max" else None
+    ),
+    "SpaceToDepth": lambda n: (
+        "OpenVINO's SpaceToDepth CRD mode differs from ONNX's"
+        if _attr(n, "mode") == "CRD"
+        else None
+    ),
+}
 
 
 class OpenVinoDriver(Driver):
     """OpenVINO (``pip install crossrt[openvino]``)."""
 
     name = "openvino"
-    preference = 50  # below onnxruntime: chosen by name, or by `auto` where it is faster
+    # Below reference too: what onnxruntime lacks still falls back to the exact reference
+    # evaluator. openvino is chosen by name (driver="openvino"), or by `auto` where faster.
+    preference = -10
     install_hint = "pip install openvino"
 
     def __init__(self) -> None:
@@ -55,6 +107,7 @@ class OpenVinoDriver(Driver):
         self._lock = threading.Lock()
         self._devices: dict[str, tuple[DeviceInfo, str]] | None = None
         self._node_reasons: OrderedDict[str, str | None] = OrderedDict()
+        self._blobs: OrderedDict[str, bytes] = OrderedDict()
 
     @property
     def version(self) -> str:
@@ -110,50 +163,64 @@ class OpenVinoDriver(Driver):
         return [reason is None for reason in self.unsupported_reasons(model, device)]
 
     def unsupported_reasons(self, model: Model, device: DeviceInfo) -> list[str | None]:
-        """Per node: ``None`` when OpenVINO converts it and its plugin has a kernel for it
-        (``Core.query_model``), else why not."""
+        """Per node: ``None`` when OpenVINO converts it, its plugin has a kernel for it
+        (``Core.query_model``) and the plugin compiles it, else why not. The whole model is
+        tried first (its compiled blob kept for :meth:`compile`); when it fails, each node
+        alone."""
         target = self._ov_device(device)
-        try:
+        types = model.value_types()
+        refused = [_refused(node, types) for node in model.nodes]
+        if not any(refused):
+            try:
+                self._compiled_blob(model, target)
+                return refused  # every node: None
+            except Exception:  # the reasons come from the nodes, one by one
+                pass
+        return [why or self._node_reason(model, i, target) for i, why in enumerate(refused)]
+
+    def _compiled_blob(self, model: Model, target: str) -> bytes:
+        """OpenVINO's exported blob of the whole model, kept for the next call with the
+        same model (unsupported_reasons, then compile, compile it once)."""
+        key = f"{target}:{model.content_hash}"
+        with self._lock:
+            blob = self._blobs.get(key)
+        if blob is None:
             converted = self._core.read_model(model.to_bytes())
-        except Exception:  # the frontend fails on some node: find which, one by one
-            return [self._node_reason(model, i, target) for i in range(len(model.nodes))]
-        try:
-            placed = self._core.query_model(converted, target)
-        except Exception as exc:
-            why = f"OpenVINO's {target} plugin cannot take the model: {_first_line(exc)}"
-            return [why] * len(model.nodes)
-        names = {op.get_friendly_name() for op in converted.get_ops()}
-        reasons: list[str | None] = []
-        for node in model.nodes:
-            ops = [n for n in (node.name, *node.output) if n in names]
-            missing = [n for n in ops if n not in placed]
-            reasons.append(
-                f"OpenVINO's {target} plugin has no kernel for {node.op_type} here"
-                if missing
-                else None
-            )
-        return reasons
+            compiled = self._core.compile_model(converted, target, _config(1))
+            blob = bytes(compiled.export_model().getvalue())
+            with self._lock:
+                self._blobs[key] = blob
+                while len(self._blobs) > _BLOBS_KEPT:
+                    self._blobs.popitem(last=False)
+        return blob
 
     def _node_reason(self, model: Model, index: int, target: str) -> str | None:
-        """Whether OpenVINO converts and runs node ``index`` alone (its constant inputs kept:
-        OpenVINO needs some, a Reshape's shape, as constants)."""
+        """Whether OpenVINO converts, places and compiles node ``index`` alone (its constant
+        inputs kept: OpenVINO needs some, a Reshape's shape, as constants)."""
         data = _one_node_model(model, index)
-        key = hashlib.sha256(data).hexdigest()
+        key = hashlib.sha256(target.encode() + data).hexdigest()
         with self._lock:
             if key in self._node_reasons:
                 return self._node_reasons[key]
         node = model.nodes[index]
+        reason: str | None
         try:
             converted = self._core.read_model(data)
-            placed = self._core.query_model(converted, target)
-            missing = [op for op in converted.get_ops() if op.get_friendly_name() not in placed]
-            reason = (
-                f"OpenVINO's {target} plugin has no kernel for {node.op_type} here"
-                if missing
-                else None
-            )
         except Exception as exc:
             reason = f"OpenVINO's ONNX frontend cannot convert {node.op_type}: {_first_line(exc)}"
+        else:
+            try:
+                placed = self._core.query_model(converted, target)
+                ops = converted.get_ops()
+                if any(op.get_friendly_name() not in placed for op in ops):
+                    reason = f"OpenVINO's {target} plugin has no kernel for {node.op_type} here"
+                else:
+                    self._core.compile_model(converted, target, _config(1))
+                    reason = None
+            except Exception as exc:
+                reason = (
+                    f"OpenVINO's {target} plugin cannot compile {node.op_type}: {_first_line(exc)}"
+                )
         with self._lock:
             self._node_reasons[key] = reason
             while len(self._node_reasons) > _NODE_CACHE:
@@ -165,9 +232,7 @@ class OpenVinoDriver(Driver):
     def compile(self, model: Model, device: DeviceInfo, options: CompileOptions) -> bytes:
         target = self._ov_device(device)
         try:
-            converted = self._core.read_model(model.to_bytes())
-            compiled = self._core.compile_model(converted, target, _config(1))
-            blob = compiled.export_model().getvalue()
+            blob = self._compiled_blob(model, target)
         except CrossrtError:
             raise
         except Exception as exc:
@@ -178,7 +243,7 @@ class OpenVinoDriver(Driver):
             ) from None
         inputs = [s.name for s in model.inputs]
         outputs = [s.name for s in model.outputs]
-        return ov_artifact.pack(bytes(blob), inputs, outputs)
+        return ov_artifact.pack(blob, inputs, outputs)
 
     def load(
         self,
@@ -204,6 +269,28 @@ class OpenVinoDriver(Driver):
         return OpenVinoProgram(compiled, inputs, outputs)
 
 
+def _refused(node: onnx.NodeProto, types: dict[str, onnx.TypeProto]) -> str | None:
+    """Why OpenVINO must not take ``node`` though it may convert it, or ``None``."""
+    for name in (*node.input, *node.output):
+        t = types.get(name)
+        elem = t.tensor_type.elem_type if t is not None and t.HasField("tensor_type") else 0
+        if elem in _NO_TYPE:
+            return f"OpenVINO takes no {_NO_TYPE[elem]} tensors ({node.op_type} {name!r})"
+        if name in node.input and elem and not t.tensor_type.HasField("shape"):  # type: ignore[union-attr]
+            # Placed apart from its producer, the value would be an input of unknown rank,
+            # which OpenVINO's CPU plugin refuses at compile time.
+            return f"OpenVINO needs the rank of {node.op_type}'s input {name!r}, unknown here"
+    out = types.get(node.output[0]) if node.output else None
+    if (
+        node.op_type == "QuantizeLinear"
+        and out is not None
+        and out.tensor_type.elem_type in (_TP.UINT16, _TP.INT16)
+    ):
+        return "OpenVINO rounds 16-bit quantization differently from ONNX"
+    rule = _DIFFERS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+    return rule(node) if rule is not None else None
+
+
 def _config(threads: int) -> dict[str, Any]:
     """The plugin settings: the model's own precision, one stream of ``threads`` threads.
     OpenVINO cannot pin its threads to CPUs crossrt names, so it pins none."""
@@ -217,17 +304,25 @@ def _config(threads: int) -> dict[str, Any]:
 
 
 def _order(ports: Any, names: tuple[str, ...], what: str) -> list[str]:
-    """The model's names in the compiled model's port order."""
-    ordered = []
+    """The model's names in the compiled model's port order: by the names OpenVINO keeps on
+    each port, else by position (OpenVINO keeps the graph's order, and may rename a tensor
+    its optimizations merged with another: Dropout's output is its input). OpenVINO drops
+    inputs nothing reads (CastLike's ``like`` gives only a type): those are never fed."""
+    ports = list(ports)
+    ordered: list[str] = []
     for port in ports:
-        known = [n for n in names if n in port.get_names()]
-        if not known:
+        known = [n for n in names if n in port.get_names() and n not in ordered]
+        # Unnamed: the next of the model's names, in order (OpenVINO keeps the graph's).
+        after = names.index(ordered[-1]) + 1 if ordered else 0
+        rest = [n for n in names[after:] if n not in ordered]
+        if known or rest:
+            ordered.append(known[0] if known else rest[0])
+        else:
             raise InvalidContainerError(
-                f"the openvino artifact's {what} {port.get_any_name()!r} is none of the model's "
-                f"{what}s {list(names)}; recompile the model",
+                f"the openvino artifact's {what} {port.get_any_name()!r} is none of the "
+                f"model's {what}s {list(names)}; recompile the model",
                 details={"driver": "openvino"},
             )
-        ordered.append(known[0])
     return ordered
 
 

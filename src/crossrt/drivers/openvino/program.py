@@ -13,6 +13,7 @@ import queue
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import openvino as ov
 
@@ -49,12 +50,14 @@ class OpenVinoProgram(Program):
         self, inputs: Mapping[str, Any], outputs: Mapping[str, np.ndarray] | None = None
     ) -> dict[str, np.ndarray]:
         request = self._request()
+        given: dict[int, np.ndarray] = {}
         try:
-            given = self._set(request, inputs, outputs)
+            given, held = self._set(request, inputs, outputs)
             request.infer()
+            del held  # the arrays the request read
             return self._results(request, given)
         finally:
-            self._idle.put(request)
+            self._release(request, given)
 
     def run_cancellable(
         self,
@@ -63,8 +66,9 @@ class OpenVinoProgram(Program):
         outputs: Mapping[str, np.ndarray] | None = None,
     ) -> dict[str, np.ndarray]:
         request = self._request()
+        given: dict[int, np.ndarray] = {}
         try:
-            given = self._set(request, inputs, outputs)
+            given, held = self._set(request, inputs, outputs)
             request.start_async()
             cancel.on_cancel(request.cancel)
             try:
@@ -77,21 +81,29 @@ class OpenVinoProgram(Program):
                 raise ExecutionError(f"OpenVINO failed: {_first_line(exc)}") from None
             if cancel.cancelled:
                 raise DeadlineExceededError("the run was cancelled at the execution timeout")
+            del held
             return self._results(request, given)
         finally:
-            self._idle.put(request)
+            self._release(request, given)
 
     def bind(
         self, inputs: Mapping[str, Any], outputs: Mapping[str, Any] | None = None
     ) -> Callable[[], dict[str, Any]]:
         request = self._request()  # the binding's own: never handed back to the pool
-        given = self._set(request, inputs, outputs)
+        given, held = self._set(request, inputs, outputs)
 
-        def call() -> dict[str, Any]:
+        def call(_held: list[np.ndarray] = held) -> dict[str, Any]:
+            # _held: kept with the call, as the request's tensors view these arrays
             request.infer()
             return self._results(request, given, copy=False)
 
         return call
+
+    def _release(self, request: ov.InferRequest, given: Mapping[int, np.ndarray]) -> None:
+        """Back to the pool, unless an output tensor views a caller's buffer: the next call
+        would write there."""
+        if not given:
+            self._idle.put(request)
 
     def close(self) -> None:
         self._compiled = None
@@ -108,11 +120,16 @@ class OpenVinoProgram(Program):
         request: ov.InferRequest,
         inputs: Mapping[str, Any],
         outputs: Mapping[str, np.ndarray] | None,
-    ) -> dict[int, np.ndarray]:
+    ) -> tuple[dict[int, np.ndarray], list[np.ndarray]]:
         """Hand ``request`` the inputs (no copy) and the caller's output buffers it can
-        write into; the latter by output index."""
+        write into. Returns those buffers by output index, and the arrays the request's
+        tensors view: OpenVINO keeps no reference to them, so the caller must, until the
+        request has run."""
+        held = []
         for index, name in enumerate(self._inputs):
-            request.set_input_tensor(index, _tensor(name, inputs[name]))
+            array = _array(name, inputs[name])
+            held.append(array)
+            request.set_input_tensor(index, _ov_tensor(array))
         given: dict[int, np.ndarray] = {}
         for index, name in enumerate(self._outputs):
             buffer = (outputs or {}).get(name)
@@ -124,14 +141,14 @@ class OpenVinoProgram(Program):
                 given[index] = buffer
             else:
                 given[index] = buffer  # shape known only after the run: copied into it
-        return given
+        return given, held
 
     def _results(
         self, request: ov.InferRequest, given: Mapping[int, np.ndarray], copy: bool = True
     ) -> dict[str, np.ndarray]:
         results: dict[str, np.ndarray] = {}
         for index, name in enumerate(self._outputs):
-            data = request.get_output_tensor(index).data
+            data = _numpy(request.get_output_tensor(index))
             buffer = given.get(index)
             if buffer is not None:
                 if not np.shares_memory(buffer, data):
@@ -148,16 +165,56 @@ class OpenVinoProgram(Program):
         return results
 
 
-def _tensor(name: str, value: Any) -> ov.Tensor:
+# Types NumPy knows only through ml_dtypes: OpenVINO's Python binding hands their bytes over as
+# another type of the same size (bf16 as float16, float8 as uint8). Viewed back here.
+_VIEWED = {
+    "bf16": (ml_dtypes.bfloat16, np.uint16),
+    "f8e4m3": (ml_dtypes.float8_e4m3fn, np.uint8),
+    "f8e5m2": (ml_dtypes.float8_e5m2, np.uint8),
+    "f8e8m0": (ml_dtypes.float8_e8m0fnu, np.uint8),
+}
+_OV_TYPES = {
+    np.dtype(ml_dtypes.bfloat16): ov.Type.bf16,
+    np.dtype(ml_dtypes.float8_e4m3fn): ov.Type.f8e4m3,
+    np.dtype(ml_dtypes.float8_e5m2): ov.Type.f8e5m2,
+    np.dtype(ml_dtypes.float8_e8m0fnu): ov.Type.f8e8m0,
+}
+
+
+def _ov_tensor(array: np.ndarray) -> ov.Tensor:
+    """A tensor over ``array``'s memory; a copy for the types the binding cannot view."""
+    ov_type = _OV_TYPES.get(array.dtype)
+    if ov_type is None:
+        return ov.Tensor(array, shared_memory=True)
+    tensor = ov.Tensor(ov_type, list(array.shape))
+    raw = _VIEWED[ov_type.get_type_name()][1]
+    tensor.data.view(raw)[...] = array.view(raw)
+    return tensor
+
+
+def _numpy(tensor: ov.Tensor) -> np.ndarray:
+    """The tensor's data as NumPy shows the model's type."""
+    viewed = _VIEWED.get(tensor.element_type.get_type_name())
+    if viewed is None:
+        data: np.ndarray = tensor.data
+        return data
+    return np.asarray(tensor.data.view(viewed[1]).view(viewed[0]))
+
+
+def _array(name: str, value: Any) -> np.ndarray:
+    """``value`` as memory OpenVINO can view."""
     array = np.asarray(value)
-    if not array.flags.c_contiguous:
-        array = np.ascontiguousarray(array)
+    if array.dtype.char == "q" and np.dtype(np.int64).char != "q":
+        array = array.view(np.int64)  # long long: the binding knows int64 only as long
+    if not (array.flags.c_contiguous and array.flags.writeable):
+        # OpenVINO shares only writable, contiguous memory (it never writes an input).
+        array = np.array(array, order="C")
     if array.dtype.kind in "OUS":
         raise InvalidInputError(
             f"input {name!r}: OpenVINO takes no string tensors; run the model on onnxruntime",
             details={"input": name},
         )
-    return ov.Tensor(array, shared_memory=True)
+    return array
 
 
 def _first_line(exc: BaseException) -> str:
