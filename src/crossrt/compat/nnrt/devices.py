@@ -1,0 +1,77 @@
+"""``OH_NNDevice_*``: the devices of every available crossrt driver, by ``size_t`` ID.
+
+A device's ID is its position in the list (drivers most preferred first, each driver's
+devices in order), so ID 0 is the first device, as NNRt's "0 means the first device" says.
+A device two drivers serve (``cpu:0`` of onnxruntime and of reference) has one ID per
+driver: the ID chooses the driver too. Its name is ``"<driver>/<device id>"``.
+"""
+
+from __future__ import annotations
+
+from ...drivers import DeviceInfo, DeviceKind, available_drivers
+from .status import OH_NN_ReturnCode, guarded, invalid
+from .types import OH_NN_DeviceType
+
+__all__ = [
+    "OH_NNDevice_GetAllDevicesID",
+    "OH_NNDevice_GetName",
+    "OH_NNDevice_GetType",
+    "device_id",
+]
+
+_KINDS = {
+    DeviceKind.CPU: OH_NN_DeviceType.OH_NN_CPU,
+    DeviceKind.GPU: OH_NN_DeviceType.OH_NN_GPU,
+    DeviceKind.ACCELERATOR: OH_NN_DeviceType.OH_NN_ACCELERATOR,
+}
+
+
+def _devices() -> list[DeviceInfo]:
+    # Asked each time: a driver's devices can change (a sim device count, a GPU lost).
+    return [info for drv in available_drivers() for info in drv.devices()]
+
+
+def device(device_id: int) -> DeviceInfo:
+    """The device of an NNRt device ID (INVALID_PARAMETER for an unknown one)."""
+    found = _devices()
+    if isinstance(device_id, bool) or not isinstance(device_id, int):
+        raise invalid(f"device ID {device_id!r} is not a size_t")
+    if not 0 <= device_id < len(found):
+        raise invalid(
+            f"no device has ID {device_id}; OH_NNDevice_GetAllDevicesID lists "
+            f"{len(found)} (0..{len(found) - 1})"
+        )
+    return found[device_id]
+
+
+def device_id(driver: str, device_name: str = "cpu:0") -> int:
+    """The NNRt ID of ``device_name`` (``"cpu:0"``) served by ``driver`` (crossrt's own
+    helper: NNRt has no look-up by name).
+
+    Raises:
+        KeyError: no such device.
+    """
+    for i, info in enumerate(_devices()):
+        if info.driver == driver and info.id == device_name:
+            return i
+    raise KeyError(f"no device {device_name!r} of driver {driver!r}")
+
+
+@guarded("pair")
+def OH_NNDevice_GetAllDevicesID() -> tuple[OH_NN_ReturnCode, list[int] | None]:
+    """Every device ID (``allDevicesID``; its length is ``deviceCount``)."""
+    return OH_NN_ReturnCode.OH_NN_SUCCESS, list(range(len(_devices())))
+
+
+@guarded("pair")
+def OH_NNDevice_GetName(deviceID: int) -> tuple[OH_NN_ReturnCode, str | None]:
+    """The device's name: ``"<driver>/<device>"``, e.g. ``"reference/cpu:0"``."""
+    info = device(deviceID)
+    return OH_NN_ReturnCode.OH_NN_SUCCESS, f"{info.driver}/{info.id}"
+
+
+@guarded("pair")
+def OH_NNDevice_GetType(deviceID: int) -> tuple[OH_NN_ReturnCode, OH_NN_DeviceType | None]:
+    """The device's type (a crossrt ``other`` device is OH_NN_OTHERS)."""
+    kind = device(deviceID).kind
+    return OH_NN_ReturnCode.OH_NN_SUCCESS, _KINDS.get(kind, OH_NN_DeviceType.OH_NN_OTHERS)
