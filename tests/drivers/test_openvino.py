@@ -4,6 +4,7 @@ artifact's checks; nodes OpenVINO cannot convert, placed elsewhere with fallback
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -166,3 +167,18 @@ def test_nodes_of_types_openvino_lacks_or_computes_differently_are_refused() -> 
     assert strings is not None and "takes no STRING tensors" in strings
     assert topk is not None and "orders equal values differently" in topk
     assert relu is None
+
+
+def test_a_crash_of_openvino_is_a_compile_error_and_the_process_lives_on() -> None:
+    # OpenVINO converts and compiles in a worker process: crafted models crash it (the
+    # fuzzer found a SIGFPE and a SIGSEGV). A real crash of the worker, then a compile.
+    from crossrt.drivers.openvino.isolated import Crashed, Worker
+
+    worker = Worker()
+    with pytest.raises(Crashed):
+        worker._call(os.abort)
+    blob, error = worker.compile(tiny().to_bytes(), "CPU", {"INFERENCE_NUM_THREADS": 1})
+    assert blob and not error  # a new worker took over
+    blob, error = worker.compile(b"not a model", "CPU", {})
+    assert not blob and error
+    worker.close()

@@ -61,7 +61,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 CONTAINERS = _budget("CROSSRT_FUZZ_CONTAINERS", 600, _CONTAINER_TESTS)
 MODELS = _budget("CROSSRT_FUZZ_MODELS", 300, _MODEL_TESTS)
 
-DEVICES = {"onnxruntime": "cpu", "reference": "cpu", "sim": "sim:0"}
+DEVICES = {"onnxruntime": "cpu", "openvino": "cpu", "reference": "cpu", "sim": "sim:0"}
 DRIVERS = sorted(d.name for d in available_drivers() if d.name in DEVICES)
 
 _MAX_ELEMENTS = 1 << 16  # inputs larger than this are not fed: the fuzzer tests parsing, not RAM

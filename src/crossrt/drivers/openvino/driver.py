@@ -1,7 +1,8 @@
 """The openvino driver: OpenVINO's CPU plugin (and its GPU and NPU plugins where present).
 
 ``compile`` converts the ONNX model with OpenVINO's ONNX frontend, compiles it for the device
-and stores OpenVINO's exported blob (``CompiledModel.export_model``); ``load`` imports it
+(both in a worker process: ``isolated.py``) and stores OpenVINO's exported blob
+(``CompiledModel.export_model``); ``load`` imports it
 (``Core.import_model``) without converting or compiling again. Every model computes in its
 own precision: OpenVINO's CPU plugin would run fp32 models in bf16 on CPUs that have it, so
 ``INFERENCE_PRECISION_HINT`` is always set to f32.
@@ -18,7 +19,7 @@ from typing import Any
 import onnx
 import openvino as ov
 
-from ...errors import CompileError, CrossrtError, InvalidContainerError
+from ...errors import CompileError, InvalidContainerError
 from ...model import Model
 from ..base import (
     ArtifactFile,
@@ -31,6 +32,7 @@ from ..base import (
     host_cpu,
 )
 from . import artifact as ov_artifact
+from .isolated import Crashed, Worker
 from .program import OpenVinoProgram
 
 log = logging.getLogger("crossrt")
@@ -108,6 +110,7 @@ class OpenVinoDriver(Driver):
         self._devices: dict[str, tuple[DeviceInfo, str]] | None = None
         self._node_reasons: OrderedDict[str, str | None] = OrderedDict()
         self._blobs: OrderedDict[str, bytes] = OrderedDict()
+        self._worker = Worker()  # converts and compiles: OpenVINO may crash on a model
 
     @property
     def version(self) -> str:
@@ -174,24 +177,37 @@ class OpenVinoDriver(Driver):
             try:
                 self._compiled_blob(model, target)
                 return refused  # every node: None
-            except Exception:  # the reasons come from the nodes, one by one
+            except CompileError:  # the reasons come from the nodes, one by one
                 pass
         return [why or self._node_reason(model, i, target) for i, why in enumerate(refused)]
 
     def _compiled_blob(self, model: Model, target: str) -> bytes:
-        """OpenVINO's exported blob of the whole model, kept for the next call with the
-        same model (unsupported_reasons, then compile, compile it once)."""
+        """OpenVINO's exported blob of the whole model, compiled in the worker process and
+        kept for the next call with the same model (unsupported_reasons, then compile,
+        compile it once).
+
+        Raises:
+            CompileError: OpenVINO refused the model, or crashed on it.
+        """
         key = f"{target}:{model.content_hash}"
         with self._lock:
             blob = self._blobs.get(key)
-        if blob is None:
-            converted = self._core.read_model(model.to_bytes())
-            compiled = self._core.compile_model(converted, target, _config(1))
-            blob = bytes(compiled.export_model().getvalue())
-            with self._lock:
-                self._blobs[key] = blob
-                while len(self._blobs) > _BLOBS_KEPT:
-                    self._blobs.popitem(last=False)
+        if blob is not None:
+            return blob
+        try:
+            blob, error = self._worker.compile(model.to_bytes(), target, _config(1))
+        except Crashed as exc:
+            error = str(exc)
+        if not blob:
+            raise CompileError(
+                f"OpenVINO {self.version} could not compile model {model.name!r}: "
+                f"{_first_line(error)}",
+                details={"driver": self.name},
+            )
+        with self._lock:
+            self._blobs[key] = blob
+            while len(self._blobs) > _BLOBS_KEPT:
+                self._blobs.popitem(last=False)
         return blob
 
     def _node_reason(self, model: Model, index: int, target: str) -> str | None:
@@ -202,25 +218,18 @@ class OpenVinoDriver(Driver):
         with self._lock:
             if key in self._node_reasons:
                 return self._node_reasons[key]
-        node = model.nodes[index]
-        reason: str | None
+        op = model.nodes[index].op_type
         try:
-            converted = self._core.read_model(data)
-        except Exception as exc:
-            reason = f"OpenVINO's ONNX frontend cannot convert {node.op_type}: {_first_line(exc)}"
-        else:
-            try:
-                placed = self._core.query_model(converted, target)
-                ops = converted.get_ops()
-                if any(op.get_friendly_name() not in placed for op in ops):
-                    reason = f"OpenVINO's {target} plugin has no kernel for {node.op_type} here"
-                else:
-                    self._core.compile_model(converted, target, _config(1))
-                    reason = None
-            except Exception as exc:
-                reason = (
-                    f"OpenVINO's {target} plugin cannot compile {node.op_type}: {_first_line(exc)}"
-                )
+            stage, error = self._worker.check_node(data, target, _config(1))
+        except Crashed:
+            stage, error = "crash", ""
+        reason = {
+            "": None,
+            "convert": f"OpenVINO's ONNX frontend cannot convert {op}: {_first_line(error)}",
+            "place": f"OpenVINO's {target} plugin has no kernel for {op} here",
+            "compile": f"OpenVINO's {target} plugin cannot compile {op}: {_first_line(error)}",
+            "crash": f"OpenVINO crashed compiling {op} here",
+        }[stage]
         with self._lock:
             self._node_reasons[key] = reason
             while len(self._node_reasons) > _NODE_CACHE:
@@ -230,17 +239,7 @@ class OpenVinoDriver(Driver):
     # -- compile and load --------------------------------------------------------------------
 
     def compile(self, model: Model, device: DeviceInfo, options: CompileOptions) -> bytes:
-        target = self._ov_device(device)
-        try:
-            blob = self._compiled_blob(model, target)
-        except CrossrtError:
-            raise
-        except Exception as exc:
-            raise CompileError(
-                f"OpenVINO {self.version} could not compile model {model.name!r}: "
-                f"{_first_line(exc)}",
-                details={"driver": self.name},
-            ) from None
+        blob = self._compiled_blob(model, self._ov_device(device))
         inputs = [s.name for s in model.inputs]
         outputs = [s.name for s in model.outputs]
         return ov_artifact.pack(blob, inputs, outputs)
@@ -359,10 +358,11 @@ def _replace(info: DeviceInfo, **changes: Any) -> DeviceInfo:
     return dataclasses.replace(info, **changes)
 
 
-def _first_line(exc: BaseException) -> str:
+def _first_line(exc: BaseException | str) -> str:
     """The line of an OpenVINO error that says what is wrong (its first lines name source
     files and failed checks)."""
     lines = [line.strip(" -") for line in str(exc).splitlines() if line.strip()]
     noise = ("Exception from src/", "Check '", "FrontEnd API failed", "Model wasn't", "Summary:")
     useful = [line for line in lines if not line.startswith(noise)]
-    return ((useful or lines or [type(exc).__name__])[0])[:300]
+    fallback = exc if isinstance(exc, str) else type(exc).__name__
+    return ((useful or lines or [fallback])[0])[:300]
