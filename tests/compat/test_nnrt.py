@@ -95,6 +95,19 @@ def test_status_mapping_both_ways() -> None:
     assert nn.crossrt_status(8) is StatusCode.NOT_FOUND
 
 
+def test_errors_become_their_codes() -> None:
+    from crossrt.errors import ClosedError, DeviceUnavailableError, InvalidContainerError
+
+    status_of = nn.status.status_of
+    unavailable = DeviceUnavailableError("driver x is not installed", StatusCode.DRIVER_UNAVAILABLE)
+    assert status_of(unavailable) is R.OH_NN_UNAVAILABLE_DEVICE
+    assert status_of(ClosedError("closed")) is R.OH_NN_CONNECTION_EXCEPTION
+    assert status_of(InvalidContainerError("damaged")) is R.OH_NN_INVALID_FILE
+    assert status_of(MemoryError()) is R.OH_NN_MEMORY_ERROR
+    assert status_of(ValueError()) is R.OH_NN_INVALID_PARAMETER
+    assert status_of(RuntimeError()) is R.OH_NN_FAILED
+
+
 def test_failed_when_the_engine_fails(caplog: pytest.LogCaptureFixture) -> None:
     model = nn.OH_NNModel_Construct()
     nn.OH_NNModel_AddTensorToModel(model, desc(shape=[3]))
