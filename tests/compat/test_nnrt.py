@@ -4,6 +4,7 @@ and every OH_NN_ReturnCode the layer returns, with its meaning. No exception cro
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 from pathlib import Path
@@ -125,16 +126,17 @@ def test_failed_when_the_engine_fails(caplog: pytest.LogCaptureFixture) -> None:
 
 
 def test_no_exception_crosses_the_api_for_garbage() -> None:
-    junk: list[Any] = [None, 1, "x", object(), -1]
+    junk: list[Any] = [None, 1, "x", object(), -1, b"\0" * 8]
+    called = 0
     for name in dir(nn):
         fn = getattr(nn, name)
         if not name.startswith("OH_NN") or not callable(fn) or isinstance(fn, type):
             continue
+        arity = len(inspect.signature(fn).parameters)
         for value in junk:
-            try:
-                fn(value, value, value, value, value, value, value)[:0]
-            except TypeError as exc:  # only: wrong argument count, or a result not sliceable
-                assert "argument" in str(exc) or "subscriptable" in str(exc), (name, exc)
+            fn(*[value] * arity)  # returns a code, a (code, None) pair or None; never raises
+            called += 1
+    assert called > 60 * len(junk)
 
 
 # -- descriptors and tensors ---------------------------------------------------------------------
