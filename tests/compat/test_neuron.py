@@ -9,6 +9,7 @@ import json
 import logging
 import logging.handlers
 import os
+import struct
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -384,6 +385,38 @@ def test_a_damaged_file_is_invalid() -> None:
     _init()
     data = _crm()
     assert nrt.nrt_load(data[:100], 100, -1, -1) == (nrt.NRT_INVALID, None)
+
+
+def test_a_file_of_another_format_is_unsupported_neff_version() -> None:
+    _init()
+    data = bytearray(_crm())
+    data[8:12] = struct.pack("<I", 2)  # the .crm format field: an older crossrt's file
+    assert nrt.nrt_load(data, len(data), -1, -1) == (nrt.NRT_UNSUPPORTED_NEFF_VERSION, None)
+
+
+def test_memory_beyond_what_the_device_has_is_resource() -> None:
+    _init()
+    status, tensor = nrt.nrt_tensor_allocate(nrt.NRT_TENSOR_PLACEMENT_DEVICE, 0, 1 << 62, "huge")
+    assert (status, tensor) == (nrt.NRT_RESOURCE, None)
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        ("NEURON_RT_STOCHASTIC_ROUNDING_EN", "1"),
+        ("NEURON_RT_STOCHASTIC_ROUNDING_SEED", "7"),
+        ("NEURON_RT_ROOT_COMM_ID", "10.0.1.2:46820"),
+    ],
+)
+def test_variables_without_an_effect_here_are_accepted(
+    monkeypatch: pytest.MonkeyPatch, setting: tuple[str, str]
+) -> None:
+    # Round-to-nearest engines (as inf1, where the seed says rounding has no effect); one host.
+    monkeypatch.setenv(*setting)
+    _init()
+    model = _load(_crm())
+    inputs, outputs = _sets(model, {"x": np.ones((4, 8), np.float32)})
+    assert nrt.nrt_execute(model, inputs, outputs) == nrt.NRT_SUCCESS
 
 
 def test_load_collectives_places_ranks_on_their_cores() -> None:
