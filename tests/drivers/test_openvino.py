@@ -5,6 +5,7 @@ artifact's checks; nodes OpenVINO cannot convert, placed elsewhere with fallback
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -175,8 +176,16 @@ def test_a_crash_of_openvino_is_a_compile_error_and_the_process_lives_on() -> No
     from crossrt.drivers.openvino.isolated import Crashed, Worker
 
     worker = Worker()
-    with pytest.raises(Crashed):
-        worker._call(os.abort)
+    blob, error = worker.compile(tiny().to_bytes(), "CPU", {"INFERENCE_NUM_THREADS": 1})
+    assert blob and not error
+    process = worker._process
+    assert process is not None
+    os.kill(process.pid, signal.SIGSEGV)  # as OpenVINO's compiler did on crafted models
+    process.wait()
+    blob, error = worker.compile(tiny().to_bytes(), "CPU", {"INFERENCE_NUM_THREADS": 1})
+    assert blob and not error  # a new worker took over
+    with pytest.raises(Crashed, match="died"):  # the worker dies while it handles the call
+        worker._call("an operation it does not know", b"", "CPU", {})
     blob, error = worker.compile(tiny().to_bytes(), "CPU", {"INFERENCE_NUM_THREADS": 1})
     assert blob and not error  # a new worker took over
     blob, error = worker.compile(b"not a model", "CPU", {})
