@@ -191,3 +191,48 @@ def test_a_crash_of_openvino_is_a_compile_error_and_the_process_lives_on() -> No
     blob, error = worker.compile(b"not a model", "CPU", {})
     assert not blob and error
     worker.close()
+
+
+def test_reduced_precision_only_when_asked_for_and_where_supported(tmp_path: Path) -> None:
+    driver = get_driver("openvino")
+    (device,) = [d for d in driver.devices() if d.id == "cpu:0"]
+    model, x = _conv(), _x()
+    with crossrt.Runtime() as rt:
+        (fp32,) = rt.load(crossrt.compile(model, "cpu", driver="openvino")).run({"x": x}).values()
+        if not device.capabilities.bf16:
+            with pytest.raises(crossrt.CrossrtError, match="precision='bf16'") as info:
+                crossrt.compile(model, "cpu", driver="openvino", precision="bf16")
+            assert info.value.code is StatusCode.INVALID_OPTION
+            pytest.skip("this CPU has no bfloat16 arithmetic")
+        exe = crossrt.compile(model, "cpu", driver="openvino", precision="bf16", cache_dir=tmp_path)
+        assert exe.options.precision == "bf16"
+        (bf16,) = rt.load(exe).run({"x": x}).values()
+        (again,) = rt.load(crossrt.load_executable(exe.to_bytes())).run({"x": x}).values()
+    difference = float(np.abs(bf16 - fp32).max())
+    assert 0 < difference < 0.5  # computed in bfloat16: close, not equal
+    assert np.array_equal(bf16, again)  # the .crm keeps the precision
+    # The cache keys on the precision: fp32 is a second entry, not the bf16 one.
+    fp32_exe = crossrt.compile(model, "cpu", driver="openvino", cache_dir=tmp_path)
+    assert fp32_exe.options.precision is None
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"precision": "int4"}, "precision takes"),
+        ({"precision": "bf16", "fp16": True}, "give one of them"),
+    ],
+)
+def test_a_precision_that_is_no_precision_is_refused(options: dict, message: str) -> None:
+    with pytest.raises(crossrt.CrossrtError, match=message) as info:
+        crossrt.compile(tiny(), "cpu", driver="openvino", **options)
+    assert info.value.code is StatusCode.INVALID_OPTION
+
+
+def test_onnxruntime_refuses_reduced_precision_by_name() -> None:
+    for precision in ("bf16", "fp16", "int8-dynamic"):
+        with pytest.raises(crossrt.CrossrtError, match="driver 'onnxruntime'") as info:
+            crossrt.compile(tiny(), "cpu", driver="onnxruntime", precision=precision)
+        assert info.value.code is StatusCode.INVALID_OPTION
+    exe = crossrt.compile(tiny(), "cpu", driver="onnxruntime", precision="fp32")
+    assert exe.options.precision == "fp32"

@@ -14,10 +14,14 @@ from ..model import TensorSpec
 KNOWN_OPTIONS = {
     "performance_mode": "NONE, LOW, MEDIUM, HIGH or EXTREME (OH_NN_PerformanceMode)",
     "priority": "NONE, LOW, MEDIUM or HIGH (OH_NN_Priority)",
-    "fp16": "True to allow reduced-precision arithmetic",
+    "fp16": "True to allow reduced-precision arithmetic (the same as precision='fp16')",
+    "precision": "None (the model's own), 'fp32', 'bf16', 'fp16' or 'int8-dynamic'",
     "portable": "True to compile for any device of the kind, not only this one (slower loads)",
     "extensions": "a dict of driver-specific settings",
 }
+
+PRECISIONS = ("fp32", "bf16", "fp16", "int8-dynamic")
+"""The precisions ``compile(precision=...)`` names; the default (``None``) is the model's own."""
 
 _E = TypeVar("_E", bound=enum.IntEnum)
 
@@ -43,6 +47,15 @@ def parse_options(**options: Any) -> CompileOptions:
     fp16 = options.get("fp16", False)
     if not isinstance(fp16, bool):
         raise _bad("fp16", fp16)
+    precision = options.get("precision")
+    if precision is not None and precision not in PRECISIONS:
+        raise _bad("precision", precision)
+    if fp16 and precision not in (None, "fp16"):
+        raise InvalidOptionError(
+            f"fp16=True asks for precision 'fp16', and precision={precision!r} for another; "
+            "give one of them",
+            details={"option": "precision"},
+        )
     portable = options.get("portable", False)
     if not isinstance(portable, bool):
         raise _bad("portable", portable)
@@ -57,6 +70,7 @@ def parse_options(**options: Any) -> CompileOptions:
         fp16=fp16,
         portable=portable,
         extensions=dict(extensions),
+        precision="fp16" if fp16 else precision,
     )
 
 

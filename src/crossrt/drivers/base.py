@@ -235,7 +235,10 @@ class CompileOptions:
     Attributes:
         performance_mode: :class:`PerformanceMode`.
         priority: :class:`Priority`.
-        fp16: allow reduced-precision arithmetic.
+        fp16: allow reduced-precision arithmetic (NNRt's EnableFloat16: ``precision="fp16"``).
+        precision: the arithmetic the model may be computed in: ``None`` (default), the
+            model's own, never changed silently; ``"fp32"``; or a reduced one the driver
+            really supports, asked for by name: ``"bf16"``, ``"fp16"``, ``"int8-dynamic"``.
         portable: compile for any device of the kind rather than for the one at hand (for a
             CPU: any CPU of its architecture, without layouts tied to its vector extensions);
             a portable artifact loads more slowly.
@@ -247,6 +250,7 @@ class CompileOptions:
     fp16: bool = False
     portable: bool = False
     extensions: Mapping[str, Any] = field(default_factory=dict)
+    precision: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly form."""
@@ -254,6 +258,7 @@ class CompileOptions:
             "performance_mode": self.performance_mode.name,
             "priority": self.priority.name,
             "fp16": self.fp16,
+            "precision": self.precision,
             "portable": self.portable,
             "extensions": dict(self.extensions),
         }
@@ -477,6 +482,11 @@ class Driver(ABC):
         caps = device.capabilities
         if options.fp16 and not caps.fp16:
             raise _cannot_honour("fp16", self.name, device, "it computes in float32 only")
+        reduced = {"fp16": caps.fp16, "bf16": caps.bf16, "int8-dynamic": False}
+        if options.precision in reduced and not reduced[options.precision]:
+            able = [name for name, ok in reduced.items() if ok]
+            why = f"it computes in {', '.join(['fp32', *able])} only"
+            raise _cannot_honour(f"precision={options.precision!r}", self.name, device, why)
         if options.performance_mode not in caps.performance_modes:
             modes = ", ".join(m.name for m in caps.performance_modes)
             raise _cannot_honour("performance_mode", self.name, device, f"it supports {modes}")

@@ -134,8 +134,14 @@ class OpenVinoDriver(Driver):
         with self._lock:
             if self._devices is None:
                 self._devices = {}
-                caps = Capabilities(dynamic_shapes=True, cache_export=True)
                 for ov_name in self._core.available_devices:
+                    abilities = _optimization_capabilities(self._core, ov_name)
+                    caps = Capabilities(
+                        fp16="FP16" in abilities,
+                        bf16="BF16" in abilities,
+                        dynamic_shapes=True,
+                        cache_export=True,
+                    )
                     base, _, index = ov_name.partition(".")
                     prefix, kind = _KINDS.get(base, (base.lower(), DeviceKind.OTHER))
                     full = str(self._core.get_property(ov_name, "FULL_DEVICE_NAME"))
@@ -188,7 +194,7 @@ class OpenVinoDriver(Driver):
                 pass
         return [why or self._node_reason(model, i, target) for i, why in enumerate(refused)]
 
-    def _compiled_blob(self, model: Model, target: str) -> bytes:
+    def _compiled_blob(self, model: Model, target: str, precision: str | None = None) -> bytes:
         """OpenVINO's exported blob of the whole model, compiled in the worker process and
         kept for the next call with the same model (unsupported_reasons, then compile,
         compile it once).
@@ -196,13 +202,14 @@ class OpenVinoDriver(Driver):
         Raises:
             CompileError: OpenVINO refused the model, or crashed on it.
         """
-        key = f"{target}:{model.content_hash}"
+        key = f"{target}:{precision}:{model.content_hash}"
         with self._lock:
             blob = self._blobs.get(key)
         if blob is not None:
             return blob
         try:
-            blob, error = self._worker.compile(model.to_bytes(), target, _config(1))
+            config = _config(1, precision)
+            blob, error = self._worker.compile(model.to_bytes(), target, config)
         except Crashed as exc:
             error = str(exc)
         if not blob:
@@ -246,7 +253,7 @@ class OpenVinoDriver(Driver):
     # -- compile and load --------------------------------------------------------------------
 
     def compile(self, model: Model, device: DeviceInfo, options: CompileOptions) -> bytes:
-        blob = self._compiled_blob(model, self._ov_device(device))
+        blob = self._compiled_blob(model, self._ov_device(device), options.precision)
         inputs = [s.name for s in model.inputs]
         outputs = [s.name for s in model.outputs]
         return ov_artifact.pack(blob, inputs, outputs)
@@ -263,7 +270,8 @@ class OpenVinoDriver(Driver):
         unpacked = ov_artifact.unpack(artifact)
         target = self._ov_device(device)
         try:
-            compiled = self._core.import_model(bytes(unpacked.blob), target, _config(cores.threads))
+            config = _config(cores.threads, options.precision)
+            compiled = self._core.import_model(bytes(unpacked.blob), target, config)
         except Exception as exc:
             raise InvalidContainerError(
                 f"OpenVINO {self.version} could not import the artifact ({_first_line(exc)}): it "
@@ -297,16 +305,28 @@ def _refused(node: onnx.NodeProto, types: dict[str, onnx.TypeProto]) -> str | No
     return rule(node) if rule is not None else None
 
 
-def _config(threads: int) -> dict[str, Any]:
-    """The plugin settings: the model's own precision, one stream of ``threads`` threads.
-    OpenVINO cannot pin its threads to CPUs crossrt names, so it pins none."""
+_HINTS = {None: "f32", "fp32": "f32", "bf16": "bf16", "fp16": "f16"}
+
+
+def _config(threads: int, precision: str | None = None) -> dict[str, Any]:
+    """The plugin settings: the precision asked for (f32, the model's own, unless a reduced
+    one is asked for by name: OpenVINO's own default is bf16 where the CPU has it), one
+    stream of ``threads`` threads. OpenVINO cannot pin its threads to CPUs crossrt names, so
+    it pins none."""
     return {
-        "INFERENCE_PRECISION_HINT": "f32",
+        "INFERENCE_PRECISION_HINT": _HINTS[precision],
         "INFERENCE_NUM_THREADS": max(1, threads),
         "NUM_STREAMS": 1,
         "PERFORMANCE_HINT": "LATENCY",
         "ENABLE_CPU_PINNING": False,
     }
+
+
+def _optimization_capabilities(core: Any, device: str) -> set[str]:
+    try:
+        return {str(c) for c in core.get_property(device, "OPTIMIZATION_CAPABILITIES")}
+    except Exception:  # a plugin that does not say: claim nothing beyond fp32
+        return set()
 
 
 def _order(ports: Any, names: tuple[str, ...], what: str) -> list[str]:
