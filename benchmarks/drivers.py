@@ -12,8 +12,9 @@ engine's spinning threads slow them alike):
 - ``crossrt onnxruntime`` and ``raw onnxruntime`` (``InferenceSession.run``).
 
 Reported: the median per call of each, crossrt/raw ratios per engine, the fastest engine, and
-the largest difference of each output from onnxruntime's. This is the first part of issue
-10's ``benchmarks/drivers.py``: reduced precisions and ``auto`` come with them.
+the largest difference of each output from onnxruntime's; where the CPU has bfloat16
+arithmetic, also ``crossrt openvino bf16`` (``precision="bf16"``): its speed-up over raw
+onnxruntime fp32 and its largest difference from fp32. ``auto`` joins with issue 10.
 
     python benchmarks/drivers.py              # ~2 min on 2 cores
     python benchmarks/drivers.py --quick --models tiny
@@ -41,6 +42,7 @@ import onnxruntime as ort
 import openvino as ov
 
 import crossrt
+from crossrt.drivers import get_driver
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import models  # benchmarks/ is not a package: found through sys.path
@@ -56,6 +58,9 @@ def variants(name: str, threads: int) -> dict[str, Callable[[], Any]]:
     rt = crossrt.Runtime()
     crossrt_ov = rt.load(crossrt.compile(path, "cpu", driver="openvino"))
     crossrt_ort = rt.load(crossrt.compile(path, "cpu", driver="onnxruntime"))
+    bf16 = None
+    if _bf16_capable():
+        bf16 = rt.load(crossrt.compile(path, "cpu", driver="openvino", precision="bf16"))
     core = ov.Core()
     config = {
         "INFERENCE_PRECISION_HINT": "f32",
@@ -76,19 +81,29 @@ def variants(name: str, threads: int) -> dict[str, Callable[[], Any]]:
         return [request.get_output_tensor(i).data.copy() for i in range(outputs)]
 
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return {
+    found: dict[str, Callable[[], Any]] = {
         "crossrt openvino": lambda: crossrt_ov.run(feed),
         "raw openvino": raw_openvino,
         "crossrt onnxruntime": lambda: crossrt_ort.run(feed),
         "raw onnxruntime": lambda: session.run(None, feed),
     }
+    if bf16 is not None:
+        found["crossrt openvino bf16"] = lambda: bf16.run(feed)
+    return found
 
 
-def outputs_differ(name: str) -> float:
-    """Largest difference of crossrt openvino's outputs from crossrt onnxruntime's."""
+def _bf16_capable() -> bool:
+    device = next(d for d in get_driver("openvino").devices() if d.id == "cpu:0")
+    return bool(device.capabilities.bf16)
+
+
+def outputs_differ(name: str, precision: str | None = None) -> float:
+    """Largest difference of crossrt openvino's outputs (at ``precision``) from crossrt
+    onnxruntime's (fp32)."""
     path, feed = models.get(name), models.example_input(name)
     with crossrt.Runtime() as rt:
-        a = rt.load(crossrt.compile(path, "cpu", driver="openvino")).run(feed)
+        exe = crossrt.compile(path, "cpu", driver="openvino", precision=precision)
+        a = rt.load(exe).run(feed)
         b = rt.load(crossrt.compile(path, "cpu", driver="onnxruntime")).run(feed)
     return max(float(np.max(np.abs(a[k].astype(np.float64) - b[k]))) for k in b)
 
@@ -112,6 +127,10 @@ def measure(calls: dict[str, Callable[[], Any]], per_block: int, rounds: int) ->
                 calls[key]()
             samples[key].append((time.perf_counter() - start) / per_block * 1e6)
     return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def _maybe(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,6 +164,14 @@ def main(argv: list[str] | None = None) -> int:
                     median["raw onnxruntime"] / median["raw openvino"], 2
                 ),
                 "max_abs_diff_openvino_vs_onnxruntime": outputs_differ(name),
+                "bf16_speedup_vs_onnxruntime_fp32": (
+                    round(median["raw onnxruntime"] / median["crossrt openvino bf16"], 2)
+                    if "crossrt openvino bf16" in median
+                    else None
+                ),
+                "max_abs_diff_bf16_vs_fp32": outputs_differ(name, "bf16")
+                if _bf16_capable()
+                else None,
             }
         )
     doc = {
@@ -167,8 +194,9 @@ def main(argv: list[str] | None = None) -> int:
         f"Drivers against their raw engines, fp32, {threads} threads ({doc['date']})",
         "",
         "| model | crossrt openvino | raw openvino | ratio | crossrt onnxruntime | raw onnxruntime "
-        "| ratio | raw ORT / raw OV | max abs diff OV vs ORT |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| ratio | raw ORT / raw OV | max abs diff OV vs ORT | OV bf16: x raw ORT fp32 "
+        "| bf16 max abs diff |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         m = r["median_us"]
@@ -177,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['openvino_ratio']:.3f} | {m['crossrt onnxruntime']:.1f} µs | "
             f"{m['raw onnxruntime']:.1f} µs | {r['onnxruntime_ratio']:.3f} | "
             f"{r['openvino_vs_onnxruntime']:.2f} | "
-            f"{r['max_abs_diff_openvino_vs_onnxruntime']:.1e} |"
+            f"{r['max_abs_diff_openvino_vs_onnxruntime']:.1e} | "
+            f"{_maybe(r['bf16_speedup_vs_onnxruntime_fp32'], '.2f')} | "
+            f"{_maybe(r['max_abs_diff_bf16_vs_fp32'], '.1e')} |"
         )
     table = "\n".join(lines) + "\n"
     out.with_suffix(".md").write_text(table)
