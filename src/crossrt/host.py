@@ -13,11 +13,14 @@ under a running process is seen after :func:`forget_host_facts`.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import platform
 import re
-from collections.abc import Sequence
+import shutil
+import stat
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -250,3 +253,44 @@ def process_alive(pid: int) -> bool:
     except OSError:  # EPERM: it exists, another user's
         return True
     return True
+
+
+def owned_name(prefix: str) -> str:
+    """``prefix`` followed by this process's PID namespace and PID: the start of the name of a
+    temporary file, folder or shared-memory segment that :func:`remove_orphans` may judge by
+    its owner."""
+    return f"{prefix}{pid_namespace()}-{os.getpid()}-"
+
+
+def remove_orphans(prefix: str, folders: Iterable[str]) -> list[str]:
+    """Remove, in ``folders``, the files and folders this user named :func:`owned_name` with
+    ``prefix`` in this PID namespace whose owner is gone (a process killed while it held
+    them). A PID reused since by a living process keeps the file (never the other way round).
+
+    Returns:
+        The paths removed.
+    """
+    namespace = pid_namespace()
+    if not namespace:
+        return []  # PIDs cannot be told apart from another namespace's
+    pattern = re.compile(re.escape(prefix) + r"(\d+)-(\d+)-")
+    removed = []
+    for folder in dict.fromkeys(folders):
+        try:
+            names = os.listdir(folder)
+        except OSError:  # no such folder (no /dev/shm off Linux)
+            continue
+        for name in names:
+            owner = pattern.match(name)
+            if owner is None or int(owner[1]) != namespace or process_alive(int(owner[2])):
+                continue
+            path = os.path.join(folder, name)
+            with contextlib.suppress(OSError):  # gone meanwhile, or not ours to remove
+                if os.lstat(path).st_uid != os.geteuid():
+                    continue
+                if stat.S_ISDIR(os.lstat(path).st_mode):
+                    shutil.rmtree(path)
+                else:
+                    os.unlink(path)
+                removed.append(path)
+    return removed

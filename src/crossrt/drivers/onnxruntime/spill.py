@@ -19,13 +19,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import re
-import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from ...host import pid_namespace, process_alive
+from ...host import owned_name, remove_orphans
 from ..base import ArtifactFile
 
 SHM = Path("/dev/shm")
@@ -59,7 +57,7 @@ def _write(artifact: bytes | memoryview, folder: str | None) -> ArtifactFile | N
     path = None
     try:
         with tempfile.NamedTemporaryFile(
-            prefix=f"{PREFIX}{pid_namespace()}-{os.getpid()}-",
+            prefix=owned(PREFIX),
             suffix=".bin",
             dir=folder,
             delete=False,
@@ -76,35 +74,13 @@ def _write(artifact: bytes | memoryview, folder: str | None) -> ArtifactFile | N
 
 
 def owned(prefix: str) -> str:
-    """``prefix`` followed by this process's PID namespace and PID: the start of the name of a
-    temporary file or folder that :func:`sweep` may judge by its owner."""
-    return f"{prefix}{pid_namespace()}-{os.getpid()}-"
+    """``prefix`` followed by this process's PID namespace and PID (``host.owned_name``)."""
+    return owned_name(prefix)
 
 
 @functools.cache
 def sweep(prefix: str, folders: tuple[str, ...] = ()) -> list[str]:
     """Remove, once per process, the files and folders named ``owned(prefix)`` by an owner
-    that is gone (a process killed while it held them), in ``folders`` and the temporary
-    directory; returns their paths. Only names of this PID namespace are judged."""
-    namespace = pid_namespace()
-    pattern = re.compile(re.escape(prefix) + r"(\d+)-(\d+)-")
-    removed = []
-    for folder in dict.fromkeys((*folders, tempfile.gettempdir())):
-        try:
-            names = os.listdir(folder)
-        except OSError:
-            continue
-        for name in names:
-            owner = pattern.match(name)
-            if owner is None or not namespace or int(owner[1]) != namespace:
-                continue
-            if process_alive(int(owner[2])):
-                continue
-            path = os.path.join(folder, name)
-            with contextlib.suppress(OSError):  # another user's, or gone meanwhile
-                if os.path.isdir(path) and not os.path.islink(path):
-                    shutil.rmtree(path)
-                else:
-                    os.unlink(path)
-                removed.append(path)
-    return removed
+    that is gone, in ``folders`` and the temporary directory (``host.remove_orphans``);
+    returns their paths."""
+    return remove_orphans(prefix, (*folders, tempfile.gettempdir()))

@@ -25,7 +25,6 @@ import logging
 import math
 import mmap
 import os
-import re
 import secrets
 import threading
 import weakref
@@ -37,7 +36,7 @@ import numpy as np
 
 from ...dtypes import DType
 from ...errors import InvalidArgumentError, UnsupportedError
-from ...host import pid_namespace, process_alive
+from ...host import owned_name, remove_orphans
 from .allocation import host_memory_error, is_out_of_memory
 from .allocator import host_allocator
 from .storage import Storage, buffer_storage
@@ -48,42 +47,20 @@ log = logging.getLogger("crossrt")
 
 KINDS = ("memfd", "posix")
 SHM_DIRECTORY = "/dev/shm"  # where Linux shows POSIX segments (shm_open names) as files
-_NAME = re.compile(r"crossrt-([0-9]+)-([0-9]+)-[0-9a-f]{32}")
+_PREFIX = "crossrt-"  # a segment is named owned_name(_PREFIX) + 32 hex digits
 _swept = False
 _sweep_lock = threading.Lock()
 
 
 def remove_leftovers(directory: str = SHM_DIRECTORY) -> list[str]:
-    """Unlink the named segments this user's dead crossrt processes left behind.
-
-    A segment qualifies when its name is crossrt's, made in this PID namespace, by a process
-    that no longer exists, and the file is this user's. A PID reused since by a living process
-    keeps the segment (never the other way round).
+    """Unlink the named segments this user's dead crossrt processes left behind: names of
+    crossrt's, made in this PID namespace, by a process that no longer exists
+    (``host.remove_orphans``).
 
     Returns:
         The names removed.
     """
-    namespace = pid_namespace()
-    try:
-        names = os.listdir(directory)
-    except OSError:  # no /dev/shm (not Linux): nothing to look at
-        return []
-    removed = []
-    for name in names:
-        match = _NAME.fullmatch(name)
-        if (
-            match is None
-            or not namespace
-            or int(match[1]) != namespace
-            or process_alive(int(match[2]))
-        ):
-            continue
-        path = os.path.join(directory, name)
-        with contextlib.suppress(OSError):  # gone meanwhile, or not ours to remove
-            if os.lstat(path).st_uid == os.geteuid():
-                os.unlink(path)
-                removed.append(name)
-    return removed
+    return [os.path.basename(path) for path in remove_orphans(_PREFIX, (directory,))]
 
 
 def sweep_once() -> None:
@@ -119,7 +96,7 @@ class SharedMemorySegment:
         if kind == "memfd" and (keep_name or not memfd):
             why = "a memfd has no name to keep" if keep_name else "this system has no memfd"
             raise UnsupportedError(f"kind='memfd' is not possible: {why}; use kind='posix'")
-        label = f"crossrt-{pid_namespace()}-{os.getpid()}-{secrets.token_hex(16)}"
+        label = owned_name(_PREFIX) + secrets.token_hex(16)
         length = max(size, 1)  # the system maps no empty files
         posix: shared_memory.SharedMemory | None = None
         fd = -1
