@@ -9,13 +9,11 @@ name missing from a tensor set ``NRT_FAILURE``, as the seed says).
 
 from __future__ import annotations
 
-import functools
 import logging
-from collections.abc import Callable
 from enum import IntEnum
-from typing import Any, ParamSpec, TypeVar
 
 from ...errors import CrossrtError, StatusCode
+from ..guard import never_raises
 
 __all__ = [
     "FROM_NRT",
@@ -206,40 +204,9 @@ def status_of(exc: BaseException) -> NRT_STATUS:
     return NRT_STATUS.NRT_FAILURE
 
 
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-def guarded(
-    shape: str = "status",
-) -> Callable[[Callable[P, Any]], Callable[P, Any]]:
-    """Wrap an ``nrt_*`` function so that no exception crosses the API.
-
-    ``shape`` says what a failure returns: ``"status"`` the NRT_STATUS, ``"pair"``
-    ``(status, None)`` for a function with an out-parameter, ``"value"`` ``None`` or 0 for
-    one that returns a value in C (``nrt_tensor_get_size``...), ``"void"`` ``None``. The
-    error's message, which says what to do, goes to the ``crossrt.compat.neuron`` logger.
-    """
-
-    def wrap(function: Callable[P, Any]) -> Callable[P, Any]:
-        @functools.wraps(function)
-        def call(*args: P.args, **kwargs: P.kwargs) -> Any:
-            try:
-                return function(*args, **kwargs)
-            except Exception as exc:  # the seed's API returns statuses, never raises
-                status = status_of(exc)
-                log.error("%s: %s (%s)", function.__name__, exc, status.name)
-                if shape == "pair":
-                    return status, None
-                if shape == "value":
-                    return 0
-                if shape == "void":
-                    return None
-                return status
-
-        return call
-
-    return wrap
+guarded = never_raises(status_of, log)
+"""``@guarded(shape)``: the ``nrt_*`` function returns its NRT_STATUS in that shape
+(``compat.guard``), never raises."""
 
 
 def nrt_get_status_as_str(status: int) -> str:

@@ -9,11 +9,9 @@ function with an out-parameter, or ``None`` where the C function returns a point
 
 from __future__ import annotations
 
-import functools
 import logging
-from collections.abc import Callable
 from enum import IntEnum
-from typing import Any, ParamSpec
+from typing import ParamSpec
 
 from ...errors import (
     ClosedError,
@@ -22,6 +20,7 @@ from ...errors import (
     InvalidModelError,
     StatusCode,
 )
+from ..guard import never_raises
 
 __all__ = [
     "FROM_NN",
@@ -136,32 +135,9 @@ def crossrt_status(code: int) -> StatusCode:
     return FROM_NN[OH_NN_ReturnCode(code)]
 
 
-def guarded(shape: str = "status") -> Callable[[Callable[P, Any]], Callable[P, Any]]:
-    """Wrap an ``OH_NN*`` function so that no exception crosses the API.
-
-    ``shape`` says what a failure returns: ``"status"`` the code, ``"pair"`` ``(code, None)``
-    for a function with an out-parameter, ``"handle"`` ``None`` for a constructor (C's
-    NULL), ``"void"`` ``None``. The error's message goes to the ``crossrt.compat.nnrt``
-    logger.
-    """
-
-    def wrap(function: Callable[P, Any]) -> Callable[P, Any]:
-        @functools.wraps(function)
-        def call(*args: P.args, **kwargs: P.kwargs) -> Any:
-            try:
-                return function(*args, **kwargs)
-            except Exception as exc:  # the seed's API returns codes, never raises
-                code = status_of(exc)
-                log.error("%s: %s (%s)", function.__name__, exc, code.name)
-                if shape == "pair":
-                    return code, None
-                if shape in ("handle", "void"):
-                    return None
-                return code
-
-        return call
-
-    return wrap
+guarded = never_raises(status_of, log)
+"""``@guarded(shape)``: the ``OH_NN*`` function returns its code in that shape
+(``compat.guard``), never raises."""
 
 
 def invalid(message: str) -> NNError:
