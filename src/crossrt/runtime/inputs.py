@@ -67,10 +67,13 @@ class InputChecker:
             if np_dtype is None:
                 continue  # sequences, optionals, maps, untyped: the engine checks them
             if type(value) is not np.ndarray:
-                if type(value) is Tensor and exact is not None and _raw(value, np_dtype, exact):
-                    value = feed[name] = _raw_input(spec, value, np_dtype, exact)
-                    continue
-                view = value._view if type(value) is Tensor else None  # a host tensor's view
+                tensor = value if type(value) is Tensor else None
+                if tensor is not None and not tensor._described and exact is not None:
+                    raw = _raw_input(spec, tensor, np_dtype, exact)
+                    if raw is not None:
+                        feed[name] = raw
+                        continue
+                view = tensor._view if tensor is not None else None  # a host tensor's view
                 value = feed[name] = view if view is not None else self._coerce(spec, value)
             if value.dtype != np_dtype and not _same_string(value.dtype, np_dtype):
                 raise _wrong_dtype(spec, value)
@@ -255,21 +258,14 @@ def _shape_str(shape: tuple[int, ...]) -> str:
     return "[" + ",".join(map(str, shape)) + "]"
 
 
-def _raw(tensor: Tensor, np_dtype: Any, shape: tuple[int, ...]) -> bool:
-    """Whether ``tensor`` is raw memory (``Tensor.allocate``: bytes, given no type) that is
-    not already what the input takes."""
-    return (
-        not tensor._described
-        and tensor.dtype.name == "uint8"
-        and (np_dtype != np.uint8 or tensor.shape != shape)
-    )
-
-
 def _raw_input(
     spec: TensorSpec, tensor: Tensor, np_dtype: Any, shape: tuple[int, ...]
-) -> np.ndarray:
-    """Raw memory (``Tensor.allocate``, ``nrt_tensor_allocate``: bytes without a type) read as
-    the input it is given for, as the seeds' runtimes take it: by its size in bytes."""
+) -> np.ndarray | None:
+    """Raw memory (``Tensor.allocate``, ``nrt_tensor_allocate``: untyped bytes) read as the
+    input it is given for, as the seeds' runtimes take it: by its size in bytes; ``None`` for
+    a tensor typed by its buffer (``Tensor.from_buffer``) or already of the input's form."""
+    if tensor.dtype.name != "uint8" or (np_dtype == np.uint8 and tensor.shape == shape):
+        return None
     needed = int(np.prod(shape)) * np.dtype(np_dtype).itemsize
     if tensor.size != needed:
         raise InvalidInputError(

@@ -10,8 +10,8 @@ own precision: OpenVINO's CPU plugin would run fp32 models in bf16 on CPUs that 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-import logging
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -33,9 +33,7 @@ from ..base import (
 )
 from . import artifact as ov_artifact
 from .isolated import Crashed, Worker
-from .program import OpenVinoProgram
-
-log = logging.getLogger("crossrt")
+from .program import OpenVinoProgram, first_line
 
 _KINDS = {
     "CPU": ("cpu", DeviceKind.CPU),
@@ -147,7 +145,7 @@ class OpenVinoDriver(Driver):
                     full = str(self._core.get_property(ov_name, "FULL_DEVICE_NAME"))
                     if kind is DeviceKind.CPU:
                         info = host_cpu(self.name, caps)
-                        info = _replace(info, name=full or info.name)
+                        info = dataclasses.replace(info, name=full or info.name)
                     else:
                         info = DeviceInfo(
                             id=f"{prefix}:{index or 0}",
@@ -215,13 +213,10 @@ class OpenVinoDriver(Driver):
         if not blob:
             raise CompileError(
                 f"OpenVINO {self.version} could not compile model {model.name!r}: "
-                f"{_first_line(error)}",
+                f"{first_line(error)}",
                 details={"driver": self.name},
             )
-        with self._lock:
-            self._blobs[key] = blob
-            while len(self._blobs) > _BLOBS_KEPT:
-                self._blobs.popitem(last=False)
+        _remember(self._blobs, key, blob, _BLOBS_KEPT, self._lock)
         return blob
 
     def _node_reason(self, model: Model, index: int, target: str) -> str | None:
@@ -239,15 +234,12 @@ class OpenVinoDriver(Driver):
             stage, error = "crash", ""
         reason = {
             "": None,
-            "convert": f"OpenVINO's ONNX frontend cannot convert {op}: {_first_line(error)}",
+            "convert": f"OpenVINO's ONNX frontend cannot convert {op}: {first_line(error)}",
             "place": f"OpenVINO's {target} plugin has no kernel for {op} here",
-            "compile": f"OpenVINO's {target} plugin cannot compile {op}: {_first_line(error)}",
+            "compile": f"OpenVINO's {target} plugin cannot compile {op}: {first_line(error)}",
             "crash": f"OpenVINO crashed compiling {op} here",
         }[stage]
-        with self._lock:
-            self._node_reasons[key] = reason
-            while len(self._node_reasons) > _NODE_CACHE:
-                self._node_reasons.popitem(last=False)
+        _remember(self._node_reasons, key, reason, _NODE_CACHE, self._lock)
         return reason
 
     # -- compile and load --------------------------------------------------------------------
@@ -274,7 +266,7 @@ class OpenVinoDriver(Driver):
             compiled = self._core.import_model(bytes(unpacked.blob), target, config)
         except Exception as exc:
             raise InvalidContainerError(
-                f"OpenVINO {self.version} could not import the artifact ({_first_line(exc)}): it "
+                f"OpenVINO {self.version} could not import the artifact ({first_line(exc)}): it "
                 "is damaged or from another OpenVINO build or CPU; recompile the model",
                 details={"driver": self.name},
             ) from None
@@ -379,17 +371,9 @@ def _one_node_model(model: Model, index: int) -> bytes:
     return bytes(proto.SerializeToString())
 
 
-def _replace(info: DeviceInfo, **changes: Any) -> DeviceInfo:
-    import dataclasses
-
-    return dataclasses.replace(info, **changes)
-
-
-def _first_line(exc: BaseException | str) -> str:
-    """The line of an OpenVINO error that says what is wrong (its first lines name source
-    files and failed checks)."""
-    lines = [line.strip(" -") for line in str(exc).splitlines() if line.strip()]
-    noise = ("Exception from src/", "Check '", "FrontEnd API failed", "Model wasn't", "Summary:")
-    useful = [line for line in lines if not line.startswith(noise)]
-    fallback = exc if isinstance(exc, str) else type(exc).__name__
-    return ((useful or lines or [fallback])[0])[:300]
+def _remember(cache: OrderedDict[str, Any], key: str, value: Any, most: int, lock: Any) -> None:
+    """Keep ``value`` under ``key``, dropping the oldest entries past ``most``."""
+    with lock:
+        cache[key] = value
+        while len(cache) > most:
+            cache.popitem(last=False)

@@ -78,7 +78,7 @@ class OpenVinoProgram(Program):
                     raise DeadlineExceededError(
                         "the run was cancelled: it took longer than the execution timeout"
                     ) from None
-                raise ExecutionError(f"OpenVINO failed: {_first_line(exc)}") from None
+                raise ExecutionError(f"OpenVINO failed: {first_line(exc)}") from None
             if cancel.cancelled:
                 raise DeadlineExceededError("the run was cancelled at the execution timeout")
             del held
@@ -217,6 +217,11 @@ def _array(name: str, value: Any) -> np.ndarray:
     return array
 
 
-def _first_line(exc: BaseException) -> str:
-    lines = [line for line in str(exc).splitlines() if line.strip()]
-    return (lines[-1] if lines else type(exc).__name__)[:300]
+def first_line(exc: BaseException | str) -> str:
+    """The line of an OpenVINO error that says what is wrong (its first lines name source
+    files and failed checks)."""
+    lines = [line.strip(" -") for line in str(exc).splitlines() if line.strip()]
+    noise = ("Exception from src/", "Check '", "FrontEnd API failed", "Model wasn't", "Summary:")
+    useful = [line for line in lines if not line.startswith(noise)]
+    fallback = exc if isinstance(exc, str) else type(exc).__name__
+    return ((useful or lines or [fallback])[0])[:300]
