@@ -20,7 +20,6 @@ from . import config, dtypes
 from .compiler import (
     Executable,
     ExecutableNode,
-    compile,
     executables_to_bytes,
     list_networks,
     load_executable,
@@ -60,6 +59,7 @@ from .errors import (
 )
 from .model import GraphBuilder, Model, TensorSpec, load_model
 from .runtime import LoadedModel, Runtime, TensorInfo
+from .runtime.auto import compile
 from .runtime.cores.groups import CoreGroup
 from .runtime.memory.allocator import MemoryStats, OwnerStats
 from .runtime.memory.tensor import Tensor, shared_tensor, tensor_from_fd

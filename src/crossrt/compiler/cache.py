@@ -22,11 +22,13 @@ processes compiling one model at once compile it once and leave one entry.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,7 @@ from ..drivers.registry import resolve_device
 from ..errors import CrossrtError, InvalidArgumentError, StatusCode
 from ..model import Model
 from .cache_keys import (
+    RECIPE,
     SourceId,
     digest_identity,
     fallback_material,
@@ -205,6 +208,23 @@ class CompileCache:
         if aliasable:
             self._remember(source_id, model.content_hash)
         return exe
+
+    # -- device="auto" decisions ---------------------------------------------------------
+
+    def decision(self, material: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The decision stored for ``material`` (what a choice depends on), or ``None``."""
+        try:
+            return self._store.decision(_decision_key(material, self.version))
+        except OSError as exc:
+            self._unusable(exc)
+            return None
+
+    def remember_decision(self, material: Mapping[str, Any], decision: dict[str, Any]) -> None:
+        """Store ``decision`` for ``material``; a cache that cannot be written is passed by."""
+        try:
+            self._store.set_decision(_decision_key(material, self.version), decision)
+        except OSError as exc:
+            self._unusable(exc, "store a device='auto' decision")
 
     # -- entries -------------------------------------------------------------------------
 
@@ -518,6 +538,11 @@ class CompileCache:
 
 _UNPROVEN = "unproven"
 """What :meth:`CompileCache._known` gives for an entry a source record leads to wrongly."""
+
+
+def _decision_key(material: Mapping[str, Any], version: int) -> str:
+    text = json.dumps({"recipe": RECIPE, "auto": material}, sort_keys=True, separators=(",", ":"))
+    return key_of(hashlib.sha256(text.encode()).hexdigest(), version)
 
 
 def _check_arguments(version: Any, max_bytes: Any) -> None:

@@ -1,7 +1,8 @@
 """The compile cache's directory: entry files, their metadata, locks and eviction.
 
 Layout: ``<key>.crm`` (the container) and ``<key>.json`` (model, version, size, created, last
-used), ``sources/<sha256>.json`` (the model content a model file's bytes hold), ``locks/<slot>
+used), ``sources/<sha256>.json`` (the model content a model file's bytes hold),
+``decisions/<sha256>.json`` (what ``device="auto"`` measured and chose), ``locks/<slot>
 .lock`` (one builder per slot) and ``.lock`` (renames, metadata and eviction). Every file is
 written whole before it gets its name, so a reader sees the old file or the new one, never half
 of one: written unnamed (``O_TMPFILE``) and linked into place where the file system allows, else
@@ -45,7 +46,7 @@ _STALE_TEMP_S = 3600.0  # an unlocked temporary this old is a leftover whoever n
 _KEY = re.compile(r"[0-9a-f]{64}")  # only files named so are entries: never touch others
 _TEMP_OWNER = re.compile(r"\.tmp-(\d+)-")
 _SOURCES_KEPT = 32  # source identities an entry's metadata keeps, the latest
-_SUBDIRECTORIES = ("locks", "sources", "sources/paths")
+_SUBDIRECTORIES = ("locks", "sources", "sources/paths", "decisions")
 TAG = "CACHEDIR.TAG"
 _TAG_TEXT = (
     "Signature: 8a477f597d28d172789f06886806bc55\n"
@@ -212,7 +213,15 @@ class EntryStore:
         sources = meta.get("sources") if meta else None
         return isinstance(sources, list) and source in sources
 
+    def decision(self, key: str) -> dict[str, Any] | None:
+        """What ``device="auto"`` chose for decision key ``key`` (64 hex digits), or ``None``."""
+        return read_json(self.directory / "decisions" / f"{key}.json")
+
     # -- writing -------------------------------------------------------------------------
+
+    def set_decision(self, key: str, value: dict[str, Any]) -> None:
+        """Record what ``device="auto"`` measured and chose for decision key ``key``."""
+        self.write_json(self.directory / "decisions" / f"{key}.json", value)
 
     def set_path_alias(self, path: Path, st: os.stat_result, content_hash: str) -> None:
         """Record that ``path``, with status ``st`` when it was read, holds ``content_hash``."""

@@ -93,6 +93,9 @@ class Executable:
             are the model's (dynamic) ones and ``nodes`` the first stage's. Empty otherwise.
         metadata: the source model's metadata (ONNX ``metadata_props``), kept so that what
             the runtime reads from it (``crossrt.dim_ranges``) needs no driver's artifact.
+        decision: for ``compile(device="auto")``, why this driver and device were chosen:
+            the candidates, each one's measured latency and error against the reference,
+            the probe shapes and the tolerance (plain JSON; ``None`` for a named device).
     """
 
     name: str
@@ -104,6 +107,7 @@ class Executable:
     options: CompileOptions
     stages: tuple[Executable, ...] = ()
     metadata: Mapping[str, str] = field(default_factory=dict, compare=False)
+    decision: Mapping[str, Any] | None = field(default=None, compare=False)
 
     @property
     def device_kind(self) -> str:
@@ -117,6 +121,7 @@ class Executable:
         A value to print or compare, never a surprise: a strict compile gives one entry, a
         compile with ``fallback`` one per region.
         """
+        why = {} if self.decision is None else {"chosen_by": str(self.decision.get("why", ""))}
         return [
             {
                 "node": n.name,
@@ -124,6 +129,7 @@ class Executable:
                 "device_kind": n.device_kind,
                 "op_types": dict(n.op_types),
                 "operators": sum(n.op_types.values()),
+                **why,
             }
             for n in self.nodes
         ]
@@ -188,6 +194,7 @@ class Executable:
             ],
             "nodes": nodes(self),
             "metadata": dict(self.metadata),
+            **({} if self.decision is None else {"decision": dict(self.decision)}),
         }
 
     def describe(self) -> dict[str, Any]:
@@ -204,6 +211,7 @@ class Executable:
             "stages": [
                 {s.name: list(s.shape or ()) for s in stage.inputs} for stage in self.stages
             ],
+            **({} if self.decision is None else {"decision": dict(self.decision)}),
         }
 
 

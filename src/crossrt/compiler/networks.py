@@ -85,8 +85,19 @@ def _network(
         isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
     ):
         raise bad_field(f"{where}.metadata", "an object of strings", metadata)
+    decision = net.get("decision")
+    if decision is not None and not is_dict(decision):
+        raise bad_field(f"{where}.decision", "an object", decision)
     base = Executable(
-        name, content_hash, device, inputs, outputs, nodes, options, metadata=metadata
+        name,
+        content_hash,
+        device,
+        inputs,
+        outputs,
+        nodes,
+        options,
+        metadata=metadata,
+        decision=decision,
     )
     stages = _stages(raw_stages, where, base, sections, users)
     if stages and net["nodes"] != raw_stages[0]["nodes"]:

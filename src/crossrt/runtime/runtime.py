@@ -193,6 +193,13 @@ class Runtime:
                 )
             exe = source
         else:
+            if (one or settings().default_device) == "auto":
+                # Choosing measures models on their own runtime: compile first, then load.
+                raise InvalidArgumentError(
+                    "load(device='auto') does not choose a device; compile with "
+                    "exe = crossrt.compile(model, device='auto'), then load(exe)",
+                    details={"device": "auto"},
+                )
             exe = compile(source, one, driver=driver, **compile_options)
         spread = _linked_devices(listed, exe) if listed is not None else None
         info = spread[0] if spread else _model_device(exe, one or exe.device)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import sys
-from typing import TextIO
+from collections.abc import Mapping
+from typing import Any, TextIO
 
 from ..errors import CrossrtError
 
@@ -52,3 +53,39 @@ def human_bytes(n: int) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return f"{n} B"
+
+
+def decision_lines(decision: Mapping[str, Any]) -> list[str]:
+    """``device="auto"``'s decision as a table: a line per candidate (driver, device, status,
+    median latency, runs, error against the reference, why), then the choice.
+
+    The decision may come from a file: any field may be missing or of another type.
+    """
+
+    def cell(row: Mapping[str, Any], key: str, form: str) -> str:
+        value = row.get(key)
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        return format(value, form) if ok else "-"
+
+    rows = decision.get("candidates")
+    lines = [
+        f"  {'driver':<12} {'device':<8} {'status':<13} {'median ms':>10} {'runs':>5} "
+        f"{'max abs err':>11}  why"
+    ]
+    for row in rows if isinstance(rows, list) else []:
+        if not isinstance(row, Mapping):
+            continue
+        lines.append(
+            f"  {row.get('driver', '?')!s:<12} {row.get('device', '?')!s:<8} "
+            f"{row.get('status', '?')!s:<13} {cell(row, 'median_ms', '10.3f'):>10} "
+            f"{cell(row, 'runs', 'd'):>5} {cell(row, 'max_abs_error', '11.2g'):>11}  "
+            f"{row.get('why', row.get('placement', ''))}"
+        )
+    chosen = decision.get("chosen")
+    chosen = chosen if isinstance(chosen, Mapping) else {}
+    cached = " (decided before: from the compile cache)" if decision.get("cached") else ""
+    lines.append(
+        f"  chose {chosen.get('driver', '?')} on {chosen.get('device', '?')}{cached}: "
+        f"{decision.get('why', '')}"
+    )
+    return [printable(line) for line in lines]

@@ -20,10 +20,12 @@ from typing import Any, TextIO
 import onnx
 from onnx import external_data_helper
 
-from ..compiler import Executable, compile
+from ..compiler import Executable
 from ..compiler.cache import cache_stats
+from ..compiler.options import PRECISIONS
 from ..errors import CrossrtError, InvalidArgumentError
-from .common import fail, human_bytes, printable, say
+from ..runtime.auto import compile
+from .common import decision_lines, fail, human_bytes, printable, say
 
 _QUIET_S = 1.0  # compiles shorter than this show no progress at all
 _FRAMES = "|/-\\"
@@ -40,11 +42,19 @@ def parser() -> argparse.ArgumentParser:
         epilog="examples:\n"
         "  crossrt compile model.onnx -d cpu -o model.crm\n"
         "  crossrt compile model.onnx -d cuda --fallback cpu --fp16 -o model.crm\n"
+        "  crossrt compile model.onnx -d auto -o model.crm   # measure every engine, keep the "
+        "fastest\n"
         "  crossrt compile model.onnx -o model.crm --cache-dir ~/.cache/crossrt --cache-version 2",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("model", help="an ONNX model file")
-    p.add_argument("--device", "-d", default=None, help="target device (default: cpu)")
+    p.add_argument(
+        "--device",
+        "-d",
+        default=None,
+        help="target device (default: cpu); 'auto' compiles for every engine that can run "
+        "the model, measures each and keeps the fastest whose outputs match the reference",
+    )
     p.add_argument(
         "--output",
         "-o",
@@ -60,7 +70,21 @@ def parser() -> argparse.ArgumentParser:
         help="place the nodes the target cannot run on this device; repeat for several, in "
         "priority order (default: fail and list the nodes)",
     )
-    p.add_argument("--fp16", action="store_true", help="allow reduced-precision arithmetic")
+    p.add_argument("--fp16", action="store_true", help="the same as --precision fp16")
+    p.add_argument(
+        "--precision",
+        default=None,
+        choices=PRECISIONS,
+        help="compute in this reduced precision where the driver supports it (default: the "
+        "model's own)",
+    )
+    p.add_argument(
+        "--auto-seconds",
+        type=float,
+        default=None,
+        metavar="S",
+        help="with --device auto: how long to time the candidates (default 2)",
+    )
     p.add_argument(
         "--portable",
         action="store_true",
@@ -97,8 +121,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     options: dict[str, Any] = {}
     if args.fp16:
         options["fp16"] = True
+    if args.precision is not None:
+        options["precision"] = args.precision
     if args.portable:
         options["portable"] = True
+    if args.auto_seconds is not None:
+        options["auto_seconds"] = args.auto_seconds
     if args.perf is not None:
         options["performance_mode"] = args.perf
     if args.priority is not None:
@@ -139,6 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         cache = "off"
     say(*summary(exe, output, elapsed, cache, Path(args.model)).split("\n"))
+    if exe.decision is not None:
+        say("  device='auto' measured:", *decision_lines(exe.decision))
     return 0
 
 

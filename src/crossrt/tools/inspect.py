@@ -21,7 +21,7 @@ from ..drivers import driver_statuses
 from ..errors import CrossrtError, InvalidArgumentError
 from ..model import TensorSpec
 from . import inspect_model
-from .common import fail, human_bytes, printable, say
+from .common import decision_lines, fail, human_bytes, printable, say
 
 
 def parser() -> argparse.ArgumentParser:
@@ -187,6 +187,8 @@ def _network(container: Container, exe: Executable) -> list[str]:
             *(f"       {key}: {value}" for key, value in node.target.items()),
         ]
     lines += ["", "  TENSORS BY NODE", *_table(exe)]
+    if exe.decision is not None:
+        lines += ["", "  DEVICE='AUTO' DECISION", *decision_lines(exe.decision)]
     return lines
 
 
