@@ -113,7 +113,7 @@ class ReferenceProgram(Program):
     def __init__(self, proto: onnx.ModelProto) -> None:
         from onnx.reference import ReferenceEvaluator  # ~0.1 s to import: only when used
 
-        self._evaluator = ReferenceEvaluator(proto)
+        self._evaluator = ReferenceEvaluator(proto, new_ops=_corrections())
         self._output_names = [o.name for o in proto.graph.output]
         # The evaluator keeps per-run state in its operator objects: one run at a time.
         self._lock = threading.Lock()
@@ -137,6 +137,38 @@ class ReferenceProgram(Program):
 
     def close(self) -> None:
         del self._evaluator
+
+
+def _corrections() -> list[type[Any]]:
+    """Operators of onnx.reference replaced where its answer is wrong (found by comparing it
+    with onnxruntime and OpenVINO on real models, tests/drivers/test_reference_corrections.py).
+
+    BatchNormalization of opsets 9 to 13: onnx.reference normalizes with the batch's own
+    statistics whenever the node has a ``momentum`` attribute, which exporters always write
+    (rapidocr's recognition model: off by 0.16). The standard computes in inference mode, with
+    the running mean and variance given, unless the node asks for the training outputs.
+    """
+    from onnx.reference.op_run import OpRun
+    from onnx.reference.ops import op_batch_normalization as bn
+
+    class BatchNormalization(OpRun):  # the evaluator matches by class name
+        op_domain = ""
+
+        def _run(  # type: ignore[no-untyped-def]
+            self, x, scale, bias, mean, var, epsilon=None, momentum=None, training_mode=None
+        ):
+            eps = 1e-5 if epsilon is None else epsilon
+            if training_mode:  # opset 14: the running statistics are outputs too
+                return bn.BatchNormalization_14._run(
+                    self, x, scale, bias, mean, var, eps, momentum, training_mode
+                )
+            if len(self.output) > 1:  # opsets 9 to 13 in training mode
+                return bn.BatchNormalization_9._run(self, x, scale, bias, mean, var, eps, momentum)
+            shape = (-1,) + (1,) * (x.ndim - 2)
+            scale, bias, mean, var = (np.reshape(a, shape) for a in (scale, bias, mean, var))
+            return ((scale * (x - mean) / np.sqrt(var + eps) + bias).astype(x.dtype),)
+
+    return [BatchNormalization]
 
 
 def _reason(
