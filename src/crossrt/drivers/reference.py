@@ -149,7 +149,9 @@ def _corrections() -> list[type[Any]]:
     the running mean and variance given, unless the node asks for the training outputs.
     """
     from onnx.reference.op_run import OpRun
-    from onnx.reference.ops import op_batch_normalization as bn
+    from onnx.reference.ops import op_batch_normalization
+
+    bn: Any = op_batch_normalization  # its _run methods are untyped
 
     class BatchNormalization(OpRun):  # the evaluator matches by class name
         op_domain = ""
