@@ -289,7 +289,9 @@ class _Chooser:
         except CrossrtError as exc:
             raise UnsupportedError(
                 f"device='auto' found no reference to check {self.model.name!r} against: the "
-                f"reference driver: {why}; {drv.name}: {_short(exc.message)}; name a device"
+                f"reference driver: {why}; {drv.name}: {_short(exc.message)}. When the model "
+                "needs particular input values or shapes, give them as probe={name: array}; "
+                "or name a device"
             ) from None
 
 
@@ -421,7 +423,7 @@ def _none_can(model: Model, rows: list[dict[str, Any]]) -> UnsupportedError:
     return UnsupportedError(
         f"device='auto': no driver can run {model.name!r} with these options and outputs "
         f"within the tolerance: {listed or 'no driver is available'}. Allow fallback='cpu', "
-        "or name a device",
+        "give the inputs to measure with as probe={name: array}, or name a device",
         details={"candidates": rows},
     )
 
