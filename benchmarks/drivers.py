@@ -1,23 +1,30 @@
-"""Each driver against its raw engine, fp32, on tiny, ResNet-50-like and BERT-like models.
+"""Every driver, ``device="auto"`` and each reduced precision, beside the raw engines.
 
-Per model, in one process and on the same input, four variants run in alternating blocks (in
-a new random order every round, after a short pause, so that a noisy machine and the previous
+Models: ``tiny``, ``resnet50`` (ResNet-50-like), ``bert`` (BERT-like) from ``models.py``, and
+the real models in PyPI wheels: rapidocr's text detector (``det``, 1x3x320x320) and recognizer
+(``rec``, 1x3x48x320), and ``silero`` (silero-vad, one 512-sample window at 16 kHz).
+
+Per model, in one process and on the same input, these variants run in alternating blocks (a
+new random order every round, after a short pause, so that a noisy machine and the previous
 engine's spinning threads slow them alike):
 
-- ``crossrt openvino``: ``crossrt.compile(model, "cpu", driver="openvino")`` loaded on every
-  core, ``LoadedModel.run(feed)``;
-- ``raw openvino``: ``ov.Core().compile_model`` with the same settings (f32, one stream of
-  one thread per core, latency hint), an infer request reused, inputs set as tensors over
-  the caller's arrays, ``infer()``, outputs copied out;
-- ``crossrt onnxruntime`` and ``raw onnxruntime`` (``InferenceSession.run``).
+- ``raw onnxruntime`` (``InferenceSession.run``) and ``raw openvino`` (``compile_model`` with
+  crossrt's settings: f32 hint, one stream of one thread per core, latency hint; an infer
+  request reused, input tensors over the caller's arrays, outputs copied out); ``raw openvino
+  bf16`` where the CPU has bfloat16 arithmetic;
+- ``onnxruntime`` and ``openvino``: ``crossrt.compile(model, "cpu", driver=...)`` (with
+  ``fallback="cpu"`` where the driver cannot run every node: marked ``+fallback``);
+- ``auto``: ``crossrt.compile(model, device="auto", fallback="cpu")``;
+- ``<driver> <precision>`` and ``auto <precision>`` for each reduced precision a driver
+  accepts (bf16, fp16, int8-dynamic; a driver that refuses one is left out).
 
-Reported: the median per call of each, crossrt/raw ratios per engine, the fastest engine, and
-the largest difference of each output from onnxruntime's; where the CPU has bfloat16
-arithmetic, also ``crossrt openvino bf16`` (``precision="bf16"``): its speed-up over raw
-onnxruntime fp32 and its largest difference from fp32. ``auto`` joins with issue 10.
+Reported per variant: median ms per call; ``vs raw``: crossrt / the raw engine at the same
+precision; ``vs best raw``: the variant / the fastest raw engine at fp32 (under 1: faster);
+``max abs err``: the largest difference of any output from raw onnxruntime fp32. Per model:
+what ``auto`` chose and why.
 
-    python benchmarks/drivers.py              # ~2 min on 2 cores
-    python benchmarks/drivers.py --quick --models tiny
+    python benchmarks/drivers.py              # ~6 min on 2 cores
+    python benchmarks/drivers.py --quick --models tiny,resnet50
 
 Writes ``results/drivers.json`` (``--out``) and a Markdown table next to it.
 """
@@ -25,6 +32,9 @@ Writes ``results/drivers.json`` (``--out``) and a Markdown table next to it.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.metadata
+import io
 import json
 import os
 import platform
@@ -42,54 +52,214 @@ import onnxruntime as ort
 import openvino as ov
 
 import crossrt
+from crossrt import host
 from crossrt.drivers import get_driver
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import models  # benchmarks/ is not a package: found through sys.path
 
 RESULTS = Path(__file__).resolve().parent / "results"
-ROUNDS = {"tiny": (2000, 20), "resnet50": (3, 20), "bert": (2, 15)}  # calls per block, rounds
-QUICK = {"tiny": (300, 4), "resnet50": (1, 4), "bert": (1, 3)}
+MODELS = ("tiny", "resnet50", "bert", "det", "rec", "silero")
+PRECISIONS = ("bf16", "fp16", "int8-dynamic")
+BLOCK_S = 0.05  # a block of calls lasts at least this long
+ROUNDS, QUICK_ROUNDS = 12, 3
+_WHEEL_MODELS = {
+    "det": ("rapidocr-onnxruntime", "ch_PP-OCRv4_det_infer.onnx"),
+    "rec": ("rapidocr-onnxruntime", "ch_PP-OCRv4_rec_infer.onnx"),
+    "silero": ("silero-vad", "silero_vad.onnx"),
+}
 
 
-def variants(name: str, threads: int) -> dict[str, Callable[[], Any]]:
-    path = models.get(name)
-    feed = models.example_input(name)
-    rt = crossrt.Runtime()
-    crossrt_ov = rt.load(crossrt.compile(path, "cpu", driver="openvino"))
-    crossrt_ort = rt.load(crossrt.compile(path, "cpu", driver="onnxruntime"))
-    bf16 = None
-    if _bf16_capable():
-        bf16 = rt.load(crossrt.compile(path, "cpu", driver="openvino", precision="bf16"))
+def model_and_input(name: str) -> tuple[Path, dict[str, np.ndarray]]:
+    """The model file and a fixed input of realistic shape and range."""
+    if name in models.BUILDERS:
+        return models.get(name), models.example_input(name)
+    dist_name, file_name = _WHEEL_MODELS[name]
+    dist = importlib.metadata.distribution(dist_name)
+    path = next(Path(str(dist.locate_file(f))) for f in dist.files or () if f.name == file_name)
+    rng = np.random.default_rng(1)
+    if name == "silero":
+        feed = {
+            "input": rng.uniform(-1, 1, (1, 512)).astype(np.float32),
+            "state": np.zeros((2, 1, 128), np.float32),
+            "sr": np.array(16000, np.int64),
+        }
+    else:
+        shape = (1, 3, 320, 320) if name == "det" else (1, 3, 48, 320)
+        feed = {"x": rng.uniform(-1, 1, shape).astype(np.float32)}
+    return path, feed
+
+
+def raw_onnxruntime(path: Path, feed: dict[str, np.ndarray]) -> Callable[[], Any]:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return lambda: session.run(None, feed)
+
+
+def raw_openvino(
+    path: Path, feed: dict[str, np.ndarray], threads: int, precision: str = "f32"
+) -> Callable[[], Any]:
     core = ov.Core()
     config = {
-        "INFERENCE_PRECISION_HINT": "f32",
+        "INFERENCE_PRECISION_HINT": precision,
         "INFERENCE_NUM_THREADS": threads,
         "NUM_STREAMS": 1,
         "PERFORMANCE_HINT": "LATENCY",
     }
     request = core.compile_model(core.read_model(str(path)), "CPU", config).create_infer_request()
-    ordered = list(feed.values())
+    names = [p.any_name for p in request.model_inputs]
+    ordered = [feed[n] for n in names]
     outputs = len(request.model_outputs)
 
-    def raw_openvino() -> list[np.ndarray]:
-        # OpenVINO's fastest path from Python: tensors over the caller's memory (the dict
-        # `infer()` costs ~80 µs more per call here), results copied out as crossrt returns them
+    def call() -> list[np.ndarray]:
+        # OpenVINO's fastest path from Python: tensors over the caller's memory, results
+        # copied out as crossrt returns them.
         for i, x in enumerate(ordered):
-            request.set_input_tensor(i, ov.Tensor(x, shared_memory=True))
+            request.set_input_tensor(i, ov.Tensor(np.ascontiguousarray(x), shared_memory=True))
         request.infer()
         return [request.get_output_tensor(i).data.copy() for i in range(outputs)]
 
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    found: dict[str, Callable[[], Any]] = {
-        "crossrt openvino": lambda: crossrt_ov.run(feed),
-        "raw openvino": raw_openvino,
-        "crossrt onnxruntime": lambda: crossrt_ort.run(feed),
-        "raw onnxruntime": lambda: session.run(None, feed),
+    return call
+
+
+def crossrt_variants(
+    rt: crossrt.Runtime, path: Path, feed: dict[str, np.ndarray], seconds: float
+) -> tuple[dict[str, Callable[[], Any]], dict[str, Any]]:
+    """The crossrt variants of one model, and what ``auto`` decided at each precision."""
+    found: dict[str, Callable[[], Any]] = {}
+    decisions: dict[str, Any] = {}
+    for precision in (None, *PRECISIONS):
+        suffix = "" if precision is None else f" {precision}"
+        for driver in ("onnxruntime", "openvino"):
+            exe, fell_back = _compile(path, driver, precision)
+            if exe is not None:
+                label = f"{driver}{suffix}" + (" +fallback" if fell_back else "")
+                found[label] = _runner(rt, exe, feed)
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):  # auto's progress lines
+                exe = crossrt.compile(
+                    path,
+                    device="auto",
+                    fallback="cpu",  # the best placement for drivers that cannot run it all
+                    precision=precision,
+                    probe=feed,
+                    auto_seconds=seconds,
+                )
+        except crossrt.CrossrtError as exc:
+            decisions[precision or "fp32"] = {"error": exc.message[:300]}
+            continue
+        decisions[precision or "fp32"] = exe.decision
+        found[f"auto{suffix}"] = _runner(rt, exe, feed)
+    return found, decisions
+
+
+def _compile(
+    path: Path, driver: str, precision: str | None
+) -> tuple[crossrt.Executable | None, bool]:
+    try:
+        return crossrt.compile(path, "cpu", driver=driver, precision=precision), False
+    except crossrt.InvalidOptionError:
+        return None, False  # the driver does not compute in that precision
+    except crossrt.UnsupportedError:
+        pass
+    try:
+        return crossrt.compile(
+            path, "cpu", driver=driver, precision=precision, fallback="cpu"
+        ), True
+    except crossrt.CrossrtError:
+        return None, False
+
+
+def _runner(rt: crossrt.Runtime, exe: crossrt.Executable, feed: dict[str, np.ndarray]) -> Any:
+    loaded = rt.load(exe)
+    return lambda: loaded.run(feed)
+
+
+def measure(calls: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:
+    """Median milliseconds per call of each variant over alternating blocks."""
+    per_block = {}
+    for key, call in calls.items():
+        call()  # warm-up, and the time one call takes
+        start = time.perf_counter()
+        call()
+        once = time.perf_counter() - start
+        per_block[key] = max(1, min(2000, int(BLOCK_S / max(once, 1e-7))))
+    samples: dict[str, list[float]] = {k: [] for k in calls}
+    order = random.Random(0)
+    for _ in range(rounds):
+        names = list(calls)
+        order.shuffle(names)
+        for key in names:
+            time.sleep(0.02)  # let the previous engine's threads go idle
+            start = time.perf_counter()
+            for _ in range(per_block[key]):
+                calls[key]()
+            samples[key].append((time.perf_counter() - start) / per_block[key] * 1e3)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def max_abs_error(call: Callable[[], Any], reference: list[np.ndarray]) -> float:
+    got = call()
+    values = list(got.values()) if isinstance(got, dict) else list(got)
+    return max(
+        (
+            float(np.max(np.abs(np.asarray(a, np.float64) - b)))
+            for a, b in zip(values, reference, strict=True)
+            if b.size
+        ),
+        default=0.0,
+    )
+
+
+def bench_model(name: str, threads: int, rounds: int, seconds: float) -> dict[str, Any]:
+    path, feed = model_and_input(name)
+    calls: dict[str, Callable[[], Any]] = {"raw onnxruntime": raw_onnxruntime(path, feed)}
+    raw_errors = {}
+    for label, precision in (("raw openvino", "f32"), ("raw openvino bf16", "bf16")):
+        if precision == "bf16" and not _bf16_capable():
+            continue
+        try:
+            calls[label] = raw_openvino(path, feed, threads, precision)
+        except Exception as exc:  # OpenVINO alone cannot run it (silero-vad)
+            raw_errors[label] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+    reference = [np.asarray(v, np.float64) for v in calls["raw onnxruntime"]()]
+    rt = crossrt.Runtime()
+    found, decisions = crossrt_variants(rt, path, feed, seconds)
+    calls.update(found)
+    median = measure(calls, rounds)
+    best_raw = min(median[k] for k in ("raw onnxruntime", "raw openvino") if k in median)
+    rows = []
+    for label, ms in median.items():
+        raw = _raw_for(label, median)
+        rows.append(
+            {
+                "variant": label,
+                "median_ms": round(ms, 4),
+                "vs_raw": round(ms / median[raw], 3) if raw else None,
+                "vs_best_raw_fp32": round(ms / best_raw, 3),
+                "max_abs_error": max_abs_error(calls[label], reference),
+            }
+        )
+    rt.close()
+    return {
+        "model": name,
+        "input": {k: list(v.shape) for k, v in feed.items()},
+        "rows": rows,
+        "raw_errors": raw_errors,
+        "auto": decisions,
     }
-    if bf16 is not None:
-        found["crossrt openvino bf16"] = lambda: bf16.run(feed)
-    return found
+
+
+_SAME_ENGINE = {
+    "onnxruntime": "raw onnxruntime",
+    "openvino": "raw openvino",
+    "openvino bf16": "raw openvino bf16",
+}
+
+
+def _raw_for(label: str, median: dict[str, float]) -> str | None:
+    """The raw engine a crossrt variant is compared with: the same engine and precision."""
+    raw = _SAME_ENGINE.get(label)
+    return raw if raw in median else None
 
 
 def _bf16_capable() -> bool:
@@ -97,121 +267,69 @@ def _bf16_capable() -> bool:
     return bool(device.capabilities.bf16)
 
 
-def outputs_differ(name: str, precision: str | None = None) -> float:
-    """Largest difference of crossrt openvino's outputs (at ``precision``) from crossrt
-    onnxruntime's (fp32)."""
-    path, feed = models.get(name), models.example_input(name)
-    with crossrt.Runtime() as rt:
-        exe = crossrt.compile(path, "cpu", driver="openvino", precision=precision)
-        a = rt.load(exe).run(feed)
-        b = rt.load(crossrt.compile(path, "cpu", driver="onnxruntime")).run(feed)
-    return max(float(np.max(np.abs(a[k].astype(np.float64) - b[k]))) for k in b)
-
-
-def measure(calls: dict[str, Callable[[], Any]], per_block: int, rounds: int) -> dict[str, float]:
-    """Median microseconds per call of each variant over alternating blocks."""
-    for call in calls.values():
-        for _ in range(max(per_block, 2)):
-            call()  # warm-up
-    samples: dict[str, list[float]] = {k: [] for k in calls}
-    order = random.Random(0)
-    for _ in range(rounds):
-        # A new order each round: a rotation keeps each variant behind the same one, and
-        # ONNX Runtime's threads spin for a while after a run, slowing whatever runs next.
-        names = list(calls)
-        order.shuffle(names)
-        for key in names:
-            time.sleep(0.02)  # let the previous engine's threads go idle
-            start = time.perf_counter()
-            for _ in range(per_block):
-                calls[key]()
-            samples[key].append((time.perf_counter() - start) / per_block * 1e6)
-    return {k: statistics.median(v) for k, v in samples.items()}
-
-
-def _maybe(value: float | None, spec: str) -> str:
+def _cell(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
+
+
+def table(doc: dict[str, Any]) -> str:
+    lines = [
+        f"Drivers, auto and reduced precision beside the raw engines, {doc['machine']['threads']} "
+        f"threads, {doc['machine']['cpu']} ({doc['date']})",
+        "",
+        "| model | variant | median ms | vs raw | vs best raw fp32 | max abs err |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for m in doc["models"]:
+        for r in m["rows"]:
+            lines.append(
+                f"| {m['model']} | {r['variant']} | {r['median_ms']:.3f} | "
+                f"{_cell(r['vs_raw'], '.3f')} | {r['vs_best_raw_fp32']:.3f} | "
+                f"{r['max_abs_error']:.1e} |"
+            )
+    lines += ["", "| model | precision | auto chose | why |", "|---|---|---|---|"]
+    for m in doc["models"]:
+        for precision, d in m["auto"].items():
+            chosen = d.get("chosen") or {}
+            why = str(d.get("why") or d.get("error", ""))[:160]
+            lines.append(f"| {m['model']} | {precision} | {chosen.get('driver', '-')} | {why} |")
+        for label, why in m["raw_errors"].items():
+            lines.append(f"| {m['model']} | - | ({label} cannot run it) | {why[:160]} |")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--models", default="tiny,resnet50,bert")
+    p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     threads = len(os.sched_getaffinity(0))
-    plan = QUICK if args.quick else ROUNDS
-    rows = []
+    rounds = QUICK_ROUNDS if args.quick else ROUNDS
+    seconds = 0.5 if args.quick else 2.0
+    results = []
     for name in args.models.split(","):
-        per_block, rounds = plan[name]
-        median = measure(variants(name, threads), per_block, rounds)
-        fastest_raw = min(median["raw openvino"], median["raw onnxruntime"])
-        rows.append(
-            {
-                "model": name,
-                "median_us": {k: round(v, 1) for k, v in median.items()},
-                "openvino_ratio": round(median["crossrt openvino"] / median["raw openvino"], 3),
-                "openvino_above_raw_us": round(
-                    median["crossrt openvino"] - median["raw openvino"], 1
-                ),
-                "onnxruntime_ratio": round(
-                    median["crossrt onnxruntime"] / median["raw onnxruntime"], 3
-                ),
-                "fastest_raw": "openvino"
-                if fastest_raw == median["raw openvino"]
-                else "onnxruntime",
-                "openvino_vs_onnxruntime": round(
-                    median["raw onnxruntime"] / median["raw openvino"], 2
-                ),
-                "max_abs_diff_openvino_vs_onnxruntime": outputs_differ(name),
-                "bf16_speedup_vs_onnxruntime_fp32": (
-                    round(median["raw onnxruntime"] / median["crossrt openvino bf16"], 2)
-                    if "crossrt openvino bf16" in median
-                    else None
-                ),
-                "max_abs_diff_bf16_vs_fp32": outputs_differ(name, "bf16")
-                if _bf16_capable()
-                else None,
-            }
-        )
+        print(f"{name} ...", file=sys.stderr, flush=True)
+        results.append(bench_model(name, threads, rounds, seconds))
     doc = {
         "benchmark": "drivers",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
         "machine": {
-            "cpu": platform.processor() or platform.machine(),
+            "cpu": " ".join(host.cpu_model()).strip() or platform.machine(),
+            "features": [f for f in host.cpu_features() if "avx512" in f or "amx" in f],
             "threads": threads,
             "openvino": ov.__version__,
             "onnxruntime": ort.__version__,
             "crossrt": crossrt.__version__,
         },
-        "rows": rows,
+        "models": results,
     }
     out = args.out or RESULTS / ("drivers-quick.json" if args.quick else "drivers.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")
-    lines = [
-        f"Drivers against their raw engines, fp32, {threads} threads ({doc['date']})",
-        "",
-        "| model | crossrt openvino | raw openvino | ratio | crossrt onnxruntime | raw onnxruntime "
-        "| ratio | raw ORT / raw OV | max abs diff OV vs ORT | OV bf16: x raw ORT fp32 "
-        "| bf16 max abs diff |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        m = r["median_us"]
-        lines.append(
-            f"| {r['model']} | {m['crossrt openvino']:.1f} µs | {m['raw openvino']:.1f} µs | "
-            f"{r['openvino_ratio']:.3f} | {m['crossrt onnxruntime']:.1f} µs | "
-            f"{m['raw onnxruntime']:.1f} µs | {r['onnxruntime_ratio']:.3f} | "
-            f"{r['openvino_vs_onnxruntime']:.2f} | "
-            f"{r['max_abs_diff_openvino_vs_onnxruntime']:.1e} | "
-            f"{_maybe(r['bf16_speedup_vs_onnxruntime_fp32'], '.2f')} | "
-            f"{_maybe(r['max_abs_diff_bf16_vs_fp32'], '.1e')} |"
-        )
-    table = "\n".join(lines) + "\n"
-    out.with_suffix(".md").write_text(table)
-    print(table)
+    text = table(doc)
+    out.with_suffix(".md").write_text(text)
+    print(text)
     return 0
 
 

@@ -197,3 +197,25 @@ def test_placement_is_a_value_and_survives_a_crm_round_trip(tmp_path) -> None:
         second = rt.load(again).run({"x": X})
     for name in first:
         np.testing.assert_array_equal(first[name], second[name])
+
+
+def test_a_reduced_precision_allows_fallback_nodes_to_keep_the_models() -> None:
+    # precision= permits a reduced precision; a fallback driver that has none computes in the
+    # model's own precision instead of failing the compile.
+    ov = next((s for s in crossrt.driver_statuses() if s.name == "openvino" and s.driver), None)
+    if ov is None or ov.driver is None:
+        pytest.skip("the openvino driver is not available")
+    cpu = next(d for d in ov.driver.devices() if d.id == "cpu:0")
+    if not cpu.capabilities.bf16:
+        pytest.skip("OpenVINO has no bf16 on this CPU")
+    b = GraphBuilder("topk_relu")
+    x = b.input("x", "float32", [2, 3])
+    k = b.constant(np.array([2], np.int64))
+    values, _ = b.op("TopK", [b.op("Relu", [x]), k], outputs=2)  # OpenVINO's TopK is refused
+    b.output(values)
+    exe = crossrt.compile(b.finish(), "cpu", driver="openvino", precision="bf16", fallback="cpu")
+    assert {n.driver for n in exe.nodes} == {"openvino", "onnxruntime"}
+    assert exe.options.precision == "bf16"
+    with crossrt.Runtime() as rt:
+        (got,) = rt.load(exe).run({"x": X}).values()
+    np.testing.assert_allclose(got, -np.sort(-np.maximum(X, 0), axis=1)[:, :2], rtol=1e-2)

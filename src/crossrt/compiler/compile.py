@@ -6,12 +6,13 @@ import logging
 import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from ..config import settings
 from ..drivers.base import CompileOptions, DeviceInfo, Driver
 from ..drivers.registry import available_drivers, parse_device, resolve_device
-from ..errors import DeviceUnavailableError, UnsupportedError
+from ..errors import DeviceUnavailableError, InvalidOptionError, UnsupportedError
 from ..model import Model, load_model
 from .cache import shared_cache
 from .executable import Executable, ExecutableNode
@@ -212,10 +213,21 @@ def _fallback_candidates(
 
 
 def _options_for(drv: Driver, dev: DeviceInfo, opts: CompileOptions) -> CompileOptions:
-    """The options as they apply to a fallback node: what it cannot honour is dropped."""
-    try:
-        drv.check_options(opts, dev)
-    except DeviceUnavailableError as exc:
-        log.warning("fallback node on %s uses default options: %s", drv.name, exc.message)
-        return CompileOptions()
-    return opts
+    """The options as they apply to a fallback node: what it cannot honour is dropped.
+
+    A reduced precision is a permission, not a demand: a fallback node that cannot compute in
+    it computes in the model's own precision (never a lower one than asked for)."""
+    tries = [opts]
+    if opts.precision is not None or opts.fp16:
+        tries.append(replace(opts, precision=None, fp16=False))
+    for tried in tries:
+        try:
+            drv.check_options(tried, dev)
+        except (DeviceUnavailableError, InvalidOptionError) as exc:
+            why = exc.message
+            continue
+        if tried is not opts:
+            log.info("fallback node on %s computes in the model's precision: %s", drv.name, why)
+        return tried
+    log.warning("fallback node on %s uses default options: %s", drv.name, why)
+    return CompileOptions()
