@@ -125,3 +125,24 @@ def test_get_builds_once_and_reuses(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert crossrt.load_model(path).name == "tiny"
     with pytest.raises(KeyError, match="unknown benchmark model"):
         models.get("vgg")
+
+
+@pytest.mark.slow
+def test_every_driver_gives_onnxruntimes_resnet50_outputs_by_default() -> None:
+    # The model's own precision unless a reduced one is asked for: every driver within 1e-4
+    # of ONNX Runtime fp32 on the full ResNet-50-like model (issue 10).
+    path = models.get("resnet50")
+    feed = models.example_input("resnet50")
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    checked = []
+    with crossrt.Runtime() as rt:
+        for status in crossrt.driver_statuses():
+            if status.driver is None:
+                continue
+            device = next(d.id for d in status.driver.devices())
+            exe = crossrt.compile(path, device, driver=status.name)
+            assert exe.options.precision is None
+            (got,) = rt.load(exe).run(feed).values()
+            assert float(np.max(np.abs(got - want))) <= TOL, status.name
+            checked.append(status.name)
+    assert {"onnxruntime", "reference"} <= set(checked)

@@ -219,3 +219,22 @@ def test_a_reduced_precision_allows_fallback_nodes_to_keep_the_models() -> None:
     with crossrt.Runtime() as rt:
         (got,) = rt.load(exe).run({"x": X}).values()
     np.testing.assert_allclose(got, -np.sort(-np.maximum(X, 0), axis=1)[:, :2], rtol=1e-2)
+
+
+def test_a_constant_read_across_regions_is_copied_into_the_reader() -> None:
+    # The constant is made in the first region and read by the second (int16 Max runs on
+    # the reference driver): it is copied in, not passed between drivers, so the reader's
+    # engine sees its value.
+    b = GraphBuilder("constant_across")
+    x = b.input("x", "float32", [2, 3])
+    two = b.op("Constant", [], outputs=["two"], value=helper.make_tensor("v", 5, [], [2]))
+    as_int = b.op("Cast", [b.op("Mul", [x, b.op("Cast", [two], to=TensorProto.FLOAT)])], to=5)
+    biggest = b.op("Max", [as_int, two], name="int16_max")
+    b.output(b.op("Cast", [biggest], to=TensorProto.FLOAT))
+    exe = crossrt.compile(b.finish(), "cpu", fallback="cpu")
+    assert [n.driver for n in exe.nodes] == ["onnxruntime", "reference", "onnxruntime"]
+    assert all("two" not in n.inputs and "two" not in n.outputs for n in exe.nodes)
+    assert exe.nodes[1].op_types == {"Constant": 1, "Max": 1}
+    with crossrt.Runtime() as rt:
+        (got,) = rt.load(exe).run({"x": X}).values()
+    np.testing.assert_array_equal(got, np.maximum((X * 2).astype(np.int16), 2))

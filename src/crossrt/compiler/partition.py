@@ -109,15 +109,31 @@ def regions(model: Model, assignment: Sequence[int]) -> list[Region]:
 
     graph_outputs = {o.name for o in model.proto.graph.output}
     weights = {t.name for t in model.proto.graph.initializer}
+    # A Constant read across a boundary is copied into the reading region, like a weight: no
+    # transfer, and its engine sees the value (shape inference inside a Scan or Loop body
+    # needs it: ONNX Runtime refuses a body whose outputs it cannot give a rank).
+    constants = {
+        n.output[0]: i for i, n in enumerate(nodes) if n.op_type == "Constant" and not n.input
+    }
+    runs = [
+        sorted({constants[v] for i in run for v in reads[i] if v in constants} - set(run)) + run
+        for run in runs
+    ]
     result = []
     for position, run in enumerate(runs):
         inside = {out for i in run for out in nodes[i].output if out}
         needed_later = graph_outputs | {
-            v for later in runs[position + 1 :] for i in later for v in reads[i]
+            v
+            for later in runs[position + 1 :]
+            for i in later
+            for v in reads[i]
+            if v not in constants
         }
         ins = _ordered(v for i in run for v in reads[i] if v not in inside and v not in weights)
         outs = _ordered(out for i in run for out in nodes[i].output if out in needed_later)
-        result.append(Region(assignment[run[0]], tuple(run), tuple(ins), tuple(outs)))
+        if not outs and all(i in constants.values() for i in run):
+            continue  # constants every reader has copied
+        result.append(Region(assignment[run[-1]], tuple(run), tuple(ins), tuple(outs)))
     return result
 
 

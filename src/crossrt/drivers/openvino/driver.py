@@ -34,6 +34,7 @@ from ..base import (
 from . import artifact as ov_artifact
 from .isolated import Crashed, Worker
 from .program import OpenVinoProgram, first_line
+from .refusals import exact_infinities, refusals
 
 _KINDS = {
     "CPU": ("cpu", DeviceKind.CPU),
@@ -42,62 +43,6 @@ _KINDS = {
 }
 _NODE_CACHE = 4096  # one-node models whose conversion was tried (see _node_reason)
 _BLOBS_KEPT = 2  # whole models compiled by unsupported_reasons, for compile to reuse
-
-# Element types OpenVINO has no tensors for (or none its Python binding exchanges), by ONNX
-# number: a node reading or writing one is refused. BFLOAT16: the CPU plugin compiles some
-# bf16 graphs it accepted (ReduceMax) with an error; bf16 is its precision= choice instead.
-# DOUBLE: the CPU plugin computes float64 in float32 (a silent change of precision, and
-# overflow to inf where float64 holds the value). FLOAT8E4M3FN/E5M2: its casts saturate and
-# round differently from ONNX's.
-_TP = onnx.TensorProto
-_NO_TYPE = {
-    getattr(_TP, name): name
-    for name in (
-        "STRING", "BFLOAT16", "DOUBLE", "FLOAT8E4M3FN", "FLOAT8E5M2", "FLOAT8E4M3FNUZ",
-        "FLOAT8E5M2FNUZ", "FLOAT8E8M0", "FLOAT4E2M1", "INT4", "UINT4", "INT2", "UINT2",
-        "COMPLEX64", "COMPLEX128",
-    )
-    if hasattr(_TP, name)
-}  # fmt: skip
-
-
-def _attr(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
-    for a in node.attribute:
-        if a.name == name:
-            value = onnx.helper.get_attribute_value(a)
-            return value.decode() if isinstance(value, bytes) else value
-    return default
-
-
-# Nodes OpenVINO converts and runs, but whose results differ from ONNX's definition (found by
-# the ONNX node suite, tests/conformance): refused, so that with fallback they run where the
-# results are ONNX's, and never silently differ. Each rule gives the reason, or None.
-_DIFFERS: dict[str, Any] = {
-    "TopK": lambda n: "OpenVINO orders equal values differently from ONNX (lower index first)",
-    "LSTM": lambda n: (
-        "OpenVINO's LSTM has no peephole connections" if len(n.input) > 7 and n.input[7] else None
-    ),
-    "BitShift": lambda n: "OpenVINO shifts by the type's width or more differently from ONNX",
-    "Attention": lambda n: "OpenVINO's Attention differs from ONNX's on masks and windows",
-    "RotaryEmbedding": lambda n: "OpenVINO's RotaryEmbedding differs from ONNX's",
-    "DynamicQuantizeLinear": lambda n: "OpenVINO rounds the zero point differently from ONNX",
-    "Resize": lambda n: (
-        "OpenVINO's Resize differs from ONNX's with antialias, exclude_outside or "
-        "keep_aspect_ratio_policy"
-        if _attr(n, "antialias", 0)
-        or _attr(n, "exclude_outside", 0)
-        or _attr(n, "keep_aspect_ratio_policy", "stretch") != "stretch"
-        else None
-    ),
-    "RoiAlign": lambda n: (
-        "OpenVINO's RoiAlign max mode differs from ONNX's" if _attr(n, "mode") == "max" else None
-    ),
-    "SpaceToDepth": lambda n: (
-        "OpenVINO's SpaceToDepth CRD mode differs from ONNX's"
-        if _attr(n, "mode") == "CRD"
-        else None
-    ),
-}
 
 
 class OpenVinoDriver(Driver):
@@ -182,8 +127,7 @@ class OpenVinoDriver(Driver):
         tried first (its compiled blob kept for :meth:`compile`); when it fails, each node
         alone."""
         target = self._ov_device(device)
-        types = model.value_types()
-        refused = [_refused(node, types) for node in model.nodes]
+        refused = refusals(model)
         if not any(refused):
             try:
                 self._compiled_blob(model, target)
@@ -207,7 +151,7 @@ class OpenVinoDriver(Driver):
             return blob
         try:
             config = _config(1, precision)
-            blob, error = self._worker.compile(model.to_bytes(), target, config)
+            blob, error = self._worker.compile(exact_infinities(model), target, config)
         except Crashed as exc:
             error = str(exc)
         if not blob:
@@ -273,28 +217,6 @@ class OpenVinoDriver(Driver):
         inputs = _order(compiled.inputs, unpacked.inputs, "input")
         outputs = _order(compiled.outputs, unpacked.outputs, "output")
         return OpenVinoProgram(compiled, inputs, outputs)
-
-
-def _refused(node: onnx.NodeProto, types: dict[str, onnx.TypeProto]) -> str | None:
-    """Why OpenVINO must not take ``node`` though it may convert it, or ``None``."""
-    for name in (*node.input, *node.output):
-        t = types.get(name)
-        elem = t.tensor_type.elem_type if t is not None and t.HasField("tensor_type") else 0
-        if elem in _NO_TYPE:
-            return f"OpenVINO takes no {_NO_TYPE[elem]} tensors ({node.op_type} {name!r})"
-        if name in node.input and elem and not t.tensor_type.HasField("shape"):  # type: ignore[union-attr]
-            # Placed apart from its producer, the value would be an input of unknown rank,
-            # which OpenVINO's CPU plugin refuses at compile time.
-            return f"OpenVINO needs the rank of {node.op_type}'s input {name!r}, unknown here"
-    out = types.get(node.output[0]) if node.output else None
-    if (
-        node.op_type == "QuantizeLinear"
-        and out is not None
-        and out.tensor_type.elem_type in (_TP.UINT16, _TP.INT16)
-    ):
-        return "OpenVINO rounds 16-bit quantization differently from ONNX"
-    rule = _DIFFERS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
-    return rule(node) if rule is not None else None
 
 
 _HINTS = {None: "f32", "fp32": "f32", "bf16": "bf16", "fp16": "f16"}
