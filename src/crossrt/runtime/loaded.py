@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 from functools import partial
+from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
@@ -41,6 +42,7 @@ from .numerics import checking
 from .request import Request, repeat
 from .scheduler import Instance, Scheduler
 from .shapes import DimRange, declared_ranges
+from .statistics import SUM_AT, ModelStatistics, Statistics
 
 if TYPE_CHECKING:
     from .cores.groups import CoreGroup
@@ -92,6 +94,7 @@ class LoadedModel:
         queue_depth: int | None = None,
         exec_timeout: float | None = None,
         check_numerics: bool = False,
+        statistics: Statistics | None = None,
     ) -> None:
         self.executable = executable
         self.device = device
@@ -142,7 +145,11 @@ class LoadedModel:
         depth = len(instances) + nodes + 1 if queue_depth is None else queue_depth
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
             raise InvalidArgumentError(f"queue_depth={queue_depth!r}: give a whole number >= 1")
-        self._scheduler = Scheduler(executable.name, instances, self._finish, depth, exec_timeout)
+        # Shape stages share their model's statistics: one model to the user.
+        self._statistics = statistics or Statistics(len(instances))
+        self._scheduler = Scheduler(
+            executable.name, instances, self._finish, depth, exec_timeout, self._statistics
+        )
         # A model never unloaded stops its workers when collected; at exit, daemon workers
         # just end (joining them could hold the exit up behind a long run).
         weakref.finalize(self, self._scheduler.close).atexit = False
@@ -235,24 +242,36 @@ class LoadedModel:
             ClosedError: its runtime was closed.
             ExecutionError: the engine failed.
         """
-        if self._refusal is not None:
-            raise self._refusal[0](self._refusal[1])
-        # The same inputs and output tensors as the last bound call, unchanged: checked then.
-        checked = None if outputs is None else self._binder.reuse(inputs, outputs)
-        feed = self._checker.check(inputs) if checked is None else checked.feed
+        arrived = perf_counter_ns()
+        statistics = self._statistics
+        statistics.arrived()
         try:
+            if self._refusal is not None:
+                raise self._refusal[0](self._refusal[1])
+            # The same inputs and output tensors as the last bound call, unchanged: checked
+            # then.
+            checked = None if outputs is None else self._binder.reuse(inputs, outputs)
+            feed = self._checker.check(inputs) if checked is None else checked.feed
+            ready = perf_counter_ns()
             inst = self._take()
         except IndexError:  # every instance busy: wait in the queue like run_async
-            return self._queued(feed, outputs)
+            return self._queued(feed, outputs, arrived, ready)  # the queue counts it
+        except BaseException as exc:
+            statistics.failed(exc)
+            raise
         try:
             if checked is not None:
                 assert outputs is not None  # reuse() finds no call without them
                 checked.call_on(inst, self._direct)()
-                return dict(outputs)  # each output is a tensor bound in place
-            if outputs is None or (not outputs and type(outputs) is dict):
-                return inst.call(feed)
-            return self._binder.run(inst.call, feed, outputs, inputs)
-        except Exception as exc:
+                result: Any = dict(outputs)  # each output is a tensor bound in place
+            elif outputs is None or (not outputs and type(outputs) is dict):
+                result = inst.call(feed)
+            else:
+                result = self._binder.run(inst.call, feed, outputs, inputs)
+        except BaseException as exc:
+            statistics.failed(exc)
+            if not isinstance(exc, Exception):
+                raise
             if self._released is not None:  # unloaded or closed while running
                 raise self._released[0](self._released[1]) from None
             if not isinstance(exc, CrossrtError):  # from a driver call left unguarded
@@ -263,11 +282,25 @@ class LoadedModel:
             self._give(inst)
             if self._scheduler.waiting:  # a worker took a request and waits for an instance
                 self._scheduler.wake()
+        done = perf_counter_ns()  # Statistics.succeeded, inlined: this is the hottest path
+        statistics.record((done, arrived, 0, ready - arrived, done - ready, inst.index))
+        if len(statistics.pending) > SUM_AT:
+            statistics.sum()
+        return result
 
-    def _queued(self, feed: dict[str, Any], outputs: Any) -> Any:
+    def _queued(self, feed: dict[str, Any], outputs: Any, arrived: int, checked: int) -> Any:
         """``run()`` when every instance is busy: in the queue, waiting for its result. An
         unload or a close fails it at once with the model's reason unless it is running."""
-        future = self._scheduler.submit(feed, outputs, block=True, timeout=None, deadline=None)
+        self._statistics.handed_on()  # counted again by the queue, with its outcome
+        future = self._scheduler.submit(
+            feed,
+            outputs,
+            block=True,
+            timeout=None,
+            deadline=None,
+            arrived=arrived,
+            checked=checked,
+        )
         try:
             return future.result()
         except Exception as exc:
@@ -412,13 +445,36 @@ class LoadedModel:
             InvalidInputError: as for :meth:`run`.
             OperationForbiddenError: the model is stopped.
         """
-        if self._refusal is not None:
-            raise self._refusal[0](self._refusal[1])
-        feed = self._checker.check(inputs)
+        arrived = perf_counter_ns()
+        feed = self._admitted_feed(inputs)
         on_done = None if callback is None else partial(_call_back, callback, user_data)
         return self._scheduler.submit(
-            feed, outputs, block=block, timeout=timeout, deadline=deadline, on_done=on_done
+            feed,
+            outputs,
+            block=block,
+            timeout=timeout,
+            deadline=deadline,
+            on_done=on_done,
+            arrived=arrived,
+            checked=perf_counter_ns(),
         )
+
+    def _admitted_feed(self, inputs: Any) -> dict[str, Any]:
+        """The checked inputs of a request for the queue; a refused one is counted failed."""
+        try:
+            if self._refusal is not None:
+                raise self._refusal[0](self._refusal[1])
+            return self._checker.check(inputs)
+        except BaseException as exc:
+            self._statistics.arrived()
+            self._statistics.failed(exc)
+            raise
+
+    def statistics(self) -> ModelStatistics:
+        """This model's request statistics since it was loaded: counts by outcome, time
+        queued, checking inputs, running and handing outputs back, the latency histogram and
+        its percentiles, per instance runs (``docs/statistics.md``)."""
+        return self._statistics.snapshot()
 
     async def infer(
         self,
@@ -441,11 +497,17 @@ class LoadedModel:
         Args and errors are :meth:`run_async`'s, the wait for room happening in the event
         loop instead of the caller's thread.
         """
-        if self._refusal is not None:
-            raise self._refusal[0](self._refusal[1])
-        feed = self._checker.check(inputs)
+        arrived = perf_counter_ns()
+        feed = self._admitted_feed(inputs)
         future = self._scheduler.submit(
-            feed, outputs, block=block, timeout=timeout, deadline=deadline, detached=True
+            feed,
+            outputs,
+            block=block,
+            timeout=timeout,
+            deadline=deadline,
+            detached=True,
+            arrived=arrived,
+            checked=perf_counter_ns(),
         )
         return await asyncio.wrap_future(future)
 

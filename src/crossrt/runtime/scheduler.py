@@ -42,6 +42,7 @@ from ..errors import (
 from . import watchdog
 from .admission import Admission
 from .memory.allocator import count_copy
+from .statistics import Statistics
 
 log = logging.getLogger("crossrt")
 
@@ -131,6 +132,13 @@ class Job:
     values: dict[str, Any] = field(default_factory=dict)
     token: CancelToken | None = None
     end: float | None = None
+    # time.perf_counter_ns() when it arrived, its inputs were checked, its run started and
+    # the engine was done; the instance that ran it (for the statistics).
+    arrived: int = 0
+    checked: int = 0
+    started: int = 0
+    computed: int = 0
+    instance: int = -1
 
 
 _STOP = None
@@ -146,8 +154,10 @@ class Scheduler:
         finish: Finish,
         depth: int,
         exec_timeout: float | None,
+        statistics: Statistics | None = None,
     ) -> None:
         self.name = name
+        self.statistics = statistics or Statistics(len(instances))
         self.instances = tuple(instances)
         self.depth = depth
         self.exec_timeout = exec_timeout
@@ -226,6 +236,8 @@ class Scheduler:
         deadline: float | None,
         detached: bool = False,
         on_done: Callable[[Future[Any]], None] | None = None,
+        arrived: int = 0,
+        checked: int = 0,
     ) -> Future[Any]:
         """Queue one request; its future resolves with ``finish``'s result or error.
 
@@ -239,20 +251,47 @@ class Scheduler:
                 must not block.
             on_done: added to the future before the request can run, so that it runs in
                 the worker that resolves it.
+            arrived: ``time.perf_counter_ns()`` when the request came in (default now).
+            checked: the same when its inputs were checked (default ``arrived``).
         """
+        now = time.perf_counter_ns()
         job = Job(Future(), feed, outputs, deadline)
+        job.arrived = arrived or now
+        job.checked = checked or job.arrived
+        self.statistics.arrived()
+        # Counted once, whatever resolves the future: a worker, a timeout while waiting for
+        # room, the caller's cancel, the model's close.
+        job.future.add_done_callback(partial(self._settled, job))
         if on_done is not None:
             job.future.add_done_callback(on_done)
-        self._admission.enter(
-            job,
-            job.future,
-            block=block,
-            timeout=timeout,
-            detached=detached,
-            full=self._full,
-            closed=self._closing,
-        )
+        try:
+            self._admission.enter(
+                job,
+                job.future,
+                block=block,
+                timeout=timeout,
+                detached=detached,
+                full=self._full,
+                closed=self._closing,
+            )
+        except BaseException as exc:  # refused at the door: the future never resolves
+            self.statistics.failed(exc)
+            raise
         return job.future
+
+    def _settled(self, job: Job, future: Future[Any]) -> None:
+        if future.cancelled():
+            self.statistics.cancelled()
+        elif (error := future.exception()) is not None:
+            self.statistics.failed(error)
+        else:
+            self.statistics.succeeded(
+                job.arrived,
+                job.started - job.checked,
+                job.checked - job.arrived,
+                job.computed - job.started,
+                job.instance,
+            )
 
     @property
     def waiting_for_room(self) -> int:
@@ -311,6 +350,7 @@ class Scheduler:
         if end is not None:
             job.token, job.end = CancelToken(), end
             watchdog.watch(job.token, end)
+        job.started = time.perf_counter_ns()
         return True
 
     def _done(self, job: Job, result: Any = None, error: BaseException | None = None) -> None:
@@ -344,6 +384,7 @@ class Scheduler:
                 self.give_back(inst)
                 self._done(job, error=exc)
             else:
+                job.computed, job.instance = time.perf_counter_ns(), inst.index
                 self.give_back(inst)
                 self._done(job, result)
 
@@ -371,6 +412,7 @@ class Scheduler:
                 self._done(job, error=exc)
                 continue
             if last:
+                job.computed, job.instance = time.perf_counter_ns(), inst.index
                 self._done(job, result)
             else:
                 stages[j + 1].put(job)

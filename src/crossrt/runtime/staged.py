@@ -44,6 +44,7 @@ class StagedModel(LoadedModel):
                         queue_depth=kwargs.get("queue_depth"),
                         exec_timeout=self._exec_timeout,
                         check_numerics=self.check_numerics,
+                        statistics=self._statistics,
                     )
                 )
         except BaseException:  # the caller closes this one's programs; close the stages'
@@ -54,6 +55,14 @@ class StagedModel(LoadedModel):
         self._by_shape = dict(zip(keys, [self, *self._inner], strict=True))
 
     def _stage(self, inputs: Any) -> LoadedModel:
+        try:
+            return self._stage_of(inputs)
+        except BaseException as exc:  # refused here, before any stage counts it
+            self._statistics.arrived()
+            self._statistics.failed(exc)
+            raise
+
+    def _stage_of(self, inputs: Any) -> LoadedModel:
         feed = self._checker.check(inputs)
         key = tuple((n, tuple(getattr(feed[n], "shape", ()))) for n, _ in self._shapes[0].items())
         found = self._by_shape.get(key)
