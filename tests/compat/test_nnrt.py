@@ -534,3 +534,27 @@ def test_devices() -> None:
     ins, outs = tensors(e, [x, x])
     assert nn.OH_NNExecutor_RunSync(e, ins, 2, outs, 1) == 0
     assert os.environ.get("CROSSRT_RUNTIME_DIR")  # this test's own core locks
+
+
+def test_enable_float16_is_precision_fp16() -> None:
+    import crossrt
+    from crossrt.compat.nnrt.compilation import compilation_of
+
+    able = [
+        (s.name, d.id)
+        for s in crossrt.driver_statuses()
+        if s.driver is not None
+        for d in s.driver.devices()
+        if d.capabilities.fp16
+    ]
+    if not able:  # no device here computes in float16
+        c = nn.OH_NNCompilation_Construct(add_model())
+        nn.OH_NNCompilation_SetDevice(c, REF)
+        assert nn.OH_NNCompilation_EnableFloat16(c, True) == R.OH_NN_UNAVALIDABLE_DEVICE
+        return
+    c = nn.OH_NNCompilation_Construct(add_model())
+    assert nn.OH_NNCompilation_SetDevice(c, nn.device_id(*able[0])) == R.OH_NN_SUCCESS
+    assert nn.OH_NNCompilation_EnableFloat16(c, True) == R.OH_NN_SUCCESS
+    assert nn.OH_NNCompilation_Build(c) == R.OH_NN_SUCCESS
+    exe = compilation_of(c).exe
+    assert exe is not None and exe.options.precision == "fp16"

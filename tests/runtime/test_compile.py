@@ -246,7 +246,7 @@ def test_bad_option_values_are_rejected(option, value):
 @pytest.mark.parametrize(
     ("options", "named"),
     [
-        ({"fp16": True}, "fp16"),
+        ({"precision": "bf16"}, "precision='bf16'"),
         ({"priority": "high"}, "priority"),
         ({"priority": Priority.LOW}, "priority"),
         ({"extensions": {"intra_op_spin": 0}}, "extensions (intra_op_spin)"),

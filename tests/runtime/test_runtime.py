@@ -598,7 +598,7 @@ def test_load_with_compile_options_and_device(executables):
     with crossrt.Runtime() as rt:
         loaded = rt.load(_two_input_model(), "cpu:0", performance_mode="low")
         assert loaded.executable.options.performance_mode is crossrt.PerformanceMode.LOW
-        with pytest.raises(crossrt.InvalidOptionError, match="fp16"):
-            rt.load(_two_input_model(), fp16=True)
+        with pytest.raises(crossrt.InvalidOptionError, match="bf16"):
+            rt.load(_two_input_model(), precision="bf16")
         with pytest.raises(crossrt.DeviceUnavailableError, match="'tpu'"):
             rt.load(executables["onnxruntime"], "tpu")

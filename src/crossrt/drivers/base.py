@@ -156,8 +156,10 @@ class Capabilities:
     """What a device can do beyond running fp32 graphs.
 
     Attributes:
-        fp16: can compute in reduced precision when ``fp16=True`` is allowed.
-        bf16: has bfloat16 arithmetic.
+        fp16: computes in float16 when ``precision="fp16"`` (or ``fp16=True``) allows it.
+        bf16: computes in bfloat16 when ``precision="bf16"`` allows it.
+        int8: computes with int8 weights, activations quantized at run time, when
+            ``precision="int8-dynamic"`` allows it.
         performance_modes: the :class:`PerformanceMode` values it honours.
         priority: honours :class:`Priority`.
         dynamic_shapes: runs models with dynamic input dimensions.
@@ -166,6 +168,7 @@ class Capabilities:
 
     fp16: bool = False
     bf16: bool = False
+    int8: bool = False
     performance_modes: tuple[PerformanceMode, ...] = (PerformanceMode.NONE,)
     priority: bool = False
     dynamic_shapes: bool = True
@@ -218,6 +221,7 @@ class DeviceInfo:
             "capabilities": {
                 "fp16": caps.fp16,
                 "bf16": caps.bf16,
+                "int8": caps.int8,
                 "performance_modes": [m.name for m in caps.performance_modes],
                 "priority": caps.priority,
                 "dynamic_shapes": caps.dynamic_shapes,
@@ -482,7 +486,7 @@ class Driver(ABC):
         caps = device.capabilities
         if options.fp16 and not caps.fp16:
             raise _cannot_honour("fp16", self.name, device, "it computes in float32 only")
-        reduced = {"fp16": caps.fp16, "bf16": caps.bf16, "int8-dynamic": False}
+        reduced = {"fp16": caps.fp16, "bf16": caps.bf16, "int8-dynamic": caps.int8}
         if options.precision in reduced and not reduced[options.precision]:
             able = [name for name, ok in reduced.items() if ok]
             why = f"it computes in {', '.join(['fp32', *able])} only"

@@ -236,9 +236,9 @@ def OH_NNCompilation_SetPriority(compilation: OH_NNCompilation, priority: int) -
 def OH_NNCompilation_EnableFloat16(
     compilation: OH_NNCompilation, enableFloat16: bool
 ) -> OH_NN_ReturnCode:
-    """Record the float16 choice; on a device without reduced precision (every crossrt
-    device today) enabling it is UNAVALIDABLE_DEVICE, recorded all the same (Build then
-    fails the same way unless another device is set)."""
+    """Record the float16 choice: ``compile(precision="fp16")`` at Build. On a device
+    without float16 (the reference driver's) enabling it is UNAVALIDABLE_DEVICE, recorded
+    all the same (Build then fails the same way unless another device is set)."""
     c = compilation_of(compilation, open_=True)
     if not isinstance(enableFloat16, bool):
         raise invalid(f"enableFloat16 {enableFloat16!r} is not a bool")
@@ -268,7 +268,7 @@ def OH_NNCompilation_Build(compilation: OH_NNCompilation) -> OH_NN_ReturnCode:
             cache_version=c.cache_version,
             performance_mode=int(c.performance_mode),
             priority=int(c.priority),
-            fp16=c.fp16,
+            precision="fp16" if c.fp16 else None,
             extensions=extensions,
         )
     elif c.offline is not None:

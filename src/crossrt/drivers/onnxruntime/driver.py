@@ -36,7 +36,7 @@ from ..base import (
     host_cpu,
 )
 from . import artifact as ort_artifact
-from . import lower, spill, support
+from . import lower, precision, spill, support
 from .program import ORT_SEVERITY, OrtProgram, short_error
 
 log = logging.getLogger("crossrt")
@@ -79,7 +79,11 @@ class OnnxRuntimeDriver(Driver):
     def devices(self) -> list[DeviceInfo]:
         # Only what changes the session: LOW lets idle pool threads sleep (no spinning).
         modes = (PerformanceMode.NONE, PerformanceMode.LOW)
-        caps = Capabilities(performance_modes=modes, cache_export=True)
+        # Reduced precision by rewriting the model (precision.py): int8 weights everywhere;
+        # float16 only where this build has float16 MatMul and Conv kernels (ARM64 builds; the
+        # x86 CPU provider has none: a float16 model would compute in float32 between casts).
+        fp16 = precision.has_float16_arithmetic(self._registry())
+        caps = Capabilities(fp16=fp16, int8=True, performance_modes=modes, cache_export=True)
         return [host_cpu(self.name, caps)]
 
     # -- what ORT can run ----------------------------------------------------------------
@@ -100,6 +104,7 @@ class OnnxRuntimeDriver(Driver):
     # -- compile and load ----------------------------------------------------------------
 
     def compile(self, model: Model, device: DeviceInfo, options: CompileOptions) -> bytes:
+        model = precision.convert(model, options.precision, self._registry())
         # Level ALL adds layouts tied to this CPU's vector extensions (NCHWc blocks) and keeps
         # the weights ORT's kernels pre-pack: such an artifact loads only on a CPU with the
         # same features, but without optimizing or packing again, and sessions map its
