@@ -59,13 +59,28 @@ class DeviceKind(enum.Enum):
 
 
 class PerformanceMode(enum.IntEnum):
-    """How hard the device may work (OH_NN_PerformanceMode)."""
+    """How hard the device may work (OH_NN_PerformanceMode). What each mode does on each
+    driver: docs/drivers.md, "Performance modes and priority"."""
 
     NONE = 0
     LOW = 1
     MEDIUM = 2
     HIGH = 3
     EXTREME = 4
+
+    def threads(self, given: int) -> int:
+        """The engine threads of a run under this mode, of ``given`` cores: one for LOW,
+        half for MEDIUM, all otherwise (the CPU drivers' meaning)."""
+        if self is PerformanceMode.LOW:
+            return 1
+        if self is PerformanceMode.MEDIUM:
+            return max(1, given // 2)
+        return max(1, given)
+
+
+CPU_MODES = (PerformanceMode.NONE, PerformanceMode.LOW, PerformanceMode.MEDIUM)
+"""The modes a CPU driver honours: HIGH and EXTREME would change nothing, the engines running
+a request as fast as the cores allow by default."""
 
 
 class Priority(enum.IntEnum):

@@ -25,6 +25,7 @@ from ...errors import (
 )
 from ...model import Model, tensors
 from ..base import (
+    CPU_MODES,
     ArtifactFile,
     Capabilities,
     CompileOptions,
@@ -77,8 +78,9 @@ class OnnxRuntimeDriver(Driver):
         return str(ort.__version__)
 
     def devices(self) -> list[DeviceInfo]:
-        # Only what changes the session: LOW lets idle pool threads sleep (no spinning).
-        modes = (PerformanceMode.NONE, PerformanceMode.LOW)
+        # Only what changes the session: LOW and MEDIUM run on one and half the cores, their
+        # idle pool threads sleeping instead of spinning (docs/drivers.md).
+        modes = CPU_MODES
         # Reduced precision by rewriting the model (precision.py): int8 weights everywhere;
         # float16 only where this build has float16 MatMul and Conv kernels (ARM64 builds; the
         # x86 CPU provider has none: a float16 model would compute in float32 between casts).
@@ -253,18 +255,20 @@ class OnnxRuntimeDriver(Driver):
         file: ArtifactFile | None = None,
     ) -> Program:
         so = ort.SessionOptions()
-        so.intra_op_num_threads = cores.threads
+        mode = options.performance_mode
+        threads = mode.threads(cores.threads)
+        so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
         pin = cores.pin
-        if pin is not None and len(pin) > 1:
+        if pin is not None and threads > 1:
             # One pool thread per core after the first, which is the calling thread's: ORT
             # never pins that one. Logical processors count from 1 in ORT's syntax.
-            affinities = ";".join(str(cpu + 1) for cpu in pin[1:])
+            affinities = ";".join(str(cpu + 1) for cpu in pin[1:threads])
             so.add_session_config_entry("session.intra_op_thread_affinities", affinities)
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         so.log_severity_level = self._severity
-        if options.performance_mode is PerformanceMode.LOW:
-            # Low power: idle pool threads sleep instead of spin-waiting for work.
+        if mode in (PerformanceMode.LOW, PerformanceMode.MEDIUM):
+            # Less power: idle pool threads sleep instead of spin-waiting for work.
             so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         _onnx_only(so)
         try:

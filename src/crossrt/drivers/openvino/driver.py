@@ -22,6 +22,7 @@ import openvino as ov
 from ...errors import CompileError, InvalidContainerError
 from ...model import Model
 from ..base import (
+    CPU_MODES,
     ArtifactFile,
     Capabilities,
     CompileOptions,
@@ -82,6 +83,9 @@ class OpenVinoDriver(Driver):
                     caps = Capabilities(
                         fp16="FP16" in abilities,
                         bf16="BF16" in abilities,
+                        # Threads per mode (docs/drivers.md); OpenVINO's MODEL_PRIORITY is for
+                        # its GPU and AUTO plugins: no priorities.
+                        performance_modes=CPU_MODES,
                         dynamic_shapes=True,
                         cache_export=True,
                     )
@@ -206,7 +210,8 @@ class OpenVinoDriver(Driver):
         unpacked = ov_artifact.unpack(artifact)
         target = self._ov_device(device)
         try:
-            config = _config(cores.threads, options.precision)
+            threads = options.performance_mode.threads(cores.threads)
+            config = _config(threads, options.precision)
             compiled = self._core.import_model(bytes(unpacked.blob), target, config)
         except Exception as exc:
             raise InvalidContainerError(
