@@ -21,7 +21,7 @@ MODEL_WHEELS := rapidocr-onnxruntime==1.4.4 silero-vad==6.2.3
 # 84 s with 3.
 TEST_WORKERS ?= 2
 
-.PHONY: demo test test-fast lint lock exclusions fuzz bench clean
+.PHONY: demo test test-fast lint lock exclusions fuzz bench clean cuda
 
 # crossrt is installed with --no-deps (the lock holds its dependencies) and --no-build-isolation
 # (built with the lock's setuptools and wheel, not whatever is newest on the index that day).
@@ -56,6 +56,15 @@ test-fast: $(STAMP)
 # at the end count the examples each test ran.
 FUZZ_CONTAINERS ?= 10000
 FUZZ_MODELS     ?= 2000
+
+# NVIDIA GPUs: the venv with onnxruntime-gpu in place of onnxruntime (both install the
+# `onnxruntime` module). tests/gpu/ then runs; `make clean` goes back to the lock's onnxruntime.
+ORT_GPU_PIN := onnxruntime-gpu==1.31.1
+
+cuda: $(STAMP)
+	$(PY) -m pip uninstall --quiet -y onnxruntime
+	$(PY) -m pip install --quiet $(ORT_GPU_PIN)
+	$(PY) -c "import onnxruntime as o; print(o.__version__, o.get_available_providers())"
 
 fuzz: $(STAMP)
 	CROSSRT_FUZZ_CONTAINERS=$(FUZZ_CONTAINERS) CROSSRT_FUZZ_MODELS=$(FUZZ_MODELS) \

@@ -232,6 +232,28 @@ def cpu_features() -> tuple[str, ...]:
     return ()
 
 
+NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
+"""Where the NVIDIA kernel driver lists the GPUs: one folder per GPU, named by its PCI bus."""
+
+
+def nvidia_gpus(root: Path = NVIDIA_GPUS) -> list[str]:
+    """The model names of the NVIDIA GPUs, in PCI bus order (CUDA's default device order),
+    from the kernel driver's ``information`` files; none without the driver."""
+    try:
+        folders = sorted(p for p in root.iterdir() if p.is_dir())
+    except OSError:
+        return []
+    names = []
+    for folder in folders:
+        model = "NVIDIA GPU"
+        for line in (read_text(folder / "information") or "").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "Model" and value.strip():
+                model = value.strip()
+        names.append(model)
+    return names
+
+
 def pid_namespace() -> int:
     """This process's PID namespace (its inode), 0 where unknown: a PID means something only
     inside its namespace, so a file named by its owner's PID is judged only in the same one."""

@@ -212,12 +212,16 @@ def test_devices(driver):
 
 
 def test_device_capabilities():
-    (ort_cpu,) = get_driver("onnxruntime").devices()
+    from crossrt.drivers.onnxruntime import precision
+
+    ort = get_driver("onnxruntime")
+    ort_cpu = next(d for d in ort.devices() if d.id == "cpu:0")  # cuda:N too with a GPU
     (ref_cpu,) = get_driver("reference").devices()
     modes = set(ort_cpu.capabilities.performance_modes)  # only what changes a session
-    assert modes == {crossrt.PerformanceMode.NONE, crossrt.PerformanceMode.LOW}
+    assert modes == {crossrt.PerformanceMode(m) for m in range(3)}  # NONE, LOW, MEDIUM
     assert ref_cpu.capabilities.performance_modes == (crossrt.PerformanceMode.NONE,)
-    assert not ort_cpu.capabilities.fp16 and not ort_cpu.capabilities.priority
+    assert not ort_cpu.capabilities.priority and ort_cpu.capabilities.int8
+    assert ort_cpu.capabilities.fp16 == precision.has_float16_arithmetic(ort._registry())
 
 
 def test_resolve_device():

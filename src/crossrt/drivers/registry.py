@@ -221,8 +221,16 @@ def resolve_device(device: str, driver: str | None = None) -> tuple[Driver, Devi
                 return drv, info
     served = sorted({d.id for drv in candidates for d in drv.devices()})
     who = f"driver {driver!r}" if driver else "the available drivers"
+    hint = _INSTALL_HINTS.get(kind, "")
     raise DeviceUnavailableError(
         f"no device {device!r} on {who}; devices: {', '.join(served) or 'none'} "
-        "(run `crossrt ls` to see drivers and why some are unavailable)",
+        f"(run `crossrt ls` to see drivers and why some are unavailable){hint}",
         details={"device": device, "driver": driver},
     )
+
+
+_INSTALL_HINTS = {
+    "cuda": "; NVIDIA GPUs are served by onnxruntime-gpu: `pip uninstall -y onnxruntime && pip "
+    "install onnxruntime-gpu` (the cuda extra; docs/drivers.md), on a machine with the NVIDIA "
+    "driver",
+}

@@ -37,7 +37,7 @@ from ..base import (
     host_cpu,
 )
 from . import artifact as ort_artifact
-from . import lower, precision, spill, support
+from . import cuda, lower, precision, spill, support
 from .program import ORT_SEVERITY, OrtProgram, short_error
 
 log = logging.getLogger("crossrt")
@@ -86,7 +86,10 @@ class OnnxRuntimeDriver(Driver):
         # x86 CPU provider has none: a float16 model would compute in float32 between casts).
         fp16 = precision.has_float16_arithmetic(self._registry())
         caps = Capabilities(fp16=fp16, int8=True, performance_modes=modes, cache_export=True)
-        return [host_cpu(self.name, caps)]
+        return [host_cpu(self.name, caps), *cuda.devices(self.name)]
+
+    def check_options(self, options: CompileOptions, device: DeviceInfo) -> None:
+        super().check_options(cuda.check_extensions(self.name, device, options), device)
 
     # -- what ORT can run ----------------------------------------------------------------
 
@@ -106,7 +109,12 @@ class OnnxRuntimeDriver(Driver):
     # -- compile and load ----------------------------------------------------------------
 
     def compile(self, model: Model, device: DeviceInfo, options: CompileOptions) -> bytes:
-        model = precision.convert(model, options.precision, self._registry())
+        on_gpu = cuda.is_cuda(device)
+        model = precision.convert(model, options.precision, None if on_gpu else self._registry())
+        if on_gpu:  # the device-specific optimizations happen as the session is made
+            artifact = self._optimize(model, "extended", ())
+            assert artifact is not None  # level EXTENDED is always reloaded as it is saved
+            return artifact
         # Level ALL adds layouts tied to this CPU's vector extensions (NCHWc blocks) and keeps
         # the weights ORT's kernels pre-pack: such an artifact loads only on a CPU with the
         # same features, but without optimizing or packing again, and sessions map its
@@ -282,7 +290,7 @@ class OnnxRuntimeDriver(Driver):
                 details={"driver": self.name},
             ) from None
         try:
-            session = support.new_session(model, so)
+            session = support.new_session(model, so, cuda.providers(device, options))
         except Exception as exc:
             raise CompileError(
                 f"ONNX Runtime {self.version} could not load the artifact: {short_error(exc)}",

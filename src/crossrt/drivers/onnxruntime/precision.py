@@ -35,8 +35,10 @@ PRECISIONS = ("fp16", "int8-dynamic")
 _QUANTIZED = ["MatMul", "Gemm", "Attention", "LSTM", "GRU"]
 
 
-def convert(model: Model, precision: str | None, known: support.OrtRegistry) -> Model:
-    """``model`` rewritten for ``precision``; itself for ``None`` and ``"fp32"``.
+def convert(model: Model, precision: str | None, known: support.OrtRegistry | None) -> Model:
+    """``model`` rewritten for ``precision``; itself for ``None`` and ``"fp32"``. ``known``:
+    the CPU provider's kernels, to keep in float32 the operators it has no float16 kernel
+    for; ``None`` for a GPU, whose provider has them.
 
     Raises:
         CompileError: the converter failed on this model.
@@ -64,12 +66,11 @@ def has_float16_arithmetic(known: support.OrtRegistry) -> bool:
     return not _no_float16_kernel(("MatMul", "Conv"), known)
 
 
-def _to_float16(model: Model, known: support.OrtRegistry) -> onnx.ModelProto:
+def _to_float16(model: Model, known: support.OrtRegistry | None) -> onnx.ModelProto:
     from onnxconverter_common import float16
 
-    kept = _no_float16_kernel(
-        {n.op_type for n in model.nodes if n.domain in ("", "ai.onnx")}, known
-    )
+    ops = {n.op_type for n in model.nodes if n.domain in ("", "ai.onnx")}
+    kept = set() if known is None else _no_float16_kernel(ops, known)
     blocked = sorted(set(float16.DEFAULT_OP_BLOCK_LIST) | kept)
     proto = onnx.ModelProto()
     proto.CopyFrom(model.proto)

@@ -26,12 +26,18 @@ PROVIDER = "CPUExecutionProvider"
 
 
 def new_session(
-    model: str | bytes, options: ort.SessionOptions, **kwargs: Any
+    model: str | bytes,
+    options: ort.SessionOptions,
+    providers: Sequence[Any] = (PROVIDER,),
+    **kwargs: Any,
 ) -> ort.InferenceSession:
-    """An ORT session on :data:`PROVIDER`. ORT's Python wrapper, when a session cannot be
-    created, would print "EP Error ... Falling back to CPUExecutionProvider" to stdout and try
-    again (twice the time, the same error): crossrt reports one coded error instead."""
-    return ort.InferenceSession(model, options, providers=[PROVIDER], enable_fallback=0, **kwargs)
+    """An ORT session on ``providers`` (default :data:`PROVIDER`). ORT's Python wrapper, when
+    a session cannot be created, would print "EP Error ... Falling back to
+    CPUExecutionProvider" to stdout and try again (twice the time, the same error): crossrt
+    reports one coded error instead."""
+    return ort.InferenceSession(
+        model, options, providers=list(providers), enable_fallback=0, **kwargs
+    )
 
 
 # ONNX element types NumPy has only through ml_dtypes (bfloat16 and newer, 16 and up) that the

@@ -1,0 +1,124 @@
+"""crossrt on an NVIDIA GPU (onnxruntime-gpu, ``make cuda``) against raw ONNX Runtime with the
+CUDA provider, on the ResNet-50-like and BERT-like models: median ms per call of each, their
+ratio, and the largest output difference; fp32, and fp16 (``precision="fp16"``) against raw
+fp32. Alternating blocks, as the other benchmarks.
+
+    python benchmarks/cuda.py            # prints "no CUDA device: skipped" without a GPU
+
+Writes ``results/cuda.json`` (``--out``) and a Markdown table next to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+import crossrt
+from crossrt.drivers import get_driver
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import models  # benchmarks/ is not a package: found through sys.path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def measure(calls: dict[str, Callable[[], Any]], rounds: int, per_block: int) -> dict[str, float]:
+    for call in calls.values():
+        for _ in range(3):
+            call()
+    samples: dict[str, list[float]] = {k: [] for k in calls}
+    order = random.Random(0)
+    for _ in range(rounds):
+        names = list(calls)
+        order.shuffle(names)
+        for key in names:
+            start = time.perf_counter()
+            for _ in range(per_block):
+                calls[key]()
+            samples[key].append((time.perf_counter() - start) / per_block * 1e3)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--models", default="resnet50,bert")
+    p.add_argument("--out", type=Path, default=RESULTS / "cuda.json")
+    args = p.parse_args(argv)
+    gpus = [d for d in get_driver("onnxruntime").devices() if d.id.startswith("cuda:")]
+    if not gpus:
+        print("no CUDA device: skipped (install onnxruntime-gpu with `make cuda` on a GPU machine)")
+        return 0
+    rows = []
+    with crossrt.Runtime() as rt:
+        for name in args.models.split(","):
+            path, feed = models.get(name), models.example_input(name)
+            session = ort.InferenceSession(
+                str(path), providers=[("CUDAExecutionProvider", {"device_id": 0})]
+            )
+            fp32 = rt.load(crossrt.compile(path, "cuda:0"))
+            fp16 = rt.load(crossrt.compile(path, "cuda:0", precision="fp16"))
+            calls = {
+                "raw onnxruntime cuda": lambda s=session, f=feed: s.run(None, f),
+                "crossrt cuda": lambda m=fp32, f=feed: m.run(f),
+                "crossrt cuda fp16": lambda m=fp16, f=feed: m.run(f),
+            }
+            median = measure(calls, rounds=10, per_block=20)
+            want = session.run(None, feed)
+            errors = {
+                label: max(
+                    float(np.max(np.abs(np.asarray(g, np.float64) - w)))
+                    for g, w in zip(m.run(feed).values(), want, strict=True)
+                )
+                for label, m in (("crossrt cuda", fp32), ("crossrt cuda fp16", fp16))
+            }
+            raw = median["raw onnxruntime cuda"]
+            rows.append(
+                {
+                    "model": name,
+                    "median_ms": {k: round(v, 3) for k, v in median.items()},
+                    "crossrt_vs_raw": round(median["crossrt cuda"] / raw, 3),
+                    "fp16_speedup_vs_raw_fp32": round(raw / median["crossrt cuda fp16"], 2),
+                    "max_abs_error": errors,
+                }
+            )
+    doc = {
+        "benchmark": "cuda",
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "gpu": gpus[0].name,
+        "onnxruntime": ort.__version__,
+        "rows": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    lines = [
+        f"crossrt on {gpus[0].name} against raw ONNX Runtime CUDA ({doc['date']})",
+        "",
+        "| model | raw ms | crossrt ms | ratio | crossrt fp16 ms | fp16 x raw fp32 | fp16 err |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        m = r["median_ms"]
+        lines.append(
+            f"| {r['model']} | {m['raw onnxruntime cuda']:.3f} | {m['crossrt cuda']:.3f} | "
+            f"{r['crossrt_vs_raw']:.3f} | {m['crossrt cuda fp16']:.3f} | "
+            f"{r['fp16_speedup_vs_raw_fp32']:.2f} | {r['max_abs_error']['crossrt cuda fp16']:.1e} |"
+        )
+    table = "\n".join(lines) + "\n"
+    args.out.with_suffix(".md").write_text(table)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,97 @@
+"""NVIDIA GPUs through onnxruntime-gpu: a provider choice inside the onnxruntime driver.
+
+With onnxruntime-gpu installed (the ``cuda`` extra, docs/drivers.md), ORT offers the
+``CUDAExecutionProvider`` and the driver serves ``cuda:N``, one per GPU the NVIDIA kernel
+driver lists (in PCI bus order, CUDA's default). A session for ``cuda:N`` runs on that GPU,
+with ORT placing on the CPU the few nodes the CUDA provider has no kernel for;
+``extensions={"tensorrt": True}`` puts the TensorRT provider first where ORT has it. The
+artifact of a GPU compile is ORT's portable (EXTENDED) optimization: ORT applies the
+device-specific rest when the session is made.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import onnxruntime as ort
+
+from ...errors import InvalidOptionError
+from ...host import nvidia_gpus
+from ..base import Capabilities, CompileOptions, DeviceInfo, DeviceKind
+
+CUDA = "CUDAExecutionProvider"
+TENSORRT = "TensorrtExecutionProvider"
+CPU = "CPUExecutionProvider"
+EXTENSIONS = ("tensorrt",)
+"""The ``extensions`` a ``cuda`` device takes."""
+
+
+def devices(driver: str, gpus: list[str] | None = None) -> list[DeviceInfo]:
+    """The ``cuda:N`` devices, when ORT has the CUDA provider (else none)."""
+    if CUDA not in ort.get_available_providers():
+        return []
+    names = nvidia_gpus() if gpus is None else gpus
+    # ORT's CUDA kernels take float16; its TensorRT provider, when present, int8 too.
+    caps = Capabilities(fp16=True, cache_export=True)
+    return [
+        DeviceInfo(
+            id=f"cuda:{index}",
+            name=name,
+            vendor="NVIDIA",
+            kind=DeviceKind.GPU,
+            driver=driver,
+            cores=1,
+            memory_bytes=0,
+            capabilities=caps,
+            features=("cuda",),
+        )
+        for index, name in enumerate(names)
+    ]
+
+
+def is_cuda(device: DeviceInfo) -> bool:
+    """Whether ``device`` is one of this module's."""
+    return device.id.startswith("cuda:")
+
+
+def providers(device: DeviceInfo, options: CompileOptions) -> list[Any]:
+    """The providers of a session for ``device``, in ORT's priority order, with options."""
+    if not is_cuda(device):
+        return [CPU]
+    index = int(device.id.partition(":")[2])
+    chosen: list[Any] = []
+    if options.extensions.get("tensorrt"):
+        chosen.append((TENSORRT, {"device_id": index}))
+    chosen += [(CUDA, {"device_id": index}), CPU]
+    return chosen
+
+
+def check_extensions(driver: str, device: DeviceInfo, options: CompileOptions) -> CompileOptions:
+    """``options`` without the extensions this module takes, once they are checked.
+
+    Raises:
+        InvalidOptionError: an extension on a CPU device, or TensorRT asked for where ORT
+            has no TensorRT provider, or a value that is not a bool.
+    """
+    mine = {k: v for k, v in options.extensions.items() if k in EXTENSIONS}
+    if not mine:
+        return options
+    if not is_cuda(device):
+        raise InvalidOptionError(
+            f"extension tensorrt applies to cuda devices, not {device.id}; drop it",
+            details={"option": "extensions", "driver": driver},
+        )
+    if not isinstance(mine["tensorrt"], bool):
+        raise InvalidOptionError(
+            f"extensions={{'tensorrt': {mine['tensorrt']!r}}}: give True or False",
+            details={"option": "extensions"},
+        )
+    if mine["tensorrt"] and TENSORRT not in ort.get_available_providers():
+        raise InvalidOptionError(
+            "extension tensorrt: this ONNX Runtime has no TensorRT provider; install "
+            "onnxruntime-gpu with TensorRT, or drop the extension",
+            details={"option": "extensions", "driver": driver},
+        )
+    rest = {k: v for k, v in options.extensions.items() if k not in EXTENSIONS}
+    return dataclasses.replace(options, extensions=rest)

@@ -1,0 +1,78 @@
+"""The onnxruntime driver's CUDA path, as far as it runs without a GPU: the GPUs the NVIDIA
+driver lists, the providers a session gets, the TensorRT extension, and the error that names
+what to install. tests/gpu/ runs models on a GPU where there is one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnxruntime as ort
+import pytest
+
+import crossrt
+from crossrt.drivers import CompileOptions, DeviceKind, get_driver
+from crossrt.drivers.onnxruntime import cuda
+from crossrt.host import nvidia_gpus
+from small_models import relu
+
+
+def _gpu_device(index: int = 1) -> crossrt.DeviceInfo:
+    cpu = next(d for d in get_driver("onnxruntime").devices() if d.id == "cpu:0")
+    return crossrt.DeviceInfo(
+        id=f"cuda:{index}",
+        name="NVIDIA H100",
+        vendor="NVIDIA",
+        kind=DeviceKind.GPU,
+        driver="onnxruntime",
+        cores=1,
+        memory_bytes=0,
+        capabilities=cpu.capabilities,
+    )
+
+
+def test_gpus_are_read_from_the_kernel_driver(tmp_path: Path) -> None:
+    for bus, model in (("0000:41:00.0", "NVIDIA A100"), ("0000:01:00.0", "NVIDIA H100")):
+        (tmp_path / bus).mkdir()
+        (tmp_path / bus / "information").write_text(f"Model: \t\t {model}\nIRQ:   42\n")
+    assert nvidia_gpus(tmp_path) == ["NVIDIA H100", "NVIDIA A100"]  # PCI bus order
+    assert nvidia_gpus(tmp_path / "absent") == []
+
+
+def test_cuda_devices_only_with_the_cuda_provider() -> None:
+    listed = cuda.devices("onnxruntime", ["NVIDIA H100", "NVIDIA H100"])
+    if cuda.CUDA not in ort.get_available_providers():
+        assert listed == []
+        return
+    assert [d.id for d in listed] == ["cuda:0", "cuda:1"]
+    assert all(d.kind is DeviceKind.GPU and d.capabilities.fp16 for d in listed)
+
+
+def test_sessions_get_the_providers_of_their_device() -> None:
+    cpu = next(d for d in get_driver("onnxruntime").devices() if d.id == "cpu:0")
+    assert cuda.providers(cpu, CompileOptions()) == [cuda.CPU]
+    gpu = _gpu_device(1)
+    assert cuda.providers(gpu, CompileOptions()) == [(cuda.CUDA, {"device_id": 1}), cuda.CPU]
+    trt = cuda.providers(gpu, CompileOptions(extensions={"tensorrt": True}))
+    assert trt[0] == (cuda.TENSORRT, {"device_id": 1}) and trt[1][0] == cuda.CUDA
+
+
+def test_the_tensorrt_extension_is_checked() -> None:
+    cpu = next(d for d in get_driver("onnxruntime").devices() if d.id == "cpu:0")
+    with pytest.raises(crossrt.InvalidOptionError, match="applies to cuda devices"):
+        cuda.check_extensions("onnxruntime", cpu, CompileOptions(extensions={"tensorrt": True}))
+    with pytest.raises(crossrt.InvalidOptionError, match="True or False"):
+        cuda.check_extensions(
+            "onnxruntime", _gpu_device(), CompileOptions(extensions={"tensorrt": "yes"})
+        )
+    plain = cuda.check_extensions(
+        "onnxruntime", _gpu_device(), CompileOptions(extensions={"tensorrt": False})
+    )
+    assert plain.extensions == {}
+
+
+def test_no_gpu_names_what_to_install() -> None:
+    if any(d.id.startswith("cuda:") for d in get_driver("onnxruntime").devices()):
+        pytest.skip("this machine has a CUDA device")
+    with pytest.raises(crossrt.DeviceUnavailableError) as info:
+        crossrt.compile(relu(), "cuda")
+    assert "onnxruntime-gpu" in info.value.message
