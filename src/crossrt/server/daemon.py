@@ -1,0 +1,197 @@
+"""The daemon: a Runtime, its repository and regions, behind a gRPC server on its endpoints.
+
+Lifecycle: :meth:`Daemon.start` listens (ServerLive answers at once), loads the repository
+(unless model control is explicit), then ServerReady says true. SIGTERM (or SIGINT) drains:
+new calls get UNAVAILABLE, those under way have ``drain_seconds`` to finish, then models are
+unloaded (their cores released), regions closed, sockets removed. SIGHUP rescans the
+repository: new models are loaded, changed ones reloaded, removed ones unloaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import grpc
+from tritonclient.grpc import service_pb2_grpc as pbg
+
+from ..errors import OutOfResourcesError
+from ..host import owned_name, remove_orphans
+from ..runtime import Runtime
+from ..runtime.statistics import ModelStatistics
+from .gate import Gate
+from .kserve import InferenceService
+from .peers import Peer, identify
+from .regions import Regions
+from .relay import UnixRelay
+from .repository import LoadOptions, Repository
+from .settings import ServeOptions
+
+log = logging.getLogger("crossrt.serve")
+_INNER_PREFIX = "crossrt-serve-"
+
+
+class Daemon:
+    """One ``crossrt serve``.
+
+    Raises:
+        OutOfResourcesError: an endpoint cannot be listened on.
+    """
+
+    def __init__(self, options: ServeOptions) -> None:
+        self.options = options
+        self._stop = threading.Event()
+        self._rescan = threading.Event()
+        self._ready = False
+        self.runtime = Runtime(visible_cores=options.cores) if options.cores else Runtime()
+        self.regions = Regions()
+        directory = Path(options.model_repository) if options.model_repository else None
+        self.repository = Repository(self.runtime, directory, LoadOptions(), options.models)
+        self.gate = Gate(options.token)
+        self.relays: list[UnixRelay] = []
+        self.addresses: list[str] = []
+        self._metrics: Any = None
+        remove_orphans(_INNER_PREFIX, [tempfile.gettempdir()])
+        self._inner_dir = tempfile.mkdtemp(prefix=owned_name(_INNER_PREFIX))  # 0700
+        inner = os.path.join(self._inner_dir, "grpc.sock")
+        self.server = grpc.server(
+            ThreadPoolExecutor(options.threads, thread_name_prefix="crossrt-serve"),
+            interceptors=[self.gate],
+            options=[
+                ("grpc.max_receive_message_length", -1),
+                ("grpc.max_send_message_length", -1),
+            ],
+        )
+        service = InferenceService(self.repository, self.regions, self.identify, self.ready)
+        pbg.add_GRPCInferenceServiceServicer_to_server(service, self.server)
+        try:
+            self._listen(inner)
+        except BaseException:
+            self._close_sockets()
+            self.runtime.close()
+            raise
+
+    def _listen(self, inner: str) -> None:
+        endpoints = self.options.endpoints()
+        if any(e.kind == "unix" for e in endpoints):
+            self.server.add_insecure_port(f"unix:{inner}")
+        for endpoint in endpoints:
+            if endpoint.kind == "unix":
+                try:
+                    relay = UnixRelay(endpoint.address, inner, self.options.socket_mode)
+                except OSError as exc:
+                    raise OutOfResourcesError(
+                        f"cannot listen on unix:{endpoint.address}: {exc}"
+                    ) from None
+                self.relays.append(relay)
+                self.addresses.append(f"unix:{endpoint.address}")
+                continue
+            why = "in use, or not an address of this host"
+            try:
+                port = self.server.add_insecure_port(endpoint.address)
+            except RuntimeError as exc:
+                port, why = 0, str(exc)
+            if not port:
+                raise OutOfResourcesError(f"cannot listen on {endpoint.address} ({why})")
+            host = endpoint.address.rpartition(":")[0]
+            self.addresses.append(f"{host}:{port}")
+
+    def identify(self, address: str) -> Peer:
+        """Who is behind a call's ``context.peer()``."""
+        relayed: dict[str, Peer] = {}
+        for relay in self.relays:
+            relayed.update(relay.peers)
+        return identify(address, relayed)
+
+    def ready(self) -> bool:
+        """Whether the daemon takes requests."""
+        return self._ready and not self.gate.closing
+
+    def statistics(self) -> list[tuple[str, str, ModelStatistics]]:
+        """(model, version, statistics) of every loaded model."""
+        return [
+            (e.name, e.version, e.model.statistics())
+            for e in self.repository.loaded()
+            if e.model is not None
+        ]
+
+    def start(self) -> None:
+        """Listen, load the repository (unless explicit), then be ready."""
+        self.server.start()
+        for relay in self.relays:
+            relay.start()
+        for address in self.addresses:
+            log.info("serving KServe v2 gRPC on %s", address)
+        if self.options.metrics:
+            from .metrics import serve_metrics
+
+            self._metrics = serve_metrics(self.options.metrics, self.statistics)
+            log.info("serving Prometheus metrics on http://%s/metrics", self.options.metrics)
+        if self.options.model_control != "explicit":
+            self.repository.load_all()
+        for entry in self.repository.loaded():
+            if entry.model is not None:
+                log.info("model %s version %s is ready", entry.name, entry.version)
+        self._ready = True
+        log.info("ready")
+
+    def install_signals(self) -> None:
+        """SIGTERM and SIGINT stop, SIGHUP rescans (from the main thread)."""
+        signal.signal(signal.SIGTERM, lambda *_: self._stop.set())
+        signal.signal(signal.SIGINT, lambda *_: self._stop.set())
+
+        def hup(*_: Any) -> None:
+            self._rescan.set()
+            self._stop.set()  # wakes the main loop, which clears it again
+
+        signal.signal(signal.SIGHUP, hup)
+
+    def wait(self) -> None:
+        """Serve until told to stop; rescan on SIGHUP meanwhile."""
+        while True:
+            self._stop.wait()
+            if self._rescan.is_set():
+                self._rescan.clear()
+                self._stop.clear()
+                log.info("SIGHUP: rescanning the model repository")
+                self.repository.refresh(self.options.model_control != "explicit")
+                if not self._stop.is_set():
+                    continue
+            return
+
+    def request_stop(self) -> None:
+        """Ask :meth:`wait` to return."""
+        self._stop.set()
+
+    def stop(self) -> None:
+        """Drain, then release everything (models, cores, regions, sockets)."""
+        log.info("stopping: draining %d calls under way", self.gate.in_flight)
+        for relay in self.relays:
+            relay.stop_accepting()
+        left = self.gate.drain(self.options.drain_seconds)
+        if left:
+            log.warning("%d calls still running after %.0f s; cutting them", left,
+                        self.options.drain_seconds)  # fmt: skip
+        self.server.stop(grace=1.0).wait()
+        self._close_sockets()
+        if self._metrics is not None:
+            server, _ = self._metrics
+            server.shutdown()
+        self.repository.close()
+        self.regions.close()
+        self.runtime.close()
+        log.info("stopped")
+
+    def _close_sockets(self) -> None:
+        for relay in self.relays:
+            relay.close()
+        with contextlib.suppress(OSError):
+            shutil.rmtree(self._inner_dir)

@@ -1,0 +1,299 @@
+"""The KServe v2 ``inference.GRPCInferenceService``, with Triton's model repository,
+statistics and system shared-memory extensions, over a :class:`Repository`.
+
+The protocol's messages and servicer base come from ``tritonclient.grpc`` (generated from
+the KServe and Triton ``.proto`` files); nothing of the protocol is written out here.
+Errors are raised (:class:`ServiceError`, ``CrossrtError``); the gate (:mod:`.gate`) turns
+them into gRPC statuses.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+import grpc
+from tritonclient.grpc import model_config_pb2 as mc
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pbg
+
+from ..runtime import LoadedModel
+from ..runtime.statistics import ModelStatistics
+from .peers import Peer
+from .regions import Regions
+from .repository import Repository
+from .status import ServiceError, status_of
+from .tensors import decode_inputs, encode_outputs, metadata_tensor, requested_outputs
+
+log = logging.getLogger("crossrt.serve")
+
+EXTENSIONS = (
+    "model_repository",
+    "model_configuration",
+    "system_shared_memory",
+    "statistics",
+    "binary_tensor_data",
+)
+
+try:
+    VERSION = version("crossrt")
+except PackageNotFoundError:  # a source tree
+    VERSION = "0.0.0+source"
+
+
+def model_statistics(name: str, model_version: str, s: ModelStatistics) -> pb.ModelStatistics:
+    """One model's statistics in Triton's fields (the runtime keeps them:
+    ``LoadedModel.statistics()``, docs/statistics.md)."""
+
+    def duration(count: int, ns: int) -> pb.StatisticDuration:
+        return pb.StatisticDuration(count=count, ns=ns)
+
+    infer = pb.InferStatistics(
+        success=duration(s.success, s.latency.ns),
+        fail=duration(s.failure, 0),
+        queue=duration(s.queue.count, s.queue.ns),
+        compute_input=duration(s.compute_input.count, s.compute_input.ns),
+        compute_infer=duration(s.compute_infer.count, s.compute_infer.ns),
+        compute_output=duration(s.compute_output.count, s.compute_output.ns),
+    )
+    return pb.ModelStatistics(
+        name=name,
+        version=model_version,
+        last_inference=s.last_inference_ms,
+        inference_count=s.success,
+        execution_count=sum(d.count for d in s.instances),
+        inference_stats=infer,
+    )
+
+
+def _value(param: pb.InferParameter) -> Any:
+    which = param.WhichOneof("parameter_choice")
+    return getattr(param, which) if which else None
+
+
+class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
+    """KServe v2 over the daemon's repository and shared-memory regions.
+
+    Args:
+        repository: the models.
+        regions: the registered system shared-memory regions.
+        identify: who is behind ``context.peer()`` (asked only when shared memory is used).
+        ready: whether the daemon takes requests (false while it drains).
+    """
+
+    def __init__(
+        self,
+        repository: Repository,
+        regions: Regions,
+        identify: Callable[[str], Peer],
+        ready: Callable[[], bool],
+    ) -> None:
+        self.repository = repository
+        self.regions = regions
+        self._identify = identify
+        self._ready = ready
+
+    # -- health and metadata ---------------------------------------------------------
+
+    def ServerLive(self, request: Any, context: Any) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    def ServerReady(self, request: Any, context: Any) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self._ready())
+
+    def ModelReady(self, request: Any, context: Any) -> pb.ModelReadyResponse:
+        try:
+            self.repository.get(request.name, request.version)
+        except ServiceError:
+            return pb.ModelReadyResponse(ready=False)
+        return pb.ModelReadyResponse(ready=self._ready())
+
+    def ServerMetadata(self, request: Any, context: Any) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(name="crossrt", version=VERSION, extensions=EXTENSIONS)
+
+    def ModelMetadata(self, request: Any, context: Any) -> pb.ModelMetadataResponse:
+        entry, model = self.repository.get(request.name, request.version)
+        return pb.ModelMetadataResponse(
+            name=entry.name,
+            versions=[entry.version],
+            platform="crossrt",
+            inputs=[
+                pb.ModelMetadataResponse.TensorMetadata(**metadata_tensor(s)) for s in model.inputs
+            ],
+            outputs=[
+                pb.ModelMetadataResponse.TensorMetadata(**metadata_tensor(s)) for s in model.outputs
+            ],
+        )
+
+    def ModelConfig(self, request: Any, context: Any) -> pb.ModelConfigResponse:
+        entry, model = self.repository.get(request.name, request.version)
+
+        def io(spec: Any, kind: Any) -> Any:
+            meta = metadata_tensor(spec)
+            datatype = "STRING" if meta["datatype"] == "BYTES" else meta["datatype"]
+            data_type = mc.DataType.Value(f"TYPE_{datatype}") if datatype.isupper() else 0
+            return kind(name=spec.name, data_type=data_type, dims=meta["shape"])
+
+        cpu = model.device.kind.name == "CPU"
+        config = mc.ModelConfig(
+            name=entry.name,
+            platform="crossrt",
+            backend="crossrt",
+            max_batch_size=0,
+            input=[io(s, mc.ModelInput) for s in model.inputs],
+            output=[io(s, mc.ModelOutput) for s in model.outputs],
+            instance_group=[
+                mc.ModelInstanceGroup(
+                    name=model.device.id,
+                    count=model.instance_count,
+                    kind=mc.ModelInstanceGroup.KIND_CPU
+                    if cpu
+                    else mc.ModelInstanceGroup.KIND_MODEL,
+                )
+            ],
+            default_model_filename=entry.path.name,
+        )
+        return pb.ModelConfigResponse(config=config)
+
+    # -- inference -----------------------------------------------------------------------
+
+    def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        return self._infer(request, context)
+
+    def ModelStreamInfer(
+        self, request_iterator: Iterator[pb.ModelInferRequest], context: Any
+    ) -> Iterator[pb.ModelStreamInferResponse]:
+        for request in request_iterator:
+            try:
+                response = self._infer(request, context)
+            except Exception as exc:  # the stream goes on; the error is this request's
+                code, message = status_of(exc)
+                if code is grpc.StatusCode.INTERNAL:
+                    log.exception("stream request to %s failed", request.model_name)
+                error = f"[{code.name}] {message}"
+                yield pb.ModelStreamInferResponse(
+                    error_message=error,
+                    infer_response=pb.ModelInferResponse(
+                        model_name=request.model_name, id=request.id
+                    ),
+                )
+                continue
+            yield pb.ModelStreamInferResponse(infer_response=response)
+
+    def _infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        entry, model = self.repository.get(request.model_name, request.model_version)
+        peer: list[Peer] = []
+
+        def caller() -> Peer:
+            if not peer:
+                peer.append(self._identify(context.peer()))
+            return peer[0]
+
+        feed = decode_inputs(
+            request, model.inputs, lambda n, o, s: self.regions.read(n, o, s, caller())
+        )
+        chosen = requested_outputs(request, model.outputs)
+        results = _run(model, feed)
+        response = pb.ModelInferResponse(
+            model_name=entry.name, model_version=entry.version, id=request.id
+        )
+        encode_outputs(
+            response, results, chosen, lambda n, o, a: self.regions.write(n, o, a, caller())
+        )
+        return response
+
+    # -- statistics and the repository ---------------------------------------------------
+
+    def ModelStatistics(self, request: Any, context: Any) -> pb.ModelStatisticsResponse:
+        if request.name:
+            entries = [self.repository.get(request.name, request.version)[0]]
+        else:
+            entries = self.repository.loaded()
+        stats = [
+            model_statistics(e.name, e.version, e.model.statistics())
+            for e in entries
+            if e.model is not None
+        ]
+        return pb.ModelStatisticsResponse(model_stats=stats)
+
+    def RepositoryIndex(self, request: Any, context: Any) -> pb.RepositoryIndexResponse:
+        if request.repository_name:
+            raise ServiceError(
+                grpc.StatusCode.NOT_FOUND,
+                f"no repository {request.repository_name!r}: this daemon has one; leave the "
+                "name empty",
+            )
+        index = [
+            pb.RepositoryIndexResponse.ModelIndex(
+                name=e.name, version=e.version, state=e.state, reason=e.reason
+            )
+            for e in self.repository.entries()
+            if not request.ready or e.model is not None
+        ]
+        return pb.RepositoryIndexResponse(models=index)
+
+    def RepositoryModelLoad(self, request: Any, context: Any) -> pb.RepositoryModelLoadResponse:
+        values = {k: _value(v) for k, v in request.parameters.items()}
+        if "config" in values or any(k.startswith("file:") for k in values):
+            raise ServiceError(
+                grpc.StatusCode.UNIMPLEMENTED,
+                "loading with a config override or model files in the request is not served; "
+                "put the model in the repository and give load parameters (device, instances, "
+                "cores, queue_depth, timeout, precision)",
+            )
+        self.repository.load(request.model_name, values)
+        return pb.RepositoryModelLoadResponse()
+
+    def RepositoryModelUnload(self, request: Any, context: Any) -> pb.RepositoryModelUnloadResponse:
+        self.repository.unload(request.model_name)
+        return pb.RepositoryModelUnloadResponse()
+
+    # -- system shared memory ------------------------------------------------------------
+
+    def SystemSharedMemoryRegister(
+        self, request: Any, context: Any
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        peer = self._identify(context.peer())
+        self.regions.register(request.name, request.key, request.offset, request.byte_size, peer)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    def SystemSharedMemoryStatus(
+        self, request: Any, context: Any
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        regions = self.regions.status(request.name, self._identify(context.peer()))
+        response = pb.SystemSharedMemoryStatusResponse()
+        for r in regions:
+            response.regions[r.name].CopyFrom(
+                pb.SystemSharedMemoryStatusResponse.RegionStatus(
+                    name=r.name, key=r.key, offset=r.offset, byte_size=r.byte_size
+                )
+            )
+        return response
+
+    def SystemSharedMemoryUnregister(
+        self, request: Any, context: Any
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        self.regions.unregister(request.name, self._identify(context.peer()))
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        raise _no_cuda()
+
+    def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        raise _no_cuda()
+
+    def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        raise _no_cuda()
+
+
+def _no_cuda() -> ServiceError:
+    return ServiceError(
+        grpc.StatusCode.UNIMPLEMENTED,
+        "CUDA shared memory is not served; use system shared memory",
+    )
+
+
+def _run(model: LoadedModel, feed: dict[str, Any]) -> dict[str, Any]:
+    return model.run(feed)

@@ -1,0 +1,99 @@
+"""The Prometheus endpoint (``--metrics HOST:PORT``): Triton's metric names under
+``crossrt_``, labelled ``model`` and ``version``, read from each loaded model's statistics
+when scraped (nothing is counted twice, nothing costs a request anything). Counters are
+written as Prometheus and OpenMetrics want them, with ``_total`` after the family name
+(``crossrt_inference_request_success_total``); Triton writes its counters without it.
+
+| metric | Triton's | from ``ModelStatistics`` |
+| --- | --- | --- |
+| ``crossrt_inference_request_success`` | ``nv_inference_request_success`` | ``success`` |
+| ``crossrt_inference_request_failure`` | ``nv_inference_request_failure`` | ``failure`` |
+| ``crossrt_inference_count`` | ``nv_inference_count`` | ``success`` (batch 1) |
+| ``crossrt_inference_exec_count`` | ``nv_inference_exec_count`` | runs of every instance |
+| ``crossrt_inference_request_duration_us`` | same | ``latency`` |
+| ``crossrt_inference_queue_duration_us`` | same | ``queue`` |
+| ``crossrt_inference_compute_input_duration_us`` | same | ``compute_input`` |
+| ``crossrt_inference_compute_infer_duration_us`` | same | ``compute_infer`` |
+| ``crossrt_inference_compute_output_duration_us`` | same | ``compute_output`` |
+| ``crossrt_inference_pending_request_count`` | same (a gauge) | ``in_flight`` |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import Metric
+
+from ..runtime.statistics import ModelStatistics
+
+StatisticsSource = Callable[[], list[tuple[str, str, ModelStatistics]]]
+"""``() -> [(model, version, statistics)]`` of the loaded models."""
+
+_COUNTERS: tuple[tuple[str, str, Callable[[ModelStatistics], float]], ...] = (
+    ("inference_request_success", "successful inference requests", lambda s: s.success),
+    ("inference_request_failure", "failed inference requests", lambda s: s.failure),
+    ("inference_count", "inferences performed (batch 1: one per request)", lambda s: s.success),
+    (
+        "inference_exec_count",
+        "model executions performed",
+        lambda s: sum(d.count for d in s.instances),
+    ),
+    (
+        "inference_request_duration_us",
+        "cumulative end-to-end inference request time (us)",
+        lambda s: s.latency.ns / 1e3,
+    ),
+    (
+        "inference_queue_duration_us",
+        "cumulative time requests spent queued (us)",
+        lambda s: s.queue.ns / 1e3,
+    ),
+    (
+        "inference_compute_input_duration_us",
+        "cumulative compute input time (us)",
+        lambda s: s.compute_input.ns / 1e3,
+    ),
+    (
+        "inference_compute_infer_duration_us",
+        "cumulative compute inference time (us)",
+        lambda s: s.compute_infer.ns / 1e3,
+    ),
+    (
+        "inference_compute_output_duration_us",
+        "cumulative compute output time (us)",
+        lambda s: s.compute_output.ns / 1e3,
+    ),
+)
+
+
+class ModelCollector:
+    """A Prometheus collector over the loaded models' statistics."""
+
+    def __init__(self, source: StatisticsSource, prefix: str = "crossrt_") -> None:
+        self._source = source
+        self._prefix = prefix
+
+    def collect(self) -> Iterator[Metric]:
+        rows = self._source()
+        for suffix, doc, read in _COUNTERS:
+            name = self._prefix + suffix
+            metric = Metric(name, doc, "counter")
+            for model, version, stats in rows:
+                labels = {"model": model, "version": version}
+                metric.add_sample(name + "_total", labels, float(read(stats)))
+            yield metric
+        name = self._prefix + "inference_pending_request_count"
+        gauge = Metric(name, "requests received and not finished (queued or running)", "gauge")
+        for model, version, stats in rows:
+            gauge.add_sample(name, {"model": model, "version": version}, float(stats.in_flight))
+        yield gauge
+
+
+def serve_metrics(address: str, source: StatisticsSource) -> tuple[Any, Any]:
+    """Start the endpoint on ``HOST:PORT``; return (server, thread) of prometheus-client."""
+    host, _, port = address.rpartition(":")
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ModelCollector(source))
+    return start_http_server(int(port), addr=host.strip("[]") or "127.0.0.1", registry=registry)

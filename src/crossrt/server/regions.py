@@ -1,0 +1,243 @@
+"""System shared-memory regions (Triton's extension), each belonging to the user who
+registered it.
+
+Triton makes a region global to the server: any local user could name another's region and
+read or overwrite their tensors through the daemon. Here a region is used, listed and
+unregistered only by its owner's user; registration is refused for a ``/dev/shm`` file that
+user could not open read-write itself, and over a connection from another host. Tensors are
+read and written with ``pread``/``pwrite`` on the region's descriptor, not through a
+mapping: a client that truncates its file afterwards gets an error, not a daemon killed by
+SIGBUS. A region whose registering process has died is released (:meth:`Regions.sweep`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+
+from ..host import process_alive
+from .peers import Peer
+from .status import ServiceError
+
+SHM_DIRECTORY = "/dev/shm"
+
+
+@dataclass
+class Region:
+    """One registration: ``byte_size`` bytes at ``offset`` of the segment ``key``."""
+
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+    uid: int
+    pid: int
+    fd: int
+    users: int = 0  # reads and writes under way: the descriptor is closed after the last
+    released: bool = False
+
+
+def may_open(st: os.stat_result, uid: int, groups: frozenset[int]) -> bool:
+    """Whether user ``uid`` (in ``groups``) may open a file of this owner and mode for
+    reading and writing, as the kernel would decide (root may)."""
+    if uid == 0:
+        return True
+    if st.st_uid == uid:
+        bits = st.st_mode >> 6
+    elif st.st_gid in groups:
+        bits = st.st_mode >> 3
+    else:
+        bits = st.st_mode
+    return bits & 0o6 == 0o6
+
+
+def _denied(message: str) -> ServiceError:
+    return ServiceError(grpc.StatusCode.PERMISSION_DENIED, message)
+
+
+def _owner(peer: Peer) -> int:
+    """The peer's user, or a refusal when the daemon cannot tell who it is."""
+    if not peer.local:
+        raise _denied(
+            f"system shared memory is refused to {peer.address}, a client on another host; "
+            "send tensors in the request, or run the client on the daemon's host"
+        )
+    if peer.uid is None:
+        raise _denied(
+            f"the daemon cannot tell which user {peer.address} is, so it lends it no shared "
+            "memory; connect through the daemon's Unix socket or loopback TCP"
+        )
+    return peer.uid
+
+
+class Regions:
+    """The registered regions, by name."""
+
+    def __init__(self, directory: str = SHM_DIRECTORY) -> None:
+        self._directory = directory
+        self._lock = threading.Lock()
+        self._regions: dict[str, Region] = {}
+
+    def register(self, name: str, key: str, offset: int, byte_size: int, peer: Peer) -> None:
+        """Register ``byte_size`` bytes at ``offset`` of segment ``key`` as ``name``."""
+        uid = _owner(peer)
+        self.sweep()
+        if not name:
+            raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "a region needs a name")
+        segment = key[1:] if key.startswith("/") else key
+        if not segment or "/" in segment or segment in (".", "..") or "\0" in segment:
+            raise ServiceError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"key {key!r} is not a shared-memory name; give the shm_open name ('/name')",
+            )
+        path = os.path.join(self._directory, segment)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise ServiceError(
+                grpc.StatusCode.NOT_FOUND,
+                f"no shared-memory segment {key!r} ({path}); create it before registering",
+            ) from None
+        except OSError as exc:
+            raise ServiceError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"cannot open shared-memory segment {key!r}: {exc.strerror}",
+            ) from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise _denied(f"{path} is not a shared-memory segment")
+            if not may_open(st, uid, peer.groups()):
+                raise _denied(
+                    f"user {uid} may not open {path} (owner {st.st_uid}, mode "
+                    f"{stat.S_IMODE(st.st_mode):04o}) for reading and writing, so it may not "
+                    "register it; register a segment of your own"
+                )
+            if offset + byte_size > st.st_size:
+                raise ServiceError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"region {name!r}: offset {offset} + byte_size {byte_size} is past the end "
+                    f"of {key!r} ({st.st_size} bytes)",
+                )
+            region = Region(name, key, offset, byte_size, uid, peer.pid, fd)
+            with self._lock:
+                if name in self._regions:
+                    raise ServiceError(
+                        grpc.StatusCode.ALREADY_EXISTS,
+                        f"a region named {name!r} is registered already; unregister it first "
+                        "or choose another name",
+                    )
+                self._regions[name] = region
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def status(self, name: str, peer: Peer) -> list[Region]:
+        """The peer's user's regions (``name`` empty), or the one named."""
+        uid = _owner(peer)
+        self.sweep()
+        with self._lock:
+            if not name:
+                return [r for r in self._regions.values() if r.uid == uid]
+            return [self._mine(name, uid)]
+
+    def unregister(self, name: str, peer: Peer) -> None:
+        """Unregister the region named, or (``name`` empty) every region of the peer's user."""
+        uid = _owner(peer)
+        with self._lock:
+            names = [n for n, r in self._regions.items() if r.uid == uid]
+            if name:
+                self._mine(name, uid)
+                names = [name]
+            for n in names:
+                _release(self._regions.pop(n))
+        self.sweep()
+
+    def _mine(self, name: str, uid: int) -> Region:
+        region = self._regions.get(name)
+        if region is None:
+            raise ServiceError(
+                grpc.StatusCode.NOT_FOUND,
+                f"no shared-memory region {name!r} is registered; register it first",
+            )
+        if region.uid != uid:
+            raise _denied(f"region {name!r} belongs to another user; register your own")
+        return region
+
+    @contextlib.contextmanager
+    def _slice(self, name: str, offset: int, size: int, peer: Peer) -> Iterator[Region]:
+        uid = _owner(peer)
+        with self._lock:
+            region = self._mine(name, uid)
+            if offset + size > region.byte_size:
+                raise ServiceError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"region {name!r}: offset {offset} + byte_size {size} is past its end "
+                    f"({region.byte_size} bytes registered)",
+                )
+            region.users += 1
+        try:
+            yield region
+        finally:
+            with self._lock:
+                region.users -= 1
+                if region.released and not region.users:
+                    os.close(region.fd)
+
+    def read(self, name: str, offset: int, size: int, peer: Peer) -> np.ndarray:
+        """``size`` bytes at ``offset`` of the peer's region ``name``, copied out."""
+        data = np.empty(size, np.uint8)
+        with self._slice(name, offset, size, peer) as region:
+            got = os.preadv(region.fd, [data.data], region.offset + offset) if size else 0
+        if got != size:
+            raise ServiceError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"region {name!r}: segment {region.key!r} shrank since it was registered; "
+                "register it again",
+            )
+        return data
+
+    def write(self, name: str, offset: int, data: np.ndarray, peer: Peer) -> None:
+        """Write ``data`` at ``offset`` of the peer's region ``name``."""
+        size = data.nbytes
+        with self._slice(name, offset, size, peer) as region:
+            end = region.offset + offset + size
+            if os.fstat(region.fd).st_size < end:  # pwrite would grow the client's file
+                raise ServiceError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"region {name!r}: segment {region.key!r} shrank since it was registered; "
+                    "register it again",
+                )
+            wrote = os.pwritev(region.fd, [data.data], region.offset + offset) if size else 0
+        if wrote != size:
+            raise ServiceError(grpc.StatusCode.INTERNAL, f"region {name!r}: short write")
+
+    def sweep(self) -> list[str]:
+        """Release the regions whose registering process has died; their names."""
+        with self._lock:
+            dead = [n for n, r in self._regions.items() if r.pid and not process_alive(r.pid)]
+            for n in dead:
+                _release(self._regions.pop(n))
+        return dead
+
+    def close(self) -> None:
+        """Release every region."""
+        with self._lock:
+            for region in self._regions.values():
+                _release(region)
+            self._regions.clear()
+
+
+def _release(region: Region) -> None:
+    """Close the region's descriptor now, or after the last read or write under way (under
+    the registry's lock): a number reused by another file must never be read."""
+    region.released = True
+    if not region.users:
+        os.close(region.fd)

@@ -1,0 +1,293 @@
+"""The model repository: the files the daemon may serve, and the models it has loaded.
+
+Two layouts, each model served under NAME: Triton's ``DIR/NAME/VERSION/model.crm`` (or
+``model.onnx``; the highest numbered VERSION with a model file is served) and flat
+``DIR/NAME.crm`` / ``DIR/NAME.onnx`` (version ``1``). A ``.crm`` wins over an ``.onnx`` of
+the same name and version; an ``.onnx`` is compiled at load (through the compile cache).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from ..compiler import load_executable
+from ..errors import InvalidArgumentError
+from ..host import parse_cpu_set
+from ..runtime import LoadedModel, Runtime
+from .status import ServiceError
+
+log = logging.getLogger("crossrt.serve")
+
+SUFFIXES = (".crm", ".onnx")
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How a model is loaded (``Runtime.load``'s arguments); the repository load
+    parameters and the config file's ``[[models]]`` tables set them by these names."""
+
+    device: str | None = None
+    instances: int = 1
+    cores: int | tuple[int, ...] | None = None
+    queue_depth: int | None = None
+    timeout: float | None = None
+    precision: str | None = None
+
+    def with_values(self, values: Mapping[str, Any]) -> LoadOptions:
+        """These options with ``values`` (parameter name -> value) applied, checked."""
+        changes: dict[str, Any] = {}
+        for key, value in values.items():
+            name = key.replace(" ", "_").replace("-", "_")
+            if name == "exec_timeout":
+                name = "timeout"
+            if name not in LOAD_PARAMETERS:
+                raise InvalidArgumentError(
+                    f"unknown load parameter {key!r}; known: {', '.join(LOAD_PARAMETERS)}"
+                )
+            changes[name] = _parse(name, value)
+        return replace(self, **changes)
+
+
+LOAD_PARAMETERS = ("device", "instances", "cores", "queue_depth", "timeout", "precision")
+
+
+def _parse(name: str, value: Any) -> Any:
+    try:
+        if name in ("device", "precision"):
+            if not isinstance(value, str) or not value:
+                raise ValueError
+            return value
+        if name in ("instances", "queue_depth"):
+            number = int(value)
+            if isinstance(value, bool | float) or number < 1:
+                raise ValueError
+            return number
+        if name == "timeout":
+            seconds = float(value)
+            if isinstance(value, bool) or not seconds > 0:
+                raise ValueError
+            return seconds
+        # cores: a count (4) or host core indices ("0-3", "0,2")
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, list | tuple):
+            return tuple(int(v) for v in value)
+        text = str(value).strip()
+        return int(text) if text.isdigit() else tuple(sorted(parse_cpu_set(text)))
+    except (ValueError, TypeError):
+        raise InvalidArgumentError(
+            f"load parameter {name}={value!r} is not valid; "
+            + {
+                "device": "give a device ('cpu', 'cpu:0')",
+                "precision": "give 'fp32', 'bf16', 'fp16' or 'int8-dynamic'",
+                "instances": "give a whole number >= 1",
+                "queue_depth": "give a whole number >= 1",
+                "timeout": "give seconds, more than 0",
+                "cores": "give a count (4) or core indices ('0-3', '0,2')",
+            }[name]
+        ) from None
+
+
+@dataclass
+class Entry:
+    """A model the daemon knows: where it comes from and, when loaded, the loaded model."""
+
+    name: str
+    version: str
+    path: Path
+    options: LoadOptions = field(default_factory=LoadOptions)
+    model: LoadedModel | None = None
+    state: str = "UNAVAILABLE"
+    reason: str = "not loaded"
+    stamp: tuple[int, int] = (0, 0)  # the file's (mtime_ns, size) when loaded
+
+
+def discover(directory: Path) -> dict[str, tuple[str, Path]]:
+    """The models in ``directory``: name -> (version, file)."""
+    found: dict[str, tuple[str, Path]] = {}
+    try:
+        entries = sorted(directory.iterdir())
+    except OSError as exc:
+        log.error("cannot read the model repository %s: %s", directory, exc)
+        return found
+    for entry in entries:
+        if entry.is_dir():
+            versions = sorted(
+                (int(v.name), v) for v in entry.iterdir() if v.is_dir() and v.name.isdigit()
+            )
+            for number, folder in reversed(versions):
+                files = [folder / f"model{s}" for s in SUFFIXES if (folder / f"model{s}").is_file()]
+                if files:
+                    found[entry.name] = (str(number), files[0])
+                    break
+        elif entry.suffix in SUFFIXES and entry.is_file():
+            held = found.get(entry.stem)
+            if held is None or (held[1].parent == directory and entry.suffix == ".crm"):
+                found[entry.stem] = ("1", entry)
+    return found
+
+
+class Repository:
+    """The models of one daemon, loaded on its runtime."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        directory: Path | None,
+        defaults: LoadOptions,
+        pinned: Iterable[Entry] = (),
+    ) -> None:
+        self._runtime = runtime
+        self.directory = directory
+        self._defaults = defaults
+        self._lock = threading.RLock()  # loads and unloads one at a time
+        self._entries: dict[str, Entry] = {e.name: e for e in pinned}
+        self._pinned = set(self._entries)
+        self.scan()
+
+    def scan(self) -> dict[str, Entry]:
+        """Read the directory again: new models become known, removed ones forgotten
+        (unloaded first), changed ones keep serving until :meth:`refresh` reloads them."""
+        with self._lock:
+            found = discover(self.directory) if self.directory else {}
+            for name, (version, path) in found.items():
+                entry = self._entries.get(name)
+                if entry is None:
+                    self._entries[name] = Entry(name, version, path, self._defaults)
+                elif name not in self._pinned and (entry.version, entry.path) != (version, path):
+                    entry.version, entry.path = version, path
+            for name in [n for n in self._entries if n not in found and n not in self._pinned]:
+                self.unload(name)
+                del self._entries[name]
+            return dict(self._entries)
+
+    def refresh(self, load_new: bool = True) -> None:
+        """SIGHUP: rescan, load what is new (unless ``load_new`` is false: explicit model
+        control), reload what changed on disk."""
+        self.scan()
+        for entry in list(self._entries.values()):
+            new = entry.model is None and entry.reason == "not loaded"
+            if (new and load_new) or _changed(entry):
+                self._try_load(entry.name)
+
+    def load_all(self) -> None:
+        """Load every known model (a failure is logged and shown in the index)."""
+        for name in list(self._entries):
+            self._try_load(name)
+
+    def _try_load(self, name: str) -> None:
+        try:
+            self.load(name)
+        except Exception as exc:  # the index shows why; the daemon goes on
+            log.error("model %s not loaded: %s", name, exc)
+
+    def load(self, name: str, values: Mapping[str, Any] | None = None) -> Entry:
+        """Load (or reload, with new options) model ``name``."""
+        with self._lock:
+            entry = self._entries.get(name)
+            if entry is None and self.directory is not None:
+                self.scan()
+                entry = self._entries.get(name)
+            if entry is None:
+                where = f"in {self.directory}" if self.directory else "(no --model-repository)"
+                raise ServiceError(
+                    grpc.StatusCode.NOT_FOUND,
+                    f"no model {name!r} {where}; add DIR/{name}/1/model.crm or DIR/{name}.crm",
+                )
+            options = entry.options.with_values(values or {})
+            entry.state, entry.reason = "LOADING", ""
+            try:
+                model = self._load(entry.path, options)
+            except BaseException as exc:
+                entry.state, entry.reason = "UNAVAILABLE", str(exc)
+                if entry.model is not None:  # the old one serves on
+                    entry.state, entry.reason = "READY", f"reload failed: {exc}"
+                raise
+            old, entry.model, entry.options = entry.model, model, options
+            entry.state, entry.reason, entry.stamp = "READY", "", _stamp(entry.path)
+            log.info("loaded model %s version %s from %s", name, entry.version, entry.path)
+        if old is not None:
+            old.unload()
+        return entry
+
+    def _load(self, path: Path, options: LoadOptions) -> LoadedModel:
+        kwargs: dict[str, Any] = {
+            "instances": options.instances,
+            "cores": options.cores,
+            "queue_depth": options.queue_depth,
+            "exec_timeout": options.timeout,
+        }
+        if path.suffix == ".crm":
+            if options.precision is not None:
+                raise InvalidArgumentError(
+                    f"precision applies when an .onnx model is compiled; {path.name} is "
+                    "compiled already: compile it again with crossrt compile --precision"
+                )
+            return self._runtime.load(load_executable(path), options.device, **kwargs)
+        if options.precision is not None:
+            kwargs["precision"] = options.precision
+        return self._runtime.load(str(path), options.device, **kwargs)
+
+    def unload(self, name: str) -> None:
+        """Unload model ``name`` (it stays known)."""
+        with self._lock:
+            entry = self._entries.get(name)
+            if entry is None:
+                raise ServiceError(grpc.StatusCode.NOT_FOUND, f"no model {name!r} is known")
+            model, entry.model = entry.model, None
+            entry.state, entry.reason = "UNAVAILABLE", "unloaded"
+        if model is not None:
+            model.unload()
+            log.info("unloaded model %s", name)
+
+    def entries(self) -> list[Entry]:
+        """Every known model, by name."""
+        return [self._entries[n] for n in sorted(self._entries)]
+
+    def loaded(self) -> list[Entry]:
+        """The loaded models."""
+        return [e for e in self.entries() if e.model is not None]
+
+    def get(self, name: str, version: str = "") -> tuple[Entry, LoadedModel]:
+        """The loaded model ``name`` (of ``version``, when one is given)."""
+        entry = self._entries.get(name)
+        model = entry.model if entry is not None else None
+        if entry is None or model is None:
+            known = ", ".join(e.name for e in self.loaded()) or "none"
+            why = f" ({entry.reason})" if entry is not None and entry.reason else ""
+            raise ServiceError(
+                grpc.StatusCode.NOT_FOUND if entry is None else grpc.StatusCode.UNAVAILABLE,
+                f"model {name!r} is not loaded{why}; loaded models: {known}"
+                + ("" if entry is None else "; load it with RepositoryModelLoad"),
+            )
+        if version and version != entry.version:
+            raise ServiceError(
+                grpc.StatusCode.NOT_FOUND,
+                f"model {name!r} has no version {version!r} loaded; it serves version "
+                f"{entry.version} (leave the version empty for it)",
+            )
+        return entry, model
+
+    def close(self) -> None:
+        """Unload everything."""
+        for entry in self.entries():
+            self.unload(entry.name)
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    try:
+        st = path.stat()
+    except OSError:
+        return (0, 0)
+    return (st.st_mtime_ns, st.st_size)
+
+
+def _changed(entry: Entry) -> bool:
+    return entry.model is not None and _stamp(entry.path) != entry.stamp

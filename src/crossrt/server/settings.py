@@ -1,0 +1,171 @@
+"""The daemon's settings: the config file (TOML) and the command line, checked in one place.
+
+Every command-line option has a key of the same name in the file (``model_repository``,
+``model_control``, ``metrics``, ``token``, ``cores``, ``log_level``, ``console``,
+``endpoint``), plus ``drain_seconds``, ``threads``, ``socket_mode`` and ``[[models]]`` tables
+(``name``, ``path`` and the load parameters) loaded at start. The command line wins.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from ..config import settings
+from ..errors import InvalidOptionError
+from ..runtime.cores.reservation import runtime_directory
+from .repository import Entry, LoadOptions
+
+LOG_LEVELS = {
+    "critical": 50, "error": 40, "warning": 30, "info": 20, "debug": 10, "trace": 5,
+    # neuron-rtd's -l numbers (syslog levels): 6 debug, 7 trace
+    "0": 50, "1": 50, "2": 50, "3": 40, "4": 30, "5": 20, "6": 10, "7": 5,
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where the daemon listens: a Unix socket path, or a TCP host and port."""
+
+    kind: str  # "unix" or "tcp"
+    address: str  # the path, or host:port as gRPC takes it
+
+    def __str__(self) -> str:
+        return f"unix:{self.address}" if self.kind == "unix" else self.address
+
+
+def parse_endpoint(text: str) -> Endpoint:
+    """``unix:/path``, ``/path``: a Unix socket; ``host:port``, ``[::1]:port``: TCP;
+    ``port`` or ``:port``: TCP on 127.0.0.1 (loopback unless an address is named)."""
+    text = text.strip()
+    if text.startswith("unix:") or text.startswith(("/", "./", "../")):
+        path = text[5:] if text.startswith("unix:") else text
+        if not path:
+            raise InvalidOptionError("-g unix: needs a path: -g unix:/run/crossrt/crossrt.sock")
+        return Endpoint("unix", str(Path(path).absolute()))
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = "", text
+    if not port.isdigit() or int(port) > 65535:
+        raise InvalidOptionError(
+            f"endpoint {text!r}: give HOST:PORT (TCP), a port, or a socket path (unix:/path)"
+        )
+    host = host.strip("[]") or "127.0.0.1"
+    if host != "localhost":
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            raise InvalidOptionError(
+                f"endpoint {text!r}: {host!r} is not an IP address; give one (0.0.0.0 for "
+                "every interface, 127.0.0.1 for this host only)"
+            ) from None
+    shown = f"[{host}]" if ":" in host else host
+    return Endpoint("tcp", f"{shown}:{port}")
+
+
+def default_endpoint() -> Endpoint:
+    """``crossrt.sock`` in the runtime directory (``CROSSRT_RUNTIME_DIR``, else
+    ``$XDG_RUNTIME_DIR/crossrt``, ``/run/crossrt`` for root, ``/tmp/crossrt-<uid>``)."""
+    config = settings()
+    folder = runtime_directory(Path(config.runtime_dir), config.runtime_dir_is_default)
+    return Endpoint("unix", str(folder / "crossrt.sock"))
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """Everything ``crossrt serve`` is told."""
+
+    endpoint: tuple[str, ...] = ()
+    log_level: str = "info"
+    console: bool = False
+    cores: str | None = None
+    model_repository: str | None = None
+    model_control: str = "none"
+    metrics: str | None = None
+    token: str | None = None
+    drain_seconds: float = 30.0
+    threads: int = 16
+    socket_mode: int = 0o660
+    models: tuple[Entry, ...] = field(default_factory=tuple)
+
+    def endpoints(self) -> list[Endpoint]:
+        """The endpoints, the default Unix socket when none is named."""
+        return [parse_endpoint(e) for e in self.endpoint] or [default_endpoint()]
+
+    @property
+    def level(self) -> int:
+        """The ``logging`` level."""
+        return LOG_LEVELS[self.log_level.lower()]
+
+
+def build(file: str | None, given: Mapping[str, Any]) -> ServeOptions:
+    """Options from the config ``file`` (if any), overridden by the command line's
+    ``given`` values (those not ``None``)."""
+    values: dict[str, Any] = {}
+    if file is not None:
+        try:
+            with open(file, "rb") as f:
+                values = tomllib.load(f)
+        except OSError as exc:
+            raise InvalidOptionError(f"cannot read config file {file}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise InvalidOptionError(f"config file {file} is not valid TOML: {exc}") from None
+    values = {k.replace("-", "_"): v for k, v in values.items()}
+    values.update({k: v for k, v in given.items() if v is not None and v != ()})
+    known = {f.name for f in fields(ServeOptions)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise InvalidOptionError(
+            f"unknown setting(s) {unknown} in {file or 'the options'}; known: {sorted(known)}"
+        )
+    if isinstance(values.get("endpoint"), str):
+        values["endpoint"] = (values["endpoint"],)
+    values["endpoint"] = tuple(values.get("endpoint", ()))
+    values["models"] = tuple(_model(m, file) for m in values.get("models", ()))
+    if isinstance(values.get("socket_mode"), str):
+        values["socket_mode"] = int(values["socket_mode"], 8)
+    if values.get("cores") is not None:
+        values["cores"] = str(values["cores"])
+    options = ServeOptions(**values)
+    _check(options)
+    return options
+
+
+def _model(table: Any, file: str | None) -> Entry:
+    if not isinstance(table, dict) or "name" not in table or "path" not in table:
+        raise InvalidOptionError(
+            f"each [[models]] table of {file} needs name and path (and may give "
+            "device, instances, cores, queue_depth, timeout, precision)"
+        )
+    rest = {k: v for k, v in table.items() if k not in ("name", "path")}
+    path = Path(table["path"])
+    if file is not None and not path.is_absolute():
+        path = Path(file).parent / path
+    version = "1"
+    if path.parent.name.isdigit() and path.stem == "model":
+        version = path.parent.name
+    return Entry(str(table["name"]), version, path, LoadOptions().with_values(rest))
+
+
+def _check(options: ServeOptions) -> None:
+    if options.log_level.lower() not in LOG_LEVELS:
+        raise InvalidOptionError(
+            f"log level {options.log_level!r}: give one of {', '.join(list(LOG_LEVELS)[:6])} "
+            "or 0-7 (6 debug, 7 trace)"
+        )
+    if options.model_control not in ("none", "explicit"):
+        raise InvalidOptionError(
+            f"model control {options.model_control!r}: give 'none' (load the repository at "
+            "start) or 'explicit' (load with RepositoryModelLoad)"
+        )
+    if options.metrics is not None:
+        _, sep, port = options.metrics.rpartition(":")
+        if not sep or not port.isdigit():
+            raise InvalidOptionError(f"--metrics {options.metrics!r}: give HOST:PORT")
+    if not options.drain_seconds >= 0 or options.threads < 1:
+        raise InvalidOptionError("drain_seconds must be >= 0 and threads >= 1")
+    options.endpoints()  # each one checked now

@@ -1,0 +1,236 @@
+"""KServe v2 tensors to NumPy and back.
+
+Every size a client declares is checked against the bytes it actually sent (or the region
+slice it named) and against the model's declared input BEFORE anything is allocated: a
+request declaring a [2**40, 2**40] tensor is answered INVALID_ARGUMENT without a byte being
+reserved. Raw contents become arrays without a copy; shared-memory slices are read once into
+the array the model takes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import grpc
+import numpy as np
+from tritonclient.grpc import service_pb2 as pb
+
+from .. import dtypes
+from ..dtypes import DType
+from ..model import TensorSpec
+from .status import ServiceError
+
+# KServe datatype -> the typed field of InferTensorContents that may carry it.
+_TYPED_FIELD = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+}
+
+SharedRead = Callable[[str, int, int], np.ndarray]
+"""``(region, offset, byte_size) -> uint8 array``: bytes of a registered region, checked."""
+SharedWrite = Callable[[str, int, np.ndarray], None]
+"""``(region, offset, array)``: write an array's bytes into a registered region, checked."""
+
+
+def bad(message: str) -> ServiceError:
+    """An INVALID_ARGUMENT refusal."""
+    return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+def kserve_type(spec: TensorSpec) -> str:
+    """The KServe datatype of a model's input or output, or an UNIMPLEMENTED refusal."""
+    if spec.dtype is None or spec.dtype.kserve is None or spec.dtype.kserve == "BYTES":
+        raise ServiceError(
+            grpc.StatusCode.UNIMPLEMENTED,
+            f"tensor {spec.name!r} is {spec.describe()}, which crossrt serve does not carry "
+            "over KServe (BYTES and types without a KServe name); run this model in-process",
+        )
+    return spec.dtype.kserve
+
+
+def shared_memory_params(params: Mapping[str, pb.InferParameter]) -> tuple[str, int, int] | None:
+    """``(region, offset, byte_size)`` when the tensor names a shared-memory region."""
+    if "shared_memory_region" not in params:
+        return None
+    region = params["shared_memory_region"].string_param
+    if "shared_memory_byte_size" not in params:
+        raise bad(
+            f"shared_memory_region {region!r} without shared_memory_byte_size; give both "
+            "(tritonclient: set_shared_memory(region, byte_size, offset))"
+        )
+    size = _param_int(params["shared_memory_byte_size"], "shared_memory_byte_size")
+    offset = 0
+    if "shared_memory_offset" in params:
+        offset = _param_int(params["shared_memory_offset"], "shared_memory_offset")
+    return region, offset, size
+
+
+def _param_int(param: pb.InferParameter, name: str) -> int:
+    which = param.WhichOneof("parameter_choice")
+    value = getattr(param, which) if which else None
+    if which not in ("int64_param", "uint64_param") or not isinstance(value, int) or value < 0:
+        raise bad(f"parameter {name} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _shape(tensor: Any, spec: TensorSpec) -> tuple[int, ...]:
+    """The declared shape, checked against the model's input."""
+    shape = tuple(int(d) for d in tensor.shape)
+    if any(d < 0 for d in shape):
+        raise bad(f"input {spec.name!r}: shape {list(shape)} has a negative dimension")
+    if spec.shape is not None:
+        ok = len(shape) == len(spec.shape) and all(
+            not isinstance(want, int) or want == got
+            for want, got in zip(spec.shape, shape, strict=True)
+        )
+        if not ok:
+            raise bad(
+                f"input {spec.name!r}: expected shape {spec.shape_str()}, got {list(shape)}; "
+                "send the shape the model declares (ModelMetadata lists it)"
+            )
+    return shape
+
+
+def decode_inputs(
+    request: pb.ModelInferRequest,
+    specs: Sequence[TensorSpec],
+    read: SharedRead,
+) -> dict[str, np.ndarray]:
+    """The request's inputs as arrays, checked against ``specs`` (the model's inputs).
+
+    Raises:
+        ServiceError: INVALID_ARGUMENT for an unknown, missing or repeated input, a wrong
+            datatype, a shape the model does not take, contents of the wrong length;
+            UNIMPLEMENTED for BYTES.
+    """
+    by_name = {s.name: s for s in specs}
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise bad(
+            f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs: give every "
+            "input's bytes in raw_input_contents, in the order of inputs, or none"
+        )
+    feed: dict[str, np.ndarray] = {}
+    for i, tensor in enumerate(request.inputs):
+        spec = by_name.get(tensor.name)
+        if spec is None:
+            raise bad(
+                f"model {request.model_name!r} has no input {tensor.name!r}; its inputs: "
+                f"{', '.join(by_name) or 'none'}"
+            )
+        if tensor.name in feed:
+            raise bad(f"input {tensor.name!r} is given twice")
+        want = kserve_type(spec)
+        if tensor.datatype.upper() != want:
+            raise bad(
+                f"input {spec.name!r}: expected datatype {want}, got {tensor.datatype!r}; "
+                f"send {want} ({spec.describe()})"
+            )
+        dtype: DType = dtypes.from_kserve(want)
+        shape = _shape(tensor, spec)
+        count = math.prod(shape)  # Python ints: a huge shape is a big number, not a buffer
+        nbytes = count * dtype.itemsize
+        region = shared_memory_params(tensor.parameters)
+        if region is not None:
+            name, offset, size = region
+            if size != nbytes:
+                raise bad(
+                    f"input {spec.name!r}: shared_memory_byte_size {size} but {dtype} "
+                    f"{list(shape)} is {nbytes} bytes; make them agree"
+                )
+            data: Any = read(name, offset, size)
+        elif raw:
+            data = raw[i]
+            if len(data) != nbytes:
+                raise bad(
+                    f"input {spec.name!r}: raw_input_contents holds {len(data)} bytes but "
+                    f"{dtype} {list(shape)} is {nbytes} bytes; send exactly the tensor's bytes"
+                )
+        else:
+            field = _TYPED_FIELD.get(want)
+            values = getattr(tensor.contents, field) if field else ()
+            if len(values) != count:
+                how = "" if field else f" ({want} has no typed field: send raw_input_contents)"
+                raise bad(
+                    f"input {spec.name!r}: {len(values)} values in contents for {list(shape)} "
+                    f"({count} values){how}"
+                )
+            feed[spec.name] = np.asarray(values, dtype=dtype.numpy).reshape(shape)
+            continue
+        feed[spec.name] = np.frombuffer(data, dtype=dtype.numpy, count=count).reshape(shape)
+    missing = [n for n in by_name if n not in feed]
+    if missing:
+        raise bad(f"missing inputs {missing} of model {request.model_name!r}")
+    return feed
+
+
+def requested_outputs(
+    request: pb.ModelInferRequest, specs: Sequence[TensorSpec]
+) -> list[tuple[TensorSpec, tuple[str, int, int] | None]]:
+    """The outputs to send back (every output when none is named), each with its
+    shared-memory slice if it asks for one."""
+    by_name = {s.name: s for s in specs}
+    if not request.outputs:
+        return [(s, None) for s in specs]
+    chosen = []
+    for wanted in request.outputs:
+        spec = by_name.get(wanted.name)
+        if spec is None:
+            raise bad(
+                f"model {request.model_name!r} has no output {wanted.name!r}; its outputs: "
+                f"{', '.join(by_name)}"
+            )
+        if "classification" in wanted.parameters:
+            raise ServiceError(
+                grpc.StatusCode.UNIMPLEMENTED,
+                "the classification extension is not served; ask for the output itself",
+            )
+        kserve_type(spec)
+        chosen.append((spec, shared_memory_params(wanted.parameters)))
+    return chosen
+
+
+def encode_outputs(
+    response: pb.ModelInferResponse,
+    results: Mapping[str, Any],
+    chosen: Sequence[tuple[TensorSpec, tuple[str, int, int] | None]],
+    write: SharedWrite,
+) -> None:
+    """Put the results in ``response``: raw contents, or into the named region slices."""
+    for spec, region in chosen:
+        array = np.ascontiguousarray(results[spec.name])
+        out = response.outputs.add(name=spec.name, datatype=kserve_type(spec))
+        out.shape.extend(array.shape)
+        if region is None:
+            response.raw_output_contents.append(array.tobytes())
+            continue
+        response.raw_output_contents.append(b"")  # keeps the raw contents in output order
+        name, offset, size = region
+        if array.nbytes > size:
+            raise bad(
+                f"output {spec.name!r} is {array.nbytes} bytes ({array.dtype} "
+                f"{list(array.shape)}), more than shared_memory_byte_size {size}"
+            )
+        write(name, offset, array.reshape(-1).view(np.uint8))
+        out.parameters["shared_memory_region"].string_param = name
+        out.parameters["shared_memory_byte_size"].int64_param = array.nbytes
+        if offset:
+            out.parameters["shared_memory_offset"].int64_param = offset
+
+
+def metadata_tensor(spec: TensorSpec) -> dict[str, Any]:
+    """Name, KServe datatype and shape (-1 for a dynamic dimension) of a model tensor."""
+    kserve = spec.dtype.kserve if spec.dtype is not None else None
+    shape = [d if isinstance(d, int) else -1 for d in spec.shape or ()]
+    return {"name": spec.name, "datatype": kserve or str(spec.dtype or spec.kind), "shape": shape}

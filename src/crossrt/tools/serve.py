@@ -1,0 +1,115 @@
+"""``crossrt serve``: the runtime daemon, speaking KServe v2 gRPC (docs/daemon.md).
+
+Logs to syslog (``/dev/log``) unless ``-x`` sends them to the console (or there is no
+syslog, then stderr). Exit status 0 after a SIGTERM, 1 when it cannot start, 2 for bad
+options."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import logging.handlers
+import os
+import sys
+from collections.abc import Sequence
+
+from ..errors import CrossrtError
+from .common import fail
+
+
+def parser() -> argparse.ArgumentParser:
+    """The argument parser (also the ``--help`` text)."""
+    p = argparse.ArgumentParser(
+        prog="crossrt serve",
+        description="Serve models over gRPC (KServe v2 inference protocol, with Triton's "
+        "model repository, statistics and system shared-memory extensions), so tritonclient "
+        "and perf_analyzer work unchanged. Default endpoint: crossrt.sock in the runtime "
+        "directory. SIGTERM drains and stops; SIGHUP rescans the model repository.",
+    )
+    p.add_argument(
+        "-g", dest="endpoint", action="append", metavar="ENDPOINT",
+        help="listen here: unix:/path (or /path) for a Unix socket, HOST:PORT for TCP "
+        "(PORT alone: 127.0.0.1); repeat for several",
+    )  # fmt: skip
+    p.add_argument("-c", dest="config", metavar="CONFIG.toml", help="config file (TOML)")
+    p.add_argument(
+        "-l", dest="log_level", metavar="LEVEL",
+        help="log level: critical, error, warning, info (default), debug, trace, or 0-7",
+    )  # fmt: skip
+    p.add_argument("-x", dest="console", action="store_true", default=None,
+                   help="log to the console instead of syslog")  # fmt: skip
+    p.add_argument("--cores", metavar="LIST", help="reserve these host CPUs ('0-3', '4,5')")
+    p.add_argument(
+        "--model-repository",
+        metavar="DIR",
+        help="serve DIR/NAME/VERSION/model.{crm,onnx} and DIR/NAME.{crm,onnx}",
+    )
+    p.add_argument(
+        "--model-control", choices=("none", "explicit"),
+        help="none (default): load every model of the repository at start; explicit: only "
+        "those RepositoryModelLoad asks for",
+    )  # fmt: skip
+    p.add_argument("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics here")
+    p.add_argument(
+        "--token", metavar="T",
+        help="require the metadata 'authorization: Bearer T' on every call (or set "
+        "CROSSRT_SERVE_TOKEN, which keeps it out of the process list)",
+    )  # fmt: skip
+    return p
+
+
+def configure_logging(level: int, console: bool) -> None:
+    """Console or syslog handlers on the ``crossrt`` logger."""
+    logger = logging.getLogger("crossrt")
+    logger.setLevel(level)
+    handler: logging.Handler
+    if not console and os.path.exists("/dev/log"):
+        handler = logging.handlers.SysLogHandler("/dev/log")
+        handler.setFormatter(logging.Formatter("crossrt-serve[%(process)d]: %(message)s"))
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s crossrt serve %(levelname)s %(message)s")
+        )
+    logger.addHandler(handler)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the daemon until SIGTERM."""
+    args = parser().parse_args(argv)
+    try:
+        from ..server.daemon import Daemon
+        from ..server.settings import build
+    except ImportError as exc:
+        print(
+            f"crossrt serve: error: {exc}; install the serve extra: pip install 'crossrt[serve]'",
+            file=sys.stderr,
+        )
+        return 1
+    given = {
+        "endpoint": tuple(args.endpoint or ()),
+        "log_level": args.log_level,
+        "console": args.console,
+        "cores": args.cores,
+        "model_repository": args.model_repository,
+        "model_control": args.model_control,
+        "metrics": args.metrics,
+        "token": args.token or os.environ.get("CROSSRT_SERVE_TOKEN") or None,
+    }
+    try:
+        options = build(args.config, given)
+    except CrossrtError as exc:
+        return fail("serve", exc)
+    configure_logging(options.level, options.console)
+    try:
+        daemon = Daemon(options)
+    except CrossrtError as exc:
+        logging.getLogger("crossrt.serve").error("cannot start: %s", exc)
+        return fail("serve", exc)
+    daemon.install_signals()
+    try:
+        daemon.start()
+        daemon.wait()
+    finally:
+        daemon.stop()
+    return 0

@@ -1,0 +1,92 @@
+"""Starting a real ``crossrt serve`` for the tests: a subprocess on a Unix socket of its own,
+with a model repository of ``.crm`` files; conftest.py's fixtures stop it with SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tritonclient.grpc as tc
+
+import crossrt
+from concurrency_models import tiny
+from small_models import add_one, relu
+
+READY_SECONDS = 60.0
+
+
+@dataclass
+class Daemon:
+    """A running daemon and what the tests need to reach it."""
+
+    proc: subprocess.Popen[str]
+    socket: str
+    repository: Path
+    log: list[str] = field(default_factory=list)
+    metrics: str | None = None
+    tcp: str | None = None
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.socket}"
+
+    def client(self) -> tc.InferenceServerClient:
+        return tc.InferenceServerClient(self.url)
+
+    def stop(self) -> int:
+        """SIGTERM, then the exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=60)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def make_repository(folder: Path) -> Path:
+    """tiny.crm (flat), relu/2/model.crm (Triton layout), adder.crm (dynamic [n])."""
+    folder.mkdir(parents=True, exist_ok=True)
+    crossrt.compile(tiny(), "cpu").save(folder / "tiny.crm")
+    (folder / "relu" / "2").mkdir(parents=True, exist_ok=True)
+    crossrt.compile(relu(), "cpu").save(folder / "relu" / "2" / "model.crm")
+    crossrt.compile(add_one("n"), "cpu").save(folder / "adder.crm")
+    return folder
+
+
+def start_daemon(
+    folder: Path, repository: Path, args: Sequence[str] = (), env: dict[str, str] | None = None
+) -> Daemon:
+    """``python -m crossrt serve -x`` on ``folder/d.sock``; returns once it logs ``ready``."""
+    sock = str(folder / "d.sock")
+    command = [sys.executable, "-m", "crossrt", "serve", "-x", "-g", f"unix:{sock}"]
+    command += ["--model-repository", str(repository), *args]
+    environ = dict(os.environ, CROSSRT_RUNTIME_DIR=str(folder / "run"), **(env or {}))
+    proc = subprocess.Popen(
+        command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=environ
+    )
+    daemon = Daemon(proc, sock, repository)
+    ready = threading.Event()
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            daemon.log.append(line)
+            if line.rstrip().endswith(" ready"):
+                ready.set()
+        ready.set()  # it ended
+
+    threading.Thread(target=read, daemon=True).start()
+    if not ready.wait(READY_SECONDS) or proc.poll() is not None:
+        proc.kill()
+        raise AssertionError("the daemon did not become ready:\n" + "".join(daemon.log))
+    return daemon
