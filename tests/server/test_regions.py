@@ -1,0 +1,243 @@
+"""Shared-memory regions belong to the user who registered them; who a peer is comes from
+the kernel. Real files and sockets throughout: the ownership rules on files chowned to
+other users, and a client process running as another user against the daemon."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import select
+import socket
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as tc
+import tritonclient.utils.shared_memory as shm
+from serving import Daemon
+from tritonclient.utils import InferenceServerException
+
+from crossrt.server.peers import Peer, identify, socket_process, tcp_owner
+from crossrt.server.regions import Regions, may_open
+from crossrt.server.status import ServiceError
+
+OTHER, STRANGER = 4242, 4343
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+
+
+@pytest.fixture
+def segment(tmp_path: Path) -> Iterator[Path]:
+    """A 4 KiB file in a folder standing for /dev/shm, owned by user OTHER, mode 0600."""
+    path = tmp_path / "seg"
+    path.write_bytes(b"\0" * 4096)
+    path.chmod(0o600)
+    if os.geteuid() == 0:
+        os.chown(path, OTHER, OTHER)
+    yield path
+
+
+def peer(uid: int, gid: int | None = None) -> Peer:
+    return Peer("unix-abstract:test", local=True, uid=uid, gid=gid if gid is not None else uid)
+
+
+@root_only
+def test_may_open_follows_owner_group_and_other_bits(segment: Path) -> None:
+    st = segment.stat()
+    assert may_open(st, OTHER, frozenset({OTHER}))
+    assert not may_open(st, STRANGER, frozenset({STRANGER, OTHER}))  # 0600: group has nothing
+    assert may_open(st, 0, frozenset({0}))
+    segment.chmod(0o660)
+    assert may_open(segment.stat(), STRANGER, frozenset({STRANGER, OTHER}))
+    assert not may_open(segment.stat(), STRANGER, frozenset({STRANGER}))
+    segment.chmod(0o644)  # others may read, not write: not enough
+    assert not may_open(segment.stat(), STRANGER, frozenset({STRANGER}))
+
+
+@root_only
+def test_region_of_another_user_is_refused(segment: Path) -> None:
+    regions = Regions(str(segment.parent))
+    with pytest.raises(ServiceError) as info:
+        regions.register("theirs", "/seg", 0, 4096, peer(STRANGER))
+    assert info.value.status == grpc.StatusCode.PERMISSION_DENIED
+    assert "may not open" in info.value.message
+    regions.register("mine", "/seg", 0, 4096, peer(OTHER))
+    data = np.arange(16, dtype=np.uint8)
+    regions.write("mine", 8, data, peer(OTHER))
+    assert regions.read("mine", 8, 16, peer(OTHER)).tolist() == data.tolist()
+    for call in (
+        lambda: regions.read("mine", 0, 16, peer(STRANGER)),
+        lambda: regions.write("mine", 0, data, peer(STRANGER)),
+        lambda: regions.unregister("mine", peer(STRANGER)),
+    ):
+        with pytest.raises(ServiceError) as info:
+            call()
+        assert info.value.status == grpc.StatusCode.PERMISSION_DENIED
+    assert regions.status("", peer(STRANGER)) == []
+    assert [r.name for r in regions.status("", peer(OTHER))] == ["mine"]
+    regions.unregister("", peer(OTHER))
+    assert regions.status("", peer(OTHER)) == []
+
+
+def test_region_refused_to_remote_and_unknown_peers(tmp_path: Path) -> None:
+    (tmp_path / "seg").write_bytes(b"\0" * 64)
+    regions = Regions(str(tmp_path))
+    remote = identify("ipv4:10.1.2.3:5000", {})
+    assert not remote.local
+    for who, text in ((remote, "another host"), (Peer("unix-abstract:x", True), "which user")):
+        with pytest.raises(ServiceError) as info:
+            regions.register("r", "/seg", 0, 64, who)
+        assert info.value.status == grpc.StatusCode.PERMISSION_DENIED
+        assert text in info.value.message
+
+
+def test_region_bounds_and_key_are_checked(tmp_path: Path) -> None:
+    (tmp_path / "seg").write_bytes(b"\0" * 64)
+    regions = Regions(str(tmp_path))
+    me = peer(os.geteuid(), os.getegid())
+    with pytest.raises(ServiceError, match="past the end"):
+        regions.register("r", "/seg", 32, 64, me)
+    for key in ("/../etc/passwd", "/a/b", "", "/"):
+        with pytest.raises(ServiceError, match="not a shared-memory name"):
+            regions.register("r", key, 0, 1, me)
+    (tmp_path / "link").symlink_to(tmp_path / "seg")
+    with pytest.raises(ServiceError, match="cannot open"):
+        regions.register("r", "/link", 0, 1, me)
+    regions.register("r", "/seg", 16, 32, me)
+    with pytest.raises(ServiceError, match="past its end"):
+        regions.read("r", 16, 17, me)
+    os.truncate(tmp_path / "seg", 8)  # the client shrinks its file: an error, not SIGBUS
+    for call in (
+        lambda: regions.read("r", 0, 8, me),
+        lambda: regions.write("r", 0, np.zeros(8, np.uint8), me),
+    ):
+        with pytest.raises(ServiceError) as info:
+            call()
+        assert info.value.status == grpc.StatusCode.FAILED_PRECONDITION
+    regions.close()
+
+
+def test_loopback_tcp_peer_is_found_in_the_kernel_table() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        client = socket.create_connection(server.getsockname())
+        accepted, _ = server.accept()
+        host, port = client.getsockname()
+        owner = tcp_owner(ipaddress.ip_address(host), port)
+        assert owner is not None and owner[0] == os.geteuid()
+        assert socket_process(owner[1]) == os.getpid()
+        found = identify(f"ipv4:{host}:{port}", {})
+        assert (found.local, found.uid, found.pid) == (True, os.geteuid(), os.getpid())
+        client.close()
+        accepted.close()
+
+
+def in_child(
+    daemon: Daemon,
+    work: Callable[[tc.InferenceServerClient], dict[str, Any]],
+    uid: int | None = None,
+) -> dict[str, Any]:
+    """Run ``work(client)`` in a forked child (as user ``uid``, group 0, when given: the
+    socket is 0660 root:root, so its group lets that user connect) and return its dict."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            if uid is not None:
+                os.setgroups([])
+                os.setgid(0)
+                os.setuid(uid)
+            result = work(tc.InferenceServerClient(daemon.url))
+        except BaseException as exc:
+            result = {"error": repr(exc)}
+        os.write(write, json.dumps(result).encode())
+        os._exit(0)
+    os.close(write)
+    chunks = []
+    with os.fdopen(read, "rb") as pipe:
+        while select.select([pipe], [], [], 60)[0] and (chunk := pipe.read1(65536)):
+            chunks.append(chunk)
+    os.waitpid(pid, 0)
+    return dict(json.loads(b"".join(chunks) or b'{"error": "no answer"}'))
+
+
+def status_of(call: Callable[[], object]) -> str:
+    try:
+        call()
+    except InferenceServerException as exc:
+        return str(exc.status())
+    return "OK"
+
+
+@root_only
+def test_another_user_cannot_use_or_register_what_is_not_theirs(
+    daemon: Daemon, client: tc.InferenceServerClient
+) -> None:
+    key = f"/crossrt-root-{os.getpid()}"
+    mine = shm.create_shared_memory_region("root-region", key, 256)
+    try:
+        client.register_system_shared_memory("root-region", key, 256)
+
+        def work(c: tc.InferenceServerClient) -> dict[str, Any]:
+            out: dict[str, Any] = {}
+            x = tc.InferInput("x", [4, 8], "FP32")
+            x.set_shared_memory("root-region", 128)
+            out["use"] = status_of(lambda: c.infer("tiny", [x]))
+            out["register_root_file"] = status_of(
+                lambda: c.register_system_shared_memory("steal", key, 256)
+            )
+            out["unregister"] = status_of(lambda: c.unregister_system_shared_memory("root-region"))
+            out["listed"] = list(c.get_system_shared_memory_status().regions)
+            own_key = f"/crossrt-own-{os.getpid()}"
+            own = shm.create_shared_memory_region("own", own_key, 128)
+            shm.set_shared_memory_region(own, [np.ones((4, 8), np.float32)])
+            out["register_own"] = status_of(
+                lambda: c.register_system_shared_memory("own", own_key, 128)
+            )
+            x.set_shared_memory("own", 128)
+            out["y"] = c.infer("tiny", [x]).as_numpy("y").tolist()
+            c.unregister_system_shared_memory("own")
+            shm.destroy_shared_memory_region(own)
+            return out
+
+        got = in_child(daemon, work, uid=OTHER)
+        assert got["use"] == "StatusCode.PERMISSION_DENIED"
+        assert got["register_root_file"] == "StatusCode.PERMISSION_DENIED"
+        assert got["unregister"] == "StatusCode.PERMISSION_DENIED"
+        assert got["listed"] == []
+        assert got["register_own"] == "OK"
+        expected = (
+            np.ones((4, 8), np.float32) @ (np.arange(64, dtype=np.float32).reshape(8, 8) / 64) + 1
+        )
+        np.testing.assert_allclose(np.array(got["y"]), expected, rtol=1e-6)
+        assert "root-region" in client.get_system_shared_memory_status().regions
+    finally:
+        client.unregister_system_shared_memory("root-region")
+        shm.destroy_shared_memory_region(mine)
+
+
+def test_regions_of_a_dead_process_are_released(
+    daemon: Daemon, client: tc.InferenceServerClient
+) -> None:
+    key = f"/crossrt-dead-{os.getpid()}"
+    handle = shm.create_shared_memory_region("dead-region", key, 64)
+    try:
+
+        def work(c: tc.InferenceServerClient) -> dict[str, Any]:
+            c.register_system_shared_memory("dead-region", key, 64)
+            return {"listed": list(c.get_system_shared_memory_status().regions)}
+
+        got = in_child(daemon, work)
+        assert got["listed"] == ["dead-region"]  # registered, then its process ended
+        assert "dead-region" not in client.get_system_shared_memory_status().regions
+    finally:
+        shm.destroy_shared_memory_region(handle)
+
+
+def test_the_socket_is_0660(daemon: Daemon) -> None:
+    assert os.stat(daemon.socket).st_mode & 0o777 == 0o660
+    with pytest.raises(InferenceServerException) as info:
+        daemon.client().register_system_shared_memory("x", "/no-such-segment-here", 8)
+    assert info.value.status() == "StatusCode.NOT_FOUND"
