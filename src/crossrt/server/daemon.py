@@ -14,8 +14,8 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import tempfile
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -48,8 +48,6 @@ class Daemon:
 
     def __init__(self, options: ServeOptions) -> None:
         self.options = options
-        self._stop = threading.Event()
-        self._rescan = threading.Event()
         self._ready = False
         self.runtime = Runtime(visible_cores=options.cores) if options.cores else Runtime()
         self.regions = Regions()
@@ -135,8 +133,8 @@ class Daemon:
 
             self._metrics = serve_metrics(self.options.metrics, self.statistics)
             log.info("serving Prometheus metrics on http://%s/metrics", self.options.metrics)
-        if self.options.model_control != "explicit":
-            self.repository.load_all()
+        # Explicit model control loads only the config file's [[models]] at start.
+        self.repository.load_all(pinned_only=self.options.model_control == "explicit")
         for entry in self.repository.loaded():
             if entry.model is not None:
                 log.info("model %s version %s is ready", entry.name, entry.version)
@@ -144,32 +142,34 @@ class Daemon:
         log.info("ready")
 
     def install_signals(self) -> None:
-        """SIGTERM and SIGINT stop, SIGHUP rescans (from the main thread)."""
-        signal.signal(signal.SIGTERM, lambda *_: self._stop.set())
-        signal.signal(signal.SIGINT, lambda *_: self._stop.set())
+        """SIGTERM and SIGINT stop, SIGHUP rescans; call from the main thread.
 
-        def hup(*_: Any) -> None:
-            self._rescan.set()
-            self._stop.set()  # wakes the main loop, which clears it again
-
-        signal.signal(signal.SIGHUP, hup)
+        The kernel gives a process's signal to any of its threads (gRPC's among them), and
+        Python runs handlers only when the main thread gets round to it: the main thread
+        would sleep on through a SIGTERM. Each signal's number is written to a socket the
+        main thread reads instead (``signal.set_wakeup_fd``), whichever thread took it.
+        """
+        self._wakeup, writer = socket.socketpair()
+        writer.setblocking(False)
+        self._wakeup_writer = writer
+        signal.set_wakeup_fd(writer.fileno())
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, lambda *_: None)  # the wakeup socket carries it
 
     def wait(self) -> None:
-        """Serve until told to stop; rescan on SIGHUP meanwhile."""
+        """Serve until SIGTERM or SIGINT (or :meth:`request_stop`); rescan on SIGHUP."""
         while True:
-            self._stop.wait()
-            if self._rescan.is_set():
-                self._rescan.clear()
-                self._stop.clear()
-                log.info("SIGHUP: rescanning the model repository")
-                self.repository.refresh(self.options.model_control != "explicit")
-                if not self._stop.is_set():
-                    continue
-            return
+            for signum in self._wakeup.recv(64):
+                if signum == signal.SIGHUP:
+                    log.info("SIGHUP: rescanning the model repository")
+                    self.repository.refresh(self.options.model_control != "explicit")
+                elif signum in (signal.SIGTERM, signal.SIGINT):
+                    log.info("%s received", signal.Signals(signum).name)
+                    return
 
     def request_stop(self) -> None:
-        """Ask :meth:`wait` to return."""
-        self._stop.set()
+        """Make :meth:`wait` return, as SIGTERM does."""
+        self._wakeup_writer.send(bytes([signal.SIGTERM]))
 
     def stop(self) -> None:
         """Drain, then release everything (models, cores, regions, sockets)."""

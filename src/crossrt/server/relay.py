@@ -18,6 +18,7 @@ import secrets
 import socket
 import struct
 import threading
+import time
 
 from .peers import Peer
 
@@ -39,6 +40,7 @@ class UnixRelay:
         self._tag = secrets.token_hex(8)
         self._serial = 0
         self._lock = threading.Lock()
+        self._closed = threading.Condition(self._lock)
         self._open: dict[str, tuple[socket.socket, socket.socket]] = {}
         self.peers: dict[str, Peer] = {}
         self._thread = threading.Thread(target=self._accept, name="crossrt-relay", daemon=True)
@@ -55,10 +57,14 @@ class UnixRelay:
         with contextlib.suppress(OSError):
             os.unlink(self.path)
 
-    def close(self) -> None:
-        """Stop accepting and cut every relayed connection."""
+    def close(self, seconds: float = 5.0) -> None:
+        """Stop accepting; give the relayed connections ``seconds`` to pass on what gRPC
+        wrote last (the answers of drained calls), then cut them."""
         self.stop_accepting()
+        deadline = time.monotonic() + seconds
         with self._lock:
+            while self._open and (left := deadline - time.monotonic()) > 0:
+                self._closed.wait(left)
             pairs = list(self._open.values())
         for pair in pairs:
             for s in pair:
@@ -101,6 +107,7 @@ class UnixRelay:
         with self._lock:
             self.peers.pop(name, None)
             pair = self._open.pop(name, None)
+            self._closed.notify_all()
         for s in pair or ():
             s.close()
 

@@ -177,10 +177,12 @@ class Repository:
             if (new and load_new) or _changed(entry):
                 self._try_load(entry.name)
 
-    def load_all(self) -> None:
-        """Load every known model (a failure is logged and shown in the index)."""
+    def load_all(self, pinned_only: bool = False) -> None:
+        """Load every known model, or only those of the config file (a failure is logged
+        and shown in the index)."""
         for name in list(self._entries):
-            self._try_load(name)
+            if name in self._pinned or not pinned_only:
+                self._try_load(name)
 
     def _try_load(self, name: str) -> None:
         try:

@@ -1,0 +1,177 @@
+"""Running the daemon: a config file, a token, loopback TCP, explicit model control,
+SIGHUP rescanning the repository, SIGTERM draining, and the command's own errors."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as tc
+import tritonclient.utils.shared_memory as shm
+from serving import Daemon, free_port, start_daemon
+from tritonclient.utils import InferenceServerException
+
+import crossrt
+from concurrency_models import heavy, tiny
+from crossrt.server.settings import ServeOptions, build, parse_endpoint
+from crossrt.tools import cli
+
+TOKEN = "s3cret-token"
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """Explicit model control, a token, loopback TCP and metrics, from a config file that
+    also loads 'pinned' (tiny, 2 instances) at start."""
+    folder = tmp_path_factory.mktemp("guarded")
+    repository = folder / "models"
+    repository.mkdir()
+    crossrt.compile(tiny(), "cpu").save(repository / "tiny.crm")
+    crossrt.compile(heavy(150, 512), "cpu").save(repository / "heavy.crm")
+    tcp, metrics = free_port(), free_port()
+    config = folder / "serve.toml"
+    config.write_text(
+        f'model_control = "explicit"\ntoken = "{TOKEN}"\ndrain_seconds = 30\n'
+        f'metrics = "127.0.0.1:{metrics}"\n'
+        '[[models]]\nname = "pinned"\npath = "models/tiny.crm"\ninstances = 2\n'
+    )
+    d = start_daemon(folder, repository, ["-c", str(config), "-g", f"127.0.0.1:{tcp}"])
+    d.tcp, d.metrics = f"127.0.0.1:{tcp}", f"http://127.0.0.1:{metrics}/metrics"
+    yield d
+    d.stop()
+
+
+def test_token_is_required(guarded: Daemon) -> None:
+    client = guarded.client()
+    with pytest.raises(InferenceServerException) as info:
+        client.get_server_metadata()
+    assert info.value.status() == "StatusCode.UNAUTHENTICATED"
+    assert "authorization: Bearer" in info.value.message()
+    with pytest.raises(InferenceServerException):
+        client.get_server_metadata(headers={"authorization": "Bearer wrong"})
+    assert client.get_server_metadata(headers=AUTH).name == "crossrt"
+
+
+def test_explicit_control_loads_only_the_config_models(guarded: Daemon) -> None:
+    client = guarded.client()
+    index = {m.name: m for m in client.get_model_repository_index(headers=AUTH).models}
+    assert index["pinned"].state == "READY"
+    assert index["tiny"].state == "UNAVAILABLE" and index["heavy"].state == "UNAVAILABLE"
+    config = client.get_model_config("pinned", headers=AUTH).config
+    assert config.instance_group[0].count == 2
+
+
+def test_loopback_tcp_with_shared_memory(guarded: Daemon) -> None:
+    assert guarded.tcp is not None
+    client = tc.InferenceServerClient(guarded.tcp)
+    x = np.ones((4, 8), np.float32)
+    key = f"/crossrt-tcp-{os.getpid()}"
+    region = shm.create_shared_memory_region("tcp", key, x.nbytes)
+    try:
+        shm.set_shared_memory_region(region, [x])
+        client.register_system_shared_memory("tcp", key, x.nbytes, headers=AUTH)
+        i = tc.InferInput("x", [4, 8], "FP32")
+        i.set_shared_memory("tcp", x.nbytes)
+        y = client.infer("pinned", [i], headers=AUTH).as_numpy("y")
+        assert y is not None and y.shape == (4, 8)
+        client.unregister_system_shared_memory("tcp", headers=AUTH)
+    finally:
+        shm.destroy_shared_memory_region(region)
+
+
+def test_sighup_rescans_the_repository(guarded: Daemon) -> None:
+    client = guarded.client()
+    crossrt.compile(tiny(), "cpu").save(guarded.repository / "late.crm")
+    guarded.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 30
+    names: set[str] = set()
+    while "late" not in names and time.monotonic() < deadline:
+        names = {m.name for m in client.get_model_repository_index(headers=AUTH).models}
+    assert "late" in names  # known; explicit control leaves it unloaded
+    assert not client.is_model_ready("late", headers=AUTH)
+    client.load_model("late", headers=AUTH)
+    assert client.is_model_ready("late", headers=AUTH)
+
+
+def _pending(url: str, model: str) -> float:
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    found = re.search(rf'crossrt_inference_pending_request_count{{model="{model}".*}} (\S+)', text)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_sigterm_drains_then_stops(guarded: Daemon) -> None:
+    """Runs last in this file: the daemon is stopped by it."""
+    client = guarded.client()
+    client.load_model("heavy", headers=AUTH)
+    x = tc.InferInput("x", [512, 512], "FP32")
+    x.set_data_from_numpy(np.eye(512, dtype=np.float32))
+    results: list[Any] = []
+    running = threading.Thread(
+        target=lambda: results.append(client.infer("heavy", [x], headers=AUTH))
+    )
+    running.start()
+    assert guarded.metrics is not None
+    deadline = time.monotonic() + 30
+    while _pending(guarded.metrics, "heavy") < 1 and time.monotonic() < deadline:
+        pass
+    assert _pending(guarded.metrics, "heavy") == 1
+    guarded.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    refused = None
+    while refused is None and time.monotonic() < deadline:
+        try:
+            client.get_model_metadata("pinned", headers=AUTH)
+        except InferenceServerException as exc:
+            refused = exc
+    assert refused is not None, "".join(guarded.log)
+    assert refused.status() == "StatusCode.UNAVAILABLE"
+    running.join(60)
+    (result,) = results  # the request under way when SIGTERM came was answered
+    output = result.get_response().outputs[0].name
+    np.testing.assert_array_equal(result.as_numpy(output), np.eye(512, dtype=np.float32))
+    assert guarded.proc.wait(60) == 0
+    assert not Path(guarded.socket).exists()
+    assert "stopped" in "".join(guarded.log)
+
+
+def test_endpoints_and_config(tmp_path: Path) -> None:
+    assert str(parse_endpoint("5555")) == "127.0.0.1:5555"
+    assert str(parse_endpoint(":5555")) == "127.0.0.1:5555"
+    assert str(parse_endpoint("0.0.0.0:5555")) == "0.0.0.0:5555"
+    assert str(parse_endpoint("[::1]:7")) == "[::1]:7"
+    assert str(parse_endpoint("unix:/run/x.sock")) == "unix:/run/x.sock"
+    for bad in ("host.example:1", "1.2.3.4:port", "unix:"):
+        with pytest.raises(crossrt.InvalidOptionError):
+            parse_endpoint(bad)
+    config = tmp_path / "c.toml"
+    config.write_text('model_repository = "/m"\ncores = "0-1"\nlog_level = "debug"\n')
+    options = build(str(config), {"log_level": "6", "endpoint": ()})
+    assert options == ServeOptions(model_repository="/m", cores="0-1", log_level="6")
+    assert options.level == 10
+    config.write_text("bogus = 1\n")
+    with pytest.raises(crossrt.InvalidOptionError, match="unknown setting"):
+        build(str(config), {})
+    config.write_text('[[models]]\nname = "a"\npath = "a.crm"\ninstances = 0\n')
+    with pytest.raises(crossrt.InvalidArgumentError, match="whole number"):
+        build(str(config), {})
+
+
+def test_command_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main(["serve", "--help"])
+    assert info.value.code == 0
+    assert "KServe v2" in capsys.readouterr().out
+    assert cli.main(["serve", "-x", "-l", "loud", "-g", str(tmp_path / "s.sock")]) == 1
+    assert "log level 'loud'" in capsys.readouterr().err
+    assert cli.main(["serve", "-x", "-g", "nowhere.example:80"]) == 1
+    assert "not an IP address" in capsys.readouterr().err
