@@ -3,6 +3,7 @@ SIGHUP rescanning the repository, SIGTERM draining, and the command's own errors
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -175,3 +176,54 @@ def test_command_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert "log level 'loud'" in capsys.readouterr().err
     assert cli.main(["serve", "-x", "-g", "nowhere.example:80"]) == 1
     assert "not an IP address" in capsys.readouterr().err
+
+
+def test_killed_client_and_killed_daemon(tmp_path: Path) -> None:
+    """A client killed mid-request leaves the daemon serving; a daemon killed with -9 gives
+    its clients UNAVAILABLE, and once restarted on the same socket (the stale socket file and
+    its private folder cleared away) the same client object works again."""
+    repository = tmp_path / "models"
+    repository.mkdir()
+    crossrt.compile(tiny(), "cpu").save(repository / "tiny.crm")
+    crossrt.compile(heavy(150, 512), "cpu").save(repository / "heavy.crm")
+    port = free_port()
+    metrics = f"http://127.0.0.1:{port}/metrics"
+    first = start_daemon(tmp_path, repository, ["--metrics", f"127.0.0.1:{port}"])
+    try:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child, killed while its request runs
+            child = tc.InferenceServerClient(first.url)
+            x = tc.InferInput("x", [512, 512], "FP32")
+            x.set_data_from_numpy(np.eye(512, dtype=np.float32))
+            child.infer("heavy", [x])
+            os._exit(0)
+        deadline = time.monotonic() + 30
+        while _pending(metrics, "heavy") < 1 and time.monotonic() < deadline:
+            pass
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        client = first.client()
+        x = tc.InferInput("x", [4, 8], "FP32")
+        x.set_data_from_numpy(np.ones((4, 8), np.float32))
+        assert client.infer("tiny", [x]).as_numpy("y") is not None
+        first.proc.kill()
+        first.proc.wait(30)
+        assert Path(first.socket).exists()  # left behind by -9
+        with pytest.raises(InferenceServerException) as info:
+            client.infer("tiny", [x])
+        assert info.value.status() == "StatusCode.UNAVAILABLE"
+        second = start_daemon(tmp_path, repository)
+        try:
+            deadline = time.monotonic() + 30  # gRPC's reconnection backoff: about a second
+            answer = None
+            while answer is None and time.monotonic() < deadline:
+                with contextlib.suppress(InferenceServerException):
+                    answer = client.infer("tiny", [x]).as_numpy("y")
+            assert answer is not None
+            leftovers = [p for p in Path("/tmp").glob(f"crossrt-serve-*-{first.proc.pid}-*")]
+            assert leftovers == []
+        finally:
+            assert second.stop() == 0
+    finally:
+        if first.proc.poll() is None:
+            first.stop()
