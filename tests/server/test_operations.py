@@ -23,6 +23,7 @@ from tritonclient.utils import InferenceServerException
 
 import crossrt
 from concurrency_models import heavy, tiny
+from crossrt.server.client import connect
 from crossrt.server.settings import ServeOptions, build, parse_endpoint
 from crossrt.tools import cli
 
@@ -179,9 +180,10 @@ def test_command_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str])
 
 
 def test_killed_client_and_killed_daemon(tmp_path: Path) -> None:
-    """A client killed mid-request leaves the daemon serving; a daemon killed with -9 gives
-    its clients UNAVAILABLE, and once restarted on the same socket (the stale socket file and
-    its private folder cleared away) the same client object works again."""
+    """A client killed mid-request leaves the daemon serving; a daemon killed with -9 fails
+    a pending crossrt.connect call at once with CLOSED and gives tritonclient UNAVAILABLE, and
+    once restarted on the same socket (the stale socket file and its private folder cleared
+    away) the same clients work again."""
     repository = tmp_path / "models"
     repository.mkdir()
     crossrt.compile(tiny(), "cpu").save(repository / "tiny.crm")
@@ -206,8 +208,16 @@ def test_killed_client_and_killed_daemon(tmp_path: Path) -> None:
         x = tc.InferInput("x", [4, 8], "FP32")
         x.set_data_from_numpy(np.ones((4, 8), np.float32))
         assert client.infer("tiny", [x]).as_numpy("y") is not None
+        while _pending(metrics, "heavy") > 0 and time.monotonic() < deadline:
+            pass  # the dead client's request ran to its end
+        remote = connect(first.url)
+        pending = remote.load("heavy").run_async(np.eye(512, dtype=np.float32))
+        while _pending(metrics, "heavy") < 1 and time.monotonic() < deadline:
+            pass
         first.proc.kill()
         first.proc.wait(30)
+        with pytest.raises(crossrt.ClosedError, match="not answering"):
+            pending.result(timeout=10)  # at once, with a coded error
         assert Path(first.socket).exists()  # left behind by -9
         with pytest.raises(InferenceServerException) as info:
             client.infer("tiny", [x])
@@ -220,6 +230,12 @@ def test_killed_client_and_killed_daemon(tmp_path: Path) -> None:
                 with contextlib.suppress(InferenceServerException):
                     answer = client.infer("tiny", [x]).as_numpy("y")
             assert answer is not None
+            outputs = None
+            while outputs is None and time.monotonic() < deadline:
+                with contextlib.suppress(crossrt.ClosedError):
+                    outputs = remote.load("tiny").run(np.ones((4, 8), np.float32))
+            assert outputs is not None and outputs["y"].shape == (4, 8)
+            remote.close()
             leftovers = [p for p in Path("/tmp").glob(f"crossrt-serve-*-{first.proc.pid}-*")]
             assert leftovers == []
         finally:

@@ -39,11 +39,13 @@ class Endpoint:
 
 
 def parse_endpoint(text: str) -> Endpoint:
-    """``unix:/path``, ``/path``: a Unix socket; ``host:port``, ``[::1]:port``: TCP;
-    ``port`` or ``:port``: TCP on 127.0.0.1 (loopback unless an address is named)."""
+    """``unix:/path``, ``unix:///path`` (tritonclient's spelling), ``/path``: a Unix socket;
+    ``host:port``, ``[::1]:port``: TCP; ``port`` or ``:port``: TCP on 127.0.0.1 (loopback
+    unless an address is named)."""
     text = text.strip()
     if text.startswith("unix:") or text.startswith(("/", "./", "../")):
-        path = text[5:] if text.startswith("unix:") else text
+        path = text.removeprefix("unix://") if text.startswith("unix://") else text
+        path = path.removeprefix("unix:")
         if not path:
             raise InvalidOptionError("-g unix: needs a path: -g unix:/run/crossrt/crossrt.sock")
         return Endpoint("unix", str(Path(path).absolute()))

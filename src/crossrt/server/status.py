@@ -1,11 +1,25 @@
-"""gRPC status codes for crossrt's errors, in one table, and the error the server raises
-for what only the protocol knows (a region of another user, a token missing)."""
+"""gRPC status codes for crossrt's errors, in one table, the error the server raises for
+what only the protocol knows (a region of another user, a token missing), and the way back
+to crossrt's errors for a client."""
 
 from __future__ import annotations
 
+import re
+
 import grpc
 
-from ..errors import CrossrtError, StatusCode
+from ..errors import (
+    ClosedError,
+    CrossrtError,
+    DeadlineExceededError,
+    ExecutionError,
+    InvalidArgumentError,
+    ModelNotFoundError,
+    OperationForbiddenError,
+    OutOfResourcesError,
+    StatusCode,
+    UnsupportedError,
+)
 
 GRPC_STATUS: dict[StatusCode, grpc.StatusCode] = {
     StatusCode.INVALID: grpc.StatusCode.INVALID_ARGUMENT,
@@ -52,3 +66,47 @@ def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, (
         f"internal error ({type(exc).__name__}: {exc}); the daemon's log has the traceback"
     )
+
+
+_FROM_GRPC: dict[grpc.StatusCode, type[CrossrtError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
+    grpc.StatusCode.OUT_OF_RANGE: InvalidArgumentError,
+    grpc.StatusCode.NOT_FOUND: ModelNotFoundError,
+    grpc.StatusCode.ALREADY_EXISTS: InvalidArgumentError,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: OutOfResourcesError,
+    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceededError,
+    grpc.StatusCode.UNAVAILABLE: ClosedError,
+    grpc.StatusCode.CANCELLED: ClosedError,
+    grpc.StatusCode.FAILED_PRECONDITION: OperationForbiddenError,
+    grpc.StatusCode.PERMISSION_DENIED: OperationForbiddenError,
+    grpc.StatusCode.UNAUTHENTICATED: OperationForbiddenError,
+    grpc.StatusCode.UNIMPLEMENTED: UnsupportedError,
+}
+"""A client's error for a gRPC status whose message carries no crossrt code."""
+
+_CODE_PREFIX = re.compile(r"^\[([A-Z_0-9]+) \((\d+)\)\] ")
+
+
+def _classes() -> dict[StatusCode, type[CrossrtError]]:
+    found: dict[StatusCode, type[CrossrtError]] = {}
+    pending: list[type[CrossrtError]] = [CrossrtError]
+    while pending:
+        cls = pending.pop(0)
+        found.setdefault(cls.default_code, cls)
+        pending += cls.__subclasses__()
+    return found
+
+
+def error_of(exc: grpc.RpcError, endpoint: str) -> CrossrtError:
+    """The crossrt error a client raises for a failed call: the daemon's own code when its
+    message starts with one (``[EXEC_BAD_INPUT (1002)] ...``), else one for the status."""
+    code, message = exc.code(), exc.details() or ""
+    found = _CODE_PREFIX.match(message)
+    if found and found.group(1) in StatusCode.__members__:
+        status = StatusCode[found.group(1)]
+        cls = _classes().get(status, CrossrtError)
+        return cls(message[found.end() :], code=status)
+    cls = _FROM_GRPC.get(code, ExecutionError)
+    if cls is ClosedError:
+        message = f"the daemon at {endpoint} is not answering ({message}); start it, or retry"
+    return cls(f"{message} (gRPC {code.name})")

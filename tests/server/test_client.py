@@ -1,0 +1,73 @@
+"""``connect()``: the daemon's models behind the Runtime API, giving what the same ``.crm``
+gives in-process."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import tritonclient.grpc as tc
+from serving import Daemon
+
+import crossrt
+from crossrt.server.client import connect
+
+
+def test_remote_outputs_are_the_in_process_ones(daemon: Daemon) -> None:
+    x = np.random.default_rng(3).random((4, 8), dtype=np.float32)
+    with crossrt.Runtime() as rt:
+        local = rt.load(crossrt.load_executable(daemon.repository / "tiny.crm")).run({"x": x})
+    with connect(daemon.url) as remote:
+        model = remote.load("tiny")
+        assert [s.name for s in model.inputs] == ["x"] and model.version == "1"
+        assert [(i.name, i.usage, i.size) for i in model.tensor_info()] == [
+            ("x", "input", 128),
+            ("y", "output", 128),
+        ]
+        got = model.run({"x": x})
+        assert got.keys() == local.keys()
+        np.testing.assert_array_equal(got["y"], local["y"])
+        np.testing.assert_array_equal(model.run_async(x).result()["y"], local["y"])
+        np.testing.assert_array_equal(asyncio.run(model.infer(x))["y"], local["y"])
+        assert model.statistics().inference_stats.success.count >= 3
+
+
+def test_large_tensors_go_through_shared_memory(
+    daemon: Daemon, client: tc.InferenceServerClient
+) -> None:
+    x = np.arange(4096, dtype=np.float32)
+    with connect(f"unix:{daemon.socket}", shm_threshold=1024) as remote:
+        adder = remote.load("adder")  # dynamic output: the input alone goes through shm
+        np.testing.assert_array_equal(adder.run(x)["y"], x + 1)
+        tiny = remote.load("tiny")  # static: input and output both
+        y = tiny.run(np.ones((4, 8), np.float32))["y"]
+        assert y.shape == (4, 8)
+        regions = client.get_system_shared_memory_status().regions
+        assert len(regions) == 1  # this client's segment for adder (tiny's 256 B is below)
+        for _ in range(3):
+            adder.run(x)
+        assert len(client.get_system_shared_memory_status().regions) == 1  # reused
+    assert len(client.get_system_shared_memory_status().regions) == 0  # released on close
+
+
+def test_static_outputs_come_back_through_shared_memory(daemon: Daemon) -> None:
+    with connect(daemon.url, shm_threshold=1) as remote:
+        tiny = remote.load("tiny")
+        x = np.full((4, 8), 2, np.float32)
+        expected = x @ (np.arange(64, dtype=np.float32).reshape(8, 8) / 64) + 1
+        for _ in range(2):
+            np.testing.assert_allclose(tiny.run(x)["y"], expected, rtol=1e-6)
+
+
+def test_errors_are_crossrt_errors(daemon: Daemon, tmp_path: object) -> None:
+    with connect(daemon.url) as remote:
+        tiny = remote.load("tiny")
+        with pytest.raises(crossrt.InvalidArgumentError, match="expected datatype FP32"):
+            tiny.run(np.ones((4, 8), np.float64))
+        with pytest.raises(crossrt.CrossrtError) as info:
+            remote.load("no-such-model")
+        assert info.value.code == crossrt.StatusCode.NOT_FOUND
+        assert tiny.run(np.ones((4, 8), np.float32))["y"].shape == (4, 8)
+    with pytest.raises(crossrt.ClosedError, match="not answering"):
+        connect(f"unix:{daemon.socket}.absent", timeout=5)
