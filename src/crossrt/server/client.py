@@ -185,7 +185,13 @@ class RemoteModel:
 
     def run(self, inputs: Any) -> dict[str, np.ndarray]:
         """Run once; the outputs by name."""
-        return self.run_async(inputs).result()
+        feed = self._feed(inputs)
+        segment = self._segment(sum(a.nbytes for a in feed.values()) + (self._output_bytes or 0))
+        try:
+            response = self._rt.call("ModelInfer", self._request(feed, segment))
+            return self._results(response, segment)
+        finally:
+            self._give_back(segment)
 
     def run_async(self, inputs: Any) -> Future[dict[str, np.ndarray]]:
         """Run once; a future of the outputs (``concurrent.futures``)."""
