@@ -19,7 +19,6 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
-from ..runtime import LoadedModel
 from ..runtime.statistics import ModelStatistics
 from .peers import Peer
 from .regions import Regions
@@ -132,8 +131,9 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
 
         def io(spec: Any, kind: Any) -> Any:
             meta = metadata_tensor(spec)
-            datatype = "STRING" if meta["datatype"] == "BYTES" else meta["datatype"]
-            data_type = mc.DataType.Value(f"TYPE_{datatype}") if datatype.isupper() else 0
+            name = "TYPE_STRING" if meta["datatype"] == "BYTES" else f"TYPE_{meta['datatype']}"
+            known = name in mc.DataType.DESCRIPTOR.values_by_name
+            data_type = mc.DataType.Value(name if known else "TYPE_INVALID")
             return kind(name=spec.name, data_type=data_type, dims=meta["shape"])
 
         cpu = model.device.kind.name == "CPU"
@@ -195,7 +195,7 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
             request, model.inputs, lambda n, o, s: self.regions.read(n, o, s, caller())
         )
         chosen = requested_outputs(request, model.outputs)
-        results = _run(model, feed)
+        results = model.run(feed)
         response = pb.ModelInferResponse(
             model_name=entry.name, model_version=entry.version, id=request.id
         )
@@ -293,7 +293,3 @@ def _no_cuda() -> ServiceError:
         grpc.StatusCode.UNIMPLEMENTED,
         "CUDA shared memory is not served; use system shared memory",
     )
-
-
-def _run(model: LoadedModel, feed: dict[str, Any]) -> dict[str, Any]:
-    return model.run(feed)
