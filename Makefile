@@ -21,7 +21,7 @@ MODEL_WHEELS := rapidocr-onnxruntime==1.4.4 silero-vad==6.2.3
 # 84 s with 3.
 TEST_WORKERS ?= 2
 
-.PHONY: demo test test-fast lint lock exclusions fuzz bench clean cuda
+.PHONY: demo test test-fast lint lock exclusions fuzz bench clean cuda proto
 
 # crossrt is installed with --no-deps (the lock holds its dependencies) and --no-build-isolation
 # (built with the lock's setuptools and wheel, not whatever is newest on the index that day).
@@ -83,6 +83,15 @@ lock:
 # Rewrite tests/conformance/exclusions.toml from what fails on the installed engines now.
 exclusions: $(STAMP)
 	$(PY) -m tests.conformance.regenerate
+
+# Regenerate the crossrt.v1 service's modules (src/crossrt/server/proto/) from runtime.proto with
+# the lock's grpcio-tools; generated code is committed and exempt from lint and mypy.
+PROTO := src/crossrt/server/proto
+proto: $(STAMP)
+	$(PY) -m grpc_tools.protoc -I src --python_out=src --pyi_out=src --grpc_python_out=src \
+		$(PROTO)/runtime.proto
+	sed -i '1i # ruff: noqa\n# mypy: ignore-errors' $(PROTO)/runtime_pb2*.py*
+	$(VENV)/bin/ruff format $(PROTO)
 
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py

@@ -16,6 +16,7 @@ import shutil
 import signal
 import socket
 import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -27,9 +28,11 @@ from ..errors import OutOfResourcesError
 from ..host import owned_name, remove_orphans
 from ..runtime import Runtime
 from ..runtime.statistics import ModelStatistics
+from .extension import RuntimeService
 from .gate import Gate
 from .kserve import InferenceService
 from .peers import Peer, identify
+from .proto import runtime_pb2_grpc as v1_grpc
 from .regions import Regions
 from .relay import UnixRelay
 from .repository import LoadOptions, Repository
@@ -37,6 +40,8 @@ from .settings import ServeOptions
 
 log = logging.getLogger("crossrt.serve")
 _INNER_PREFIX = "crossrt-serve-"
+SWEEP_SECONDS = 5.0
+"""How often the regions and models of dead clients are looked for."""
 
 
 class Daemon:
@@ -70,6 +75,10 @@ class Daemon:
         )
         service = InferenceService(self.repository, self.regions, self.identify, self.ready)
         pbg.add_GRPCInferenceServiceServicer_to_server(service, self.server)
+        extension = RuntimeService(self.runtime, self.repository, self.regions, self.identify)
+        v1_grpc.add_RuntimeServicer_to_server(extension, self.server)  # type: ignore[no-untyped-call]
+        self._stopping = threading.Event()
+        self._sweeper = threading.Thread(target=self._sweep, name="crossrt-sweep", daemon=True)
         try:
             self._listen(inner)
         except BaseException:
@@ -138,8 +147,17 @@ class Daemon:
         for entry in self.repository.loaded():
             if entry.model is not None:
                 log.info("model %s version %s is ready", entry.name, entry.version)
+        self._sweeper.start()
         self._ready = True
         log.info("ready")
+
+    def _sweep(self) -> None:
+        """Every few seconds: release the regions and models of clients that have died."""
+        while not self._stopping.wait(SWEEP_SECONDS):
+            for name in self.regions.sweep():
+                log.info("released region %s: its process has died", name)
+            for name in self.repository.release_orphans():
+                log.info("unloaded model %s: the process that sent it has died", name)
 
     def install_signals(self) -> None:
         """SIGTERM and SIGINT stop, SIGHUP rescans; call from the main thread.
@@ -176,6 +194,7 @@ class Daemon:
         log.info("stopping: draining %d calls under way", self.gate.in_flight)
         for relay in self.relays:
             relay.stop_accepting()
+        self._stopping.set()
         left = self.gate.drain(self.options.drain_seconds)
         if left:
             log.warning("%d calls still running after %.0f s; cutting them", left,

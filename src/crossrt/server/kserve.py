@@ -153,7 +153,7 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
                     else mc.ModelInstanceGroup.KIND_MODEL,
                 )
             ],
-            default_model_filename=entry.path.name,
+            default_model_filename=entry.path.name if entry.path else "",
         )
         return pb.ModelConfigResponse(config=config)
 
@@ -225,6 +225,7 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
                 f"no repository {request.repository_name!r}: this daemon has one; leave the "
                 "name empty",
             )
+        self.repository.release_orphans()  # models sent by clients that have died
         index = [
             pb.RepositoryIndexResponse.ModelIndex(
                 name=e.name, version=e.version, state=e.state, reason=e.reason

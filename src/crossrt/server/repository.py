@@ -19,7 +19,7 @@ import grpc
 
 from ..compiler import load_executable
 from ..errors import InvalidArgumentError
-from ..host import parse_cpu_set
+from ..host import parse_cpu_set, process_alive
 from ..runtime import LoadedModel, Runtime
 from .status import ServiceError
 
@@ -101,12 +101,13 @@ class Entry:
 
     name: str
     version: str
-    path: Path
+    path: Path | None  # None: sent in a request (crossrt.v1 Load)
     options: LoadOptions = field(default_factory=LoadOptions)
     model: LoadedModel | None = None
     state: str = "UNAVAILABLE"
     reason: str = "not loaded"
     stamp: tuple[int, int] = (0, 0)  # the file's (mtime_ns, size) when loaded
+    owner: int = 0  # the process that sent it (crossrt.v1 Load): unloaded when it dies
 
 
 def discover(directory: Path) -> dict[str, tuple[str, Path]]:
@@ -203,6 +204,12 @@ class Repository:
                     grpc.StatusCode.NOT_FOUND,
                     f"no model {name!r} {where}; add DIR/{name}/1/model.crm or DIR/{name}.crm",
                 )
+            if entry.path is None:
+                raise ServiceError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"model {name!r} was sent in a request, not found in the repository; send "
+                    "it again (crossrt.v1 Load) to load it anew",
+                )
             options = entry.options.with_values(values or {})
             entry.state, entry.reason = "LOADING", ""
             try:
@@ -237,6 +244,33 @@ class Repository:
             kwargs["precision"] = options.precision
         return self._runtime.load(str(path), options.device, **kwargs)
 
+    def adopt(self, name: str, model: LoadedModel, owner: int) -> Entry:
+        """Serve ``model``, loaded from bytes a client sent, as ``name`` (version 1) until
+        it is unloaded or process ``owner`` dies (:meth:`release_orphans`)."""
+        with self._lock:
+            held = self._entries.get(name)
+            if held is not None and (held.model is not None or held.path is not None):
+                raise ServiceError(
+                    grpc.StatusCode.ALREADY_EXISTS,
+                    f"a model named {name!r} is served already; choose another name or "
+                    "unload it first",
+                )
+            entry = Entry(name, "1", None, model=model, state="READY", reason="", owner=owner)
+            self._entries[name] = entry
+            self._pinned.add(name)
+        log.info("loaded model %s from bytes sent by process %d", name, owner)
+        return entry
+
+    def release_orphans(self) -> list[str]:
+        """Unload the models sent by processes that have died; their names."""
+        with self._lock:
+            dead = [
+                e.name for e in self._entries.values() if e.owner and not process_alive(e.owner)
+            ]
+            for name in dead:
+                self.unload(name)
+        return dead
+
     def unload(self, name: str) -> None:
         """Unload model ``name`` (it stays known)."""
         with self._lock:
@@ -245,6 +279,9 @@ class Repository:
                 raise ServiceError(grpc.StatusCode.NOT_FOUND, f"no model {name!r} is known")
             model, entry.model = entry.model, None
             entry.state, entry.reason = "UNAVAILABLE", "unloaded"
+            if entry.path is None:  # sent in a request: nothing to load it from again
+                del self._entries[name]
+                self._pinned.discard(name)
         if model is not None:
             model.unload()
             log.info("unloaded model %s", name)
@@ -283,7 +320,9 @@ class Repository:
             self.unload(entry.name)
 
 
-def _stamp(path: Path) -> tuple[int, int]:
+def _stamp(path: Path | None) -> tuple[int, int]:
+    if path is None:
+        return (0, 0)
     try:
         st = path.stat()
     except OSError:

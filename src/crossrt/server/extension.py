@@ -1,0 +1,196 @@
+"""The ``crossrt.v1.Runtime`` service (``proto/runtime.proto``): what KServe lacks, served
+beside it: devices and core owners, loading a model sent in the request (owned by the
+sending process), core groups with start and stop, neuron-rtd's infer_post / infer_wait
+with a cookie, and cancellation.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+from concurrent.futures import CancelledError, Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from tritonclient.grpc import service_pb2 as pb
+
+from ..compiler import load_executable
+from ..compiler.layout import MAGIC
+from ..runtime import LoadedModel, Runtime
+from ..runtime.cores.groups import CoreGroup
+from ..runtime.cores.reservation import core_owners
+from .peers import Peer
+from .proto import runtime_pb2 as v1
+from .proto import runtime_pb2_grpc as v1_grpc
+from .regions import Regions
+from .repository import LoadOptions, Repository
+from .status import ServiceError
+from .tensors import decode_inputs, encode_outputs, requested_outputs
+
+MAX_POSTED = 4096
+"""Requests posted and not yet waited for, over all clients."""
+
+
+@dataclass
+class Posted:
+    """A request posted with InferPost, until InferWait hands its answer over."""
+
+    future: Future[Any]
+    request: pb.ModelInferRequest
+    chosen: Any
+    version: str
+    peer: Peer
+
+
+class RuntimeService(v1_grpc.RuntimeServicer):
+    """``crossrt.v1.Runtime`` over the daemon's runtime, repository and regions."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        repository: Repository,
+        regions: Regions,
+        identify: Any,
+    ) -> None:
+        self._runtime = runtime
+        self._repository = repository
+        self._regions = regions
+        self._identify = identify
+        self._lock = threading.Lock()
+        self._groups: dict[int, CoreGroup] = {}
+        self._posted: dict[int, Posted] = {}
+        self._cookies = itertools.count(1)
+
+    def Devices(self, request: Any, context: Any) -> v1.DevicesResponse:
+        owners = {cpu: f"{o.pid} {o.name}".strip() for cpu, o in core_owners().items()}
+        return v1.DevicesResponse(
+            devices_json=[json.dumps(d.to_dict()) for d in self._runtime.devices()],
+            core_owners=owners,
+            daemon_cores=list(self._runtime.cores),
+        )
+
+    def Load(self, request: Any, context: Any) -> v1.LoadResponse:
+        peer = self._identify(context.peer())
+        if not request.name:
+            raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "Load needs a model name")
+        options = LoadOptions().with_values(dict(request.parameters))
+        kwargs: dict[str, Any] = {
+            "instances": options.instances,
+            "queue_depth": options.queue_depth,
+            "exec_timeout": options.timeout,
+        }
+        if request.core_group:
+            kwargs["group"] = self._group(request.core_group)
+        elif options.cores is not None:
+            kwargs["cores"] = options.cores
+        data = bytes(request.model)
+        if data.startswith(MAGIC):  # a .crm; else an ONNX model, compiled here
+            source: Any = load_executable(data)
+        else:
+            source = data
+            if options.precision is not None:
+                kwargs["precision"] = options.precision
+        model: LoadedModel = self._runtime.load(source, options.device, **kwargs)
+        try:
+            entry = self._repository.adopt(request.name, model, peer.pid)
+        except BaseException:
+            model.unload()
+            raise
+        return v1.LoadResponse(name=entry.name, version=entry.version)
+
+    def Unload(self, request: Any, context: Any) -> v1.Empty:
+        self._repository.unload(request.name)
+        return v1.Empty()
+
+    def Start(self, request: Any, context: Any) -> v1.Empty:
+        self._repository.get(request.name)[1].start()
+        return v1.Empty()
+
+    def Stop(self, request: Any, context: Any) -> v1.Empty:
+        self._repository.get(request.name)[1].stop()
+        return v1.Empty()
+
+    def CreateCoreGroup(self, request: Any, context: Any) -> v1.CoreGroup:
+        indices = list(request.indices) or None
+        group = self._runtime.create_core_group(request.cores or None, indices=indices)
+        with self._lock:
+            number = next(self._cookies)
+            self._groups[number] = group
+        return v1.CoreGroup(id=number, indices=list(group.indices))
+
+    def DestroyCoreGroup(self, request: Any, context: Any) -> v1.Empty:
+        self._group(request.id).destroy()
+        with self._lock:
+            self._groups.pop(request.id, None)
+        return v1.Empty()
+
+    def _group(self, number: int) -> CoreGroup:
+        with self._lock:
+            group = self._groups.get(number)
+        if group is None:
+            raise ServiceError(
+                grpc.StatusCode.NOT_FOUND,
+                f"no core group {number}; create one with CreateCoreGroup",
+            )
+        return group
+
+    def InferPost(self, request: Any, context: Any) -> v1.InferPostResponse:
+        infer = pb.ModelInferRequest.FromString(request.model_infer_request)
+        entry, model = self._repository.get(infer.model_name, infer.model_version)
+        peer = self._identify(context.peer())
+        feed = decode_inputs(infer, model.inputs, lambda n, o, s: self._regions.read(n, o, s, peer))
+        chosen = requested_outputs(infer, model.outputs)
+        with self._lock:
+            if len(self._posted) >= MAX_POSTED:
+                raise ServiceError(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"{MAX_POSTED} requests are posted and not waited for; InferWait for some",
+                )
+            cookie = next(self._cookies)
+            future = model.run_async(feed, block=False)
+            self._posted[cookie] = Posted(future, infer, chosen, entry.version, peer)
+        return v1.InferPostResponse(cookie=cookie)
+
+    def InferWait(self, request: Any, context: Any) -> v1.InferWaitResponse:
+        posted = self._mine(request.cookie, context)
+        try:
+            results = posted.future.result(timeout=request.timeout or None)
+        except FutureTimeout:
+            return v1.InferWaitResponse(done=False)
+        except CancelledError:
+            self._forget(request.cookie)
+            raise ServiceError(grpc.StatusCode.CANCELLED, "the request was cancelled") from None
+        except BaseException:
+            self._forget(request.cookie)
+            raise
+        self._forget(request.cookie)
+        infer = posted.request
+        response = pb.ModelInferResponse(
+            model_name=infer.model_name, model_version=posted.version, id=infer.id
+        )
+        peer = posted.peer
+        encode_outputs(
+            response, results, posted.chosen, lambda n, o, a: self._regions.write(n, o, a, peer)
+        )
+        return v1.InferWaitResponse(done=True, model_infer_response=response.SerializeToString())
+
+    def Cancel(self, request: Any, context: Any) -> v1.CancelResponse:
+        posted = self._mine(request.cookie, context)
+        return v1.CancelResponse(cancelled=posted.future.cancel())
+
+    def _mine(self, cookie: int, context: Any) -> Posted:
+        with self._lock:
+            posted = self._posted.get(cookie)
+        if posted is None or posted.peer.uid != self._identify(context.peer()).uid:
+            raise ServiceError(
+                grpc.StatusCode.NOT_FOUND,
+                f"no request posted with cookie {cookie} (waited for already, or not yours)",
+            )
+        return posted
+
+    def _forget(self, cookie: int) -> None:
+        with self._lock:
+            self._posted.pop(cookie, None)

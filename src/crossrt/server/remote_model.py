@@ -1,0 +1,270 @@
+"""A model on the daemon with :class:`crossrt.LoadedModel`'s calls, and a core group on it:
+what :class:`client.RemoteRuntime` hands out, over any :class:`Connection`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import threading
+from collections.abc import Mapping
+from concurrent.futures import Future
+from typing import Any, Protocol
+
+import grpc
+import numpy as np
+from tritonclient.grpc import service_pb2 as pb
+
+from .. import dtypes
+from ..errors import InvalidInputError
+from ..model import TensorSpec
+from ..runtime import TensorInfo
+from ..runtime.memory.shm import SharedMemorySegment
+from .proto import runtime_pb2 as v1
+from .status import error_of
+
+
+class Connection(Protocol):
+    """What a remote model needs of its client (:class:`client.RemoteRuntime`)."""
+
+    endpoint: str
+    shm_threshold: int | None
+
+    def call(self, method: str, request: Any) -> Any: ...
+
+    def call_async(self, method: str, request: Any) -> Any: ...
+
+    def forget(self, model: RemoteModel) -> None: ...
+
+
+class RemoteModel:
+    """A model on the daemon, with :class:`crossrt.LoadedModel`'s calls."""
+
+    def __init__(self, runtime: Connection, name: str, version: str) -> None:
+        self._rt = runtime
+        meta = runtime.call("ModelMetadata", pb.ModelMetadataRequest(name=name, version=version))
+        self.name = name
+        self.version = meta.versions[0] if meta.versions else version
+        self.inputs = tuple(_spec(t) for t in meta.inputs)
+        self.outputs = tuple(_spec(t) for t in meta.outputs)
+        # Static outputs can be asked for in shared memory: their sizes are known now.
+        sizes = [_nbytes(s) for s in self.outputs]
+        self._output_bytes = None if None in sizes else sum(s or 0 for s in sizes)
+        self._segments: list[SharedMemorySegment] = []  # free ones, to reuse
+        self._lock = threading.Lock()
+
+    def tensor_info(self) -> list[TensorInfo]:
+        """Inputs then outputs, as :meth:`LoadedModel.tensor_info`."""
+        rows = []
+        for usage, specs in (("input", self.inputs), ("output", self.outputs)):
+            for s in specs:
+                rows.append(TensorInfo(s.name, usage, str(s.dtype), s.shape, _nbytes(s)))
+        return rows
+
+    def run(self, inputs: Any) -> dict[str, np.ndarray]:
+        """Run once; the outputs by name."""
+        feed = self._feed(inputs)
+        segment = self._segment(sum(a.nbytes for a in feed.values()) + (self._output_bytes or 0))
+        try:
+            response = self._rt.call("ModelInfer", self._request(feed, segment))
+            return self._results(response, segment)
+        finally:
+            self._give_back(segment)
+
+    def run_async(self, inputs: Any) -> Future[dict[str, np.ndarray]]:
+        """Run once; a future of the outputs (``concurrent.futures``)."""
+        feed = self._feed(inputs)
+        segment = self._segment(sum(a.nbytes for a in feed.values()) + (self._output_bytes or 0))
+        request = self._request(feed, segment)
+        future: Future[dict[str, np.ndarray]] = Future()
+        call = self._rt.call_async("ModelInfer", request)
+
+        def done(call: Any) -> None:
+            try:
+                future.set_result(self._results(call.result(), segment))
+            except grpc.RpcError as exc:
+                future.set_exception(error_of(exc, self._rt.endpoint))
+            except BaseException as exc:
+                future.set_exception(exc)
+            finally:
+                self._give_back(segment)
+
+        call.add_done_callback(done)
+        return future
+
+    async def infer(self, inputs: Any) -> dict[str, np.ndarray]:
+        """``await model.infer(inputs)``: :meth:`run_async` for asyncio."""
+        return await asyncio.wrap_future(self.run_async(inputs))
+
+    def start(self) -> None:
+        """Run it on its core group (stopping the group's running model)."""
+        self._rt.call("v1.Start", v1.ModelRequest(name=self.name))
+
+    def stop(self) -> None:
+        """Stop it on its core group."""
+        self._rt.call("v1.Stop", v1.ModelRequest(name=self.name))
+
+    def post(self, inputs: Any) -> int:
+        """Queue one run on the daemon (neuron-rtd's infer_post); its cookie for :meth:`wait`.
+        Tensors travel inside the message."""
+        request = self._request(self._feed(inputs), None)
+        post = v1.InferPostRequest(model_infer_request=request.SerializeToString())
+        return int(self._rt.call("v1.InferPost", post).cookie)
+
+    def wait(self, cookie: int, timeout: float | None = None) -> dict[str, np.ndarray] | None:
+        """The outputs of a posted run (infer_wait); ``None`` when not done within
+        ``timeout`` seconds (it stays posted)."""
+        request = v1.InferWaitRequest(cookie=cookie, timeout=timeout or 0.0)
+        answer = self._rt.call("v1.InferWait", request)
+        if not answer.done:
+            return None
+        return self._results(pb.ModelInferResponse.FromString(answer.model_infer_response), None)
+
+    def cancel(self, cookie: int) -> bool:
+        """Cancel a posted run still queued; whether it was."""
+        return bool(self._rt.call("v1.Cancel", v1.CancelRequest(cookie=cookie)).cancelled)
+
+    def statistics(self) -> Any:
+        """Triton's ``ModelStatistics`` message for this model."""
+        request = pb.ModelStatisticsRequest(name=self.name, version=self.version)
+        return self._rt.call("ModelStatistics", request).model_stats[0]
+
+    def unload(self) -> None:
+        """Unload it on the daemon (for every client)."""
+        self.close()
+        self._rt.call(
+            "RepositoryModelUnload", pb.RepositoryModelUnloadRequest(model_name=self.name)
+        )
+
+    def close(self) -> None:
+        """Release this client's shared memory for the model."""
+        self._rt.forget(self)
+        with self._lock:
+            segments, self._segments = self._segments, []
+        for segment in segments:
+            self._unregister(segment)
+
+    # -- requests --------------------------------------------------------------------
+
+    def _feed(self, inputs: Any) -> dict[str, np.ndarray]:
+        if not isinstance(inputs, Mapping):
+            if len(self.inputs) != 1:
+                raise InvalidInputError(
+                    f"model {self.name!r} has {len(self.inputs)} inputs; pass a dict by name"
+                )
+            inputs = {self.inputs[0].name: inputs}
+        return {k: np.ascontiguousarray(v) for k, v in inputs.items()}
+
+    def _request(
+        self, feed: dict[str, np.ndarray], segment: SharedMemorySegment | None
+    ) -> pb.ModelInferRequest:
+        request = pb.ModelInferRequest(model_name=self.name, model_version=self.version)
+        offset = 0
+        for name, array in feed.items():
+            tensor = request.inputs.add(
+                name=name, datatype=_kserve(array, name), shape=list(array.shape)
+            )
+            if segment is None:
+                request.raw_input_contents.append(array.tobytes())
+                continue
+            segment.array()[offset : offset + array.nbytes] = array.reshape(-1).view(np.uint8)
+            tensor.parameters["shared_memory_region"].string_param = str(segment.name)
+            tensor.parameters["shared_memory_offset"].int64_param = offset
+            tensor.parameters["shared_memory_byte_size"].int64_param = array.nbytes
+            offset += array.nbytes
+        if segment is not None and self._output_bytes is not None:
+            for spec in self.outputs:
+                size = _nbytes(spec) or 0
+                wanted = request.outputs.add(name=spec.name)
+                wanted.parameters["shared_memory_region"].string_param = str(segment.name)
+                wanted.parameters["shared_memory_offset"].int64_param = offset
+                wanted.parameters["shared_memory_byte_size"].int64_param = size
+                offset += size
+        return request
+
+    def _results(
+        self, response: pb.ModelInferResponse, segment: SharedMemorySegment | None
+    ) -> dict[str, np.ndarray]:
+        results = {}
+        for i, out in enumerate(response.outputs):
+            dtype = dtypes.from_kserve(out.datatype).numpy
+            params = out.parameters
+            if segment is not None and "shared_memory_region" in params:
+                start = params["shared_memory_offset"].int64_param
+                raw: Any = segment.array()[
+                    start : start + params["shared_memory_byte_size"].int64_param
+                ]
+            else:
+                raw = response.raw_output_contents[i]
+            results[out.name] = np.frombuffer(raw, dtype=dtype).reshape(tuple(out.shape)).copy()
+        return results
+
+    # -- shared memory -------------------------------------------------------------------
+
+    def _segment(self, nbytes: int) -> SharedMemorySegment | None:
+        threshold = self._rt.shm_threshold
+        if threshold is None or nbytes < threshold:
+            return None
+        with self._lock:
+            for segment in self._segments:
+                if segment.size >= nbytes:
+                    self._segments.remove(segment)
+                    return segment
+        segment = SharedMemorySegment(nbytes, kind="posix", keep_name=True)
+        request = pb.SystemSharedMemoryRegisterRequest(
+            name=str(segment.name), key=f"/{segment.name}", byte_size=nbytes
+        )
+        try:
+            self._rt.call("SystemSharedMemoryRegister", request)
+        except Exception:  # the daemon cannot read it (another host, another user): inline
+            segment.close()
+            self._rt.shm_threshold = None
+            return None
+        return segment
+
+    def _give_back(self, segment: SharedMemorySegment | None) -> None:
+        if segment is not None:
+            with self._lock:
+                self._segments.append(segment)
+
+    def _unregister(self, segment: SharedMemorySegment) -> None:
+        with contextlib.suppress(Exception):
+            request = pb.SystemSharedMemoryUnregisterRequest(name=str(segment.name))
+            self._rt.call("SystemSharedMemoryUnregister", request)
+        segment.close()
+
+
+class RemoteCoreGroup:
+    """A core group on the daemon (:meth:`RemoteRuntime.create_core_group`)."""
+
+    def __init__(self, runtime: Connection, number: int, indices: tuple[int, ...]) -> None:
+        self._rt = runtime
+        self.id = number
+        self.indices = indices
+
+    def destroy(self) -> None:
+        """Give its cores back (only an empty group)."""
+        self._rt.call("v1.DestroyCoreGroup", v1.CoreGroup(id=self.id))
+
+
+def _nbytes(spec: TensorSpec) -> int | None:
+    """Bytes of a static tensor, ``None`` for a dynamic one."""
+    if not spec.is_static or spec.dtype is None or not spec.dtype.itemsize:
+        return None
+    return math.prod(d for d in spec.shape or () if isinstance(d, int)) * spec.dtype.itemsize
+
+
+def _spec(meta: Any) -> TensorSpec:
+    dtype = dtypes.from_kserve(meta.datatype) if meta.datatype != "BYTES" else None
+    shape = tuple(int(d) if d >= 0 else None for d in meta.shape)
+    return TensorSpec(meta.name, dtype, shape)
+
+
+def _kserve(array: np.ndarray, name: str) -> str:
+    kserve = dtypes.from_numpy(array.dtype).kserve
+    if kserve is None or kserve == "BYTES":
+        raise InvalidInputError(
+            f"input {name!r}: {array.dtype} has no KServe datatype the daemon carries; "
+            "run this model in-process"
+        )
+    return kserve
