@@ -101,3 +101,28 @@ def test_post_wait_and_cancel(daemon: Daemon) -> None:
             assert model.wait(late, timeout=30) is not None
         except crossrt.CrossrtError as exc:
             assert "cancelled" in str(exc)
+
+
+def test_posted_requests_of_a_dead_process_are_dropped() -> None:
+    from concurrent.futures import Future
+
+    from tritonclient.grpc import service_pb2 as pb
+
+    from crossrt.server.extension import Posted, RuntimeService
+    from crossrt.server.peers import Peer
+
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - a process that is gone at once
+        os._exit(0)
+    os.waitpid(pid, 0)
+    service = RuntimeService(None, None, None, None)  # type: ignore[arg-type]
+    queued: Future[object] = Future()
+    mine: Future[object] = Future()
+    me = Peer("unix-abstract:me", True, 0, 0, os.getpid())
+    service._posted[1] = Posted(
+        queued, pb.ModelInferRequest(), [], "1", Peer("gone", True, 0, 0, pid)
+    )
+    service._posted[2] = Posted(mine, pb.ModelInferRequest(), [], "1", me)
+    assert service.release_orphans() == 1
+    assert queued.cancelled() and not mine.cancelled()
+    assert list(service._posted) == [2]

@@ -75,8 +75,8 @@ class Daemon:
         )
         service = InferenceService(self.repository, self.regions, self.identify, self.ready)
         pbg.add_GRPCInferenceServiceServicer_to_server(service, self.server)
-        extension = RuntimeService(self.runtime, self.repository, self.regions, self.identify)
-        v1_grpc.add_RuntimeServicer_to_server(extension, self.server)  # type: ignore[no-untyped-call]
+        self.extension = RuntimeService(self.runtime, self.repository, self.regions, self.identify)
+        v1_grpc.add_RuntimeServicer_to_server(self.extension, self.server)  # type: ignore[no-untyped-call]
         self._stopping = threading.Event()
         self._sweeper = threading.Thread(target=self._sweep, name="crossrt-sweep", daemon=True)
         try:
@@ -158,6 +158,8 @@ class Daemon:
                 log.info("released region %s: its process has died", name)
             for name in self.repository.release_orphans():
                 log.info("unloaded model %s: the process that sent it has died", name)
+            if dropped := self.extension.release_orphans():
+                log.info("dropped %d posted requests of processes that have died", dropped)
 
     def install_signals(self) -> None:
         """SIGTERM and SIGINT stop, SIGHUP rescans; call from the main thread.

@@ -19,6 +19,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from ..compiler import load_executable
 from ..compiler.layout import MAGIC
+from ..host import process_alive
 from ..runtime import LoadedModel, Runtime
 from ..runtime.cores.groups import CoreGroup
 from ..runtime.cores.reservation import core_owners
@@ -190,6 +191,17 @@ class RuntimeService(v1_grpc.RuntimeServicer):
                 f"no request posted with cookie {cookie} (waited for already, or not yours)",
             )
         return posted
+
+    def release_orphans(self) -> int:
+        """Drop the posted requests of processes that have died (cancelled if still
+        queued); how many."""
+        with self._lock:
+            dead = [
+                c for c, p in self._posted.items() if p.peer.pid and not process_alive(p.peer.pid)
+            ]
+            for cookie in dead:
+                self._posted.pop(cookie).future.cancel()
+        return len(dead)
 
     def _forget(self, cookie: int) -> None:
         with self._lock:
