@@ -28,6 +28,11 @@ def test_remote_outputs_are_the_in_process_ones(daemon: Daemon) -> None:
         got = model.run({"x": x})
         assert got.keys() == local.keys()
         np.testing.assert_array_equal(got["y"], local["y"])
+        triton = tc.InferInput("x", [4, 8], "FP32")
+        triton.set_data_from_numpy(x)
+        np.testing.assert_array_equal(
+            daemon.client().infer("tiny", [triton]).as_numpy("y"), got["y"]
+        )
         np.testing.assert_array_equal(model.run_async(x).result()["y"], local["y"])
         np.testing.assert_array_equal(asyncio.run(model.infer(x))["y"], local["y"])
         assert model.statistics().inference_stats.success.count >= 3

@@ -23,7 +23,7 @@ def parser() -> argparse.ArgumentParser:
         prog="crossrt serve",
         description="Serve models over gRPC (KServe v2 inference protocol, with Triton's "
         "model repository, statistics and system shared-memory extensions), so tritonclient "
-        "and perf_analyzer work unchanged. Default endpoint: crossrt.sock in the runtime "
+        "works unchanged. Default endpoint: crossrt.sock in the runtime "
         "directory. SIGTERM drains and stops; SIGHUP rescans the model repository.",
     )
     p.add_argument(
