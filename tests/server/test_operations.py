@@ -7,6 +7,7 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import threading
 import time
 import urllib.request
@@ -177,6 +178,15 @@ def test_command_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert "log level 'loud'" in capsys.readouterr().err
     assert cli.main(["serve", "-x", "-g", "nowhere.example:80"]) == 1
     assert "not an IP address" in capsys.readouterr().err
+    with socket.socket() as taken:  # a metrics port in use: one error line, status 1
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        sock = tmp_path / "m.sock"
+        args = ["serve", "-x", "-g", f"unix:{sock}", "--metrics", f"127.0.0.1:{port}"]
+        assert cli.main(args) == 1
+    assert "cannot serve metrics" in capsys.readouterr().err
+    assert not sock.exists()
 
 
 def test_killed_client_and_killed_daemon(tmp_path: Path) -> None:

@@ -78,6 +78,8 @@ class Daemon:
         self.extension = RuntimeService(self.runtime, self.repository, self.regions, self.identify)
         v1_grpc.add_RuntimeServicer_to_server(self.extension, self.server)  # type: ignore[no-untyped-call]
         self._stopping = threading.Event()
+        self._previous: dict[int, Any] = {}
+        self._previous_wakeup = -1
         self._sweeper = threading.Thread(target=self._sweep, name="crossrt-sweep", daemon=True)
         try:
             self._listen(inner)
@@ -140,7 +142,13 @@ class Daemon:
         if self.options.metrics:
             from .metrics import serve_metrics
 
-            self._metrics = serve_metrics(self.options.metrics, self.statistics)
+            try:
+                self._metrics = serve_metrics(self.options.metrics, self.statistics)
+            except OSError as exc:
+                raise OutOfResourcesError(
+                    f"cannot serve metrics on {self.options.metrics}: {exc.strerror}; choose "
+                    "another --metrics HOST:PORT"
+                ) from None
             log.info("serving Prometheus metrics on http://%s/metrics", self.options.metrics)
         # Explicit model control loads only the config file's [[models]] at start.
         self.repository.load_all(pinned_only=self.options.model_control == "explicit")
@@ -172,9 +180,10 @@ class Daemon:
         self._wakeup, writer = socket.socketpair()
         writer.setblocking(False)
         self._wakeup_writer = writer
-        signal.set_wakeup_fd(writer.fileno())
+        self._previous_wakeup = signal.set_wakeup_fd(writer.fileno())
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(signum, lambda *_: None)  # the wakeup socket carries it
+            # the wakeup socket carries it; stop() puts the caller's handlers back
+            self._previous[signum] = signal.signal(signum, lambda *_: None)
 
     def wait(self) -> None:
         """Serve until SIGTERM or SIGINT (or :meth:`request_stop`); rescan on SIGHUP."""
@@ -209,6 +218,12 @@ class Daemon:
         self.repository.close()
         self.regions.close()
         self.runtime.close()
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        if self._previous:
+            signal.set_wakeup_fd(self._previous_wakeup)
+            self._wakeup.close()
+            self._wakeup_writer.close()
         log.info("stopped")
 
     def _close_sockets(self) -> None:

@@ -12,6 +12,7 @@ import logging.handlers
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from ..errors import CrossrtError
 from .common import fail
@@ -58,8 +59,8 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def configure_logging(level: int, console: bool) -> None:
-    """Console or syslog handlers on the ``crossrt`` logger."""
+def configure_logging(level: int, console: bool) -> logging.Handler:
+    """A console or syslog handler on the ``crossrt`` logger (returned, to remove)."""
     logger = logging.getLogger("crossrt")
     logger.setLevel(level)
     handler: logging.Handler
@@ -72,6 +73,7 @@ def configure_logging(level: int, console: bool) -> None:
             logging.Formatter("%(asctime)s crossrt serve %(levelname)s %(message)s")
         )
     logger.addHandler(handler)
+    return handler
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -100,16 +102,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         options = build(args.config, given)
     except CrossrtError as exc:
         return fail("serve", exc)
-    configure_logging(options.level, options.console)
+    handler = configure_logging(options.level, options.console)
     try:
-        daemon = Daemon(options)
+        return serve(Daemon, options)
+    finally:
+        logging.getLogger("crossrt").removeHandler(handler)
+
+
+def serve(make: Any, options: Any) -> int:
+    """Start a daemon, serve until SIGTERM, stop it; the exit status."""
+    log = logging.getLogger("crossrt.serve")
+    try:
+        daemon = make(options)
     except CrossrtError as exc:
-        logging.getLogger("crossrt.serve").error("cannot start: %s", exc)
+        log.error("cannot start: %s", exc)
         return fail("serve", exc)
     daemon.install_signals()
     try:
         daemon.start()
         daemon.wait()
+    except CrossrtError as exc:
+        log.error("cannot serve: %s", exc)
+        return fail("serve", exc)
     finally:
         daemon.stop()
     return 0
