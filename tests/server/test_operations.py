@@ -6,8 +6,10 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
+import subprocess
 import threading
 import time
 import urllib.request
@@ -164,6 +166,9 @@ def test_endpoints_and_config(tmp_path: Path) -> None:
     config.write_text("bogus = 1\n")
     with pytest.raises(crossrt.InvalidOptionError, match="unknown setting"):
         build(str(config), {})
+    config.write_text('tls_cert = "c.pem"\n')
+    with pytest.raises(crossrt.InvalidOptionError, match="both tls_cert and tls_key"):
+        build(str(config), {})
     config.write_text('[[models]]\nname = "a"\npath = "a.crm"\ninstances = 0\n')
     with pytest.raises(crossrt.InvalidArgumentError, match="whole number"):
         build(str(config), {})
@@ -253,3 +258,34 @@ def test_killed_client_and_killed_daemon(tmp_path: Path) -> None:
     finally:
         if first.proc.poll() is None:
             first.stop()
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl makes the test certificate")
+def test_tls_on_tcp(tmp_path: Path) -> None:
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+         "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    repository = tmp_path / "models"
+    repository.mkdir()
+    crossrt.compile(tiny(), "cpu").save(repository / "tiny.crm")
+    config = tmp_path / "tls.toml"
+    config.write_text(f'tls_cert = "{cert}"\ntls_key = "{key}"\n')
+    port = free_port()
+    d = start_daemon(tmp_path, repository, ["-c", str(config), "-g", f"127.0.0.1:{port}"])
+    try:
+        secure = tc.InferenceServerClient(
+            f"127.0.0.1:{port}", ssl=True, root_certificates=str(cert)
+        )
+        assert secure.get_server_metadata().name == "crossrt"
+        with pytest.raises(InferenceServerException):
+            tc.InferenceServerClient(f"127.0.0.1:{port}").get_server_metadata(client_timeout=5)
+        with connect(f"127.0.0.1:{port}", tls_ca=cert) as remote:
+            y = remote.load("tiny").run(np.ones((4, 8), np.float32))["y"]
+            assert y.shape == (4, 8)
+        assert d.client().is_server_ready()  # the Unix socket needs no TLS
+    finally:
+        assert d.stop() == 0

@@ -54,6 +54,7 @@ def connect(
     token: str | None = None,
     shm_threshold: int | None = SHM_THRESHOLD,
     timeout: float | None = None,
+    tls_ca: str | os.PathLike[str] | None = None,
 ) -> RemoteRuntime:
     """A :class:`RemoteRuntime` on the daemon at ``endpoint`` (as ``crossrt serve -g`` takes
     it; default the daemon's default Unix socket).
@@ -63,6 +64,8 @@ def connect(
         shm_threshold: bytes from which a request's tensors go through shared memory on a
             local daemon; ``None`` never.
         timeout: seconds each call may take.
+        tls_ca: for a daemon serving TLS on TCP, the CA certificate (PEM file) to check its
+            certificate against.
 
     Raises:
         ClosedError: no daemon answers there.
@@ -70,14 +73,22 @@ def connect(
     from .settings import default_endpoint
 
     where = parse_endpoint(endpoint) if endpoint else default_endpoint()
-    return RemoteRuntime(str(where), token, shm_threshold, timeout)
+    credentials = None
+    if tls_ca is not None:
+        credentials = grpc.ssl_channel_credentials(Path(tls_ca).read_bytes())
+    return RemoteRuntime(str(where), token, shm_threshold, timeout, credentials)
 
 
 class RemoteRuntime:
     """The daemon's models with :class:`crossrt.Runtime`'s calls (made by :func:`connect`)."""
 
     def __init__(
-        self, target: str, token: str | None, shm_threshold: int | None, timeout: float | None
+        self,
+        target: str,
+        token: str | None,
+        shm_threshold: int | None,
+        timeout: float | None,
+        credentials: Any = None,
     ) -> None:
         self.endpoint = target
         local = target.startswith("unix:") or target.split(":")[0] in (
@@ -88,14 +99,16 @@ class RemoteRuntime:
         self.shm_threshold = shm_threshold if local else None
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._timeout = timeout
-        self._channel = grpc.insecure_channel(
-            target,
-            options=[
-                ("grpc.max_receive_message_length", -1),
-                ("grpc.max_send_message_length", -1),
-                ("grpc.initial_reconnect_backoff_ms", 200),
-                ("grpc.max_reconnect_backoff_ms", 2000),
-            ],
+        options = [
+            ("grpc.max_receive_message_length", -1),
+            ("grpc.max_send_message_length", -1),
+            ("grpc.initial_reconnect_backoff_ms", 200),
+            ("grpc.max_reconnect_backoff_ms", 2000),
+        ]
+        self._channel = (
+            grpc.insecure_channel(target, options=options)
+            if credentials is None
+            else grpc.secure_channel(target, credentials, options=options)
         )
         self._stub = pbg.GRPCInferenceServiceStub(self._channel)
         self._v1 = v1_grpc.RuntimeStub(self._channel)  # type: ignore[no-untyped-call]

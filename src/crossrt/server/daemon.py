@@ -24,7 +24,7 @@ from typing import Any
 import grpc
 from tritonclient.grpc import service_pb2_grpc as pbg
 
-from ..errors import OutOfResourcesError
+from ..errors import InvalidOptionError, OutOfResourcesError
 from ..host import owned_name, remove_orphans
 from ..runtime import Runtime
 from ..runtime.statistics import ModelStatistics
@@ -42,6 +42,20 @@ log = logging.getLogger("crossrt.serve")
 _INNER_PREFIX = "crossrt-serve-"
 SWEEP_SECONDS = 5.0
 """How often the regions and models of dead clients are looked for."""
+
+
+def tls_credentials(options: ServeOptions) -> Any:
+    """gRPC server credentials for the TCP endpoints when a certificate is configured (a
+    client certificate signed by ``tls_client_ca`` required when one is); else ``None``.
+    The Unix socket needs none: the kernel says who is at the other end."""
+    if options.tls_cert is None or options.tls_key is None:
+        return None
+    try:
+        pair = (Path(options.tls_key).read_bytes(), Path(options.tls_cert).read_bytes())
+        ca = Path(options.tls_client_ca).read_bytes() if options.tls_client_ca else None
+    except OSError as exc:
+        raise InvalidOptionError(f"cannot read TLS file {exc.filename}: {exc.strerror}") from None
+    return grpc.ssl_server_credentials([pair], root_certificates=ca, require_client_auth=bool(ca))
 
 
 class Daemon:
@@ -90,6 +104,7 @@ class Daemon:
 
     def _listen(self, inner: str) -> None:
         endpoints = self.options.endpoints()
+        credentials = tls_credentials(self.options)
         if any(e.kind == "unix" for e in endpoints):
             self.server.add_insecure_port(f"unix:{inner}")
         for endpoint in endpoints:
@@ -105,7 +120,10 @@ class Daemon:
                 continue
             why = "in use, or not an address of this host"
             try:
-                port = self.server.add_insecure_port(endpoint.address)
+                if credentials is None:
+                    port = self.server.add_insecure_port(endpoint.address)
+                else:
+                    port = self.server.add_secure_port(endpoint.address, credentials)
             except RuntimeError as exc:
                 port, why = 0, str(exc)
             if not port:

@@ -2,8 +2,10 @@
 
 Every command-line option has a key of the same name in the file (``model_repository``,
 ``model_control``, ``metrics``, ``token``, ``cores``, ``log_level``, ``console``,
-``endpoint``), plus ``drain_seconds``, ``threads``, ``socket_mode`` and ``[[models]]`` tables
-(``name``, ``path`` and the load parameters) loaded at start. The command line wins.
+``endpoint``), plus ``drain_seconds``, ``threads``, ``socket_mode``, ``tls_cert`` /
+``tls_key`` / ``tls_client_ca`` (PEM files: TLS on the TCP endpoints, client certificates
+required when a CA is given) and ``[[models]]`` tables (``name``, ``path`` and the load
+parameters) loaded at start. The command line wins.
 """
 
 from __future__ import annotations
@@ -92,6 +94,9 @@ class ServeOptions:
     drain_seconds: float = 30.0
     threads: int = 16
     socket_mode: int = 0o660
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
     models: tuple[Entry, ...] = field(default_factory=tuple)
 
     def endpoints(self) -> list[Endpoint]:
@@ -168,6 +173,12 @@ def _check(options: ServeOptions) -> None:
         _, sep, port = options.metrics.rpartition(":")
         if not sep or not port.isdigit():
             raise InvalidOptionError(f"--metrics {options.metrics!r}: give HOST:PORT")
+    if (options.tls_cert is None) != (options.tls_key is None) or (
+        options.tls_client_ca and not options.tls_cert
+    ):
+        raise InvalidOptionError(
+            "TLS needs both tls_cert and tls_key (PEM files), and tls_client_ca only with them"
+        )
     if not options.drain_seconds >= 0 or options.threads < 1:
         raise InvalidOptionError("drain_seconds must be >= 0 and threads >= 1")
     options.endpoints()  # each one checked now
