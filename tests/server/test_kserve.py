@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import queue
+import threading
 import urllib.request
 from typing import Any
 
@@ -177,3 +178,27 @@ def test_statistics_and_metrics(daemon: Daemon, client: tc.InferenceServerClient
         "crossrt_inference_pending_request_count",
     ):
         assert f'{name}{{model="relu",version="2"}}' in text, name
+
+
+def test_sixteen_clients_every_answer_checked(daemon: Daemon) -> None:
+    """16 clients x 500 requests at once, each with its own input: every answer is its own."""
+    wrong: list[int] = []
+    right: list[int] = []
+
+    def client(k: int) -> None:
+        c = daemon.client()
+        rng = np.random.default_rng(100 + k)
+        for _ in range(500):
+            x = rng.random((4, 8), dtype=np.float32)
+            y = c.infer("tiny", [tiny_input(x)]).as_numpy("y")
+            ok = y is not None and np.allclose(y, x @ W + 1, rtol=1e-5)
+            (right if ok else wrong).append(k)
+        c.close()
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads)
+    assert wrong == [] and len(right) == 16 * 500
