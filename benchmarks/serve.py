@@ -11,7 +11,7 @@ For each model (tiny, the ResNet-50-like model of models.py with its 600 KB inpu
 
 Each with 1 client and with N client threads (``--clients``, default 4), for ``--seconds``
 each (every request's latency recorded): p50/p99 latency and throughput. Outputs are checked
-against in-process ones once per variant.
+against in-process ones once per variant. Then the daemon's RSS over 10,000 tiny requests.
 
     python benchmarks/serve.py                       # ~1.5 min on 2 cores
     python benchmarks/serve.py --models tiny --seconds 1
@@ -95,6 +95,12 @@ def measure(run: Callable[[], Any], clients: int, seconds: float) -> dict[str, f
     }
 
 
+def rss_kib(pid: int) -> int:
+    """A process's resident memory (``VmRSS``), KiB."""
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS"))
+
+
 def start_daemon(folder: Path) -> subprocess.Popen[str]:
     """``crossrt serve`` on ``folder/d.sock`` serving ``folder/models``; once it is ready."""
     command = [sys.executable, "-m", "crossrt", "serve", "-x", "-g", f"unix:{folder}/d.sock"]
@@ -111,6 +117,7 @@ def start_daemon(folder: Path) -> subprocess.Popen[str]:
 
 def run_all(names: Sequence[str], clients: int, seconds: float) -> dict[str, Any]:
     rows = []
+    soak = None
     with tempfile.TemporaryDirectory(prefix="crossrt-bench-serve-") as tmp:
         folder = Path(tmp)
         (folder / "models").mkdir()
@@ -143,6 +150,18 @@ def run_all(names: Sequence[str], clients: int, seconds: float) -> dict[str, Any
                             rows.append({"model": name, "variant": variant, "clients": n, **result})
                             print(_row(rows[-1]), flush=True)
                     local.unload()
+            soak = None
+            if "tiny" in names:  # the daemon's memory over 10,000 requests, after warm-up
+                tiny_model = protobuf.load("tiny")
+                x = {"x": inputs["tiny"]}
+                for _ in range(1000):
+                    tiny_model.run(x)
+                before = rss_kib(daemon.pid)
+                for _ in range(10_000):
+                    tiny_model.run(x)
+                soak = {"requests": 10_000, "rss_before_kib": before,
+                        "rss_growth_kib": rss_kib(daemon.pid) - before}  # fmt: skip
+                print(f"daemon RSS over 10,000 requests: {soak}", flush=True)
             protobuf.close()
             shared.close()
         finally:
@@ -155,6 +174,7 @@ def run_all(names: Sequence[str], clients: int, seconds: float) -> dict[str, Any
         "seconds": seconds,
         "rows": rows,
         "ratios": ratios(rows, clients),
+        "soak": soak,
     }
 
 
@@ -195,6 +215,14 @@ def markdown(report: dict[str, Any]) -> str:
         *(_row(r) for r in report["rows"]),
         "",
         *(f"- {k}: {v:.2f}" for k, v in report["ratios"].items()),
+        *(
+            [
+                f"- daemon RSS growth over {report['soak']['requests']:,} tiny requests after "
+                f"warm-up: {report['soak']['rss_growth_kib']} KiB"
+            ]
+            if report.get("soak")
+            else []
+        ),
         "",
     ]
     return "\n".join(lines)
