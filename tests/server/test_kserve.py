@@ -152,9 +152,10 @@ def test_statistics_and_metrics(daemon: Daemon, client: tc.InferenceServerClient
     i.set_data_from_numpy(x)
     for _ in range(3):
         client.infer("relu", [i])
-    with pytest.raises(InferenceServerException):
+    with pytest.raises(InferenceServerException):  # refused before it reaches the model
         client.infer("relu", [tiny_input(np.ones((4, 8), np.float32))])
     stats = client.get_inference_statistics("relu").model_stats[0]
+    assert stats.inference_stats.fail.count == before.inference_stats.fail.count + 1
     assert (stats.name, stats.version) == ("relu", "2")
     s = stats.inference_stats
     assert s.success.count == before.inference_stats.success.count + 3
@@ -168,8 +169,9 @@ def test_statistics_and_metrics(daemon: Daemon, client: tc.InferenceServerClient
         f'crossrt_inference_request_success_total{{model="relu",version="2"}} {s.success.count}.0'
     )
     assert line in text
+    failed = f'crossrt_inference_request_failure_total{{model="relu",version="2"}} {s.fail.count}.0'
+    assert failed in text
     for name in (
-        "crossrt_inference_request_failure_total",
         "crossrt_inference_count_total",
         "crossrt_inference_exec_count_total",
         "crossrt_inference_request_duration_us_total",

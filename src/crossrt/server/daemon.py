@@ -142,10 +142,11 @@ class Daemon:
         """Whether the daemon takes requests."""
         return self._ready and not self.gate.closing
 
-    def statistics(self) -> list[tuple[str, str, ModelStatistics]]:
-        """(model, version, statistics) of every loaded model."""
+    def statistics(self) -> list[tuple[str, str, ModelStatistics, int]]:
+        """(model, version, statistics, requests refused before the model) of every loaded
+        model."""
         return [
-            (e.name, e.version, e.model.statistics())
+            (e.name, e.version, e.model.statistics(), e.refused)
             for e in self.repository.loaded()
             if e.model is not None
         ]

@@ -142,8 +142,14 @@ class RuntimeService(v1_grpc.RuntimeServicer):
         infer = pb.ModelInferRequest.FromString(request.model_infer_request)
         entry, model = self._repository.get(infer.model_name, infer.model_version)
         peer = self._identify(context.peer())
-        feed = decode_inputs(infer, model.inputs, lambda n, o, s: self._regions.read(n, o, s, peer))
-        chosen = requested_outputs(infer, model.outputs)
+        try:
+            feed = decode_inputs(
+                infer, model.inputs, lambda n, o, s: self._regions.read(n, o, s, peer)
+            )
+            chosen = requested_outputs(infer, model.outputs)
+        except Exception:
+            entry.count_refused()
+            raise
         with self._lock:
             if len(self._posted) >= MAX_POSTED:
                 raise ServiceError(

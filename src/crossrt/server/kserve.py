@@ -42,16 +42,19 @@ except PackageNotFoundError:  # a source tree
     VERSION = "0.0.0+source"
 
 
-def model_statistics(name: str, model_version: str, s: ModelStatistics) -> pb.ModelStatistics:
+def model_statistics(
+    name: str, model_version: str, s: ModelStatistics, refused: int = 0
+) -> pb.ModelStatistics:
     """One model's statistics in Triton's fields (the runtime keeps them:
-    ``LoadedModel.statistics()``, docs/statistics.md)."""
+    ``LoadedModel.statistics()``, docs/statistics.md), with the ``refused`` requests the
+    daemon turned away before they reached the model counted as failures."""
 
     def duration(count: int, ns: int) -> pb.StatisticDuration:
         return pb.StatisticDuration(count=count, ns=ns)
 
     infer = pb.InferStatistics(
         success=duration(s.success, s.latency.ns),
-        fail=duration(s.failure, 0),
+        fail=duration(s.failure + refused, 0),
         queue=duration(s.queue.count, s.queue.ns),
         compute_input=duration(s.compute_input.count, s.compute_input.ns),
         compute_infer=duration(s.compute_infer.count, s.compute_infer.ns),
@@ -191,10 +194,14 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
                 peer.append(self._identify(context.peer()))
             return peer[0]
 
-        feed = decode_inputs(
-            request, model.inputs, lambda n, o, s: self.regions.read(n, o, s, caller())
-        )
-        chosen = requested_outputs(request, model.outputs)
+        try:
+            feed = decode_inputs(
+                request, model.inputs, lambda n, o, s: self.regions.read(n, o, s, caller())
+            )
+            chosen = requested_outputs(request, model.outputs)
+        except Exception:
+            entry.count_refused()
+            raise
         results = model.run(feed)
         response = pb.ModelInferResponse(
             model_name=entry.name, model_version=entry.version, id=request.id
@@ -212,7 +219,7 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
         else:
             entries = self.repository.loaded()
         stats = [
-            model_statistics(e.name, e.version, e.model.statistics())
+            model_statistics(e.name, e.version, e.model.statistics(), e.refused)
             for e in entries
             if e.model is not None
         ]

@@ -28,12 +28,13 @@ from prometheus_client.core import Metric
 
 from ..runtime.statistics import ModelStatistics
 
-StatisticsSource = Callable[[], list[tuple[str, str, ModelStatistics]]]
-"""``() -> [(model, version, statistics)]`` of the loaded models."""
+StatisticsSource = Callable[[], list[tuple[str, str, ModelStatistics, int]]]
+"""``() -> [(model, version, statistics, refused)]`` of the loaded models: ``refused``
+requests the daemon turned away before they reached the model count as failures."""
 
 _COUNTERS: tuple[tuple[str, str, Callable[[ModelStatistics], float]], ...] = (
     ("inference_request_success", "successful inference requests", lambda s: s.success),
-    ("inference_request_failure", "failed inference requests", lambda s: s.failure),
+    ("inference_request_failure", "failed inference requests", lambda s: s.failure),  # + refused
     ("inference_count", "inferences performed (batch 1: one per request)", lambda s: s.success),
     (
         "inference_exec_count",
@@ -80,13 +81,14 @@ class ModelCollector:
         for suffix, doc, read in _COUNTERS:
             name = self._prefix + suffix
             metric = Metric(name, doc, "counter")
-            for model, version, stats in rows:
+            for model, version, stats, refused in rows:
                 labels = {"model": model, "version": version}
-                metric.add_sample(name + "_total", labels, float(read(stats)))
+                extra = refused if suffix == "inference_request_failure" else 0
+                metric.add_sample(name + "_total", labels, float(read(stats) + extra))
             yield metric
         name = self._prefix + "inference_pending_request_count"
         gauge = Metric(name, "requests received and not finished (queued or running)", "gauge")
-        for model, version, stats in rows:
+        for model, version, stats, _ in rows:
             gauge.add_sample(name, {"model": model, "version": version}, float(stats.in_flight))
         yield gauge
 

@@ -108,6 +108,16 @@ class Entry:
     reason: str = "not loaded"
     stamp: tuple[int, int] = (0, 0)  # the file's (mtime_ns, size) when loaded
     owner: int = 0  # the process that sent it (crossrt.v1 Load): unloaded when it dies
+    refused: int = 0  # requests the daemon refused before they reached the model
+
+    def count_refused(self) -> None:
+        """One more request refused before it reached the model (its runtime statistics
+        never saw it); a failure in ModelStatistics and the metrics."""
+        with _refusals:
+            self.refused += 1
+
+
+_refusals = threading.Lock()
 
 
 def discover(directory: Path) -> dict[str, tuple[str, Path]]:
@@ -219,7 +229,7 @@ class Repository:
                 if entry.model is not None:  # the old one serves on
                     entry.state, entry.reason = "READY", f"reload failed: {exc}"
                 raise
-            old, entry.model, entry.options = entry.model, model, options
+            old, entry.model, entry.options, entry.refused = entry.model, model, options, 0
             entry.state, entry.reason, entry.stamp = "READY", "", _stamp(entry.path)
             log.info("loaded model %s version %s from %s", name, entry.version, entry.path)
         if old is not None:
