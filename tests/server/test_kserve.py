@@ -126,6 +126,10 @@ def test_repository_load_and_unload(daemon: Daemon, client: tc.InferenceServerCl
     assert "whole number" in info.value.message()
     assert client.is_model_ready("adder")  # a failed reload leaves the old one serving
     with pytest.raises(InferenceServerException) as info:
+        _load_with_parameters(daemon, "adder", {"precision": "bf16"})
+    assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "compiled already" in info.value.message()  # a .crm: precision was chosen then
+    with pytest.raises(InferenceServerException) as info:
         client.load_model("missing")
     assert info.value.status() == "StatusCode.NOT_FOUND"
 

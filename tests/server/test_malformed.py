@@ -84,6 +84,8 @@ CASES: dict[str, tuple[Callable[[], pb.ModelInferRequest], grpc.StatusCode, str]
                        "expected datatype FP32"),
     "unknown datatype": (lambda: request(datatype="FLOAT"), grpc.StatusCode.INVALID_ARGUMENT,
                          "expected datatype FP32"),
+    "BYTES for a tensor": (lambda: request(datatype="BYTES"), grpc.StatusCode.INVALID_ARGUMENT,
+                           "expected datatype FP32"),
     "shape mismatch": (lambda: request(shape=(4, 9)), grpc.StatusCode.INVALID_ARGUMENT,
                        "expected shape [4,8]"),
     "rank mismatch": (lambda: request(shape=(32,)), grpc.StatusCode.INVALID_ARGUMENT,
@@ -179,3 +181,15 @@ def test_stream_error_keeps_the_stream(stub: pbg.GRPCInferenceServiceStub) -> No
     assert "INVALID_ARGUMENT" in answers[0].error_message
     assert not answers[1].error_message
     assert len(answers[1].infer_response.raw_output_contents[0]) == X.nbytes
+
+
+def test_a_string_tensor_is_refused_as_unimplemented() -> None:
+    from crossrt import dtypes
+    from crossrt.model import TensorSpec
+    from crossrt.server.status import ServiceError
+    from crossrt.server.tensors import kserve_type
+
+    with pytest.raises(ServiceError) as info:
+        kserve_type(TensorSpec("text", dtypes.from_name("string"), (1,)))
+    assert info.value.status == grpc.StatusCode.UNIMPLEMENTED
+    assert "run this model in-process" in info.value.message

@@ -289,3 +289,15 @@ def test_tls_on_tcp(tmp_path: Path) -> None:
         assert d.client().is_server_ready()  # the Unix socket needs no TLS
     finally:
         assert d.stop() == 0
+
+
+def test_default_endpoint_is_in_the_runtime_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CROSSRT_RUNTIME_DIR", str(tmp_path / "run"))
+    (endpoint,) = ServeOptions().endpoints()
+    assert (endpoint.kind, endpoint.address) == ("unix", str(tmp_path / "run" / "crossrt.sock"))
+    monkeypatch.delenv("CROSSRT_RUNTIME_DIR")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "xdg"))
+    (endpoint,) = ServeOptions().endpoints()
+    assert endpoint.address == str(tmp_path / "xdg" / "crossrt" / "crossrt.sock")
