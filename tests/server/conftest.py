@@ -1,4 +1,5 @@
-"""Fixtures: one daemon shared by the folder's tests (serving.py starts it)."""
+"""Fixtures: one daemon shared by the folder's tests (serving.py starts it). Nothing of the
+serve extra is imported here: without it, each test module skips itself with the reason."""
 
 from __future__ import annotations
 
@@ -6,16 +7,13 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-pytest.importorskip("grpc", reason="crossrt serve needs grpcio: pip install 'crossrt[serve]'")
-pytest.importorskip(
-    "tritonclient.grpc", reason="the daemon tests drive it with tritonclient[grpc] (serve extra)"
-)
-
-import tritonclient.grpc as tc
-from serving import Daemon, free_port, make_repository, start_daemon
+if TYPE_CHECKING:
+    import tritonclient.grpc as tc
+    from serving import Daemon
 
 
 @pytest.fixture(scope="session")
@@ -31,6 +29,8 @@ def served_folder() -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def daemon(served_folder: Path) -> Iterator[Daemon]:
     """One daemon for the folder, with metrics on a loopback port."""
+    from serving import free_port, make_repository, start_daemon
+
     repository = make_repository(served_folder / "models")
     port = free_port()
     d = start_daemon(served_folder, repository, ["--metrics", f"127.0.0.1:{port}"])

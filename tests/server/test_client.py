@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import asyncio
 
-import numpy as np
 import pytest
+
+pytest.importorskip("grpc", reason="the serve extra is not installed: pip install crossrt[serve]")
+pytest.importorskip("tritonclient.grpc", reason="the serve extra is not installed")
+
+import numpy as np
 import tritonclient.grpc as tc
 from serving import Daemon
 

@@ -6,8 +6,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
+
+pytest.importorskip("grpc", reason="the serve extra is not installed: pip install crossrt[serve]")
+pytest.importorskip("tritonclient.grpc", reason="the serve extra is not installed")
+
+import numpy as np
 import tritonclient.grpc as tc
 from serving import Daemon, start_daemon
 

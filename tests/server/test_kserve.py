@@ -9,8 +9,12 @@ import threading
 import urllib.request
 from typing import Any
 
-import numpy as np
 import pytest
+
+pytest.importorskip("grpc", reason="the serve extra is not installed: pip install crossrt[serve]")
+pytest.importorskip("tritonclient.grpc", reason="the serve extra is not installed")
+
+import numpy as np
 import tritonclient.grpc as tc
 import tritonclient.utils.shared_memory as shm
 from serving import Daemon

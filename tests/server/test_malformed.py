@@ -7,9 +7,13 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 
+import pytest
+
+pytest.importorskip("grpc", reason="the serve extra is not installed: pip install crossrt[serve]")
+pytest.importorskip("tritonclient.grpc", reason="the serve extra is not installed")
+
 import grpc
 import numpy as np
-import pytest
 import tritonclient.utils.shared_memory as shm
 from serving import Daemon
 from tritonclient.grpc import service_pb2 as pb

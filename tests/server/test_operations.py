@@ -17,8 +17,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
+
+pytest.importorskip("grpc", reason="the serve extra is not installed: pip install crossrt[serve]")
+pytest.importorskip("tritonclient.grpc", reason="the serve extra is not installed")
+
+import numpy as np
 import tritonclient.grpc as tc
 import tritonclient.utils.shared_memory as shm
 from serving import Daemon, free_port, start_daemon

@@ -13,9 +13,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+pytest.importorskip("grpc", reason="the serve extra is not installed: pip install crossrt[serve]")
+pytest.importorskip("tritonclient.grpc", reason="the serve extra is not installed")
+
 import grpc
 import numpy as np
-import pytest
 import tritonclient.grpc as tc
 import tritonclient.utils.shared_memory as shm
 from serving import Daemon
