@@ -5,6 +5,10 @@ refused by name; the precision recorded and keyed in the cache."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import onnx
@@ -95,3 +99,28 @@ def test_the_cache_keeps_precisions_apart(tmp_path) -> None:
     )
     assert one.options.precision is None and two.options.precision == "int8-dynamic"
     assert len(crossrt.CompileCache(tmp_path).entries()) == 2
+
+
+def _benchmark_models() -> ModuleType:
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "models.py"
+    spec = importlib.util.spec_from_file_location("crossrt_benchmark_models_precision", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_int8_dynamic_on_the_resnet_like_model() -> None:
+    # Conv stays float (ConvInteger is slower than float on ORT's CPU provider); the
+    # classifier's Gemm gets int8 weights, so the logits move a little, not much.
+    model = _benchmark_models().build_resnet(
+        layers=(1, 1), width=8, num_classes=10, image_size=32, batch=1
+    )
+    image = {"input": np.random.default_rng(2).standard_normal((1, 3, 32, 32), np.float32)}
+    exe = crossrt.compile(model, "cpu", driver="onnxruntime", precision="int8-dynamic")
+    with crossrt.Runtime() as rt:
+        (full,) = rt.load(crossrt.compile(model, "cpu", driver="onnxruntime")).run(image).values()
+        (reduced,) = rt.load(exe).run(image).values()
+    assert not np.array_equal(reduced, full)
+    np.testing.assert_allclose(reduced, full, atol=0.05 * float(np.abs(full).max()))
