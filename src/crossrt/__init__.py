@@ -69,6 +69,21 @@ from .runtime.request import Request
 
 config.apply_log_level()
 
+
+def __getattr__(name: str) -> object:
+    # connect needs the serve extra (grpcio, tritonclient): imported on first use so that
+    # `import crossrt` works without it.
+    if name in ("connect", "RemoteRuntime"):
+        try:
+            from .server import client
+        except ImportError as e:
+            raise ImportError(
+                f"crossrt.{name} needs the serve extra: pip install 'crossrt[serve]' ({e})"
+            ) from e
+        return getattr(client, name)
+    raise AttributeError(f"module 'crossrt' has no attribute {name!r}")
+
+
 try:
     __version__ = _version("crossrt")
 except PackageNotFoundError:  # running from a source tree
@@ -112,6 +127,7 @@ __all__ = [
     "Placement",
     "Priority",
     "Program",
+    "RemoteRuntime",
     "Request",
     "Runtime",
     "StatusCode",
@@ -124,6 +140,7 @@ __all__ = [
     "__version__",
     "cache_stats",
     "compile",
+    "connect",
     "driver_statuses",
     "dtypes",
     "executables_to_bytes",

@@ -42,6 +42,11 @@ def test_remote_outputs_are_the_in_process_ones(daemon: Daemon) -> None:
         assert model.statistics().inference_stats.success.count >= 3
 
 
+def test_connect_is_exported_from_the_package_root() -> None:
+    assert crossrt.connect is connect
+    assert crossrt.RemoteRuntime.__name__ == "RemoteRuntime"
+
+
 def test_large_tensors_go_through_shared_memory(
     daemon: Daemon, client: tc.InferenceServerClient
 ) -> None:

@@ -11,6 +11,8 @@ re-exported from.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -411,3 +413,14 @@ def test_cycle_finder_finds_type_only_and_lazy_cycles() -> None:
         ["crossrt.runtime.a", "crossrt.runtime.b", "crossrt.runtime.c"]
     ]
     assert import_cycles(import_graph(sources[:2] + sources[3:])) == []
+
+
+def test_import_crossrt_needs_no_serve_extra() -> None:
+    """``crossrt.connect`` is imported on first use: ``import crossrt`` loads no grpc."""
+    code = (
+        "import sys, crossrt\n"
+        "loaded = [m for m in ('grpc', 'tritonclient', 'crossrt.server') if m in sys.modules]\n"
+        "assert not loaded, loaded\n"
+        "assert 'connect' in crossrt.__all__\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
