@@ -210,3 +210,12 @@ def test_auto_on_a_real_model():
     rows = {r["driver"]: r for r in exe.decision["candidates"]}
     assert rows["onnxruntime"]["status"] == "ok"  # within 1e-4 of the (corrected) reference
     assert exe.decision["chosen"]["driver"] in {d for d, r in rows.items() if r["status"] == "ok"}
+
+
+@pytest.mark.parametrize("kind", ["det", "cls", "rec"])
+def test_rapidocr_models_run_whole_on_openvino(kind: str):
+    """Values whose rank ONNX's shape inference leaves unknown (the recognizer's attention
+    blocks) matter only at a region's edge: OpenVINO, taking the whole model, infers its own."""
+    path = _rapidocr_model(kind)
+    exe = _compile(path, "openvino")
+    assert [n.driver for n in exe.nodes] == ["openvino"]

@@ -6,8 +6,9 @@ driver that cannot honour them (a ``precision`` it does not support) is not a ca
 a candidate is timed, its outputs on the probe input are compared with the reference's (the
 ``reference`` driver, NumPy in float32; the most preferred candidate at the model's own
 precision when the reference cannot run the model): one that differs by more than the
-tolerance is never chosen. Candidates are timed in alternating rounds, so that a noisy machine
-slows all of them alike, for a bounded time.
+tolerance is never chosen. Candidates are timed in alternating blocks, so that a noisy machine
+slows all of them alike, for a bounded time, each block after a pause that keeps one engine's
+spinning threads from slowing the next (:func:`_time`).
 
 With a compile cache, the decision is stored under what it depends on (the model, the options,
 the fallback, the probe shapes, every candidate's engine version and device fingerprint, the
@@ -17,6 +18,7 @@ compiles (or takes from the cache) the chosen target without measuring again.
 
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 import time
@@ -58,6 +60,9 @@ output, by precision; a model's metadata ``crossrt.tolerance`` overrides it."""
 _MIN_ROUNDS = 3
 _MAX_ROUNDS = 1000
 _DROP_RATIO = 3.0  # after the first rounds, a candidate this much slower than the best stops
+_BLOCK_S = 0.02  # a candidate's block of runs in a round lasts about this long
+_MAX_BLOCK = 2000
+_PAUSE_S = 0.01  # before each block: the previous engine's threads stop spinning
 _REFERENCE_TIMEOUT_S = 60.0
 
 
@@ -396,15 +401,35 @@ def _error(got: Mapping[str, Any], expected: Mapping[str, Any]) -> tuple[float, 
 
 
 def _time(timed: list[tuple[dict[str, Any], Any]], inputs: dict[str, Any], seconds: float) -> None:
-    """Time the candidates in alternating rounds; fill each row's median and run count."""
+    """Time the candidates in alternating blocks; fill each row's median and run count.
+
+    Each round runs a block of about ``_BLOCK_S`` per candidate, in an order rotated every
+    round, after a pause of ``_PAUSE_S``. The pause and the block's first run, not counted
+    when the block has several, keep one engine from paying for another: ONNX Runtime's
+    threads spin for a while after a run and took a core from whatever ran next (OpenVINO
+    measured 1.5x slower than alone on 2 cores when the candidates simply alternated).
+    """
+    for _, loaded in timed:  # first runs allocate and tune; not counted
+        loaded.run(inputs)
+    estimate = []
+    for _, loaded in timed:
+        started = time.perf_counter()
+        loaded.run(inputs)
+        estimate.append(max(time.perf_counter() - started, 1e-7))
     runs: list[list[float]] = [[] for _ in timed]
     active = list(range(len(timed)))
     deadline = time.perf_counter() + seconds
     for round_ in range(_MAX_ROUNDS):
-        for i in active:
-            started = time.perf_counter()
-            timed[i][1].run(inputs)
-            runs[i].append(time.perf_counter() - started)
+        shift = round_ % len(active)
+        for i in active[shift:] + active[:shift]:
+            block = 1 if estimate[i] >= _BLOCK_S else 1 + math.ceil(_BLOCK_S / estimate[i])
+            time.sleep(_PAUSE_S)
+            times = []
+            for _ in range(min(block, _MAX_BLOCK)):
+                started = time.perf_counter()
+                timed[i][1].run(inputs)
+                times.append(time.perf_counter() - started)
+            runs[i].extend(times[1:] if len(times) > 1 else times)
         if round_ + 1 < _MIN_ROUNDS:
             continue
         if time.perf_counter() > deadline:

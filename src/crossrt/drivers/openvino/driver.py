@@ -131,13 +131,13 @@ class OpenVinoDriver(Driver):
         tried first (its compiled blob kept for :meth:`compile`); when it fails, each node
         alone."""
         target = self._ov_device(device)
-        refused = refusals(model)
-        if not any(refused):
+        if not any(refusals(model, whole=True)):
             try:
                 self._compiled_blob(model, target)
-                return refused  # every node: None
+                return [None] * len(model.nodes)
             except CompileError:  # the reasons come from the nodes, one by one
                 pass
+        refused = refusals(model)
         return [why or self._node_reason(model, i, target) for i, why in enumerate(refused)]
 
     def _compiled_blob(self, model: Model, target: str, precision: str | None = None) -> bytes:

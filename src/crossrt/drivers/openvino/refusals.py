@@ -71,14 +71,17 @@ _DIFFERS: dict[str, Any] = {
 }
 
 
-def _refused(node: onnx.NodeProto, types: dict[str, onnx.TypeProto]) -> str | None:
-    """Why OpenVINO must not take ``node`` though it may convert it, or ``None``."""
+def _refused(
+    node: onnx.NodeProto, types: dict[str, onnx.TypeProto], apart: bool = True
+) -> str | None:
+    """Why OpenVINO must not take ``node`` though it may convert it, or ``None``; ``apart``:
+    the node may be placed apart from the producers of its inputs."""
     for name in (*node.input, *node.output):
         t = types.get(name)
         elem = t.tensor_type.elem_type if t is not None and t.HasField("tensor_type") else 0
         if elem in _NO_TYPE:
             return f"OpenVINO takes no {_NO_TYPE[elem]} tensors ({node.op_type} {name!r})"
-        if name in node.input and elem and not t.tensor_type.HasField("shape"):  # type: ignore[union-attr]
+        if apart and name in node.input and elem and not t.tensor_type.HasField("shape"):  # type: ignore[union-attr]
             # Placed apart from its producer, the value would be an input of unknown rank,
             # which OpenVINO's CPU plugin refuses at compile time.
             return f"OpenVINO needs the rank of {node.op_type}'s input {name!r}, unknown here"
@@ -93,13 +96,17 @@ def _refused(node: onnx.NodeProto, types: dict[str, onnx.TypeProto]) -> str | No
     return rule(node) if rule is not None else None
 
 
-def refusals(model: Model) -> list[str | None]:
-    """Per node of ``model``: why OpenVINO must not take it, or ``None``."""
+def refusals(model: Model, whole: bool = False) -> list[str | None]:
+    """Per node of ``model``: why OpenVINO must not take it, or ``None``.
+
+    ``whole``: the reasons when OpenVINO takes the whole model, every value then produced
+    inside it; a rank that ONNX's shape inference leaves unknown does not matter there, as
+    OpenVINO infers its own shapes (rapidocr's recognizer has such values)."""
     types = model.value_types()
     constants = _constants(model)
     found = []
     for node in model.nodes:
-        why = _refused(node, types)
+        why = _refused(node, types, apart=not whole)
         if why is None and node.domain in ("", "ai.onnx"):
             why = _in_context(node, types, constants)
         found.append(why)
