@@ -56,7 +56,11 @@ def test_auto_measures_every_engine_and_keeps_the_fastest(
         assert "openvino" in measured
     assert all(r["runs"] >= 3 for r in measured.values())
     fastest = min(measured.values(), key=lambda r: r["median_ms"])
-    assert exe.decision["chosen"] == {"driver": fastest["driver"], "device": fastest["device"]}
+    assert exe.decision["chosen"] == {
+        "driver": fastest["driver"],
+        "device": fastest["device"],
+        "precision": None,
+    }
     assert exe.nodes[0].driver == fastest["driver"]
     assert exe.decision["why"] in exe.placement[0]["chosen_by"]
     err = capsys.readouterr().err
@@ -89,16 +93,23 @@ def test_a_models_tolerance_is_its_metadata() -> None:
         crossrt.compile(model, device="auto", auto_seconds=FAST)
 
 
-def test_auto_never_changes_precision() -> None:
-    # No driver computes in a precision it was not asked for; onnxruntime has no bf16.
-    try:
-        exe = crossrt.compile(relu(), device="auto", precision="bf16", auto_seconds=FAST)
-    except UnsupportedError as exc:
-        assert "refused" in exc.message  # no driver here computes in bf16
-        return
-    assert _rows(exe)["onnxruntime"]["status"] == "refused"
-    assert exe.options.precision == "bf16" and exe.decision["precision"] == "bf16"
+def test_auto_never_lowers_precision_below_what_is_allowed() -> None:
+    # bf16 is a permission: onnxruntime, which has no bf16, competes in the model's own fp32,
+    # and no driver computes in a precision it was not asked for.
+    exe = crossrt.compile(relu(), device="auto", precision="bf16", auto_seconds=FAST)
+    rows = _rows(exe)
+    assert rows["onnxruntime"]["status"] == "ok"
+    assert rows["onnxruntime"]["precision"] == "model's own"
+    assert exe.decision is not None and exe.decision["precision"] == "bf16"
     assert exe.decision["tolerance"] == auto.TOLERANCES["bf16"]
+    chosen = exe.decision["chosen"]
+    if chosen["driver"] == "onnxruntime":
+        assert chosen["precision"] is None and exe.options.precision is None
+        assert "model's own precision" in exe.decision["why"]
+    else:
+        assert chosen["precision"] == "bf16" and exe.options.precision == "bf16"
+    fp32 = crossrt.compile(relu(), device="auto", auto_seconds=FAST)
+    assert all("precision" not in row for row in _rows(fp32).values())
 
 
 def test_the_decision_is_measured_once_per_model_options_and_machine(

@@ -1,8 +1,11 @@
 """``device="auto"``: compile a model for every engine that can run it, measure each one on
 the model's real input shapes, and keep the fastest whose outputs match the reference.
 
-The choice never changes precision: every candidate is compiled with the options given, and a
-driver that cannot honour them (a ``precision`` it does not support) is not a candidate. Before
+The choice never lowers precision below what was allowed: every candidate is compiled with the
+options given, or, where a driver does not compute in the reduced ``precision`` allowed, in the
+model's own precision (a reduced precision is a permission, not a demand: with
+``precision="bf16"`` onnxruntime's fp32 competes with OpenVINO's bf16, and on a CPU whose bf16 is
+slow the fp32 engine wins). Before
 a candidate is timed, its outputs on the probe input are compared with the reference's (the
 ``reference`` driver, NumPy in float32; the most preferred candidate at the model's own
 precision when the reference cannot run the model): one that differs by more than the
@@ -159,10 +162,15 @@ class _Chooser:
         self.compile_args = compile_args
         self.cache = shared_cache(compile_args["cache_dir"], compile_args["cache_version"])
         self.candidates, self.rows = _candidates(self.opts)
+        self._own_precision = {
+            k: v for k, v in options.items() if k not in ("precision", "fp16")
+        }  # the options at the model's own precision
         self.tolerance = _tolerance(model, self.opts)
 
-    def compile_for(self, drv: Driver, dev: DeviceInfo, **changes: Any) -> Executable:
-        options = {**self.options, **changes}
+    def compile_for(self, drv: Driver, dev: DeviceInfo, own: bool = False) -> Executable:
+        """Compile for ``drv`` on ``dev``, with the options given or, ``own``, at the model's
+        own precision."""
+        options = self._own_precision if own else self.options
         return compile_for_device(
             self.model,
             dev.id,
@@ -181,7 +189,9 @@ class _Chooser:
             "stages": _plain(self.compile_args["stages"]),
             "probe": {n: [str(a.dtype), list(a.shape)] for n, a in inputs.items()},
             "probe_values": probe is not None,
-            "candidates": [[d.name, d.version, fingerprint(i)] for d, i in self.candidates],
+            "candidates": [
+                [d.name, d.version, fingerprint(i), own] for d, i, own in self.candidates
+            ],
             "host_cores": len(usable_cores()),
         }
         if self.cache is not None and probe is None:
@@ -196,23 +206,27 @@ class _Chooser:
             self.cache.remember_decision(material, decision)
         return replace(exe, decision=decision)
 
-    def _chosen(self, known: Mapping[str, Any] | None) -> tuple[Driver, DeviceInfo] | None:
+    def _chosen(
+        self, known: Mapping[str, Any] | None
+    ) -> tuple[Driver, DeviceInfo, bool] | None:
         if known is None or not isinstance(known.get("chosen"), dict):
             return None
         want = (known["chosen"].get("driver"), known["chosen"].get("device"))
-        return next(((d, i) for d, i in self.candidates if (d.name, i.id) == want), None)
+        return next((c for c in self.candidates if (c[0].name, c[1].id) == want), None)
 
     def _measure(
         self, inputs: dict[str, np.ndarray], seconds: float
     ) -> tuple[dict[str, Any], Executable]:
         rows = list(self.rows)
         compiled: list[tuple[dict[str, Any], Executable]] = []
-        for drv, dev in self.candidates:
+        for drv, dev, own in self.candidates:
             row: dict[str, Any] = {"driver": drv.name, "device": dev.id}
+            if own:
+                row["precision"] = "model's own"
             rows.append(row)
             _say(f"compiling for {drv.name} on {dev.id}")
             try:
-                exe = self.compile_for(drv, dev)
+                exe = self.compile_for(drv, dev, own)
             except CrossrtError as exc:
                 row.update(status="cannot run", why=_short(exc.message))
                 continue
@@ -256,9 +270,19 @@ class _Chooser:
             f"fastest of {len(timed)} candidate(s) whose outputs match {reference} within "
             f"{self.tolerance:g}: {best['median_ms']:.3f} ms"
             + (f" (vs {', '.join(others)})" if others else "")
+            + (
+                f"; it computes in the model's own precision ({self.opts.precision} was "
+                "allowed, not required)"
+                if "precision" in best
+                else ""
+            )
         )
         decision = {
-            "chosen": {"driver": best["driver"], "device": best["device"]},
+            "chosen": {
+                "driver": best["driver"],
+                "device": best["device"],
+                "precision": self.opts.precision if "precision" not in best else None,
+            },
             "why": why,
             "reference": reference,
             "tolerance": self.tolerance,
@@ -286,9 +310,9 @@ class _Chooser:
         # The most preferred candidate in the model's own precision stands in.
         first = compiled[0][1]
         drv = next(d for d in available_drivers() if d.name == first.nodes[0].driver)
-        dev = next(i for d, i in self.candidates if d is drv)
+        dev = next(i for d, i, _ in self.candidates if d is drv)
         try:
-            exe = self.compile_for(drv, dev, precision=None, fp16=False)
+            exe = self.compile_for(drv, dev, own=True)
             with Runtime() as rt:
                 return rt.load(exe).run(inputs), f"{drv.name} {dev.id} ({why})"
         except CrossrtError as exc:
@@ -302,9 +326,11 @@ class _Chooser:
 
 def _candidates(
     opts: CompileOptions,
-) -> tuple[list[tuple[Driver, DeviceInfo]], list[dict[str, Any]]]:
-    """Every (driver, device) ``auto`` measures, and a row for each one it passes by."""
-    found: list[tuple[Driver, DeviceInfo]] = []
+) -> tuple[list[tuple[Driver, DeviceInfo, bool]], list[dict[str, Any]]]:
+    """Every (driver, device, at the model's own precision) ``auto`` measures, and a row for
+    each one it passes by."""
+    found: list[tuple[Driver, DeviceInfo, bool]] = []
+    own = replace(opts, precision=None, fp16=False)
     rows: list[dict[str, Any]] = []
     for drv in available_drivers():
         seen: set[str] = set()
@@ -318,11 +344,19 @@ def _candidates(
                 continue
             try:
                 drv.check_options(opts, dev)
-            except CrossrtError as exc:
-                row = {"driver": drv.name, "device": dev.id, "status": "refused"}
-                rows.append({**row, "why": _short(exc.message)})
+                found.append((drv, dev, False))
                 continue
-            found.append((drv, dev))
+            except CrossrtError as exc:
+                refusal = exc
+            if opts.precision not in (None, "fp32"):  # a permission: its own precision competes
+                try:
+                    drv.check_options(own, dev)
+                    found.append((drv, dev, True))
+                    continue
+                except CrossrtError as exc:
+                    refusal = exc
+            row = {"driver": drv.name, "device": dev.id, "status": "refused"}
+            rows.append({**row, "why": _short(refusal.message)})
     return found, rows
 
 
