@@ -21,7 +21,7 @@ MODEL_WHEELS := rapidocr-onnxruntime==1.4.4 silero-vad==6.2.3
 # 84 s with 3.
 TEST_WORKERS ?= 2
 
-.PHONY: demo test test-fast lint lock exclusions fuzz bench clean cuda proto
+.PHONY: demo test test-fast lint lock exclusions fuzz bench clean cuda proto perf-analyzer
 
 # crossrt is installed with --no-deps (the lock holds its dependencies) and --no-build-isolation
 # (built with the lock's setuptools and wheel, not whatever is newest on the index that day).
@@ -92,6 +92,11 @@ proto: $(STAMP)
 		$(PROTO)/runtime.proto
 	sed -i '1i # ruff: noqa\n# mypy: ignore-errors' $(PROTO)/runtime_pb2*.py*
 	$(VENV)/bin/ruff format $(PROTO)
+
+# Triton's perf_analyzer for benchmarks/serve.py (not on PyPI as a package of its own: the
+# script takes it from the tritonclient 2.48.0 wheel, with its two libraries, pinned by sha256).
+perf-analyzer: $(STAMP)
+	PY=$(PY) bash benchmarks/tools/fetch_perf_analyzer.sh benchmarks/.perf_analyzer
 
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py

@@ -11,7 +11,11 @@ For each model (tiny, the ResNet-50-like model of models.py with its 600 KB inpu
 
 Each with 1 client and with N client threads (``--clients``, default 4), for ``--seconds``
 each (every request's latency recorded): p50/p99 latency and throughput. Outputs are checked
-against in-process ones once per variant. Then the daemon's RSS over 10,000 tiny requests.
+against in-process ones once per variant. With Triton's ``perf_analyzer`` (``make
+perf-analyzer`` fetches it), the same daemon driven by it too, protobuf and system shared
+memory, at concurrency 1 and N. Before all that, the floors of this machine: a Unix-socket
+round trip to another process, and an empty gRPC call (ServerReady) to the daemon; then the
+daemon's RSS over three windows of 10,000 tiny requests after a warm-up.
 
     python benchmarks/serve.py                       # ~1.5 min on 2 cores
     python benchmarks/serve.py --models tiny --seconds 1
@@ -28,6 +32,7 @@ import json
 import os
 import platform
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -95,6 +100,71 @@ def measure(run: Callable[[], Any], clients: int, seconds: float) -> dict[str, f
     }
 
 
+PERF_ANALYZER = Path(__file__).resolve().parent / ".perf_analyzer" / "perf_analyzer"
+"""Where ``make perf-analyzer`` puts Triton's perf_analyzer (benchmarks/tools/)."""
+
+
+def perf_analyzer(
+    binary: Path, socket: str, name: str, clients: int, shm: bool, seconds: float
+) -> list[dict[str, Any]]:
+    """Triton's ``perf_analyzer`` against the daemon: one row per concurrency (1 and
+    ``clients``), with its throughput, latency percentiles and the server-side times it reads
+    from ModelStatistics (us). ``shm``: inputs and outputs through system shared memory."""
+    with tempfile.TemporaryDirectory(prefix="crossrt-pa-") as tmp:
+        csv_path = Path(tmp) / "pa.csv"
+        command = [str(binary), "-m", name, "-i", "grpc", "-u", f"unix:{socket}"]
+        command += ["--concurrency-range", f"1:{max(clients, 1)}:{max(clients - 1, 1)}"]
+        command += ["--measurement-interval", str(int(seconds * 1000))]
+        command += ["--stability-percentage", "50", "--max-trials", "6", "-f", str(csv_path)]
+        if shm:
+            command += ["--shared-memory", "system", "--output-shared-memory-size", str(1 << 24)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        if done.returncode != 0 or not csv_path.exists():
+            tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
+            print(f"perf_analyzer {name} failed (exit {done.returncode}): {tail}", flush=True)
+            return []
+        header, *lines = csv_path.read_text().strip().splitlines()
+    keys = header.split(",")
+    rows = []
+    for line in sorted(lines, key=lambda line: int(line.split(",")[0])):
+        values = dict(zip(keys, line.split(","), strict=False))
+        rows.append({
+            "model": name,
+            "variant": "perf_analyzer shm" if shm else "perf_analyzer protobuf",
+            "clients": int(values["Concurrency"]),
+            "p50_us": float(values["p50 latency"]),
+            "p99_us": float(values["p99 latency"]),
+            "throughput": float(values["Inferences/Second"]),
+            "requests": None,
+            "server_queue_us": float(values["Server Queue"]),
+            "server_compute_us": sum(float(values[f"Server Compute {k}"])
+                                     for k in ("Input", "Infer", "Output")),
+        })  # fmt: skip
+    return rows
+
+
+def unix_round_trip_us(count: int = 20_000) -> float:
+    """p50 of 32 bytes sent to a forked process over a Unix socket pair and echoed back: the
+    floor of any request to a daemon on this machine (a few us on bare metal, tens in VMs)."""
+    a, b = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:  # the echo
+        a.close()
+        while data := b.recv(64):
+            b.sendall(data)
+        os._exit(0)
+    b.close()
+    times = []
+    for _ in range(count):
+        t = time.perf_counter_ns()
+        a.sendall(b"x" * 32)
+        a.recv(64)
+        times.append(time.perf_counter_ns() - t)
+    a.close()
+    os.waitpid(pid, 0)
+    return float(np.percentile(times[count // 10 :], 50) / 1e3)
+
+
 def rss_kib(pid: int) -> int:
     """A process's resident memory (``VmRSS``), KiB."""
     with open(f"/proc/{pid}/status") as f:
@@ -115,9 +185,12 @@ def start_daemon(folder: Path) -> subprocess.Popen[str]:
     raise SystemExit(f"crossrt serve did not start (exit {proc.wait()})")
 
 
-def run_all(names: Sequence[str], clients: int, seconds: float) -> dict[str, Any]:
+def run_all(
+    names: Sequence[str], clients: int, seconds: float, analyzer: Path | None = None
+) -> dict[str, Any]:
     rows = []
     soak = None
+    floors = {"unix socket round trip p50 us": unix_round_trip_us()}  # before any thread
     with tempfile.TemporaryDirectory(prefix="crossrt-bench-serve-") as tmp:
         folder = Path(tmp)
         (folder / "models").mkdir()
@@ -130,6 +203,28 @@ def run_all(names: Sequence[str], clients: int, seconds: float) -> dict[str, Any
         try:
             protobuf = connect(f"unix:{folder}/d.sock", shm_threshold=None)
             shared = connect(f"unix:{folder}/d.sock", shm_threshold=0)
+            # What the machine and gRPC cost before crossrt does anything: a message to
+            # another process and back over a Unix socket, and an empty call (ServerReady)
+            # to the daemon.
+            floors["empty gRPC call (ServerReady) p50 us"] = measure(protobuf.ready, 1, seconds)[
+                "p50_us"
+            ]
+            print(f"floors: {floors}", flush=True)
+            if "tiny" in names:  # the daemon's memory over 10,000 requests, after warm-up
+                tiny_model = protobuf.load("tiny")
+                tiny_feed = {"x": inputs["tiny"]}
+                for _ in range(1000):
+                    tiny_model.run(tiny_feed)
+                before = rss_kib(daemon.pid)
+                windows = []  # growth over each 10,000: the first settles, the rest flat
+                for _ in range(3):
+                    start = rss_kib(daemon.pid)
+                    for _ in range(10_000):
+                        tiny_model.run(tiny_feed)
+                    windows.append(rss_kib(daemon.pid) - start)
+                soak = {"requests": 10_000, "rss_before_kib": before,
+                        "rss_growth_kib": windows[0], "later_windows_kib": windows[1:]}  # fmt: skip
+                print(f"daemon RSS over 10,000 requests: {soak}", flush=True)
             with crossrt.Runtime() as rt:
                 for name in names:
                     x = inputs[name]
@@ -150,18 +245,13 @@ def run_all(names: Sequence[str], clients: int, seconds: float) -> dict[str, Any
                             rows.append({"model": name, "variant": variant, "clients": n, **result})
                             print(_row(rows[-1]), flush=True)
                     local.unload()
-            soak = None
-            if "tiny" in names:  # the daemon's memory over 10,000 requests, after warm-up
-                tiny_model = protobuf.load("tiny")
-                x = {"x": inputs["tiny"]}
-                for _ in range(1000):
-                    tiny_model.run(x)
-                before = rss_kib(daemon.pid)
-                for _ in range(10_000):
-                    tiny_model.run(x)
-                soak = {"requests": 10_000, "rss_before_kib": before,
-                        "rss_growth_kib": rss_kib(daemon.pid) - before}  # fmt: skip
-                print(f"daemon RSS over 10,000 requests: {soak}", flush=True)
+                    for shm in (False, True) if analyzer is not None else ():
+                        assert analyzer is not None
+                        for row in perf_analyzer(
+                            analyzer, f"{folder}/d.sock", name, clients, shm, seconds
+                        ):
+                            rows.append(row)
+                            print(_row(row), flush=True)
             protobuf.close()
             shared.close()
         finally:
@@ -175,6 +265,7 @@ def run_all(names: Sequence[str], clients: int, seconds: float) -> dict[str, Any
         "rows": rows,
         "ratios": ratios(rows, clients),
         "soak": soak,
+        "floors": floors,
     }
 
 
@@ -201,7 +292,7 @@ def ratios(rows: list[dict[str, Any]], clients: int) -> dict[str, float]:
 def _row(r: dict[str, Any]) -> str:
     return (
         f"| {r['model']} | {r['variant']} | {r['clients']} | {r['p50_us']:.0f} | "
-        f"{r['p99_us']:.0f} | {r['throughput']:.1f} | {r['requests']} |"
+        f"{r['p99_us']:.0f} | {r['throughput']:.1f} | {r['requests'] or ''} |"
     )
 
 
@@ -215,10 +306,12 @@ def markdown(report: dict[str, Any]) -> str:
         *(_row(r) for r in report["rows"]),
         "",
         *(f"- {k}: {v:.2f}" for k, v in report["ratios"].items()),
+        *(f"- floor, {k}: {v:.0f}" for k, v in report.get("floors", {}).items()),
         *(
             [
                 f"- daemon RSS growth over {report['soak']['requests']:,} tiny requests after "
-                f"warm-up: {report['soak']['rss_growth_kib']} KiB"
+                f"warm-up: {report['soak']['rss_growth_kib']} KiB, then over two more "
+                f"10,000s: {report['soak'].get('later_windows_kib')} KiB"
             ]
             if report.get("soak")
             else []
@@ -234,9 +327,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--out", type=Path, default=RESULTS / "serve.json")
+    p.add_argument(
+        "--perf-analyzer",
+        type=Path,
+        default=PERF_ANALYZER if PERF_ANALYZER.exists() else None,
+        help="Triton's perf_analyzer binary (default: the one `make perf-analyzer` fetched)",
+    )
+    p.add_argument("--no-perf-analyzer", action="store_true")
     args = p.parse_args(argv)
     names = [n for n in args.models.split(",") if n]
-    report = run_all(names, args.clients, args.seconds)
+    analyzer = None if args.no_perf_analyzer else args.perf_analyzer
+    if analyzer is None and not args.no_perf_analyzer:
+        print("perf_analyzer: not found (make perf-analyzer fetches it): left out", flush=True)
+    report = run_all(names, args.clients, args.seconds, analyzer)
     text = markdown(report)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
