@@ -254,9 +254,10 @@ def host_bytes(array: np.ndarray) -> memoryview:
     return memoryview(array.reshape(-1).view(np.uint8))
 
 
-def own_memory(driver: Driver) -> bool:
-    """Whether the driver's devices have memory of their own (it overrides the hooks)."""
-    return not is_coherent(driver)
+def own_memory(driver: Driver, device: DeviceInfo | None = None) -> bool:
+    """Whether the driver's devices (``device``, where given) have memory of their own: it
+    overrides the hooks, for a device that is no CPU (onnxruntime's ``cuda:N``)."""
+    return not is_coherent(driver, device)
 
 
 def other_device(driver: Driver, device: DeviceInfo) -> tuple[Driver, DeviceInfo] | None:
@@ -267,7 +268,7 @@ def other_device(driver: Driver, device: DeviceInfo) -> tuple[Driver, DeviceInfo
         if candidate is None or not own_memory(candidate):
             continue
         for info in candidate.devices():
-            if info.id != device.id:
+            if info.id != device.id and own_memory(candidate, info):
                 return candidate, info
     return None
 

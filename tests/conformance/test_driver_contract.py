@@ -501,8 +501,8 @@ def test_memory_refuses_a_range_outside_the_buffer(driver: Driver, device: Devic
 
 
 def test_memory_refuses_a_freed_buffer(driver: Driver, device: DeviceInfo) -> None:
-    if not own_memory(driver):
-        pytest.skip(f"{driver.name} serves host memory: a buffer is a NumPy array")
+    if not own_memory(driver, device):
+        pytest.skip(f"{driver.name} serves host memory on {device.id}: a buffer is a NumPy array")
     buffer = driver.allocate(device, 8)
     driver.free(device, buffer)
     for call in (
@@ -517,7 +517,7 @@ def test_memory_refuses_a_freed_buffer(driver: Driver, device: DeviceInfo) -> No
 
 def _peer(driver: Driver, device: DeviceInfo) -> DeviceInfo:
     """Another device of the same driver with memory of its own, or skip."""
-    found = other_device(driver, device) if own_memory(driver) else None
+    found = other_device(driver, device) if own_memory(driver, device) else None
     if found is None or found[0] is not driver:
         pytest.skip(f"{driver.name} has no second device with memory of its own here")
     return found[1]

@@ -52,3 +52,44 @@ def test_a_crm_for_the_gpu_loads_again(tmp_path) -> None:
     np.testing.assert_allclose(
         _run(crossrt.load_executable(path)), _run(crossrt.compile(_mlp(), "cpu")), atol=1e-3
     )
+
+
+def _cpu_answer() -> np.ndarray:
+    return _run(crossrt.compile(_mlp(), "cpu"))
+
+
+def test_device_resident_inputs_and_outputs_move_nothing() -> None:
+    with crossrt.Runtime() as rt:
+        model = rt.load(crossrt.compile(_mlp(), "cuda:0"))
+        x = crossrt.Tensor(list(X.shape), "float32", device="cuda:0")
+        x.write(X)  # the caller's upload
+        (y,) = model.run({"x": x}, outputs={model.outputs[0].name: None}).values()
+        assert y.device == "cuda:0" and not y.is_host
+        assert model.transfer_stats().host_to_device_bytes == 0
+        assert model.transfer_stats().device_to_host_bytes == 0
+        np.testing.assert_allclose(y.numpy(), _cpu_answer(), atol=1e-3)
+
+
+def test_host_inputs_are_copied_in_once_and_counted() -> None:
+    with crossrt.Runtime() as rt:
+        model = rt.load(crossrt.compile(_mlp(), "cuda:0"))
+        (y,) = model.run({"x": X}).values()
+        assert model.transfer_stats().host_to_device_bytes == X.nbytes
+        np.testing.assert_allclose(y, _cpu_answer(), atol=1e-3)
+
+
+def test_dlpack_to_and_from_torch_without_copies() -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    source = torch.from_numpy(X).cuda()
+    x = crossrt.from_dlpack(source)
+    assert x.device == "cuda:0" and x.__cuda_array_interface__["data"][0] == source.data_ptr()
+    with crossrt.Runtime() as rt:
+        model = rt.load(crossrt.compile(_mlp(), "cuda:0"))
+        (y,) = model.run({"x": x}, outputs={model.outputs[0].name: None}).values()
+        out = torch.from_dlpack(y)
+        assert out.is_cuda and out.data_ptr() == y.__cuda_array_interface__["data"][0]
+        np.testing.assert_allclose(out.cpu().numpy(), _cpu_answer(), atol=1e-3)
+        viewed = torch.as_tensor(y, device="cuda")  # the CUDA array interface
+        assert viewed.data_ptr() == out.data_ptr()

@@ -175,7 +175,8 @@ def test_driver_out_of_memory_becomes_out_of_resources() -> None:
 def test_cpu_drivers_are_coherent_and_share_one_allocator() -> None:
     for name in ("onnxruntime", "reference"):
         driver = get_driver(name)
-        assert crossrt.runtime.memory.allocation.is_coherent(driver)
+        cpu = driver.devices()[0]
+        assert cpu.id == "cpu:0" and crossrt.runtime.memory.allocation.is_coherent(driver, cpu)
         assert isinstance(driver, Driver)
     assert allocator_for("cpu") is allocator_for("cpu:0")
 

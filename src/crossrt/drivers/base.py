@@ -43,7 +43,12 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ExecutionError, InvalidArgumentError, InvalidOptionError
+from ..errors import (
+    ExecutionError,
+    InvalidArgumentError,
+    InvalidOptionError,
+    UnsupportedError,
+)
 from ..host import cpu_features, cpu_model, host_cpus, usable_memory
 from ..model import Model
 from .boundary import DRIVER_METHODS, PROGRAM_METHODS, guard_class
@@ -599,6 +604,38 @@ class Driver(ABC):
         check_range(dst.size, dst_offset, nbytes, f"copy_device on {device.id} (destination)")
         dst[dst_offset : dst_offset + nbytes] = src[src_offset : src_offset + nbytes]
 
+    def coherent(self, device: DeviceInfo) -> bool:
+        """Whether ``device``'s memory is host memory, which the runtime then allocates and
+        reads directly (NumPy bytes) instead of through the hooks. The default: when the
+        driver keeps all five default memory hooks. A driver serving host memory on some
+        devices and its own on others (onnxruntime: the CPU, and ``cuda:N``) says per device.
+        """
+        return all(getattr(type(self), h) is getattr(Driver, h) for h in MEMORY_HOOKS)
+
+    # Device addresses, for DLPack and the CUDA array interface: how a tensor in a device's
+    # memory is handed to torch or cupy, and theirs to crossrt, without a copy. Drivers whose
+    # buffers have addresses other libraries use (a GPU's) override both.
+
+    def address_of(self, device: DeviceInfo, buffer: Any) -> int | None:
+        """The address of ``buffer`` in ``device``'s memory, or ``None`` where the driver's
+        buffers have none another library could use."""
+        return None
+
+    def wrap_address(self, device: DeviceInfo, address: int, nbytes: int, keep: Any) -> Any:
+        """A buffer over the ``nbytes`` at ``address`` of ``device``'s memory, which ``keep``
+        (a torch or cupy array) holds allocated: freeing the buffer lets go of ``keep``.
+
+        Raises:
+            UnsupportedError: the driver takes no memory from other libraries.
+        """
+        raise UnsupportedError(
+            f"driver {self.name!r} takes no memory from other libraries on {device.id}; copy "
+            "the data in through the host"
+        )
+
+
+MEMORY_HOOKS = ("allocate", "free", "copy_in", "copy_out", "copy_device")
+"""The driver methods that reach a device's memory."""
 
 guard_class(Program, PROGRAM_METHODS)  # the defaults too: a subclass may not override them
 guard_class(Driver, DRIVER_METHODS)

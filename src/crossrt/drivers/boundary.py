@@ -56,6 +56,8 @@ DRIVER_METHODS: dict[str, tuple[type[CrossrtError], str]] = {
     "copy_in": (ExecutionError, _REPORT),
     "copy_out": (ExecutionError, _REPORT),
     "copy_device": (ExecutionError, _REPORT),
+    "address_of": (ExecutionError, _REPORT),
+    "wrap_address": (ExecutionError, _REPORT),
 }
 PROGRAM_METHODS: dict[str, tuple[type[CrossrtError], str]] = {
     "residence": (ExecutionError, _REPORT),

@@ -206,9 +206,7 @@ class _Chooser:
             self.cache.remember_decision(material, decision)
         return replace(exe, decision=decision)
 
-    def _chosen(
-        self, known: Mapping[str, Any] | None
-    ) -> tuple[Driver, DeviceInfo, bool] | None:
+    def _chosen(self, known: Mapping[str, Any] | None) -> tuple[Driver, DeviceInfo, bool] | None:
         if known is None or not isinstance(known.get("chosen"), dict):
             return None
         want = (known["chosen"].get("driver"), known["chosen"].get("device"))

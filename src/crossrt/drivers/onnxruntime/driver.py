@@ -9,6 +9,7 @@ import os
 import tempfile
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -37,7 +38,8 @@ from ..base import (
     host_cpu,
 )
 from . import artifact as ort_artifact
-from . import cuda, lower, precision, spill, support
+from . import cuda, gpu_memory, lower, precision, spill, support
+from .gpu_program import GpuProgram
 from .program import ORT_SEVERITY, OrtProgram, short_error
 
 log = logging.getLogger("crossrt")
@@ -301,7 +303,61 @@ class OnnxRuntimeDriver(Driver):
                 f"the file {file.path!r} changed while the model was loading; load it again",
                 details={"driver": self.name, "path": file.path},
             )
+        if cuda.is_cuda(device):  # its tensors in the GPU's memory (gpu_program)
+            return GpuProgram(session, gpu_memory.memory_of(device), severity=self._severity)
         return OrtProgram(session, weights=weights, severity=self._severity)
+
+    # -- memory: a cuda:N device's own (gpu_memory); the host's for the CPU ---------------
+
+    def coherent(self, device: DeviceInfo) -> bool:
+        return not cuda.is_cuda(device)
+
+    def allocate(self, device: DeviceInfo, nbytes: int) -> Any:
+        if cuda.is_cuda(device):
+            return gpu_memory.memory_of(device).allocate(nbytes)
+        return super().allocate(device, nbytes)
+
+    def free(self, device: DeviceInfo, buffer: Any) -> None:
+        if cuda.is_cuda(device):
+            gpu_memory.memory_of(device).free(buffer)
+        else:
+            super().free(device, buffer)
+
+    def copy_in(self, device: DeviceInfo, dst: Any, src: memoryview, offset: int = 0) -> None:
+        if cuda.is_cuda(device):
+            gpu_memory.memory_of(device).copy_in(dst, src, offset)
+        else:
+            super().copy_in(device, dst, src, offset)
+
+    def copy_out(self, device: DeviceInfo, dst: memoryview, src: Any, offset: int = 0) -> None:
+        if cuda.is_cuda(device):
+            gpu_memory.memory_of(device).copy_out(dst, src, offset)
+        else:
+            super().copy_out(device, dst, src, offset)
+
+    def copy_device(
+        self,
+        device: DeviceInfo,
+        dst: Any,
+        src: Any,
+        nbytes: int,
+        dst_offset: int = 0,
+        src_offset: int = 0,
+    ) -> None:
+        if cuda.is_cuda(device):
+            gpu_memory.memory_of(device).copy_device(dst, src, nbytes, dst_offset, src_offset)
+        else:
+            super().copy_device(device, dst, src, nbytes, dst_offset, src_offset)
+
+    def address_of(self, device: DeviceInfo, buffer: Any) -> int | None:
+        if cuda.is_cuda(device):
+            return gpu_memory.memory_of(device).own(buffer, "address_of").pointer
+        return None
+
+    def wrap_address(self, device: DeviceInfo, address: int, nbytes: int, keep: Any) -> Any:
+        if cuda.is_cuda(device):
+            return gpu_memory.memory_of(device).adopt(address, nbytes, keep)
+        return super().wrap_address(device, address, nbytes, keep)
 
     def _model_and_weights(
         self,

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ...drivers import DeviceInfo, Driver
-from ...drivers.base import Capabilities, host_cpu
+from ...drivers.base import MEMORY_HOOKS, Capabilities, host_cpu
 from ...errors import OutOfResourcesError, StatusCode
 
 HOST = "host"
@@ -44,6 +44,10 @@ class MemoryHooks(Protocol):
         src_offset: int = 0,
     ) -> None: ...
 
+    def address_of(self, device: DeviceInfo, buffer: Any) -> int | None: ...
+
+    def wrap_address(self, device: DeviceInfo, address: int, nbytes: int, keep: Any) -> Any: ...
+
 
 class HostMemory:
     """Host memory: a driver's default hooks, zero-filled (calloc: pages are zeroed lazily, so
@@ -59,9 +63,9 @@ class HostMemory:
     copy_in = Driver.copy_in
     copy_out = Driver.copy_out
     copy_device = Driver.copy_device
+    address_of = Driver.address_of
+    wrap_address = Driver.wrap_address
 
-
-_HOOKS = ("allocate", "free", "copy_in", "copy_out", "copy_device")
 
 # What the system answers when it has no memory (or /dev/shm no room) for a mapping or a file.
 _NO_MEMORY = {errno.ENOMEM, errno.ENOSPC}
@@ -112,10 +116,14 @@ def host_contiguous(array: Any, what: str) -> np.ndarray:
         raise host_memory_error(int(getattr(array, "nbytes", 0)), what, exc) from None
 
 
-def is_coherent(driver: Any) -> bool:
-    """Whether a driver's memory is host memory: it keeps all five default memory hooks
+def is_coherent(driver: Any, device: DeviceInfo | None = None) -> bool:
+    """Whether a driver's memory (on ``device``) is host memory: the driver says so per
+    device (:meth:`Driver.coherent`: onnxruntime's CPU is, its ``cuda:N`` not); without a
+    device, or for hooks that are no driver, whether it keeps all five default memory hooks
     (:class:`HostMemory` is ``Driver``'s own)."""
-    return all(getattr(type(driver), h, None) is getattr(Driver, h) for h in _HOOKS)
+    if device is not None and isinstance(driver, Driver):
+        return driver.coherent(device)
+    return all(getattr(type(driver), h, None) is getattr(Driver, h) for h in MEMORY_HOOKS)
 
 
 class MappingState(Protocol):

@@ -119,7 +119,7 @@ class Allocator:
     def __init__(self, hooks: MemoryHooks, device: DeviceInfo, limit: int | None = None):
         self.hooks = hooks
         self.device = device
-        self.coherent = is_coherent(hooks)
+        self.coherent = is_coherent(hooks, device)
         # A coherent driver keeps Driver's own allocate and free (zeroed NumPy bytes, a
         # dropped reference): every tensor allocates, so call that code directly rather
         # than through the driver boundary's wrapper.

@@ -3,12 +3,19 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from typing import Any
 
-from ...errors import CrossrtError, InvalidArgumentError, StatusCode
-from .storage import as_array
+import numpy as np
+
+from ... import dtypes
+from ...errors import CrossrtError, InvalidArgumentError, StatusCode, UnsupportedError
+from . import dlpack
+from .allocator import allocator_for
+from .storage import Storage, as_array
 from .tensor import Tensor
+from .tensordesc import Placement
 
 
 class TensorNotFoundError(CrossrtError, KeyError):
@@ -105,15 +112,61 @@ def write_batch(ops: Iterable[BatchOp]) -> None:
 
 
 def from_dlpack(obj: Any, *, name: str = "") -> Tensor:
-    """A tensor over a DLPack producer's memory (a NumPy, torch or jax array on the CPU),
-    without a copy.
+    """A tensor over a DLPack producer's memory, without a copy: a NumPy, torch or jax array
+    on the CPU, or a torch tensor or cupy array in a GPU's memory (then a tensor on
+    ``cuda:N``, which keeps ``obj`` alive).
 
     Raises:
-        InvalidArgumentError: the memory is not host memory or NumPy cannot view it.
+        InvalidArgumentError: no DLPack producer, or memory NumPy cannot view.
+        UnsupportedError: GPU memory without the CUDA array interface, or not C-contiguous.
+        DeviceUnavailableError: no driver serves the producer's GPU.
     """
     if not hasattr(obj, "__dlpack__"):
         raise InvalidArgumentError(
             f"a {type(obj).__name__} does not implement __dlpack__; pass a NumPy, torch or jax "
             "array (or use Tensor.from_buffer for other buffers)"
         )
+    index = dlpack.cuda_device_of(obj)
+    if index is not None:
+        return _from_gpu(obj, index, name)
     return Tensor.from_buffer(as_array(obj, f"DLPack object {type(obj).__name__}"), name=name)
+
+
+def _from_gpu(obj: Any, index: int, name: str) -> Tensor:
+    """A tensor on ``cuda:index`` over a GPU array's memory, through its CUDA array
+    interface (the address, shape and type DLPack would give, without parsing a capsule)."""
+    interface = getattr(obj, "__cuda_array_interface__", None)
+    if interface is None:
+        raise UnsupportedError(
+            f"a {type(obj).__name__} in GPU memory without __cuda_array_interface__: pass a "
+            "torch tensor or a cupy array, or copy it to the host first"
+        )
+    dtype = np.dtype(interface["typestr"])
+    shape = tuple(int(d) for d in interface["shape"])
+    strides = interface.get("strides")
+    if strides is not None and tuple(strides) != _c_strides(shape, dtype.itemsize):
+        raise UnsupportedError(
+            f"the {type(obj).__name__} is not C-contiguous (strides {tuple(strides)}); make "
+            "it contiguous first (.contiguous() in torch, cupy.ascontiguousarray)"
+        )
+    nbytes = math.prod(shape) * dtype.itemsize
+    allocator = allocator_for(f"cuda:{index}")
+    address = int(interface["data"][0])
+    handle = allocator.hooks.wrap_address(allocator.device, address, nbytes, obj)
+    allocation = allocator.adopt(handle, nbytes, name=name, from_driver=True)
+    return Tensor._wrap(
+        Storage(nbytes, allocation=allocation),
+        dtypes.from_numpy(dtype),
+        shape,
+        name=name,
+        placement=Placement.DEVICE,
+        device=allocator.device.id,
+    )
+
+
+def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    strides, step = [], itemsize
+    for dim in reversed(shape):
+        strides.append(step)
+        step *= dim
+    return tuple(reversed(strides))
