@@ -59,11 +59,11 @@ FUZZ_MODELS     ?= 2000
 
 # NVIDIA GPUs: the venv with onnxruntime-gpu in place of onnxruntime (both install the
 # `onnxruntime` module). tests/gpu/ then runs; `make clean` goes back to the lock's onnxruntime.
-ORT_GPU_PIN := onnxruntime-gpu==1.31.1
+ORT_GPU_PIN := onnxruntime-gpu[cuda,cudnn]==1.31.1
 
 cuda: $(STAMP)
 	$(PY) -m pip uninstall --quiet -y onnxruntime
-	$(PY) -m pip install --quiet $(ORT_GPU_PIN)
+	$(PY) -m pip install --quiet "$(ORT_GPU_PIN)"
 	$(PY) -c "import onnxruntime as o; print(o.__version__, o.get_available_providers())"
 
 fuzz: $(STAMP)

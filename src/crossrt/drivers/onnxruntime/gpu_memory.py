@@ -7,10 +7,11 @@ the device-resident inputs and outputs of :mod:`.gpu_program`, and DLPack exchan
 or cupy all rest on these buffers.
 
 The calls go to the CUDA runtime library that onnxruntime-gpu itself loads (``libcudart``,
-from the ``nvidia-cuda-runtime-cu12`` wheel or the system's CUDA), through :mod:`ctypes`:
-allocation, zero-fill and synchronous copies, nothing more. :class:`HostStandIn` offers the
-same five calls over host memory, so that the code above it runs, and is tested, on machines
-without a GPU (``tests/drivers/test_gpu_memory.py``); ``tests/gpu/`` runs it on a real one.
+from the ``nvidia-cuda-runtime`` wheel of the ``cuda`` extra, or the system's CUDA), through
+:mod:`ctypes`: allocation, zero-fill and synchronous copies, nothing more.
+:class:`HostStandIn` offers the same five calls over host memory, so that the code above it
+runs, and is tested, on machines without a GPU (``tests/drivers/test_gpu_memory.py``);
+``tests/gpu/`` runs it on a real one.
 """
 
 from __future__ import annotations
