@@ -13,7 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import onnx
 import tritonclient.grpc as tc
+from onnx import TensorProto, helper
 
 import crossrt
 from concurrency_models import tiny
@@ -53,9 +55,33 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def text_model() -> onnx.ModelProto:
+    """Strings in, strings out (KServe BYTES): ``same`` = ``text`` [n], ``first`` = its first
+    element [1]."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Identity", ["text"], ["same"]),
+            helper.make_node("Slice", ["text", "zero", "one"], ["first"]),
+        ],
+        "text",
+        [helper.make_tensor_value_info("text", TensorProto.STRING, ["n"])],
+        [
+            helper.make_tensor_value_info("same", TensorProto.STRING, ["n"]),
+            helper.make_tensor_value_info("first", TensorProto.STRING, [1]),
+        ],
+        [
+            helper.make_tensor("zero", TensorProto.INT64, [1], [0]),
+            helper.make_tensor("one", TensorProto.INT64, [1], [1]),
+        ],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
 def make_repository(folder: Path) -> Path:
-    """tiny.crm (flat), relu/2/model.crm (Triton layout), adder.crm (dynamic [n])."""
+    """tiny.crm (flat), relu/2/model.crm (Triton layout), adder.crm (dynamic [n]), text.crm
+    (strings)."""
     folder.mkdir(parents=True, exist_ok=True)
+    crossrt.compile(text_model(), "cpu").save(folder / "text.crm")
     crossrt.compile(tiny(), "cpu").save(folder / "tiny.crm")
     (folder / "relu" / "2").mkdir(parents=True, exist_ok=True)
     crossrt.compile(relu(), "cpu").save(folder / "relu" / "2" / "model.crm")

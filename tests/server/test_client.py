@@ -85,3 +85,10 @@ def test_errors_are_crossrt_errors(daemon: Daemon, tmp_path: object) -> None:
         assert tiny.run(np.ones((4, 8), np.float32))["y"].shape == (4, 8)
     with pytest.raises(crossrt.ClosedError, match="not answering"):
         connect(f"unix:{daemon.socket}.absent", timeout=5)
+
+
+def test_strings_through_connect(daemon: Daemon) -> None:
+    words = np.array(["héllo", "", "wörld"], dtype=object)
+    with connect(daemon.url, shm_threshold=0) as remote:  # strings stay in the message
+        got = remote.load("text").run({"text": words})
+    assert got["same"].tolist() == list(words) and got["first"].tolist() == ["héllo"]

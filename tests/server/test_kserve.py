@@ -18,7 +18,11 @@ import numpy as np
 import tritonclient.grpc as tc
 import tritonclient.utils.shared_memory as shm
 from serving import Daemon
-from tritonclient.utils import InferenceServerException
+from tritonclient.utils import (
+    InferenceServerException,
+    serialize_byte_tensor,
+    serialized_byte_size,
+)
 
 W = np.arange(64, dtype=np.float32).reshape(8, 8) / 64
 
@@ -212,3 +216,36 @@ def test_sixteen_clients_every_answer_checked(daemon: Daemon) -> None:
         t.join(120)
     assert not any(t.is_alive() for t in threads)
     assert wrong == [] and len(right) == 16 * 500
+
+
+def test_strings_travel_as_bytes(client: tc.InferenceServerClient) -> None:
+    """A string model through tritonclient: BYTES in, BYTES out, in the message and through
+    system shared memory (as tritonclient serializes them)."""
+    words = np.array(["héllo", "", "wörld"], dtype=object)
+    text = tc.InferInput("text", [3], "BYTES")
+    text.set_data_from_numpy(words)
+    result = client.infer("text", [text])
+    assert [w.decode() for w in result.as_numpy("same")] == list(words)
+    assert result.as_numpy("first").tolist() == ["héllo".encode()]
+    meta = client.get_model_metadata("text")
+    assert [(t.name, t.datatype) for t in meta.inputs] == [("text", "BYTES")]
+    # Through system shared memory, serialized as tritonclient does.
+    serialized = serialize_byte_tensor(words)
+    size = serialized_byte_size(serialized)
+    key = f"/crossrt-test-bytes-{os.getpid()}"
+    region = shm.create_shared_memory_region("words", key, size + 256)
+    try:
+        shm.set_shared_memory_region(region, [serialized])
+        client.register_system_shared_memory("words", key, size + 256)
+        text = tc.InferInput("text", [3], "BYTES")
+        text.set_shared_memory("words", size)
+        out = tc.InferRequestedOutput("same")
+        out.set_shared_memory("words", 256 - 8, offset=size + 8)
+        result = client.infer("text", [text], outputs=[out])
+        sent = result.get_output("same")
+        assert sent.parameters["shared_memory_byte_size"].int64_param == size
+        back = shm.get_contents_as_numpy(region, np.object_, [3], offset=size + 8)
+        assert [w.decode() for w in back] == list(words)
+        client.unregister_system_shared_memory("words")
+    finally:
+        shm.destroy_shared_memory_region(region)

@@ -187,13 +187,27 @@ def test_stream_error_keeps_the_stream(stub: pbg.GRPCInferenceServiceStub) -> No
     assert len(answers[1].infer_response.raw_output_contents[0]) == X.nbytes
 
 
-def test_a_string_tensor_is_refused_as_unimplemented() -> None:
-    from crossrt import dtypes
-    from crossrt.model import TensorSpec
-    from crossrt.server.status import ServiceError
-    from crossrt.server.tensors import kserve_type
+def test_malformed_bytes_are_refused_and_serving_goes_on(
+    stub: pbg.GRPCInferenceServiceStub,
+) -> None:
+    """BYTES elements whose lengths overrun the data, bytes left over, a huge declared count,
+    and text that is not UTF-8: each INVALID_ARGUMENT, and the next request is served."""
 
-    with pytest.raises(ServiceError) as info:
-        kserve_type(TensorSpec("text", dtypes.from_name("string"), (1,)))
-    assert info.value.status == grpc.StatusCode.UNIMPLEMENTED
-    assert "run this model in-process" in info.value.message
+    def send(raw: bytes, shape: list[int]) -> pb.ModelInferResponse:
+        request = pb.ModelInferRequest(model_name="text")
+        request.inputs.add(name="text", datatype="BYTES", shape=shape)
+        request.raw_input_contents.append(raw)
+        return stub.ModelInfer(request)
+
+    cases = {
+        "length overruns": ((5).to_bytes(4, "little") + b"abc", [1]),
+        "bytes left over": ((1).to_bytes(4, "little") + b"ab", [1]),
+        "huge count": (b"", [2**40]),
+        "not UTF-8": ((2).to_bytes(4, "little") + b"\xff\xfe", [1]),
+    }
+    for why, (raw, shape) in cases.items():
+        with pytest.raises(grpc.RpcError) as info:
+            send(raw, shape)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, why
+    answer = send((2).to_bytes(4, "little") + b"ok", [1])
+    assert answer.raw_output_contents[0] == (2).to_bytes(4, "little") + b"ok"

@@ -22,6 +22,7 @@ from ..runtime import TensorInfo
 from ..runtime.memory.shm import SharedMemorySegment
 from .proto import runtime_pb2 as v1
 from .status import error_of
+from .tensors import decode_bytes, encode_bytes
 
 
 class Connection(Protocol):
@@ -64,7 +65,7 @@ class RemoteModel:
     def run(self, inputs: Any) -> dict[str, np.ndarray]:
         """Run once; the outputs by name."""
         feed = self._feed(inputs)
-        segment = self._segment(sum(a.nbytes for a in feed.values()) + (self._output_bytes or 0))
+        segment = self._segment_for(feed)
         try:
             response = self._rt.call("ModelInfer", self._request(feed, segment))
             return self._results(response, segment)
@@ -74,7 +75,7 @@ class RemoteModel:
     def run_async(self, inputs: Any) -> Future[dict[str, np.ndarray]]:
         """Run once; a future of the outputs (``concurrent.futures``)."""
         feed = self._feed(inputs)
-        segment = self._segment(sum(a.nbytes for a in feed.values()) + (self._output_bytes or 0))
+        segment = self._segment_for(feed)
         request = self._request(feed, segment)
         future: Future[dict[str, np.ndarray]] = Future()
         call = self._rt.call_async("ModelInfer", request)
@@ -165,7 +166,8 @@ class RemoteModel:
                 name=name, datatype=_kserve(array, name), shape=list(array.shape)
             )
             if segment is None:
-                request.raw_input_contents.append(array.tobytes())
+                raw = encode_bytes(array) if array.dtype == object else array.tobytes()
+                request.raw_input_contents.append(raw)
                 continue
             segment.array()[offset : offset + array.nbytes] = array.reshape(-1).view(np.uint8)
             tensor.parameters["shared_memory_region"].string_param = str(segment.name)
@@ -187,6 +189,12 @@ class RemoteModel:
     ) -> dict[str, np.ndarray]:
         results = {}
         for i, out in enumerate(response.outputs):
+            shape = tuple(out.shape)
+            if out.datatype == "BYTES":  # strings come inside the message (see _request)
+                raw_bytes = response.raw_output_contents[i]
+                what = f"output {out.name!r}"
+                results[out.name] = decode_bytes(raw_bytes, math.prod(shape), what).reshape(shape)
+                continue
             dtype = dtypes.from_kserve(out.datatype).numpy
             params = out.parameters
             if segment is not None and "shared_memory_region" in params:
@@ -200,6 +208,13 @@ class RemoteModel:
         return results
 
     # -- shared memory -------------------------------------------------------------------
+
+    def _segment_for(self, feed: dict[str, np.ndarray]) -> SharedMemorySegment | None:
+        """A registered segment for these inputs and the static outputs, when they are large
+        enough; never for strings (BYTES travel in the message: their size is their encoding)."""
+        if any(a.dtype == object for a in feed.values()):
+            return None
+        return self._segment(sum(a.nbytes for a in feed.values()) + (self._output_bytes or 0))
 
     def _segment(self, nbytes: int) -> SharedMemorySegment | None:
         threshold = self._rt.shm_threshold
@@ -261,8 +276,10 @@ def _spec(meta: Any) -> TensorSpec:
 
 
 def _kserve(array: np.ndarray, name: str) -> str:
+    if array.dtype == object:  # strings: KServe BYTES
+        return "BYTES"
     kserve = dtypes.from_numpy(array.dtype).kserve
-    if kserve is None or kserve == "BYTES":
+    if kserve is None:
         raise InvalidInputError(
             f"input {name!r}: {array.dtype} has no KServe datatype the daemon carries; "
             "run this model in-process"

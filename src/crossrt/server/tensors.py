@@ -50,13 +50,58 @@ def bad(message: str) -> ServiceError:
 
 def kserve_type(spec: TensorSpec) -> str:
     """The KServe datatype of a model's input or output, or an UNIMPLEMENTED refusal."""
-    if spec.dtype is None or spec.dtype.kserve is None or spec.dtype.kserve == "BYTES":
+    if spec.dtype is None or spec.dtype.kserve is None:
         raise ServiceError(
             grpc.StatusCode.UNIMPLEMENTED,
             f"tensor {spec.name!r} is {spec.describe()}, which crossrt serve does not carry "
-            "over KServe (BYTES and types without a KServe name); run this model in-process",
+            "over KServe (a type without a KServe name); run this model in-process",
         )
     return spec.dtype.kserve
+
+
+def decode_bytes(data: Any, count: int, what: str) -> np.ndarray:
+    """``count`` KServe BYTES elements (each a 4-byte little-endian length, then that many
+    bytes) as an object array of ``str``: ONNX strings are UTF-8 text. Every length is checked
+    against the bytes there before anything is kept.
+
+    Raises:
+        ServiceError: INVALID_ARGUMENT for lengths that overrun the data, bytes left over,
+            or an element that is not UTF-8.
+    """
+    view = memoryview(data).cast("B")
+    if count * 4 > len(view):
+        raise bad(
+            f"{what}: {len(view)} bytes cannot hold {count} BYTES elements (each starts with "
+            "a 4-byte length)"
+        )
+    out = np.empty(count, dtype=object)
+    at = 0
+    for i in range(count):
+        if at + 4 > len(view):
+            raise bad(f"{what}: the data ends before BYTES element {i} of {count}")
+        n = int.from_bytes(view[at : at + 4], "little")
+        at += 4
+        if n > len(view) - at:
+            raise bad(f"{what}: BYTES element {i} declares {n} bytes but {len(view) - at} are left")
+        try:
+            out[i] = bytes(view[at : at + n]).decode("utf-8")
+        except UnicodeDecodeError:
+            raise bad(
+                f"{what}: BYTES element {i} is not UTF-8 text, which ONNX strings are"
+            ) from None
+        at += n
+    if at != len(view):
+        raise bad(f"{what}: {len(view) - at} bytes after the last of {count} BYTES elements")
+    return out
+
+
+def encode_bytes(array: np.ndarray) -> bytes:
+    """An array of strings (``str`` as UTF-8, or ``bytes``) as KServe BYTES."""
+    parts: list[bytes] = []
+    for value in array.reshape(-1):
+        raw = value if isinstance(value, bytes) else str(value).encode("utf-8")
+        parts += (len(raw).to_bytes(4, "little"), raw)
+    return b"".join(parts)
 
 
 def shared_memory_params(params: Mapping[str, pb.InferParameter]) -> tuple[str, int, int] | None:
@@ -111,8 +156,8 @@ def decode_inputs(
 
     Raises:
         ServiceError: INVALID_ARGUMENT for an unknown, missing or repeated input, a wrong
-            datatype, a shape the model does not take, contents of the wrong length;
-            UNIMPLEMENTED for BYTES.
+            datatype, a shape the model does not take, contents of the wrong length (for
+            BYTES: element lengths that overrun the data, or text that is not UTF-8).
     """
     by_name = {s.name: s for s in specs}
     raw = request.raw_input_contents
@@ -140,6 +185,10 @@ def decode_inputs(
         dtype: DType = dtypes.from_kserve(want)
         shape = _shape(tensor, spec)
         count = math.prod(shape)  # Python ints: a huge shape is a big number, not a buffer
+        if want == "BYTES":
+            feed[spec.name] = _bytes_input(tensor, raw[i] if raw else None, count, read)
+            feed[spec.name] = feed[spec.name].reshape(shape)
+            continue
         nbytes = count * dtype.itemsize
         region = shared_memory_params(tensor.parameters)
         if region is not None:
@@ -173,6 +222,21 @@ def decode_inputs(
     if missing:
         raise bad(f"missing inputs {missing} of model {request.model_name!r}")
     return feed
+
+
+def _bytes_input(tensor: Any, raw: bytes | None, count: int, read: SharedRead) -> np.ndarray:
+    """A BYTES input from its region slice, its raw contents or ``bytes_contents``."""
+    what = f"input {tensor.name!r}"
+    region = shared_memory_params(tensor.parameters)
+    if region is not None:
+        return decode_bytes(read(*region), count, what)
+    if raw is not None:
+        return decode_bytes(raw, count, what)
+    values = tensor.contents.bytes_contents
+    if len(values) != count:
+        raise bad(f"{what}: {len(values)} values in bytes_contents for {count} elements")
+    joined = b"".join(len(v).to_bytes(4, "little") + v for v in values)
+    return decode_bytes(joined, count, what)
 
 
 def requested_outputs(
@@ -210,21 +274,25 @@ def encode_outputs(
     """Put the results in ``response``: raw contents, or into the named region slices."""
     for spec, region in chosen:
         array = np.ascontiguousarray(results[spec.name])
-        out = response.outputs.add(name=spec.name, datatype=kserve_type(spec))
+        datatype = kserve_type(spec)
+        out = response.outputs.add(name=spec.name, datatype=datatype)
         out.shape.extend(array.shape)
+        payload = encode_bytes(array) if datatype == "BYTES" else None
         if region is None:
-            response.raw_output_contents.append(array.tobytes())
+            response.raw_output_contents.append(payload if payload is not None else array.tobytes())
             continue
         response.raw_output_contents.append(b"")  # keeps the raw contents in output order
         name, offset, size = region
-        if array.nbytes > size:
+        data = np.frombuffer(payload, np.uint8) if payload is not None else array.reshape(-1)
+        nbytes = data.nbytes
+        if nbytes > size:
             raise bad(
-                f"output {spec.name!r} is {array.nbytes} bytes ({array.dtype} "
+                f"output {spec.name!r} is {nbytes} bytes ({array.dtype} "
                 f"{list(array.shape)}), more than shared_memory_byte_size {size}"
             )
-        write(name, offset, array.reshape(-1).view(np.uint8))
+        write(name, offset, data.view(np.uint8))
         out.parameters["shared_memory_region"].string_param = name
-        out.parameters["shared_memory_byte_size"].int64_param = array.nbytes
+        out.parameters["shared_memory_byte_size"].int64_param = nbytes
         if offset:
             out.parameters["shared_memory_offset"].int64_param = offset
 
