@@ -1,7 +1,9 @@
 """crossrt on an NVIDIA GPU (onnxruntime-gpu, ``make cuda``) against raw ONNX Runtime with the
 CUDA provider, on the ResNet-50-like and BERT-like models: median ms per call of each, their
 ratio, and the largest output difference; fp32, and fp16 (``precision="fp16"``) against raw
-fp32. Alternating blocks, as the other benchmarks.
+fp32; and with the tensors resident on the GPU (crossrt ``Tensor(device="cuda:0")`` inputs and
+outputs left there, against ORT's IOBinding with OrtValues on the GPU). Alternating blocks, as
+the other benchmarks.
 
     python benchmarks/cuda.py            # prints "no CUDA device: skipped" without a GPU
 
@@ -50,6 +52,31 @@ def measure(calls: dict[str, Callable[[], Any]], rounds: int, per_block: int) ->
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
+def _raw_resident(session: ort.InferenceSession, feed: dict[str, np.ndarray]) -> Any:
+    """ORT's fastest GPU path: inputs copied to the GPU once, outputs left there by ORT."""
+    binding = session.io_binding()
+    for name, array in feed.items():
+        binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(array, "cuda", 0))
+    for out in session.get_outputs():
+        binding.bind_output(out.name, "cuda", 0)
+    return lambda: session.run_with_iobinding(binding)
+
+
+def _crossrt_resident(model: crossrt.LoadedModel, feed: dict[str, np.ndarray]) -> Any:
+    """crossrt with the inputs in cuda:0 tensors and the outputs left on the GPU."""
+    inputs = {}
+    for name, array in feed.items():
+        inputs[name] = crossrt.Tensor(list(array.shape), str(array.dtype), device="cuda:0")
+        inputs[name].write(array)
+    outputs = {spec.name: None for spec in model.outputs}
+
+    def call() -> None:
+        for tensor in model.run(inputs, outputs=outputs).values():
+            tensor.free()
+
+    return call
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--models", default="resnet50,bert")
@@ -72,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
                 "raw onnxruntime cuda": lambda s=session, f=feed: s.run(None, f),
                 "crossrt cuda": lambda m=fp32, f=feed: m.run(f),
                 "crossrt cuda fp16": lambda m=fp16, f=feed: m.run(f),
+                # Tensors resident on the GPU: no host copies on either side.
+                "raw onnxruntime cuda iobinding": _raw_resident(session, feed),
+                "crossrt cuda resident": _crossrt_resident(fp32, feed),
             }
             median = measure(calls, rounds=10, per_block=20)
             want = session.run(None, feed)
@@ -83,11 +113,13 @@ def main(argv: list[str] | None = None) -> int:
                 for label, m in (("crossrt cuda", fp32), ("crossrt cuda fp16", fp16))
             }
             raw = median["raw onnxruntime cuda"]
+            resident = median["crossrt cuda resident"] / median["raw onnxruntime cuda iobinding"]
             rows.append(
                 {
                     "model": name,
                     "median_ms": {k: round(v, 3) for k, v in median.items()},
                     "crossrt_vs_raw": round(median["crossrt cuda"] / raw, 3),
+                    "resident_vs_raw_iobinding": round(resident, 3),
                     "fp16_speedup_vs_raw_fp32": round(raw / median["crossrt cuda fp16"], 2),
                     "max_abs_error": errors,
                 }
@@ -104,14 +136,17 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"crossrt on {gpus[0].name} against raw ONNX Runtime CUDA ({doc['date']})",
         "",
-        "| model | raw ms | crossrt ms | ratio | crossrt fp16 ms | fp16 x raw fp32 | fp16 err |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| model | raw ms | crossrt ms | ratio | resident: raw iobinding ms | crossrt ms | ratio "
+        "| crossrt fp16 ms | fp16 x raw fp32 | fp16 err |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         m = r["median_ms"]
         lines.append(
             f"| {r['model']} | {m['raw onnxruntime cuda']:.3f} | {m['crossrt cuda']:.3f} | "
-            f"{r['crossrt_vs_raw']:.3f} | {m['crossrt cuda fp16']:.3f} | "
+            f"{r['crossrt_vs_raw']:.3f} | {m['raw onnxruntime cuda iobinding']:.3f} | "
+            f"{m['crossrt cuda resident']:.3f} | {r['resident_vs_raw_iobinding']:.3f} | "
+            f"{m['crossrt cuda fp16']:.3f} | "
             f"{r['fp16_speedup_vs_raw_fp32']:.2f} | {r['max_abs_error']['crossrt cuda fp16']:.1e} |"
         )
     table = "\n".join(lines) + "\n"
