@@ -79,6 +79,7 @@ def compile(
     cache_version: int = 0,
     stages: Sequence[Mapping[str, Sequence[int]]] | None = None,
     probe: Mapping[str, Any] | None = None,
+    probe_shapes: Mapping[str, Sequence[int]] | None = None,
     auto_seconds: float | None = None,
     **options: Any,
 ) -> Executable:
@@ -99,6 +100,9 @@ def compile(
         probe: for ``"auto"``, the inputs to measure with (``{name: array}``); default
             seeded random values of the model's input shapes (a dynamic dimension is 1, or
             the first shape of ``stages``).
+        probe_shapes: for ``"auto"``, the shapes of seeded random probe inputs
+            (``{name: (1, 3, 48, 320)}``), for inputs whose dynamic dimensions would
+            otherwise be 1; unlike ``probe=``, the decision is still cached.
         auto_seconds: for ``"auto"``, how long to time the candidates, all together
             (default 2 s; each candidate runs at least 3 times).
 
@@ -109,9 +113,10 @@ def compile(
             without it.
     """
     if (device or settings().default_device) != AUTO:
-        if probe is not None or auto_seconds is not None:
+        if probe is not None or probe_shapes is not None or auto_seconds is not None:
             raise InvalidOptionError(
-                "probe= and auto_seconds= apply to device='auto' only; drop them, or compile "
+                "probe=, probe_shapes= and auto_seconds= apply to device='auto' only; drop "
+                "them, or compile "
                 "with device='auto'"
             )
         return compile_for_device(
@@ -142,7 +147,7 @@ def compile(
         fallback,
         dict(cache_dir=cache_dir, cache_version=cache_version, stages=stages),
     )
-    return chooser.choose(probe, float(seconds))
+    return chooser.choose(probe, float(seconds), probe_shapes)
 
 
 class _Chooser:
@@ -180,8 +185,13 @@ class _Chooser:
             **options,
         )
 
-    def choose(self, probe: Mapping[str, Any] | None, seconds: float) -> Executable:
-        inputs = _probe_inputs(self.model, probe, self.compile_args["stages"])
+    def choose(
+        self,
+        probe: Mapping[str, Any] | None,
+        seconds: float,
+        shapes: Mapping[str, Sequence[int]] | None = None,
+    ) -> Executable:
+        inputs = _probe_inputs(self.model, probe, self.compile_args["stages"], shapes)
         material = {
             "model": self.model.content_hash,
             "options": self.opts.to_dict(),
@@ -258,7 +268,10 @@ class _Chooser:
             shapes = ", ".join(f"{n} {list(a.shape)}" for n, a in inputs.items())
             _say(f"timing {len(timed)} candidate(s) on {shapes or 'no inputs'} for {seconds:g} s")
             _time(timed, inputs, seconds)
-        best = min((r for r, _ in timed if r.get("status") == "ok"), key=lambda r: r["median_ms"])
+        best = min(
+            (r for r, _ in timed if r.get("status") == "ok"),
+            key=lambda r: (r["relative"], r["median_ms"]),
+        )
         others = [
             f"{r['driver']} {r['device']} {r['median_ms']:.3f} ms"
             for r, _ in timed
@@ -374,14 +387,32 @@ def _tolerance(model: Model, opts: CompileOptions) -> float:
 
 
 def _probe_inputs(
-    model: Model, probe: Mapping[str, Any] | None, stages: Any
+    model: Model,
+    probe: Mapping[str, Any] | None,
+    stages: Any,
+    shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> dict[str, np.ndarray]:
-    """The given probe inputs, or seeded random ones of the model's input shapes."""
+    """The given probe inputs, or seeded random ones of the shapes given, of the first stage,
+    or of the model's input shapes (a dynamic dimension 1)."""
     if probe is not None:
         if not isinstance(probe, Mapping):
             raise InvalidOptionError("probe= takes {input name: array}")
         return {str(k): np.asarray(v) for k, v in probe.items()}
-    first = stages[0] if stages else {}
+    first = dict(stages[0]) if stages else {}
+    names = {spec.name for spec in model.inputs}
+    for name, shape in (shapes or {}).items():
+        dims = tuple(shape) if isinstance(shape, Sequence) and not isinstance(shape, str) else ()
+        if (
+            name not in names
+            or not dims
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims)
+        ):
+            raise InvalidOptionError(
+                f"probe_shapes {name!r}: {shape!r}; give an input of the model "
+                f"({', '.join(sorted(names))}) and a shape of positive integers",
+                details={"option": "probe_shapes"},
+            )
+        first[name] = dims
     rng = np.random.default_rng(0)
     return {spec.name: _random(spec, first.get(spec.name), rng) for spec in model.inputs}
 
@@ -440,6 +471,12 @@ def _time(timed: list[tuple[dict[str, Any], Any]], inputs: dict[str, Any], secon
     when the block has several, keep one engine from paying for another: ONNX Runtime's
     threads spin for a while after a run and took a core from whatever ran next (OpenVINO
     measured 1.5x slower than alone on 2 cores when the candidates simply alternated).
+
+    Each row also gets ``relative``: over the rounds, the median of its block's median
+    against the fastest block of the same round. Blocks of one round run within moments of
+    each other, so a machine whose speed drifts (a shared VM: ResNet-50 on ONNX Runtime went
+    from 29 to 42 ms and back within a minute here) slows them alike; the choice follows
+    ``relative``, the absolute medians are reported.
     """
     for _, loaded in timed:  # first runs allocate and tune; not counted
         loaded.run(inputs)
@@ -449,10 +486,12 @@ def _time(timed: list[tuple[dict[str, Any], Any]], inputs: dict[str, Any], secon
         loaded.run(inputs)
         estimate.append(max(time.perf_counter() - started, 1e-7))
     runs: list[list[float]] = [[] for _ in timed]
+    relative: list[list[float]] = [[] for _ in timed]
     active = list(range(len(timed)))
     deadline = time.perf_counter() + seconds
     for round_ in range(_MAX_ROUNDS):
         shift = round_ % len(active)
+        this_round: dict[int, float] = {}
         for i in active[shift:] + active[:shift]:
             block = 1 if estimate[i] >= _BLOCK_S else 1 + math.ceil(_BLOCK_S / estimate[i])
             time.sleep(_PAUSE_S)
@@ -461,15 +500,25 @@ def _time(timed: list[tuple[dict[str, Any], Any]], inputs: dict[str, Any], secon
                 started = time.perf_counter()
                 timed[i][1].run(inputs)
                 times.append(time.perf_counter() - started)
-            runs[i].extend(times[1:] if len(times) > 1 else times)
+            counted = times[1:] if len(times) > 1 else times
+            runs[i].extend(counted)
+            this_round[i] = statistics.median(counted)
+        fastest = min(this_round.values())
+        for i, took in this_round.items():
+            relative[i].append(took / fastest if fastest > 0 else 1.0)
         if round_ + 1 < _MIN_ROUNDS:
             continue
         if time.perf_counter() > deadline:
             break
         best = min(statistics.median(runs[i]) for i in active)
         active = [i for i in active if statistics.median(runs[i]) <= _DROP_RATIO * best]
-    for (row, loaded), times in zip(timed, runs, strict=True):
-        row.update(status="ok", median_ms=statistics.median(times) * 1e3, runs=len(times))
+    for (row, loaded), times, ratios in zip(timed, runs, relative, strict=True):
+        row.update(
+            status="ok",
+            median_ms=statistics.median(times) * 1e3,
+            runs=len(times),
+            relative=round(statistics.median(ratios), 4),
+        )
         loaded.unload()
 
 

@@ -57,7 +57,8 @@ def human_bytes(n: int) -> str:
 
 def decision_lines(decision: Mapping[str, Any]) -> list[str]:
     """``device="auto"``'s decision as a table: a line per candidate (driver, device, status,
-    median latency, runs, error against the reference, why), then the choice.
+    median latency, latency relative to each round's fastest, runs, error against the
+    reference, why), then the choice.
 
     The decision may come from a file: any field may be missing or of another type.
     """
@@ -69,8 +70,8 @@ def decision_lines(decision: Mapping[str, Any]) -> list[str]:
 
     rows = decision.get("candidates")
     lines = [
-        f"  {'driver':<12} {'device':<8} {'status':<13} {'median ms':>10} {'runs':>5} "
-        f"{'max abs err':>11}  why"
+        f"  {'driver':<12} {'device':<8} {'status':<13} {'median ms':>10} {'relative':>8} "
+        f"{'runs':>5} {'max abs err':>11}  why"
     ]
     for row in rows if isinstance(rows, list) else []:
         if not isinstance(row, Mapping):
@@ -78,6 +79,7 @@ def decision_lines(decision: Mapping[str, Any]) -> list[str]:
         lines.append(
             f"  {row.get('driver', '?')!s:<12} {row.get('device', '?')!s:<8} "
             f"{row.get('status', '?')!s:<13} {cell(row, 'median_ms', '10.3f'):>10} "
+            f"{cell(row, 'relative', '8.3f'):>8} "
             f"{cell(row, 'runs', 'd'):>5} {cell(row, 'max_abs_error', '11.2g'):>11}  "
             f"{row.get('why', row.get('placement', ''))}"
         )

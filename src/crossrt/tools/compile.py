@@ -23,7 +23,7 @@ from onnx import external_data_helper
 from ..compiler import Executable
 from ..compiler.cache import cache_stats
 from ..compiler.options import PRECISIONS
-from ..errors import CrossrtError, InvalidArgumentError
+from ..errors import CrossrtError, InvalidArgumentError, InvalidOptionError
 from ..runtime.auto import compile
 from .common import decision_lines, fail, human_bytes, printable, say
 
@@ -86,6 +86,14 @@ def parser() -> argparse.ArgumentParser:
         help="with --device auto: how long to time the candidates (default 2)",
     )
     p.add_argument(
+        "--probe-shape",
+        action="append",
+        default=[],
+        metavar="NAME=DxD...",
+        help="with --device auto: measure with this shape of input NAME (1x3x48x320) where "
+        "its dynamic dimensions would otherwise be 1; repeat for several inputs",
+    )
+    p.add_argument(
         "--portable",
         action="store_true",
         help="compile for any CPU of this architecture, not only this one (slower loads)",
@@ -115,6 +123,26 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _probe_shapes(given: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    """``NAME=1x3x48x320`` arguments as ``{name: shape}``.
+
+    Raises:
+        InvalidOptionError: an argument of another form.
+    """
+    shapes = {}
+    for text in given:
+        name, _, dims = text.partition("=")
+        try:
+            shapes[name] = tuple(int(d) for d in dims.lower().split("x"))
+        except ValueError:
+            raise InvalidOptionError(
+                f"--probe-shape {text!r}: give NAME=DxD..., such as x=1x3x48x320"
+            ) from None
+        if not name:
+            raise InvalidOptionError(f"--probe-shape {text!r}: the input name is missing")
+    return shapes
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``crossrt compile``."""
     args = parser().parse_args(argv)
@@ -127,6 +155,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         options["portable"] = True
     if args.auto_seconds is not None:
         options["auto_seconds"] = args.auto_seconds
+    if args.probe_shape:
+        try:
+            options["probe_shapes"] = _probe_shapes(args.probe_shape)
+        except CrossrtError as exc:
+            return fail("compile", exc)
     if args.perf is not None:
         options["performance_mode"] = args.perf
     if args.priority is not None:
