@@ -11,7 +11,7 @@ a candidate is timed, its outputs on the probe input are compared with the refer
 precision when the reference cannot run the model): one that differs by more than the
 tolerance is never chosen. Candidates are timed in alternating blocks, so that a noisy machine
 slows all of them alike, for a bounded time, each block after a pause that keeps one engine's
-spinning threads from slowing the next (:func:`_time`).
+spinning threads from slowing the next (:func:`.probe.time_candidates`).
 
 With a compile cache, the decision is stored under what it depends on (the model, the options,
 the fallback, the probe shapes, every candidate's engine version and device fingerprint, the
@@ -21,8 +21,6 @@ compiles (or takes from the cache) the chosen target without measuring again.
 
 from __future__ import annotations
 
-import math
-import statistics
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -41,8 +39,11 @@ from ..drivers.base import CompileOptions, DeviceInfo, Driver
 from ..drivers.registry import available_drivers
 from ..errors import CrossrtError, InvalidOptionError, UnsupportedError
 from ..host import cpu_model, usable_cores
-from ..model import Model, TensorSpec, load_model
+from ..model import Model, load_model
+from .probe import TOLERANCES, max_error, probe_inputs, time_candidates, tolerance
 from .runtime import Runtime
+
+__all__ = ["AUTO", "DEFAULT_SECONDS", "NOT_CANDIDATES", "TOLERANCES", "compile"]
 
 AUTO = "auto"
 """The device name that asks :func:`compile` to choose the driver and device."""
@@ -56,16 +57,6 @@ NOT_CANDIDATES = {
 }
 """Drivers ``auto`` never chooses, and why."""
 
-TOLERANCES = {None: 1e-4, "fp32": 1e-4, "fp16": 1e-2, "bf16": 6e-2, "int8-dynamic": 1e-1}
-"""Largest error allowed against the reference, relative to ``max(1, max |reference|)`` of each
-output, by precision; a model's metadata ``crossrt.tolerance`` overrides it."""
-
-_MIN_ROUNDS = 3
-_MAX_ROUNDS = 1000
-_DROP_RATIO = 3.0  # after the first rounds, a candidate this much slower than the best stops
-_BLOCK_S = 0.02  # a candidate's block of runs in a round lasts about this long
-_MAX_BLOCK = 2000
-_PAUSE_S = 0.01  # before each block: the previous engine's threads stop spinning
 _REFERENCE_TIMEOUT_S = 60.0
 
 
@@ -170,7 +161,7 @@ class _Chooser:
         self._own_precision = {
             k: v for k, v in options.items() if k not in ("precision", "fp16")
         }  # the options at the model's own precision
-        self.tolerance = _tolerance(model, self.opts)
+        self.tolerance = tolerance(model, self.opts)
 
     def compile_for(self, drv: Driver, dev: DeviceInfo, own: bool = False) -> Executable:
         """Compile for ``drv`` on ``dev``, with the options given or, ``own``, at the model's
@@ -191,7 +182,7 @@ class _Chooser:
         seconds: float,
         shapes: Mapping[str, Sequence[int]] | None = None,
     ) -> Executable:
-        inputs = _probe_inputs(self.model, probe, self.compile_args["stages"], shapes)
+        inputs = probe_inputs(self.model, probe, self.compile_args["stages"], shapes)
         material = {
             "model": self.model.content_hash,
             "options": self.opts.to_dict(),
@@ -252,7 +243,7 @@ class _Chooser:
                 except CrossrtError as exc:
                     row.update(status="failed", why=_short(exc.message))
                     continue
-                error, scale = _error(got, expected)
+                error, scale = max_error(got, expected)
                 row["max_abs_error"] = error
                 if error > self.tolerance * scale:
                     row.update(
@@ -267,7 +258,7 @@ class _Chooser:
                 raise _none_can(self.model, rows)
             shapes = ", ".join(f"{n} {list(a.shape)}" for n, a in inputs.items())
             _say(f"timing {len(timed)} candidate(s) on {shapes or 'no inputs'} for {seconds:g} s")
-            _time(timed, inputs, seconds)
+            time_candidates(timed, inputs, seconds)
         best = min(
             (r for r, _ in timed if r.get("status") == "ok"),
             key=lambda r: (r["relative"], r["median_ms"]),
@@ -369,157 +360,6 @@ def _candidates(
             row = {"driver": drv.name, "device": dev.id, "status": "refused"}
             rows.append({**row, "why": _short(refusal.message)})
     return found, rows
-
-
-def _tolerance(model: Model, opts: CompileOptions) -> float:
-    given = {p.key: p.value for p in model.proto.metadata_props}.get("crossrt.tolerance")
-    if given is not None:
-        try:
-            value = float(given)
-        except ValueError:
-            value = -1.0
-        if not value >= 0:
-            raise InvalidOptionError(
-                f"model {model.name!r} metadata crossrt.tolerance={given!r}: give a number >= 0"
-            )
-        return value
-    return TOLERANCES[opts.precision]
-
-
-def _probe_inputs(
-    model: Model,
-    probe: Mapping[str, Any] | None,
-    stages: Any,
-    shapes: Mapping[str, Sequence[int]] | None = None,
-) -> dict[str, np.ndarray]:
-    """The given probe inputs, or seeded random ones of the shapes given, of the first stage,
-    or of the model's input shapes (a dynamic dimension 1)."""
-    if probe is not None:
-        if not isinstance(probe, Mapping):
-            raise InvalidOptionError("probe= takes {input name: array}")
-        return {str(k): np.asarray(v) for k, v in probe.items()}
-    first = dict(stages[0]) if stages else {}
-    names = {spec.name for spec in model.inputs}
-    for name, shape in (shapes or {}).items():
-        dims = tuple(shape) if isinstance(shape, Sequence) and not isinstance(shape, str) else ()
-        if (
-            name not in names
-            or not dims
-            or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims)
-        ):
-            raise InvalidOptionError(
-                f"probe_shapes {name!r}: {shape!r}; give an input of the model "
-                f"({', '.join(sorted(names))}) and a shape of positive integers",
-                details={"option": "probe_shapes"},
-            )
-        first[name] = dims
-    rng = np.random.default_rng(0)
-    return {spec.name: _random(spec, first.get(spec.name), rng) for spec in model.inputs}
-
-
-def _random(spec: TensorSpec, staged: Sequence[int] | None, rng: np.random.Generator) -> Any:
-    if spec.dtype is None or (spec.shape is None and staged is None):
-        raise InvalidOptionError(
-            f"input {spec.name!r} is {spec.describe()}: device='auto' cannot make a probe "
-            "for it; give probe={name: array}"
-        )
-    shape = (
-        tuple(staged)
-        if staged is not None
-        else tuple(d if isinstance(d, int) else 1 for d in spec.shape or ())
-    )
-    dtype = spec.dtype.numpy
-    if dtype.kind == "f":
-        return rng.standard_normal(shape).astype(dtype)
-    # Integer inputs are often indices (token ids, positions): zeros are valid for any table.
-    return np.zeros(shape, dtype)
-
-
-def _error(got: Mapping[str, Any], expected: Mapping[str, Any]) -> tuple[float, float]:
-    """The largest absolute difference over the outputs, and the scale it is judged at."""
-    worst, scale = 0.0, 1.0
-    for name, want in expected.items():
-        a = np.asarray(got[name])
-        b = np.asarray(want)
-        if a.shape != b.shape:
-            return float("inf"), 1.0
-        if a.size == 0:
-            continue
-        if b.dtype.kind not in "fc":
-            if not np.array_equal(a, b):
-                return float("inf"), 1.0
-            continue
-        a64, b64 = a.astype(np.float64), b.astype(np.float64)
-        same_nan = np.isnan(a64) == np.isnan(b64)
-        if not same_nan.all():
-            return float("inf"), 1.0
-        finite = np.isfinite(b64)
-        diff = np.abs(a64[finite] - b64[finite])
-        if diff.size:
-            err = float(diff.max())
-            out_scale = max(1.0, float(np.abs(b64[finite]).max()))
-            if err / out_scale > worst / scale:
-                worst, scale = err, out_scale
-    return worst, scale
-
-
-def _time(timed: list[tuple[dict[str, Any], Any]], inputs: dict[str, Any], seconds: float) -> None:
-    """Time the candidates in alternating blocks; fill each row's median and run count.
-
-    Each round runs a block of about ``_BLOCK_S`` per candidate, in an order rotated every
-    round, after a pause of ``_PAUSE_S``. The pause and the block's first run, not counted
-    when the block has several, keep one engine from paying for another: ONNX Runtime's
-    threads spin for a while after a run and took a core from whatever ran next (OpenVINO
-    measured 1.5x slower than alone on 2 cores when the candidates simply alternated).
-
-    Each row also gets ``relative``: over the rounds, the median of its block's median
-    against the fastest block of the same round. Blocks of one round run within moments of
-    each other, so a machine whose speed drifts (a shared VM: ResNet-50 on ONNX Runtime went
-    from 29 to 42 ms and back within a minute here) slows them alike; the choice follows
-    ``relative``, the absolute medians are reported.
-    """
-    for _, loaded in timed:  # first runs allocate and tune; not counted
-        loaded.run(inputs)
-    estimate = []
-    for _, loaded in timed:
-        started = time.perf_counter()
-        loaded.run(inputs)
-        estimate.append(max(time.perf_counter() - started, 1e-7))
-    runs: list[list[float]] = [[] for _ in timed]
-    relative: list[list[float]] = [[] for _ in timed]
-    active = list(range(len(timed)))
-    deadline = time.perf_counter() + seconds
-    for round_ in range(_MAX_ROUNDS):
-        shift = round_ % len(active)
-        this_round: dict[int, float] = {}
-        for i in active[shift:] + active[:shift]:
-            block = 1 if estimate[i] >= _BLOCK_S else 1 + math.ceil(_BLOCK_S / estimate[i])
-            time.sleep(_PAUSE_S)
-            times = []
-            for _ in range(min(block, _MAX_BLOCK)):
-                started = time.perf_counter()
-                timed[i][1].run(inputs)
-                times.append(time.perf_counter() - started)
-            counted = times[1:] if len(times) > 1 else times
-            runs[i].extend(counted)
-            this_round[i] = statistics.median(counted)
-        fastest = min(this_round.values())
-        for i, took in this_round.items():
-            relative[i].append(took / fastest if fastest > 0 else 1.0)
-        if round_ + 1 < _MIN_ROUNDS:
-            continue
-        if time.perf_counter() > deadline:
-            break
-        best = min(statistics.median(runs[i]) for i in active)
-        active = [i for i in active if statistics.median(runs[i]) <= _DROP_RATIO * best]
-    for (row, loaded), times, ratios in zip(timed, runs, relative, strict=True):
-        row.update(
-            status="ok",
-            median_ms=statistics.median(times) * 1e3,
-            runs=len(times),
-            relative=round(statistics.median(ratios), 4),
-        )
-        loaded.unload()
 
 
 def _none_can(model: Model, rows: list[dict[str, Any]]) -> UnsupportedError:
