@@ -4,6 +4,8 @@ sending process), core groups, infer_post / infer_wait with a cookie, cancellati
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -48,19 +50,22 @@ def test_models_sent_as_files_and_bytes(daemon: Daemon) -> None:
 
 
 def test_models_of_a_dead_client_are_unloaded(daemon: Daemon) -> None:
-    data = (daemon.repository / "tiny.crm").read_bytes()
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child: loads, says so, dies without unloading
-        try:
-            connect(daemon.url).load(data, name="orphan")
-            os.write(write, b"loaded")
-        finally:
-            os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as said:
-        assert said.read() == b"loaded"
-    os.waitpid(pid, 0)
+    # A new interpreter, not a fork: a child forked from this process (gRPC's and ONNX
+    # Runtime's threads running) could hang inside gRPC before it ever loaded.
+    child = (
+        "import os, sys, crossrt\n"
+        "data = open(sys.argv[2], 'rb').read()\n"
+        "crossrt.connect(sys.argv[1]).load(data, name='orphan')\n"
+        "print('loaded', flush=True)\n"
+        "os._exit(0)  # dies without unloading\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", child, daemon.url, str(daemon.repository / "tiny.crm")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.stdout.strip() == "loaded", done.stderr
     client = tc.InferenceServerClient(daemon.url)
     assert "orphan" not in {m.name for m in client.get_model_repository_index().models}
 

@@ -4,10 +4,12 @@ other users, and a client process running as another user against the daemon."""
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
 import select
+import signal
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -163,6 +165,10 @@ def in_child(
     with os.fdopen(read, "rb") as pipe:
         while select.select([pipe], [], [], 60)[0] and (chunk := pipe.read1(65536)):
             chunks.append(chunk)
+    # A child forked from this threaded process can hang inside gRPC: never wait on it for
+    # ever (its answer, if any, is in already).
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
     return dict(json.loads(b"".join(chunks) or b'{"error": "no answer"}'))
 

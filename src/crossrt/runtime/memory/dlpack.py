@@ -60,13 +60,16 @@ _Managed._fields_ = [
 # Every capsule made and not yet deleted: its structure, its shape array and what it keeps
 # alive, by the structure's address (the deleter receives that address).
 _LIVE: dict[int, tuple[_Managed, Any, Any]] = {}
-_LOCK = threading.Lock()
+# Reentrant, and what a deleted entry held is let go only after the lock is released: dropping
+# the tensor it kept alive may run a collection that deletes another capsule.
+_LOCK = threading.RLock()
 
 
 def _delete_managed(managed: Any) -> None:
     address = ctypes.cast(managed, ctypes.c_void_p).value or 0
     with _LOCK:
-        _LIVE.pop(address, None)
+        entry = _LIVE.pop(address, None)
+    del entry  # outside the lock
 
 
 _delete = _DELETER(_delete_managed)  # the deleter a consumer calls when it is done
@@ -92,7 +95,8 @@ def _capsule_dies(capsule: int) -> None:
     if _capsule_is_valid(capsule, _NAME):
         address = _capsule_pointer(capsule, _NAME)
         with _LOCK:
-            _LIVE.pop(address, None)
+            entry = _LIVE.pop(address, None)
+        del entry  # outside the lock
 
 
 _drop_unconsumed = _DESTRUCTOR(_capsule_dies)
