@@ -20,7 +20,9 @@ engine's spinning threads slow them alike):
 
 Reported per variant: median ms per call; ``vs raw``: crossrt / the raw engine at the same
 precision; ``vs best raw``: the variant / the fastest raw engine at fp32 (under 1: faster);
-``max abs err``: the largest difference of any output from raw onnxruntime fp32. Per model:
+``paired``: the same against the fastest raw engine, but as the median over rounds of the
+ratio of the two blocks of one round (steadier on a machine whose speed drifts); ``max abs
+err``: the largest difference of any output from raw onnxruntime fp32. Per model:
 what ``auto`` chose and why.
 
     python benchmarks/drivers.py              # ~6 min on 2 cores
@@ -174,8 +176,11 @@ def _runner(rt: crossrt.Runtime, exe: crossrt.Executable, feed: dict[str, np.nda
     return lambda: loaded.run(feed)
 
 
-def measure(calls: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:
-    """Median milliseconds per call of each variant over alternating blocks."""
+def measure(
+    calls: dict[str, Callable[[], Any]], rounds: int
+) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """Median milliseconds per call of each variant over alternating blocks, and each
+    variant's block means round by round (for ratios within a round: :func:`paired`)."""
     per_block = {}
     for key, call in calls.items():
         call()  # warm-up, and the time one call takes
@@ -194,7 +199,14 @@ def measure(calls: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float
             for _ in range(per_block[key]):
                 calls[key]()
             samples[key].append((time.perf_counter() - start) / per_block[key] * 1e3)
-    return {k: statistics.median(v) for k, v in samples.items()}
+    return {k: statistics.median(v) for k, v in samples.items()}, samples
+
+
+def paired(samples: dict[str, list[float]], label: str, against: str) -> float:
+    """The median over rounds of ``label``'s block / ``against``'s block of the same round:
+    a machine whose speed drifts (this project's shared VMs) slows both blocks of a round
+    alike, so this ratio is steadier than the ratio of the medians."""
+    return statistics.median(a / b for a, b in zip(samples[label], samples[against], strict=True))
 
 
 def max_abs_error(call: Callable[[], Any], reference: list[np.ndarray]) -> float:
@@ -225,8 +237,10 @@ def bench_model(name: str, threads: int, rounds: int, seconds: float) -> dict[st
     rt = crossrt.Runtime()
     found, decisions = crossrt_variants(rt, path, feed, seconds)
     calls.update(found)
-    median = measure(calls, rounds)
-    best_raw = min(median[k] for k in ("raw onnxruntime", "raw openvino") if k in median)
+    median, samples = measure(calls, rounds)
+    raws = [k for k in ("raw onnxruntime", "raw openvino") if k in median]
+    best_label = min(raws, key=lambda k: median[k])
+    best_raw = median[best_label]
     rows = []
     for label, ms in median.items():
         raw = _raw_for(label, median)
@@ -236,6 +250,7 @@ def bench_model(name: str, threads: int, rounds: int, seconds: float) -> dict[st
                 "median_ms": round(ms, 4),
                 "vs_raw": round(ms / median[raw], 3) if raw else None,
                 "vs_best_raw_fp32": round(ms / best_raw, 3),
+                "paired_vs_best_raw_fp32": round(paired(samples, label, best_label), 3),
                 "max_abs_error": max_abs_error(calls[label], reference),
             }
         )
@@ -276,15 +291,15 @@ def table(doc: dict[str, Any]) -> str:
         f"Drivers, auto and reduced precision beside the raw engines, {doc['machine']['threads']} "
         f"threads, {doc['machine']['cpu']} ({doc['date']})",
         "",
-        "| model | variant | median ms | vs raw | vs best raw fp32 | max abs err |",
-        "|---|---|---:|---:|---:|---:|",
+        "| model | variant | median ms | vs raw | vs best raw fp32 | paired | max abs err |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
     for m in doc["models"]:
         for r in m["rows"]:
             lines.append(
                 f"| {m['model']} | {r['variant']} | {r['median_ms']:.3f} | "
                 f"{_cell(r['vs_raw'], '.3f')} | {r['vs_best_raw_fp32']:.3f} | "
-                f"{r['max_abs_error']:.1e} |"
+                f"{_cell(r.get('paired_vs_best_raw_fp32'), '.3f')} | {r['max_abs_error']:.1e} |"
             )
     lines += ["", "| model | precision | auto chose | why |", "|---|---|---|---|"]
     for m in doc["models"]:

@@ -10,6 +10,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -198,6 +199,16 @@ def test_command_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert not sock.exists()
 
 
+_HEAVY_CLIENT = """
+import sys
+import numpy as np
+import tritonclient.grpc as tc
+x = tc.InferInput("x", [512, 512], "FP32")
+x.set_data_from_numpy(np.eye(512, dtype=np.float32))
+tc.InferenceServerClient(sys.argv[1]).infer("heavy", [x])
+"""
+
+
 def test_killed_client_and_killed_daemon(tmp_path: Path) -> None:
     """A client killed mid-request leaves the daemon serving; a daemon killed with -9 fails
     a pending crossrt.connect call at once with CLOSED and gives tritonclient UNAVAILABLE, and
@@ -211,18 +222,14 @@ def test_killed_client_and_killed_daemon(tmp_path: Path) -> None:
     metrics = f"http://127.0.0.1:{port}/metrics"
     first = start_daemon(tmp_path, repository, ["--metrics", f"127.0.0.1:{port}"])
     try:
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child, killed while its request runs
-            child = tc.InferenceServerClient(first.url)
-            x = tc.InferInput("x", [512, 512], "FP32")
-            x.set_data_from_numpy(np.eye(512, dtype=np.float32))
-            child.infer("heavy", [x])
-            os._exit(0)
+        # The client killed mid-request: a new interpreter (a fork of this threaded process
+        # could hang inside gRPC before it sent anything).
+        child = subprocess.Popen([sys.executable, "-c", _HEAVY_CLIENT, first.url])
         deadline = time.monotonic() + 30
         while _pending(metrics, "heavy") < 1 and time.monotonic() < deadline:
-            pass
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+            time.sleep(0.01)
+        child.kill()
+        child.wait()
         client = first.client()
         x = tc.InferInput("x", [4, 8], "FP32")
         x.set_data_from_numpy(np.ones((4, 8), np.float32))
