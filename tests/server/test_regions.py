@@ -11,6 +11,8 @@ import os
 import select
 import signal
 import socket
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ pytest.importorskip("tritonclient.grpc", reason="the serve extra is not installe
 
 import grpc
 import numpy as np
+import region_client
 import tritonclient.grpc as tc
 import tritonclient.utils.shared_memory as shm
 from serving import Daemon
@@ -140,22 +143,32 @@ def test_loopback_tcp_peer_is_found_in_the_kernel_table() -> None:
         accepted.close()
 
 
-def in_child(
-    daemon: Daemon,
-    work: Callable[[tc.InferenceServerClient], dict[str, Any]],
-    uid: int | None = None,
-) -> dict[str, Any]:
-    """Run ``work(client)`` in a forked child (as user ``uid``, group 0, when given: the
-    socket is 0660 root:root, so its group lets that user connect) and return its dict."""
+def in_child(daemon: Daemon, case: str, key: str, uid: int | None = None) -> dict[str, Any]:
+    """Run ``region_client.py``'s ``case`` in another process and return its dict.
+
+    As this user: a new interpreter (a fork of this process, whose gRPC and ONNX Runtime
+    threads run, can hang inside gRPC). As user ``uid`` (group 0: the socket is 0660
+    root:root, so its group lets that user connect): a fork that drops to that user, since the
+    interpreter under /root is not that user's to run; a child that never answers is killed.
+    """
+    if uid is None:
+        script = str(Path(__file__).with_name("region_client.py"))
+        done = subprocess.run(
+            [sys.executable, "-B", script, daemon.url, case, key],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        lines = done.stdout.strip().splitlines()
+        return dict(json.loads(lines[-1])) if lines else {"error": done.stderr[-500:]}
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
         try:
-            if uid is not None:
-                os.setgroups([])
-                os.setgid(0)
-                os.setuid(uid)
-            result = work(tc.InferenceServerClient(daemon.url))
+            os.setgroups([])
+            os.setgid(0)
+            os.setuid(uid)
+            result = region_client.CASES[case](tc.InferenceServerClient(daemon.url), key)
         except BaseException as exc:
             result = {"error": repr(exc)}
         os.write(write, json.dumps(result).encode())
@@ -165,8 +178,6 @@ def in_child(
     with os.fdopen(read, "rb") as pipe:
         while select.select([pipe], [], [], 60)[0] and (chunk := pipe.read1(65536)):
             chunks.append(chunk)
-    # A child forked from this threaded process can hang inside gRPC: never wait on it for
-    # ever (its answer, if any, is in already).
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
@@ -190,29 +201,7 @@ def test_another_user_cannot_use_or_register_what_is_not_theirs(
     try:
         client.register_system_shared_memory("root-region", key, 256)
 
-        def work(c: tc.InferenceServerClient) -> dict[str, Any]:
-            out: dict[str, Any] = {}
-            x = tc.InferInput("x", [4, 8], "FP32")
-            x.set_shared_memory("root-region", 128)
-            out["use"] = status_of(lambda: c.infer("tiny", [x]))
-            out["register_root_file"] = status_of(
-                lambda: c.register_system_shared_memory("steal", key, 256)
-            )
-            out["unregister"] = status_of(lambda: c.unregister_system_shared_memory("root-region"))
-            out["listed"] = list(c.get_system_shared_memory_status().regions)
-            own_key = f"/crossrt-own-{os.getpid()}"
-            own = shm.create_shared_memory_region("own", own_key, 128)
-            shm.set_shared_memory_region(own, [np.ones((4, 8), np.float32)])
-            out["register_own"] = status_of(
-                lambda: c.register_system_shared_memory("own", own_key, 128)
-            )
-            x.set_shared_memory("own", 128)
-            out["y"] = c.infer("tiny", [x]).as_numpy("y").tolist()
-            c.unregister_system_shared_memory("own")
-            shm.destroy_shared_memory_region(own)
-            return out
-
-        got = in_child(daemon, work, uid=OTHER)
+        got = in_child(daemon, "other_user", key, uid=OTHER)
         assert got["use"] == "StatusCode.PERMISSION_DENIED"
         assert got["register_root_file"] == "StatusCode.PERMISSION_DENIED"
         assert got["unregister"] == "StatusCode.PERMISSION_DENIED"
@@ -234,12 +223,7 @@ def test_regions_of_a_dead_process_are_released(
     key = f"/crossrt-dead-{os.getpid()}"
     handle = shm.create_shared_memory_region("dead-region", key, 64)
     try:
-
-        def work(c: tc.InferenceServerClient) -> dict[str, Any]:
-            c.register_system_shared_memory("dead-region", key, 64)
-            return {"listed": list(c.get_system_shared_memory_status().regions)}
-
-        got = in_child(daemon, work)
+        got = in_child(daemon, "dead_process", key)
         assert got["listed"] == ["dead-region"]  # registered, then its process ended
         assert "dead-region" not in client.get_system_shared_memory_status().regions
     finally:
