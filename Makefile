@@ -58,12 +58,13 @@ FUZZ_CONTAINERS ?= 10000
 FUZZ_MODELS     ?= 2000
 
 # NVIDIA GPUs: the venv with onnxruntime-gpu in place of onnxruntime (both install the
-# `onnxruntime` module). tests/gpu/ then runs; `make clean` goes back to the lock's onnxruntime.
-ORT_GPU_PIN := onnxruntime-gpu[cuda,cudnn]==1.31.1
+# `onnxruntime` module), at the exact versions of requirements/cuda-lock.txt (onnxruntime-gpu and
+# the CUDA 13 and cuDNN wheels it loads). tests/gpu/ then runs; `make clean` goes back.
+CUDA_LOCK := requirements/cuda-lock.txt
 
-cuda: $(STAMP)
+cuda: $(STAMP) $(CUDA_LOCK)
 	$(PY) -m pip uninstall --quiet -y onnxruntime
-	$(PY) -m pip install --quiet "$(ORT_GPU_PIN)"
+	$(PY) -m pip install --quiet -r $(CUDA_LOCK)
 	$(PY) -c "import onnxruntime as o; print(o.__version__, o.get_available_providers())"
 
 fuzz: $(STAMP)
@@ -79,6 +80,9 @@ lock:
 	$(VENV)/bin/uv pip compile pyproject.toml requirements/build.in --extra dev --extra openvino --extra serve --upgrade \
 		--python-version 3.11 --python-platform x86_64-manylinux_2_28 \
 		--custom-compile-command 'make lock' --quiet -o $(LOCK)
+	$(VENV)/bin/uv pip compile requirements/cuda.in -c $(LOCK) --upgrade \
+		--python-version 3.11 --python-platform x86_64-manylinux_2_28 \
+		--custom-compile-command 'make lock' --quiet -o $(CUDA_LOCK)
 
 # Rewrite tests/conformance/exclusions.toml from what fails on the installed engines now.
 exclusions: $(STAMP)
