@@ -610,7 +610,7 @@ class Driver(ABC):
         driver keeps all five default memory hooks. A driver serving host memory on some
         devices and its own on others (onnxruntime: the CPU, and ``cuda:N``) says per device.
         """
-        return all(getattr(type(self), h) is getattr(Driver, h) for h in MEMORY_HOOKS)
+        return keeps_default_memory(self)
 
     # Device addresses, for DLPack and the CUDA array interface: how a tensor in a device's
     # memory is handed to torch or cupy, and theirs to crossrt, without a copy. Drivers whose
@@ -636,6 +636,13 @@ class Driver(ABC):
 
 MEMORY_HOOKS = ("allocate", "free", "copy_in", "copy_out", "copy_device")
 """The driver methods that reach a device's memory."""
+
+
+def keeps_default_memory(hooks: Any) -> bool:
+    """Whether ``hooks`` (a driver, or any object with the memory hooks) keeps all five of
+    :class:`Driver`'s default memory hooks: host memory as NumPy bytes."""
+    return all(getattr(type(hooks), h, None) is getattr(Driver, h) for h in MEMORY_HOOKS)
+
 
 guard_class(Program, PROGRAM_METHODS)  # the defaults too: a subclass may not override them
 guard_class(Driver, DRIVER_METHODS)

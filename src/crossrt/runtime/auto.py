@@ -332,7 +332,10 @@ def _candidates(
     """Every (driver, device, at the model's own precision) ``auto`` measures, and a row for
     each one it passes by."""
     found: list[tuple[Driver, DeviceInfo, bool]] = []
-    own = replace(opts, precision=None, fp16=False)
+    # The options given, then (a reduced precision being a permission) the model's own.
+    attempts = [(opts, False)]
+    if opts.precision not in (None, "fp32"):
+        attempts.append((replace(opts, precision=None, fp16=False), True))
     rows: list[dict[str, Any]] = []
     for drv in available_drivers():
         seen: set[str] = set()
@@ -344,21 +347,18 @@ def _candidates(
                 row = {"driver": drv.name, "device": dev.id, "status": "not measured"}
                 rows.append({**row, "why": NOT_CANDIDATES[drv.name]})
                 continue
-            try:
-                drv.check_options(opts, dev)
-                found.append((drv, dev, False))
-                continue
-            except CrossrtError as exc:
-                refusal = exc
-            if opts.precision not in (None, "fp32"):  # a permission: its own precision competes
+            why = ""
+            for tried, at_own in attempts:
                 try:
-                    drv.check_options(own, dev)
-                    found.append((drv, dev, True))
-                    continue
+                    drv.check_options(tried, dev)
                 except CrossrtError as exc:
-                    refusal = exc
-            row = {"driver": drv.name, "device": dev.id, "status": "refused"}
-            rows.append({**row, "why": _short(refusal.message)})
+                    why = exc.message
+                    continue
+                found.append((drv, dev, at_own))
+                break
+            else:
+                row = {"driver": drv.name, "device": dev.id, "status": "refused"}
+                rows.append({**row, "why": _short(why)})
     return found, rows
 
 

@@ -186,8 +186,8 @@ def decode_inputs(
         shape = _shape(tensor, spec)
         count = math.prod(shape)  # Python ints: a huge shape is a big number, not a buffer
         if want == "BYTES":
-            feed[spec.name] = _bytes_input(tensor, raw[i] if raw else None, count, read)
-            feed[spec.name] = feed[spec.name].reshape(shape)
+            strings = _bytes_input(tensor, raw[i] if raw else None, count, read)
+            feed[spec.name] = strings.reshape(shape)
             continue
         nbytes = count * dtype.itemsize
         region = shared_memory_params(tensor.parameters)

@@ -55,11 +55,16 @@ def is_cuda(device: DeviceInfo) -> bool:
     return device.id.startswith("cuda:")
 
 
+def index_of(device: DeviceInfo) -> int:
+    """N of ``cuda:N``: the CUDA device index."""
+    return int(device.id.partition(":")[2] or 0)
+
+
 def providers(device: DeviceInfo, options: CompileOptions) -> list[Any]:
     """The providers of a session for ``device``, in ORT's priority order, with options."""
     if not is_cuda(device):
         return [CPU]
-    index = int(device.id.partition(":")[2])
+    index = index_of(device)
     chosen: list[Any] = []
     if options.extensions.get("tensorrt"):
         chosen.append((TENSORRT, {"device_id": index}))

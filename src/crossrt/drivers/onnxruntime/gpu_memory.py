@@ -31,6 +31,7 @@ from ...errors import (
     OutOfResourcesError,
 )
 from ..base import DeviceInfo, check_range
+from .cuda import index_of
 
 _CUDA_LIBRARIES = ("libcudart.so.12", "libcudart.so.13", "libcudart.so")
 _MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: the direction follows from the addresses (UVA)
@@ -160,7 +161,7 @@ class GpuMemory:
 
     def __init__(self, device: DeviceInfo, api: DeviceApi) -> None:
         self.device = device
-        self.index = int(device.id.partition(":")[2] or 0)
+        self.index = index_of(device)
         self.api = api
         self._lock = threading.Lock()
 

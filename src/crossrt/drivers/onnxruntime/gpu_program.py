@@ -18,10 +18,10 @@ import onnx
 import onnxruntime as ort
 
 from ... import dtypes
-from ...errors import DeadlineExceededError, ExecutionError, InvalidInputError
+from ...errors import CrossrtError, InvalidInputError
 from ..base import CancelToken, DeviceArray, Program, Residence, check_range
 from .gpu_memory import GpuMemory
-from .program import ORT_SEVERITY, short_error
+from .program import ORT_SEVERITY, cancellable_options, run_failure, run_options
 
 
 def _numeric(type_name: str) -> np.dtype[Any] | None:
@@ -53,19 +53,20 @@ class GpuProgram(Program):
         self.memory = memory
         self._device = memory.device.id
         self._ort = (memory.api.ort_device, memory.index)
-        self._inputs = {i.name: _numeric(i.type) for i in session.get_inputs()}
         self._outputs = {o.name: (_numeric(o.type), o.shape) for o in session.get_outputs()}
         self._severity = severity
+        self._options = run_options(severity)
+        numeric = [i.name for i in session.get_inputs() if _numeric(i.type) is not None]
+        numeric += [n for n, (t, _) in self._outputs.items() if t is not None]
+        self._residence = {name: Residence.DEVICE for name in numeric}
 
     def residence(self) -> Mapping[str, Residence]:
-        on_device = [n for n, t in self._inputs.items() if t is not None]
-        on_device += [n for n, (t, _) in self._outputs.items() if t is not None]
-        return {name: Residence.DEVICE for name in on_device}
+        return self._residence
 
     def run(
         self, inputs: Mapping[str, Any], outputs: Mapping[str, Any] | None = None
     ) -> dict[str, Any]:
-        return self._execute(inputs, outputs, self._options(), None)
+        return self._execute(inputs, outputs, self._options, None)
 
     def run_cancellable(
         self,
@@ -73,14 +74,8 @@ class GpuProgram(Program):
         cancel: CancelToken,
         outputs: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
-        options = self._options()
-        cancel.on_cancel(lambda: setattr(options, "terminate", True))
+        options = cancellable_options(self._severity, cancel)
         return self._execute(inputs, outputs, options, cancel)
-
-    def _options(self) -> ort.RunOptions:
-        options = ort.RunOptions()
-        options.log_severity_level = self._severity
-        return options
 
     def _execute(
         self,
@@ -121,14 +116,9 @@ class GpuProgram(Program):
         except Exception as exc:
             for buffer in made:
                 self.memory.free(buffer)
-            if isinstance(exc, InvalidInputError):
+            if isinstance(exc, CrossrtError):  # a buffer refused, the device out of memory
                 raise
-            if cancel is not None and cancel.cancelled:
-                raise DeadlineExceededError(
-                    "ONNX Runtime stopped the call: its execution timeout expired; raise "
-                    "exec_timeout (or CROSSRT_EXEC_TIMEOUT)"
-                ) from None
-            raise ExecutionError(f"ONNX Runtime failed to run: {short_error(exc)}") from None
+            raise run_failure(exc, cancel) from None
         produced = binding.get_outputs()
         for i, (name, (dtype, _)) in enumerate(self._outputs.items()):
             if name in results:

@@ -58,15 +58,8 @@ class OrtProgram(Program):
         if self._special:
             self._run = functools.partial(_run_converting, session._sess, kinds_in, kinds_out)
         self._severity = severity
-        self._run_options = self._new_run_options()
+        self._run_options = run_options(severity)
         self._run_binding = session._sess.run_with_iobinding
-
-    def _new_run_options(self) -> ort.RunOptions:
-        """Options for runs that log no more than the session does (ORT logs a failed node
-        as an error before it raises it)."""
-        options = ort.RunOptions()
-        options.log_severity_level = self._severity
-        return options
 
     def run(
         self, inputs: Mapping[str, Any], outputs: Mapping[str, np.ndarray] | None = None
@@ -85,9 +78,7 @@ class OrtProgram(Program):
         cancel: CancelToken,
         outputs: Mapping[str, np.ndarray] | None = None,
     ) -> dict[str, np.ndarray]:
-        # Per call: terminate set on shared options would stop every concurrent call.
-        options = self._new_run_options()
-        cancel.on_cancel(lambda: setattr(options, "terminate", True))
+        options = cancellable_options(self._severity, cancel)
         return self._execute(inputs, outputs, options, cancel)
 
     def _execute(
@@ -106,12 +97,7 @@ class OrtProgram(Program):
         except CrossrtError:
             raise
         except Exception as exc:
-            if cancel is not None and cancel.cancelled:
-                raise DeadlineExceededError(
-                    "ONNX Runtime stopped the call: its execution timeout expired; raise "
-                    "exec_timeout (or CROSSRT_EXEC_TIMEOUT) or give the model more cores"
-                ) from None
-            raise ExecutionError(f"ONNX Runtime failed to run: {short_error(exc)}") from None
+            raise run_failure(exc, cancel) from None
         return dict(zip(self._output_names, results, strict=True))
 
     def _run_bound(
@@ -225,6 +211,32 @@ def _run_converting(
         return types.run_converting(session, inputs, kinds_in, names, kinds_out, options)
     except TypeError as exc:
         raise ExecutionError(str(exc)) from None
+
+
+def run_options(severity: int) -> ort.RunOptions:
+    """Options for runs that log no more than the session does (ORT logs a failed node as an
+    error before it raises it)."""
+    options = ort.RunOptions()
+    options.log_severity_level = severity
+    return options
+
+
+def cancellable_options(severity: int, cancel: CancelToken) -> ort.RunOptions:
+    """:func:`run_options` of one call that ``cancel`` stops (ORT's ``terminate``); per call,
+    since terminate set on shared options would stop every concurrent call."""
+    options = run_options(severity)
+    cancel.on_cancel(lambda: setattr(options, "terminate", True))
+    return options
+
+
+def run_failure(exc: BaseException, cancel: CancelToken | None) -> CrossrtError:
+    """ORT's failure to run as a crossrt error: TIMEOUT when ``cancel`` stopped the call."""
+    if cancel is not None and cancel.cancelled:
+        return DeadlineExceededError(
+            "ONNX Runtime stopped the call: its execution timeout expired; raise exec_timeout "
+            "(or CROSSRT_EXEC_TIMEOUT) or give the model more cores"
+        )
+    return ExecutionError(f"ONNX Runtime failed to run: {short_error(exc)}")
 
 
 def short_error(exc: BaseException) -> str:

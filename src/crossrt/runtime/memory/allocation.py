@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ...drivers import DeviceInfo, Driver
-from ...drivers.base import MEMORY_HOOKS, Capabilities, host_cpu
+from ...drivers.base import Capabilities, host_cpu, keeps_default_memory
 from ...errors import OutOfResourcesError, StatusCode
 
 HOST = "host"
@@ -123,7 +123,7 @@ def is_coherent(driver: Any, device: DeviceInfo | None = None) -> bool:
     (:class:`HostMemory` is ``Driver``'s own)."""
     if device is not None and isinstance(driver, Driver):
         return driver.coherent(device)
-    return all(getattr(type(driver), h, None) is getattr(Driver, h) for h in MEMORY_HOOKS)
+    return keeps_default_memory(driver)
 
 
 class MappingState(Protocol):

@@ -142,6 +142,13 @@ def live() -> int:
     return len(_LIVE)
 
 
+def device_of(device_id: str) -> tuple[int, int] | None:
+    """DLPack's ``(device type, index)`` of a crossrt device id whose buffers have addresses
+    other libraries use: ``cuda:N`` -> ``(kDLCUDA, N)``; ``None`` for others."""
+    kind, _, index = device_id.partition(":")
+    return (KDL_CUDA, int(index or 0)) if kind == "cuda" else None
+
+
 def cuda_device_of(obj: Any) -> int | None:
     """The CUDA device index of a DLPack producer's memory, or ``None`` when it lies
     elsewhere (the host)."""

@@ -370,21 +370,19 @@ class Tensor(TensorBase):
         """Export as a DLPack capsule, for ``np.from_dlpack``, ``torch.from_dlpack``,
         ``cupy.from_dlpack``... without a copy: host tensors through NumPy, tensors in a GPU's
         memory over their device address (``dlpack.capsule``)."""
-        gpu = self._gpu_address("__dlpack__")
-        if gpu is not None:
-            address, index = gpu
-            return dlpack.capsule(
-                address, self.shape, self._numpy_dtype(), (dlpack.KDL_CUDA, index), self
-            )
+        device = self._device_address("__dlpack__")
+        if device is not None:
+            address, where = device
+            return dlpack.capsule(address, self.shape, self._numpy_dtype(), where, self)
         passed = {k: v for k, v in kwargs.items() if v is not None}
         return self._host_array("__dlpack__").__dlpack__(**passed)
 
     def __dlpack_device__(self) -> tuple[int, int]:
         """``(kDLCPU, 0)`` for host tensors, ``(kDLCUDA, N)`` for those in ``cuda:N``'s
         memory."""
-        gpu = self._gpu_address("__dlpack_device__")
-        if gpu is not None:
-            return (dlpack.KDL_CUDA, gpu[1])
+        device = self._device_address("__dlpack_device__")
+        if device is not None:
+            return device[1]
         self._host_array("__dlpack_device__")
         return (_KDLCPU, 0)
 
@@ -393,8 +391,8 @@ class Tensor(TensorBase):
         """The CUDA array interface (version 3) of a tensor in a GPU's memory:
         ``torch.as_tensor(t, device="cuda")`` and ``cupy.asarray(t)`` view it without a copy.
         ``stream`` is ``None``: crossrt's copies and runs have finished when they return."""
-        gpu = self._gpu_address("__cuda_array_interface__")
-        if gpu is None:
+        device = self._device_address("__cuda_array_interface__")
+        if device is None or device[1][0] != dlpack.KDL_CUDA:
             raise AttributeError(
                 f"tensor {self.name!r} is in {self.device} memory, not a GPU's: it has no "
                 "CUDA array interface (use numpy() or __dlpack__)"
@@ -402,25 +400,25 @@ class Tensor(TensorBase):
         return {
             "shape": tuple(self.shape),
             "typestr": self._numpy_dtype().str,
-            "data": (gpu[0], False),
+            "data": (device[0], False),
             "strides": None,
             "version": 3,
             "stream": None,
         }
 
-    def _gpu_address(self, op: str) -> tuple[int, int] | None:
-        """``(address, CUDA device index)`` of a tensor in a GPU's memory, else ``None``."""
+    def _device_address(self, op: str) -> tuple[int, tuple[int, int]] | None:
+        """``(address, DLPack device)`` of a tensor in device memory whose driver gives
+        addresses other libraries use (a GPU's), else ``None``."""
         storage = self._live(op)
         allocation = storage.allocation
         if storage.host is not None or allocation is None:
             return None
         info = allocation.allocator.device
-        if not info.id.startswith("cuda:"):
+        where = dlpack.device_of(info.id)
+        if where is None:
             return None
         address = allocation.allocator.hooks.address_of(info, allocation.handle)
-        if address is None:
-            return None
-        return address + self._offset, int(info.id.partition(":")[2])
+        return None if address is None else (address + self._offset, where)
 
     def _numpy_dtype(self) -> np.dtype[Any]:
         numpy = self.dtype.numpy
