@@ -130,11 +130,19 @@ def test_sigterm_drains_then_stops(guarded: Daemon) -> None:
         target=lambda: results.append(client.infer("heavy", [x], headers=AUTH))
     )
     running.start()
+    remote = connect(guarded.url, token=TOKEN)  # and one through the direct lane
+    assert remote.lane
+    heavy = remote.load("heavy")
+    laned: list[Any] = []
+    lane_running = threading.Thread(
+        target=lambda: laned.append(heavy.run(np.eye(512, dtype=np.float32)))
+    )
+    lane_running.start()
     assert guarded.metrics is not None
     deadline = time.monotonic() + 30
-    while _pending(guarded.metrics, "heavy") < 1 and time.monotonic() < deadline:
+    while _pending(guarded.metrics, "heavy") < 2 and time.monotonic() < deadline:
         pass
-    assert _pending(guarded.metrics, "heavy") == 1
+    assert _pending(guarded.metrics, "heavy") == 2
     guarded.proc.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + 30
     refused = None
@@ -146,9 +154,15 @@ def test_sigterm_drains_then_stops(guarded: Daemon) -> None:
     assert refused is not None, "".join(guarded.log)
     assert refused.status() == "StatusCode.UNAVAILABLE"
     running.join(60)
-    (result,) = results  # the request under way when SIGTERM came was answered
+    lane_running.join(60)
+    (result,) = results  # the requests under way when SIGTERM came were answered
     output = result.get_response().outputs[0].name
     np.testing.assert_array_equal(result.as_numpy(output), np.eye(512, dtype=np.float32))
+    (lane_result,) = laned
+    np.testing.assert_array_equal(lane_result[output], np.eye(512, dtype=np.float32))
+    with pytest.raises(crossrt.ClosedError):
+        heavy.run(np.eye(512, dtype=np.float32))  # the lane is closed with the daemon
+    remote.close()
     assert guarded.proc.wait(60) == 0
     assert not Path(guarded.socket).exists()
     assert "stopped" in "".join(guarded.log)
@@ -238,12 +252,25 @@ def test_killed_client_and_killed_daemon(tmp_path: Path) -> None:
             pass  # the dead client's request ran to its end
         remote = connect(first.url)
         pending = remote.load("heavy").run_async(np.eye(512, dtype=np.float32))
-        while _pending(metrics, "heavy") < 1 and time.monotonic() < deadline:
+        laned: list[BaseException] = []  # and one pending on the direct lane
+
+        def lane_run() -> None:
+            try:
+                remote.load("heavy").run(np.eye(512, dtype=np.float32))
+            except BaseException as exc:
+                laned.append(exc)
+
+        lane_pending = threading.Thread(target=lane_run)
+        lane_pending.start()
+        while _pending(metrics, "heavy") < 2 and time.monotonic() < deadline:
             pass
         first.proc.kill()
         first.proc.wait(30)
         with pytest.raises(crossrt.ClosedError, match="not answering"):
             pending.result(timeout=10)  # at once, with a coded error
+        lane_pending.join(10)
+        assert len(laned) == 1 and isinstance(laned[0], crossrt.ClosedError), laned
+        assert "not answering" in str(laned[0])
         assert Path(first.socket).exists()  # left behind by -9
         with pytest.raises(InferenceServerException) as info:
             client.infer("tiny", [x])

@@ -31,6 +31,7 @@ from ..runtime.statistics import ModelStatistics
 from .extension import RuntimeService
 from .gate import Gate
 from .kserve import InferenceService
+from .lane import LaneServer
 from .peers import Peer, identify
 from .proto import runtime_pb2_grpc as v1_grpc
 from .regions import Regions
@@ -88,6 +89,7 @@ class Daemon:
             ],
         )
         service = InferenceService(self.repository, self.regions, self.identify, self.ready)
+        self.lane = LaneServer(service.infer, self.gate)
         pbg.add_GRPCInferenceServiceServicer_to_server(service, self.server)
         self.extension = RuntimeService(self.runtime, self.repository, self.regions, self.identify)
         v1_grpc.add_RuntimeServicer_to_server(self.extension, self.server)  # type: ignore[no-untyped-call]
@@ -110,7 +112,9 @@ class Daemon:
         for endpoint in endpoints:
             if endpoint.kind == "unix":
                 try:
-                    relay = UnixRelay(endpoint.address, inner, self.options.socket_mode)
+                    relay = UnixRelay(
+                        endpoint.address, inner, self.options.socket_mode, self.lane.serve
+                    )
                 except OSError as exc:
                     raise OutOfResourcesError(
                         f"cannot listen on unix:{endpoint.address}: {exc}"

@@ -3,6 +3,7 @@ the translation of errors into gRPC statuses (one place, :func:`status.status_of
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import logging
 import threading
@@ -12,9 +13,14 @@ from typing import Any
 
 import grpc
 
-from .status import status_of
+from .status import ServiceError, status_of
 
 log = logging.getLogger("crossrt.serve")
+
+UNAUTHENTICATED = (
+    "this daemon needs a token: send the metadata 'authorization: Bearer <token>' "
+    "(tritonclient: headers={'authorization': 'Bearer <token>'}; crossrt.connect: token=)"
+)
 
 HEALTH = frozenset({"ServerLive", "ServerReady"})
 """Answered while draining too (ServerReady then says false)."""
@@ -48,6 +54,27 @@ class Gate(grpc.ServerInterceptor):  # type: ignore[misc]
                 self._cond.wait(left)
             return self._in_flight
 
+    def token_matches(self, given: bytes) -> bool:
+        """Whether ``given`` (the token a lane client sent, :mod:`.lane`) is this daemon's
+        token; any is when none is set."""
+        return self._token is None or hmac.compare_digest(b"Bearer " + given, self._token)
+
+    @contextlib.contextmanager
+    def admitted(self) -> Iterator[None]:
+        """One call that is not gRPC's (a lane request) counted in flight, so the drain
+        waits for it.
+
+        Raises:
+            ServiceError: UNAVAILABLE while the daemon drains.
+        """
+        failure = self._enter(False)
+        if failure is not None:
+            raise ServiceError(*failure)
+        try:
+            yield
+        finally:
+            self._leave(False)
+
     def _enter(self, health: bool) -> tuple[grpc.StatusCode, str] | None:
         if health:
             return None
@@ -76,10 +103,7 @@ class Gate(grpc.ServerInterceptor):  # type: ignore[misc]
                 given = value.encode() if isinstance(value, str) else bytes(value)
                 if hmac.compare_digest(given, self._token):
                     return None
-        return grpc.StatusCode.UNAUTHENTICATED, (
-            "this daemon needs a token: send the metadata 'authorization: Bearer <token>' "
-            "(tritonclient: headers={'authorization': 'Bearer <token>'})"
-        )
+        return grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED
 
     def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
         handler = continuation(details)

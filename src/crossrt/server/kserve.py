@@ -163,14 +163,17 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
     # -- inference -----------------------------------------------------------------------
 
     def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
-        return self._infer(request, context)
+        return self.infer(request, lambda: self._identify(context.peer()))
 
     def ModelStreamInfer(
         self, request_iterator: Iterator[pb.ModelInferRequest], context: Any
     ) -> Iterator[pb.ModelStreamInferResponse]:
+        def caller() -> Peer:
+            return self._identify(context.peer())
+
         for request in request_iterator:
             try:
-                response = self._infer(request, context)
+                response = self.infer(request, caller)
             except Exception as exc:  # the stream goes on; the error is this request's
                 code, message = status_of(exc)
                 if code is grpc.StatusCode.INTERNAL:
@@ -185,18 +188,26 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
                 continue
             yield pb.ModelStreamInferResponse(infer_response=response)
 
-    def _infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+    def infer(
+        self, request: pb.ModelInferRequest, caller: Callable[[], Peer]
+    ) -> pb.ModelInferResponse:
+        """Serve one ModelInfer request (gRPC's, or the direct lane's: :mod:`.lane`).
+
+        Args:
+            caller: who sent it; asked at most once, and only when the request names a
+                shared-memory region (looking a TCP peer up reads the kernel's tables).
+        """
         entry, model = self.repository.get(request.model_name, request.model_version)
         peer: list[Peer] = []
 
-        def caller() -> Peer:
+        def who() -> Peer:
             if not peer:
-                peer.append(self._identify(context.peer()))
+                peer.append(caller())
             return peer[0]
 
         try:
             feed = decode_inputs(
-                request, model.inputs, lambda n, o, s: self.regions.read(n, o, s, caller())
+                request, model.inputs, lambda n, o, s: self.regions.read(n, o, s, who())
             )
             chosen = requested_outputs(request, model.outputs)
         except Exception:
@@ -207,7 +218,7 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
             model_name=entry.name, model_version=entry.version, id=request.id
         )
         encode_outputs(
-            response, results, chosen, lambda n, o, a: self.regions.write(n, o, a, caller())
+            response, results, chosen, lambda n, o, a: self.regions.write(n, o, a, who())
         )
         return response
 

@@ -1,6 +1,7 @@
 """The daemon's Unix socket: connections accepted here, where the kernel says who connected
 (``SO_PEERCRED``), and relayed to gRPC's own socket in a folder only the daemon's user may
-enter.
+enter; a connection that opens with the direct lane's greeting (:mod:`.lane`) is served
+here instead.
 
 gRPC's Python server shows a Unix client only as ``unix:``. Each relayed connection comes
 to gRPC from a socket bound to an abstract name of its own
@@ -20,7 +21,9 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 
+from .lane import is_lane
 from .peers import Peer
 
 log = logging.getLogger("crossrt.serve")
@@ -29,15 +32,24 @@ _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 
 
 class UnixRelay:
-    """Listen on ``path`` (mode ``mode``) and relay every connection to ``inner``.
+    """Listen on ``path`` (mode ``mode``) and relay every connection to ``inner``, but
+    those of the direct lane, which go to ``lane`` (called in a thread of their own).
 
     Raises:
         OSError: the socket cannot be created (the message of :func:`bind_unix`).
     """
 
-    def __init__(self, path: str, inner: str, mode: int = 0o660) -> None:
+    def __init__(
+        self,
+        path: str,
+        inner: str,
+        mode: int = 0o660,
+        lane: Callable[[socket.socket, Peer], None] | None = None,
+    ) -> None:
         self.path = path
         self._inner = inner
+        self._lane = lane
+        self._lanes: dict[int, socket.socket] = {}
         self._listener = bind_unix(path, mode)
         self._tag = secrets.token_hex(8)
         self._serial = 0
@@ -60,9 +72,15 @@ class UnixRelay:
             os.unlink(self.path)
 
     def close(self, seconds: float = 5.0) -> None:
-        """Stop accepting; give the relayed connections ``seconds`` to pass on what gRPC
-        wrote last (the answers of drained calls), then cut them."""
+        """Stop accepting, cut the lane's connections (their requests were drained), give
+        the relayed connections ``seconds`` to pass on what gRPC wrote last (the answers of
+        drained calls), then cut them."""
         self.stop_accepting()
+        with self._lock:
+            lanes = list(self._lanes.values())
+        for sock in lanes:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
         deadline = time.monotonic() + seconds
         with self._lock:
             while self._open and (left := deadline - time.monotonic()) > 0:
@@ -79,18 +97,37 @@ class UnixRelay:
                 client, _ = self._listener.accept()
             except OSError:
                 return  # stop_accepting()
-            try:
-                self._relay(client)
-            except OSError as exc:
-                log.warning("could not relay a connection to %s: %s", self._inner, exc)
-                client.close()
+            # A thread per connection: telling a lane from gRPC waits for its first bytes.
+            threading.Thread(target=self._route, args=(client,), daemon=True).start()
 
-    def _relay(self, client: socket.socket) -> None:
-        creds = client.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        pid, uid, gid = struct.unpack("3i", creds)
+    def _route(self, client: socket.socket) -> None:
+        try:
+            creds = client.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            pid, uid, gid = struct.unpack("3i", creds)
+            with self._lock:
+                self._serial += 1
+                serial = self._serial
+            if self._lane is not None and is_lane(client):
+                self._serve_lane(client, serial, Peer(f"lane:{serial}", True, uid, gid, pid))
+            else:
+                self._relay(client, serial, uid, gid, pid)
+        except OSError as exc:
+            log.warning("could not relay a connection to %s: %s", self._inner, exc)
+            client.close()
+
+    def _serve_lane(self, client: socket.socket, serial: int, peer: Peer) -> None:
+        assert self._lane is not None
         with self._lock:
-            self._serial += 1
-            name = f"crossrt-peer-{self._tag}-{self._serial}"
+            self._lanes[serial] = client
+        try:
+            self._lane(client, peer)
+        finally:
+            with self._lock:
+                self._lanes.pop(serial, None)
+            client.close()
+
+    def _relay(self, client: socket.socket, serial: int, uid: int, gid: int, pid: int) -> None:
+        name = f"crossrt-peer-{self._tag}-{serial}"
         upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             upstream.bind("\0" + name)

@@ -33,6 +33,8 @@ class Connection(Protocol):
 
     def call(self, method: str, request: Any) -> Any: ...
 
+    def infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse: ...
+
     def call_async(self, method: str, request: Any) -> Any: ...
 
     def forget(self, model: RemoteModel) -> None: ...
@@ -67,7 +69,7 @@ class RemoteModel:
         feed = self._feed(inputs)
         segment = self._segment_for(feed)
         try:
-            response = self._rt.call("ModelInfer", self._request(feed, segment))
+            response = self._rt.infer(self._request(feed, segment))
             return self._results(response, segment)
         finally:
             self._give_back(segment)

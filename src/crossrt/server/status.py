@@ -100,7 +100,11 @@ def _classes() -> dict[StatusCode, type[CrossrtError]]:
 def error_of(exc: grpc.RpcError, endpoint: str) -> CrossrtError:
     """The crossrt error a client raises for a failed call: the daemon's own code when its
     message starts with one (``[EXEC_BAD_INPUT (1002)] ...``), else one for the status."""
-    code, message = exc.code(), exc.details() or ""
+    return error_from(exc.code(), exc.details() or "", endpoint)
+
+
+def error_from(code: grpc.StatusCode, message: str, endpoint: str) -> CrossrtError:
+    """:func:`error_of` for a status and message however they came (a lane answer too)."""
     found = _CODE_PREFIX.match(message)
     if found and found.group(1) in StatusCode.__members__:
         status = StatusCode[found.group(1)]

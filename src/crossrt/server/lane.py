@@ -1,0 +1,353 @@
+"""The direct lane: KServe ModelInfer messages over the daemon's Unix socket, without HTTP/2.
+
+A gRPC call through grpcio's Python layer costs about 600 µs on the project's VM, where a
+round trip between two processes costs 80 µs: too much for a small model, whose run takes a
+few µs. A crossrt client on the same host (``crossrt.connect`` on a ``unix:`` endpoint) sends
+the very same ``ModelInferRequest`` messages, length-prefixed, on a plain connection to the
+daemon's socket; the relay (:mod:`.relay`) sees the lane's greeting instead of HTTP/2's
+preface and hands the connection to :class:`LaneServer`. The request is served by the same
+code as gRPC's ModelInfer (:meth:`kserve.InferenceService.infer`): the same checks, errors,
+statistics, shared-memory regions and drain. Everything else (metadata, the repository,
+regions, crossrt.v1) stays on gRPC, and gRPC clients (tritonclient, perf_analyzer) are
+untouched.
+
+Wire format, integers little-endian. A *frame* is a header ``<IB`` (the body's length, a
+gRPC status code: 0 for OK) and the body.
+
+- client, once: :data:`MAGIC`, then a frame with status 0 whose body is the daemon's token
+  (empty when it has none);
+- daemon, once: a frame with status 0 and the body :data:`MAGIC`, or a frame with
+  UNAUTHENTICATED and a message, then it closes;
+- then, one request at a time: the client sends a frame with status 0 and a serialized
+  ``ModelInferRequest``; the daemon answers a frame with status 0 and a serialized
+  ``ModelInferResponse``, or with the error's gRPC status code and its message (UTF-8), the
+  same two gRPC gives. A client wanting requests in parallel opens more connections.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+
+import grpc
+from google.protobuf.message import DecodeError
+from tritonclient.grpc import service_pb2 as pb
+
+from ..errors import ClosedError, CrossrtError, DeadlineExceededError
+from .gate import UNAUTHENTICATED, Gate
+from .peers import Peer
+from .status import ServiceError, error_from, status_of
+
+log = logging.getLogger("crossrt.serve")
+
+MAGIC = b"CRTLANE1"
+"""What a lane client sends first; HTTP/2's preface starts ``PRI * HT``."""
+HEADER = struct.Struct("<IB")
+MAX_BODY = 2**31 - 1
+"""Protobuf's own limit on a message."""
+_BUFFER = 1 << 16
+_FIRST_BIG = 1 << 24
+"""A body larger than the buffer starts at most this large and doubles as its bytes arrive:
+a length that lies costs only what was really sent."""
+GREETING_SECONDS = 10.0
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
+class FrameError(Exception):
+    """The other end broke the protocol or the connection (not an answer to a request)."""
+
+
+class Frames:
+    """Frames read from one connection, through a buffer that holds small ones whole: a
+    small request or answer takes one ``recv``."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._buffer = bytearray(_BUFFER)
+        self._view = memoryview(self._buffer)
+        self._start = self._end = 0
+
+    def read(self) -> tuple[int, bytes | bytearray]:
+        """The next frame's (status, body).
+
+        Raises:
+            EOFError: the connection ended between frames.
+            FrameError: it ended inside one, or a body is over :data:`MAX_BODY`.
+            OSError: from ``recv`` (a timeout is ``TimeoutError``).
+        """
+        while self._end - self._start < HEADER.size:
+            self._fill(between=self._start == self._end)
+        length, status = HEADER.unpack_from(self._buffer, self._start)
+        if length > MAX_BODY:
+            raise FrameError(f"a frame of {length} bytes, over the {MAX_BODY}-byte limit")
+        begin = self._start + HEADER.size
+        if begin + length <= len(self._buffer):
+            while self._end < begin + length:
+                self._fill(between=False)
+            body = bytes(self._view[begin : begin + length])
+            self._start = begin + length
+            return status, body
+        return status, self._read_big(begin, length)
+
+    def _fill(self, between: bool) -> None:
+        if self._start == self._end:
+            self._start = self._end = 0
+        elif self._end == len(self._buffer):  # a header split at the buffer's end
+            kept = self._end - self._start
+            self._buffer[:kept] = self._buffer[self._start : self._end]
+            self._start, self._end = 0, kept
+        got = self._sock.recv_into(self._view[self._end :])
+        if not got:
+            if between:
+                raise EOFError
+            raise FrameError("the connection ended inside a frame")
+        self._end += got
+
+    def _read_big(self, begin: int, length: int) -> bytearray:
+        body = bytearray(min(length, _FIRST_BIG))
+        have = self._end - begin
+        body[:have] = self._view[begin : self._end]
+        self._start = self._end = 0
+        while have < length:
+            if have == len(body):
+                body.extend(bytes(min(len(body), length - len(body))))
+            with memoryview(body) as view:
+                got = self._sock.recv_into(view[have:])
+            if not got:
+                raise FrameError("the connection ended inside a frame")
+            have += got
+        return body
+
+
+def send(sock: socket.socket, status: int, body: bytes) -> None:
+    """One frame."""
+    if len(body) < _BUFFER:
+        sock.sendall(HEADER.pack(len(body), status) + body)
+    else:  # no copy of a large body to prepend the header
+        sock.sendall(HEADER.pack(len(body), status))
+        sock.sendall(body)
+
+
+# -- the daemon's side -------------------------------------------------------------------
+
+
+class LaneServer:
+    """Serves the lane connections the relay hands over, each in the relay's thread for it.
+
+    Args:
+        infer: serves one request for a peer (:meth:`kserve.InferenceService.infer`).
+        gate: the daemon's token and drain.
+    """
+
+    def __init__(
+        self,
+        infer: Callable[[pb.ModelInferRequest, Callable[[], Peer]], pb.ModelInferResponse],
+        gate: Gate,
+    ) -> None:
+        self._infer = infer
+        self._gate = gate
+
+    def serve(self, sock: socket.socket, peer: Peer) -> None:
+        """Greet, then answer requests until the client leaves or the daemon stops."""
+        frames = Frames(sock)
+        try:
+            sock.recv(len(MAGIC))  # peeked by the relay
+            _, token = frames.read()
+            if not self._gate.token_matches(bytes(token)):
+                send(sock, grpc.StatusCode.UNAUTHENTICATED.value[0], UNAUTHENTICATED.encode())
+                return
+            send(sock, 0, MAGIC)
+            while True:
+                _, body = frames.read()
+                status, answer = self._answer(body, peer)
+                send(sock, status, answer)
+        except EOFError:
+            pass  # the client closed between requests
+        except FrameError as exc:
+            log.warning("lane connection of pid %d dropped: %s", peer.pid, exc)
+            with contextlib.suppress(OSError):
+                send(sock, grpc.StatusCode.INVALID_ARGUMENT.value[0], str(exc).encode())
+        except OSError:
+            pass  # the client died, or the daemon cut the connection at stop
+
+    def _answer(self, body: bytes | bytearray, peer: Peer) -> tuple[int, bytes]:
+        try:
+            with self._gate.admitted():
+                try:
+                    request = pb.ModelInferRequest.FromString(body)
+                except DecodeError as exc:
+                    raise ServiceError(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        f"a lane frame of {len(body)} bytes is not a ModelInferRequest ({exc}); "
+                        "send one serialized KServe ModelInferRequest per frame",
+                    ) from None
+                return 0, self._infer(request, lambda: peer).SerializeToString()
+        except Exception as exc:
+            code, message = status_of(exc)
+            if code is grpc.StatusCode.INTERNAL:
+                log.exception("a lane request failed")
+            return code.value[0], message.encode()
+
+
+def is_lane(sock: socket.socket, seconds: float = 10.0) -> bool:
+    """Whether a new connection opens with :data:`MAGIC` (looked at without reading it);
+    false as soon as its first bytes differ, or when it sends too few within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    sock.settimeout(seconds)
+    try:
+        while True:
+            seen = sock.recv(len(MAGIC), socket.MSG_PEEK)
+            if not MAGIC.startswith(seen) or seen == MAGIC or not seen:
+                return seen == MAGIC
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)  # the rest of a greeting split by the kernel
+    except OSError:
+        return False
+    finally:
+        sock.settimeout(None)
+
+
+# -- the client's side -------------------------------------------------------------------
+
+
+class LaneUnavailable(Exception):
+    """The daemon does not speak the lane (an older daemon): use gRPC."""
+
+
+class _Connection:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.frames = Frames(sock)
+
+
+class LaneClient:
+    """A client's lane to one daemon: a pool of connections, one per caller at a time.
+
+    Args:
+        path: the daemon's Unix socket.
+        token: the daemon's token, if it has one.
+        timeout: seconds a request may take.
+        endpoint: the endpoint as the user named it, for messages.
+    """
+
+    def __init__(self, path: str, token: str | None, timeout: float | None, endpoint: str) -> None:
+        self._path = path
+        self._token = (token or "").encode()
+        self._timeout = timeout
+        self._endpoint = endpoint
+        self._idle: list[_Connection] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+        """Serve ``request`` on the daemon.
+
+        Raises:
+            LaneUnavailable: the daemon does not speak the lane.
+            CrossrtError: the daemon's answer was an error, or it is gone (CLOSED), or the
+                answer took longer than the timeout (TIMEOUT).
+        """
+        body = request.SerializeToString()
+        connection, reused = self._take()
+        try:
+            try:
+                send(connection.sock, 0, body)
+            except OSError:
+                if not reused:
+                    raise
+                # An idle connection the daemon closed (it stopped or restarted): the
+                # request never left, so a new connection may carry it.
+                self._drop(connection)
+                connection, _ = self._open(), False
+                send(connection.sock, 0, body)
+            status, answer = connection.frames.read()
+        except TimeoutError:
+            self._drop(connection)
+            raise DeadlineExceededError(
+                f"no answer from the daemon at {self._endpoint} within {self._timeout} s; "
+                "give connect() a longer timeout"
+            ) from None
+        except (OSError, EOFError, FrameError) as exc:
+            self._drop(connection)
+            raise self._gone(exc) from None
+        except BaseException:
+            self._drop(connection)  # an interrupted read leaves the stream mid-frame
+            raise
+        self._give_back(connection)
+        if status:
+            raise error_from(_CODES.get(status, grpc.StatusCode.UNKNOWN), answer.decode(),
+                             self._endpoint)  # fmt: skip
+        return pb.ModelInferResponse.FromString(answer)
+
+    def prepare(self) -> None:
+        """Open one connection now (checking the daemon speaks the lane).
+
+        Raises:
+            LaneUnavailable: it does not.
+        """
+        self._give_back(self._open())
+
+    def close(self) -> None:
+        """Close every connection."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for connection in idle:
+            connection.sock.close()
+
+    def _take(self) -> tuple[_Connection, bool]:
+        with self._lock:
+            if self._closed:
+                raise ClosedError("this client is closed; connect() again")
+            if self._idle:
+                return self._idle.pop(), True
+        return self._open(), False
+
+    def _give_back(self, connection: _Connection) -> None:
+        with self._lock:
+            if not self._closed:
+                self._idle.append(connection)
+                return
+        connection.sock.close()
+
+    def _drop(self, connection: _Connection) -> None:
+        with contextlib.suppress(OSError):
+            connection.sock.close()
+
+    def _open(self) -> _Connection:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self._timeout)
+        try:
+            sock.connect(self._path)
+        except OSError as exc:
+            sock.close()
+            raise self._gone(exc) from None
+        connection = _Connection(sock)
+        sock.settimeout(GREETING_SECONDS)  # a daemon that does not know the lane may not answer
+        try:
+            sock.sendall(MAGIC + HEADER.pack(len(self._token), 0) + self._token)
+            status, answer = connection.frames.read()
+        except (OSError, EOFError, FrameError):
+            sock.close()
+            raise LaneUnavailable from None
+        sock.settimeout(self._timeout)
+        if status == grpc.StatusCode.UNAUTHENTICATED.value[0]:
+            sock.close()
+            raise error_from(grpc.StatusCode.UNAUTHENTICATED, bytes(answer).decode(),
+                             self._endpoint)  # fmt: skip
+        if status or answer != MAGIC:
+            sock.close()
+            raise LaneUnavailable
+        return connection
+
+    def _gone(self, exc: BaseException) -> CrossrtError:
+        why = str(exc) or type(exc).__name__
+        return ClosedError(
+            f"the daemon at {self._endpoint} is not answering ({why}); start it, or retry"
+        )

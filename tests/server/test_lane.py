@@ -1,0 +1,193 @@
+"""The direct lane (``crossrt.server.lane``): ModelInfer over the daemon's Unix socket without
+HTTP/2. The same answers and errors as gRPC's ModelInfer, frames that break the protocol
+answered and the connection dropped while the daemon goes on, and a client that falls back
+to gRPC when the daemon does not speak the lane."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("grpc", reason="the serve extra is not installed: pip install crossrt[serve]")
+pytest.importorskip("tritonclient.grpc", reason="the serve extra is not installed")
+
+import grpc
+import numpy as np
+from serving import Daemon
+from test_malformed import CASES, W, X, request
+from tritonclient.grpc import service_pb2 as pb
+
+import crossrt
+from crossrt.server.client import connect
+from crossrt.server.lane import HEADER, MAGIC, MAX_BODY, Frames, LaneClient, LaneUnavailable, send
+
+
+class Wire:
+    """A lane connection driven frame by frame, as a client written elsewhere would."""
+
+    def __init__(self, path: str, token: bytes = b"") -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(30)
+        self.sock.connect(path)
+        self.frames = Frames(self.sock)
+        self.sock.sendall(MAGIC + HEADER.pack(len(token), 0) + token)
+        self.greeting = self.frames.read()
+
+    def ask(self, message: pb.ModelInferRequest) -> tuple[int, bytes]:
+        send(self.sock, 0, message.SerializeToString())
+        status, body = self.frames.read()
+        return status, bytes(body)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def wire(daemon: Daemon) -> Iterator[Wire]:
+    w = Wire(daemon.socket)
+    assert w.greeting == (0, MAGIC)
+    yield w
+    w.close()
+
+
+def served(w: Wire) -> None:
+    """A good request is answered on this connection."""
+    status, body = w.ask(request())
+    assert status == 0, body
+    response = pb.ModelInferResponse.FromString(body)
+    y = np.frombuffer(response.raw_output_contents[0], np.float32).reshape(4, 8)
+    np.testing.assert_allclose(y, X @ W + 1, rtol=1e-6)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_malformed_request_gets_grpcs_status_and_the_lane_goes_on(wire: Wire, case: str) -> None:
+    build, code, text = CASES[case]
+    status, body = wire.ask(build())
+    assert status == code.value[0], body
+    assert text in body.decode()
+    served(wire)
+
+
+def test_a_body_that_is_no_request_is_invalid(wire: Wire) -> None:
+    send(wire.sock, 0, b"\xff\xff\xff")
+    status, body = wire.frames.read()
+    assert status == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert b"not a ModelInferRequest" in body
+    served(wire)
+
+
+@pytest.mark.parametrize("how", ["oversized frame", "cut inside a frame"])
+def test_broken_framing_drops_the_connection_only(daemon: Daemon, how: str) -> None:
+    w = Wire(daemon.socket)
+    if how == "oversized frame":  # must not be allocated
+        w.sock.sendall(HEADER.pack(MAX_BODY + 1, 0))
+        said = b"over the"
+    else:
+        w.sock.sendall(HEADER.pack(1000, 0) + b"partial")
+        w.sock.shutdown(socket.SHUT_WR)
+        said = b"ended inside a frame"
+    status, body = w.frames.read()  # answered, then closed
+    assert status == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert said in bytes(body)
+    assert w.sock.recv(1) == b""
+    w.close()
+    fresh = Wire(daemon.socket)
+    served(fresh)
+    fresh.close()
+
+
+def test_connect_runs_through_the_lane_with_the_grpc_answers(daemon: Daemon) -> None:
+    x = np.random.default_rng(5).random((4, 8), dtype=np.float32)
+    with connect(daemon.url) as fast, connect(daemon.url, lane=False) as plain:
+        assert fast.lane and not plain.lane
+        a, b = fast.load("tiny"), plain.load("tiny")
+        np.testing.assert_array_equal(a.run(x)["y"], b.run(x)["y"])
+        with pytest.raises(crossrt.InvalidArgumentError, match=r"expected shape \[4,8\]") as lane:
+            a.run(np.zeros((2, 8), np.float32))
+        with pytest.raises(crossrt.InvalidArgumentError) as grpc_error:
+            b.run(np.zeros((2, 8), np.float32))
+        assert str(lane.value) == str(grpc_error.value)
+        assert lane.value.code == grpc_error.value.code
+        strings = np.array(["a", "bc"], dtype=object)  # BYTES through the lane
+        assert fast.load("text").run({"text": strings})["same"].tolist() == ["a", "bc"]
+
+
+def test_shared_memory_through_the_lane(daemon: Daemon) -> None:
+    x = np.random.default_rng(6).random((4, 8), dtype=np.float32)
+    with connect(daemon.url, shm_threshold=1) as remote:
+        assert remote.lane
+        y = remote.load("tiny").run(x)["y"]
+    np.testing.assert_allclose(y, x @ W + 1, rtol=1e-6)
+
+
+def test_many_threads_share_one_client(daemon: Daemon) -> None:
+    """8 threads x 200 requests on one client (a connection each at a time), every answer
+    checked against its own input."""
+    errors: list[BaseException] = []
+    with connect(daemon.url) as remote:
+        model = remote.load("tiny")
+
+        def client(k: int) -> None:
+            rng = np.random.default_rng(k)
+            try:
+                for _ in range(200):
+                    x = rng.random((4, 8), dtype=np.float32)
+                    np.testing.assert_allclose(model.run(x)["y"], x @ W + 1, rtol=1e-5)
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    assert not errors, errors[0]
+
+
+def test_a_daemon_without_the_lane_means_grpc(tmp_path: object) -> None:
+    """A listener that drops the greeting (as an older daemon's gRPC would): the lane
+    client says so, and it never hangs on it."""
+    path = f"{tmp_path}/old.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen()
+
+    def old_daemon() -> None:
+        for _ in range(2):
+            conn, _ = listener.accept()
+            conn.recv(64)
+            conn.sendall(struct.pack(">I", 0x12) + b"\x04\x00" * 4)  # an HTTP/2-ish reply
+            conn.close()
+
+    thread = threading.Thread(target=old_daemon, daemon=True)
+    thread.start()
+    client = LaneClient(path, None, 5.0, f"unix:{path}")
+    with pytest.raises(LaneUnavailable):
+        client.prepare()
+    with pytest.raises(LaneUnavailable):
+        client.infer(request())
+    thread.join(10)
+    listener.close()
+
+
+def test_token_on_the_lane(tmp_path: object) -> None:
+    from serving import make_repository, start_daemon
+
+    folder = Path(str(tmp_path))
+    repository = make_repository(folder / "models")
+    d = start_daemon(folder, repository, ["--token", "lane-token"])
+    try:
+        wrong = Wire(d.socket, b"nope")
+        assert wrong.greeting[0] == grpc.StatusCode.UNAUTHENTICATED.value[0]
+        assert b"authorization: Bearer" in bytes(wrong.greeting[1])
+        wrong.close()
+        with connect(d.url, token="lane-token") as remote:
+            assert remote.lane
+            assert remote.load("tiny").run(X)["y"].shape == (4, 8)
+    finally:
+        assert d.stop() == 0
