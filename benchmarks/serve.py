@@ -4,10 +4,13 @@ For each model (tiny, the ResNet-50-like model of models.py with its 600 KB inpu
 16 MB-input ``x + 1``), three ways of running the same ``.crm``:
 
 - **in-process**: ``Runtime().load(exe).run(feed)``;
-- **daemon, protobuf**: ``crossrt serve`` on a Unix socket, ``connect(shm_threshold=None)``:
-  tensors inside the gRPC messages;
-- **daemon, shm**: the same daemon, ``connect(shm_threshold=0)``: inputs and static outputs
-  through a registered POSIX shared-memory segment.
+- **daemon lane, protobuf**: ``crossrt serve`` on a Unix socket, ``connect(shm_threshold=None)``:
+  the default client, its requests on the daemon's direct lane (``crossrt.server.lane``:
+  ModelInfer messages without HTTP/2), tensors inside the messages;
+- **daemon lane, shm**: ``connect(shm_threshold=0)``: inputs and static outputs through a
+  registered POSIX shared-memory segment;
+- **daemon gRPC, protobuf / shm**: the same two with ``lane=False``: every request a gRPC
+  call, as any KServe client makes it.
 
 Each with 1 client and with N client threads (``--clients``, default 4), for ``--seconds``
 each (every request's latency recorded): p50/p99 latency and throughput. Outputs are checked
@@ -17,7 +20,7 @@ memory, at concurrency 1 and N. Before all that, the floors of this machine: a U
 round trip to another process, and an empty gRPC call (ServerReady) to the daemon; then the
 daemon's RSS over three windows of 10,000 tiny requests after a warm-up.
 
-    python benchmarks/serve.py                       # ~1.5 min on 2 cores
+    python benchmarks/serve.py                       # ~3 min on 2 cores
     python benchmarks/serve.py --models tiny --seconds 1
 
 Writes ``results/serve.json`` (``--out``) and a Markdown table next to it, and prints it.
@@ -185,6 +188,23 @@ def start_daemon(folder: Path) -> subprocess.Popen[str]:
     raise SystemExit(f"crossrt serve did not start (exit {proc.wait()})")
 
 
+def rss_soak(remote: Any, feed: dict[str, np.ndarray], pid: int) -> dict[str, Any]:
+    """The daemon's RSS growth over three windows of 10,000 tiny requests from ``remote``,
+    after 1,000 to warm up: the first window settles allocator pools, the rest stay flat."""
+    model = remote.load("tiny")
+    for _ in range(1000):
+        model.run(feed)
+    before = rss_kib(pid)
+    windows = []
+    for _ in range(3):
+        start = rss_kib(pid)
+        for _ in range(10_000):
+            model.run(feed)
+        windows.append(rss_kib(pid) - start)
+    return {"requests": 10_000, "rss_before_kib": before,
+            "rss_growth_kib": windows[0], "later_windows_kib": windows[1:]}  # fmt: skip
+
+
 def run_all(
     names: Sequence[str], clients: int, seconds: float, analyzer: Path | None = None
 ) -> dict[str, Any]:
@@ -201,29 +221,27 @@ def run_all(
             inputs[name] = np.random.default_rng(0).random(shape, dtype=np.float32)
         daemon = start_daemon(folder)
         try:
-            protobuf = connect(f"unix:{folder}/d.sock", shm_threshold=None)
-            shared = connect(f"unix:{folder}/d.sock", shm_threshold=0)
+            sock = f"unix:{folder}/d.sock"
+            clients_by_variant = {  # the default client (the direct lane), and gRPC's
+                "daemon lane protobuf": connect(sock, shm_threshold=None),
+                "daemon lane shm": connect(sock, shm_threshold=0),
+                "daemon gRPC protobuf": connect(sock, shm_threshold=None, lane=False),
+                "daemon gRPC shm": connect(sock, shm_threshold=0, lane=False),
+            }
             # What the machine and gRPC cost before crossrt does anything: a message to
             # another process and back over a Unix socket, and an empty call (ServerReady)
             # to the daemon.
-            floors["empty gRPC call (ServerReady) p50 us"] = measure(protobuf.ready, 1, seconds)[
+            grpc_client = clients_by_variant["daemon gRPC protobuf"]
+            floors["empty gRPC call (ServerReady) p50 us"] = measure(grpc_client.ready, 1, seconds)[
                 "p50_us"
             ]
             print(f"floors: {floors}", flush=True)
             if "tiny" in names:  # the daemon's memory over 10,000 requests, after warm-up
-                tiny_model = protobuf.load("tiny")
-                tiny_feed = {"x": inputs["tiny"]}
-                for _ in range(1000):
-                    tiny_model.run(tiny_feed)
-                before = rss_kib(daemon.pid)
-                windows = []  # growth over each 10,000: the first settles, the rest flat
-                for _ in range(3):
-                    start = rss_kib(daemon.pid)
-                    for _ in range(10_000):
-                        tiny_model.run(tiny_feed)
-                    windows.append(rss_kib(daemon.pid) - start)
-                soak = {"requests": 10_000, "rss_before_kib": before,
-                        "rss_growth_kib": windows[0], "later_windows_kib": windows[1:]}  # fmt: skip
+                soak = {
+                    transport: rss_soak(clients_by_variant[f"daemon {transport} protobuf"],
+                                        {"x": inputs["tiny"]}, daemon.pid)
+                    for transport in ("lane", "gRPC")
+                }  # fmt: skip
                 print(f"daemon RSS over 10,000 requests: {soak}", flush=True)
             with crossrt.Runtime() as rt:
                 for name in names:
@@ -231,11 +249,9 @@ def run_all(
                     local = rt.load(crossrt.load_executable(folder / "models" / f"{name}.crm"))
                     feed = {local.inputs[0].name: x}
                     expected = local.run(feed)
-                    variants = {
-                        "in-process": local.run,
-                        "daemon protobuf": protobuf.load(name).run,
-                        "daemon shm": shared.load(name).run,
-                    }
+                    variants = {"in-process": local.run}
+                    for variant, remote in clients_by_variant.items():
+                        variants[variant] = remote.load(name).run
                     for variant, fn in variants.items():
                         got = fn(feed)
                         for key, want in expected.items():
@@ -252,8 +268,8 @@ def run_all(
                         ):
                             rows.append(row)
                             print(_row(row), flush=True)
-            protobuf.close()
-            shared.close()
+            for remote in clients_by_variant.values():
+                remote.close()
         finally:
             daemon.send_signal(signal.SIGTERM)
             daemon.wait(60)
@@ -273,19 +289,25 @@ def ratios(rows: list[dict[str, Any]], clients: int) -> dict[str, float]:
     """The issue's three targets, as measured."""
     by = {(r["model"], r["variant"], r["clients"]): r for r in rows}
     out = {}
-    if ("big", "daemon shm", 1) in by:
-        out["big shm/protobuf throughput (target >= 3)"] = (
-            by["big", "daemon shm", 1]["throughput"] / by["big", "daemon protobuf", 1]["throughput"]
-        )
-    if ("tiny", "in-process", 1) in by:
-        out["tiny p50 added over in-process, us (target <= 150)"] = (
-            by["tiny", "daemon protobuf", 1]["p50_us"] - by["tiny", "in-process", 1]["p50_us"]
-        )
-    if ("resnet50", "in-process", clients) in by:
-        out[f"resnet50 daemon/in-process throughput, {clients} clients (target >= 0.9)"] = (
-            by["resnet50", "daemon shm", clients]["throughput"]
-            / by["resnet50", "in-process", clients]["throughput"]
-        )
+    for transport in ("lane", "gRPC"):
+        if ("big", f"daemon {transport} shm", 1) in by:
+            out[f"big shm/protobuf throughput, {transport} (target >= 3)"] = (
+                by["big", f"daemon {transport} shm", 1]["throughput"]
+                / by["big", f"daemon {transport} protobuf", 1]["throughput"]
+            )
+    for transport in ("lane", "gRPC"):
+        if ("tiny", "in-process", 1) in by:
+            out[f"tiny p50 added over in-process, {transport}, us (target <= 150)"] = (
+                by["tiny", f"daemon {transport} protobuf", 1]["p50_us"]
+                - by["tiny", "in-process", 1]["p50_us"]
+            )
+    for transport in ("lane", "gRPC"):
+        if ("resnet50", "in-process", clients) in by:
+            key = f"resnet50 daemon/in-process throughput, {transport} shm, {clients} clients"
+            out[f"{key} (target >= 0.9)"] = (
+                by["resnet50", f"daemon {transport} shm", clients]["throughput"]
+                / by["resnet50", "in-process", clients]["throughput"]
+            )
     return out
 
 
@@ -308,13 +330,10 @@ def markdown(report: dict[str, Any]) -> str:
         *(f"- {k}: {v:.2f}" for k, v in report["ratios"].items()),
         *(f"- floor, {k}: {v:.0f}" for k, v in report.get("floors", {}).items()),
         *(
-            [
-                f"- daemon RSS growth over {report['soak']['requests']:,} tiny requests after "
-                f"warm-up: {report['soak']['rss_growth_kib']} KiB, then over two more "
-                f"10,000s: {report['soak'].get('later_windows_kib')} KiB"
-            ]
-            if report.get("soak")
-            else []
+            f"- daemon RSS growth over {soak['requests']:,} tiny requests ({transport}) after "
+            f"warm-up: {soak['rss_growth_kib']} KiB, then over two more 10,000s: "
+            f"{soak['later_windows_kib']} KiB"
+            for transport, soak in (report.get("soak") or {}).items()
         ),
         "",
     ]

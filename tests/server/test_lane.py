@@ -5,6 +5,7 @@ to gRPC when the daemon does not speak the lane."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import struct
 import threading
@@ -191,3 +192,17 @@ def test_token_on_the_lane(tmp_path: object) -> None:
             assert remote.load("tiny").run(X)["y"].shape == (4, 8)
     finally:
         assert d.stop() == 0
+
+
+@pytest.mark.parametrize("lane", [True, False], ids=["lane", "gRPC"])
+def test_run_async_and_await_on_each_transport(daemon: Daemon, lane: bool) -> None:
+    x = np.random.default_rng(7).random((4, 8), dtype=np.float32)
+    with connect(daemon.url, lane=lane) as remote:
+        assert remote.lane is lane
+        model = remote.load("tiny")
+        futures = [model.run_async(x) for _ in range(40)]  # more than the lane's threads
+        for future in futures:
+            np.testing.assert_allclose(future.result(30)["y"], x @ W + 1, rtol=1e-6)
+        np.testing.assert_allclose(asyncio.run(model.infer(x))["y"], x @ W + 1, rtol=1e-6)
+        bad = model.run_async(np.zeros((2, 8), np.float32))
+        assert isinstance(bad.exception(30), crossrt.InvalidArgumentError)

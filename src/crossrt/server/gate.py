@@ -3,7 +3,6 @@ the translation of errors into gRPC statuses (one place, :func:`status.status_of
 
 from __future__ import annotations
 
-import contextlib
 import hmac
 import logging
 import threading
@@ -59,10 +58,9 @@ class Gate(grpc.ServerInterceptor):  # type: ignore[misc]
         token; any is when none is set."""
         return self._token is None or hmac.compare_digest(b"Bearer " + given, self._token)
 
-    @contextlib.contextmanager
-    def admitted(self) -> Iterator[None]:
-        """One call that is not gRPC's (a lane request) counted in flight, so the drain
-        waits for it.
+    def enter(self) -> None:
+        """Count one call that is not gRPC's (a lane request) in flight, so the drain waits
+        for it; :meth:`leave` when it is answered.
 
         Raises:
             ServiceError: UNAVAILABLE while the daemon drains.
@@ -70,10 +68,10 @@ class Gate(grpc.ServerInterceptor):  # type: ignore[misc]
         failure = self._enter(False)
         if failure is not None:
             raise ServiceError(*failure)
-        try:
-            yield
-        finally:
-            self._leave(False)
+
+    def leave(self) -> None:
+        """The call counted by :meth:`enter` is answered."""
+        self._leave(False)
 
     def _enter(self, health: bool) -> tuple[grpc.StatusCode, str] | None:
         if health:

@@ -177,21 +177,26 @@ class LaneServer:
 
     def _answer(self, body: bytes | bytearray, peer: Peer) -> tuple[int, bytes]:
         try:
-            with self._gate.admitted():
-                try:
-                    request = pb.ModelInferRequest.FromString(body)
-                except DecodeError as exc:
-                    raise ServiceError(
-                        grpc.StatusCode.INVALID_ARGUMENT,
-                        f"a lane frame of {len(body)} bytes is not a ModelInferRequest ({exc}); "
-                        "send one serialized KServe ModelInferRequest per frame",
-                    ) from None
-                return 0, self._infer(request, lambda: peer).SerializeToString()
+            self._gate.enter()
+        except ServiceError as exc:
+            return exc.status.value[0], exc.message.encode()
+        try:
+            try:
+                request = pb.ModelInferRequest.FromString(body)
+            except DecodeError as exc:
+                raise ServiceError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"a lane frame of {len(body)} bytes is not a ModelInferRequest ({exc}); "
+                    "send one serialized KServe ModelInferRequest per frame",
+                ) from None
+            return 0, self._infer(request, lambda: peer).SerializeToString()
         except Exception as exc:
             code, message = status_of(exc)
             if code is grpc.StatusCode.INTERNAL:
                 log.exception("a lane request failed")
             return code.value[0], message.encode()
+        finally:
+            self._gate.leave()
 
 
 def is_lane(sock: socket.socket, seconds: float = 10.0) -> bool:

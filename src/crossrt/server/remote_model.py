@@ -11,7 +11,6 @@ from collections.abc import Mapping
 from concurrent.futures import Future
 from typing import Any, Protocol
 
-import grpc
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
@@ -21,7 +20,6 @@ from ..model import TensorSpec
 from ..runtime import TensorInfo
 from ..runtime.memory.shm import SharedMemorySegment
 from .proto import runtime_pb2 as v1
-from .status import error_of
 from .tensors import decode_bytes, encode_bytes
 
 
@@ -35,7 +33,7 @@ class Connection(Protocol):
 
     def infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse: ...
 
-    def call_async(self, method: str, request: Any) -> Any: ...
+    def infer_async(self, request: pb.ModelInferRequest) -> Future[pb.ModelInferResponse]: ...
 
     def forget(self, model: RemoteModel) -> None: ...
 
@@ -78,21 +76,18 @@ class RemoteModel:
         """Run once; a future of the outputs (``concurrent.futures``)."""
         feed = self._feed(inputs)
         segment = self._segment_for(feed)
-        request = self._request(feed, segment)
+        answer = self._rt.infer_async(self._request(feed, segment))
         future: Future[dict[str, np.ndarray]] = Future()
-        call = self._rt.call_async("ModelInfer", request)
 
-        def done(call: Any) -> None:
+        def done(answer: Future[pb.ModelInferResponse]) -> None:
             try:
-                future.set_result(self._results(call.result(), segment))
-            except grpc.RpcError as exc:
-                future.set_exception(error_of(exc, self._rt.endpoint))
+                future.set_result(self._results(answer.result(), segment))
             except BaseException as exc:
                 future.set_exception(exc)
             finally:
                 self._give_back(segment)
 
-        call.add_done_callback(done)
+        answer.add_done_callback(done)
         return future
 
     async def infer(self, inputs: Any) -> dict[str, np.ndarray]:
@@ -198,15 +193,15 @@ class RemoteModel:
                 results[out.name] = decode_bytes(raw_bytes, math.prod(shape), what).reshape(shape)
                 continue
             dtype = dtypes.from_kserve(out.datatype).numpy
-            params = out.parameters
-            if segment is not None and "shared_memory_region" in params:
+            params = out.parameters if segment is not None else None
+            if params is not None and "shared_memory_region" in params:
                 start = params["shared_memory_offset"].int64_param
-                raw: Any = segment.array()[
+                raw: Any = segment.array()[  # type: ignore[union-attr]
                     start : start + params["shared_memory_byte_size"].int64_param
                 ]
             else:
                 raw = response.raw_output_contents[i]
-            results[out.name] = np.frombuffer(raw, dtype=dtype).reshape(tuple(out.shape)).copy()
+            results[out.name] = np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
         return results
 
     # -- shared memory -------------------------------------------------------------------

@@ -131,8 +131,10 @@ def _param_int(param: pb.InferParameter, name: str) -> int:
 
 def _shape(tensor: Any, spec: TensorSpec) -> tuple[int, ...]:
     """The declared shape, checked against the model's input."""
-    shape = tuple(int(d) for d in tensor.shape)
-    if any(d < 0 for d in shape):
+    shape = tuple(tensor.shape)  # int64s: Python ints
+    if shape == spec.shape:  # the common case: a static input, sent as declared
+        return shape
+    if shape and min(shape) < 0:
         raise bad(f"input {spec.name!r}: shape {list(shape)} has a negative dimension")
     if spec.shape is not None:
         ok = len(shape) == len(spec.shape) and all(
