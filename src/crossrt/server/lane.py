@@ -269,7 +269,7 @@ class LaneClient:
                 # An idle connection the daemon closed (it stopped or restarted): the
                 # request never left, so a new connection may carry it.
                 self._drop(connection)
-                connection, _ = self._open(), False
+                connection = self._open()
                 send(connection.sock, 0, body)
             status, answer = connection.frames.read()
         except TimeoutError:
