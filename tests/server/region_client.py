@@ -13,7 +13,11 @@ from typing import Any
 import numpy as np
 import tritonclient.grpc as tc
 import tritonclient.utils.shared_memory as shm
+from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import InferenceServerException
+
+from crossrt.errors import CrossrtError
+from crossrt.server.lane import LaneClient
 
 
 def status_of(call: Callable[[], object]) -> str:
@@ -24,12 +28,24 @@ def status_of(call: Callable[[], object]) -> str:
     return "OK"
 
 
-def other_user(c: tc.InferenceServerClient, key: str) -> dict[str, Any]:
-    """As another user: use, steal, unregister and list root's region; then one of its own."""
+def other_user(c: tc.InferenceServerClient, key: str, url: str) -> dict[str, Any]:
+    """As another user: use (over gRPC and the direct lane), steal, unregister and list
+    root's region; then one of its own."""
     out: dict[str, Any] = {}
     x = tc.InferInput("x", [4, 8], "FP32")
     x.set_shared_memory("root-region", 128)
     out["use"] = status_of(lambda: c.infer("tiny", [x]))
+    request = pb.ModelInferRequest(model_name="tiny")
+    tensor = request.inputs.add(name="x", datatype="FP32", shape=[4, 8])
+    tensor.parameters["shared_memory_region"].string_param = "root-region"
+    tensor.parameters["shared_memory_byte_size"].int64_param = 128
+    lane = LaneClient(url.removeprefix("unix://"), None, 30.0, url)
+    try:
+        lane.infer(request)
+        out["use_lane"] = "OK"
+    except CrossrtError as exc:
+        out["use_lane"] = f"{type(exc).__name__}: {exc}"
+    lane.close()
     out["register_root_file"] = status_of(
         lambda: c.register_system_shared_memory("steal", key, 256)
     )
@@ -46,7 +62,7 @@ def other_user(c: tc.InferenceServerClient, key: str) -> dict[str, Any]:
     return out
 
 
-def dead_process(c: tc.InferenceServerClient, key: str) -> dict[str, Any]:
+def dead_process(c: tc.InferenceServerClient, key: str, url: str) -> dict[str, Any]:
     """Register a region, list it, and end without unregistering."""
     c.register_system_shared_memory("dead-region", key, 64)
     return {"listed": list(c.get_system_shared_memory_status().regions)}
@@ -57,7 +73,7 @@ CASES = {"other_user": other_user, "dead_process": dead_process}
 if __name__ == "__main__":
     url, case, key = sys.argv[1:4]
     try:
-        result = CASES[case](tc.InferenceServerClient(url), key)
+        result = CASES[case](tc.InferenceServerClient(url), key, url)
     except BaseException as exc:
         result = {"error": repr(exc)}
     print(json.dumps(result), flush=True)

@@ -168,7 +168,9 @@ def in_child(daemon: Daemon, case: str, key: str, uid: int | None = None) -> dic
             os.setgroups([])
             os.setgid(0)
             os.setuid(uid)
-            result = region_client.CASES[case](tc.InferenceServerClient(daemon.url), key)
+            result = region_client.CASES[case](
+                tc.InferenceServerClient(daemon.url), key, daemon.url
+            )
         except BaseException as exc:
             result = {"error": repr(exc)}
         os.write(write, json.dumps(result).encode())
@@ -203,6 +205,7 @@ def test_another_user_cannot_use_or_register_what_is_not_theirs(
 
         got = in_child(daemon, "other_user", key, uid=OTHER)
         assert got["use"] == "StatusCode.PERMISSION_DENIED"
+        assert got["use_lane"].startswith("OperationForbiddenError"), got["use_lane"]
         assert got["register_root_file"] == "StatusCode.PERMISSION_DENIED"
         assert got["unregister"] == "StatusCode.PERMISSION_DENIED"
         assert got["listed"] == []
