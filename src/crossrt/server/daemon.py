@@ -161,7 +161,8 @@ class Daemon:
         for relay in self.relays:
             relay.start()
         for address in self.addresses:
-            log.info("serving KServe v2 gRPC on %s", address)
+            lane = " and the direct lane" if address.startswith("unix:") else ""
+            log.info("serving KServe v2 gRPC%s on %s", lane, address)
         if self.options.metrics:
             from .metrics import serve_metrics
 
