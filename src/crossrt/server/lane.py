@@ -55,6 +55,8 @@ _FIRST_BIG = 1 << 24
 """A body larger than the buffer starts at most this large and doubles as its bytes arrive:
 a length that lies costs only what was really sent."""
 GREETING_SECONDS = 10.0
+MAX_IDLE = 16
+"""Idle connections a client keeps (each holds a thread of the daemon's)."""
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
 
 
@@ -316,10 +318,10 @@ class LaneClient:
 
     def _give_back(self, connection: _Connection) -> None:
         with self._lock:
-            if not self._closed:
+            if not self._closed and len(self._idle) < MAX_IDLE:
                 self._idle.append(connection)
                 return
-        connection.sock.close()
+        connection.sock.close()  # after a burst, the daemon keeps no thread for it
 
     def _drop(self, connection: _Connection) -> None:
         with contextlib.suppress(OSError):
