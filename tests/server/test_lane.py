@@ -206,3 +206,26 @@ def test_run_async_and_await_on_each_transport(daemon: Daemon, lane: bool) -> No
         np.testing.assert_allclose(asyncio.run(model.infer(x))["y"], x @ W + 1, rtol=1e-6)
         bad = model.run_async(np.zeros((2, 8), np.float32))
         assert isinstance(bad.exception(30), crossrt.InvalidArgumentError)
+
+
+def test_a_huge_greeting_is_refused_before_the_token_is_read(daemon: Daemon) -> None:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(30)
+        sock.connect(daemon.socket)
+        sock.sendall(MAGIC + HEADER.pack(MAX_BODY, 0))  # a 2 GiB token, never sent
+        status, body = Frames(sock).read()
+        assert status == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        assert b"over the 4096-byte limit" in bytes(body)
+        assert sock.recv(1) == b""
+    fresh = Wire(daemon.socket)
+    served(fresh)
+    fresh.close()
+
+
+def test_a_large_tensor_inside_the_messages(daemon: Daemon) -> None:
+    """4 MB each way in the frames (no shared memory): bodies larger than the read buffer,
+    grown as their bytes arrive, on both ends."""
+    x = np.random.default_rng(8).random(1 << 20, dtype=np.float32)
+    with connect(daemon.url, shm_threshold=None) as remote:
+        assert remote.lane
+        np.testing.assert_array_equal(remote.load("adder").run(x)["y"], x + 1)

@@ -51,9 +51,11 @@ HEADER = struct.Struct("<IB")
 MAX_BODY = 2**31 - 1
 """Protobuf's own limit on a message."""
 _BUFFER = 1 << 16
-_FIRST_BIG = 1 << 24
+_FIRST_BIG = 1 << 20
 """A body larger than the buffer starts at most this large and doubles as its bytes arrive:
 a length that lies costs only what was really sent."""
+GREETING_LIMIT = 1 << 12
+"""The most a token frame may hold: nothing larger is read before the token is checked."""
 GREETING_SECONDS = 10.0
 MAX_IDLE = 16
 """Idle connections a client keeps (each holds a thread of the daemon's)."""
@@ -74,19 +76,19 @@ class Frames:
         self._view = memoryview(self._buffer)
         self._start = self._end = 0
 
-    def read(self) -> tuple[int, bytes | bytearray]:
+    def read(self, limit: int = MAX_BODY) -> tuple[int, bytes | bytearray]:
         """The next frame's (status, body).
 
         Raises:
             EOFError: the connection ended between frames.
-            FrameError: it ended inside one, or a body is over :data:`MAX_BODY`.
+            FrameError: it ended inside one, or a body is over ``limit`` bytes.
             OSError: from ``recv`` (a timeout is ``TimeoutError``).
         """
         while self._end - self._start < HEADER.size:
             self._fill(between=self._start == self._end)
         length, status = HEADER.unpack_from(self._buffer, self._start)
-        if length > MAX_BODY:
-            raise FrameError(f"a frame of {length} bytes, over the {MAX_BODY}-byte limit")
+        if length > limit:
+            raise FrameError(f"a frame of {length} bytes, over the {limit}-byte limit")
         begin = self._start + HEADER.size
         if begin + length <= len(self._buffer):
             while self._end < begin + length:
@@ -159,7 +161,7 @@ class LaneServer:
         frames = Frames(sock)
         try:
             sock.recv(len(MAGIC))  # peeked by the relay
-            _, token = frames.read()
+            _, token = frames.read(GREETING_LIMIT)
             if not self._gate.token_matches(bytes(token)):
                 send(sock, grpc.StatusCode.UNAUTHENTICATED.value[0], UNAUTHENTICATED.encode())
                 return
