@@ -13,7 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -184,14 +184,6 @@ def in_child(daemon: Daemon, case: str, key: str, uid: int | None = None) -> dic
         os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
     return dict(json.loads(b"".join(chunks) or b'{"error": "no answer"}'))
-
-
-def status_of(call: Callable[[], object]) -> str:
-    try:
-        call()
-    except InferenceServerException as exc:
-        return str(exc.status())
-    return "OK"
 
 
 @root_only

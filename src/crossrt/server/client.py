@@ -132,9 +132,8 @@ class RemoteRuntime:
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         if lane and target.startswith("unix:"):
-            path = target.removeprefix("unix:")
-            path = "/" + path.lstrip("/") if path.startswith("//") else path
-            self._lane = LaneClient(path, token, timeout, target)
+            # connect() names it as settings.Endpoint writes it: unix:/absolute/path
+            self._lane = LaneClient(target.removeprefix("unix:"), token, timeout, target)
         self.call("ServerLive", pb.ServerLiveRequest())
         if self._lane is not None:
             try:
