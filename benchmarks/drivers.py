@@ -305,8 +305,9 @@ def table(doc: dict[str, Any]) -> str:
     for m in doc["models"]:
         for precision, d in m["auto"].items():
             chosen = d.get("chosen") or {}
+            who = f"{chosen.get('driver', '-')} {chosen.get('precision') or 'own precision'}"
             why = str(d.get("why") or d.get("error", ""))[:160]
-            lines.append(f"| {m['model']} | {precision} | {chosen.get('driver', '-')} | {why} |")
+            lines.append(f"| {m['model']} | {precision} | {who} | {why} |")
         for label, why in m["raw_errors"].items():
             lines.append(f"| {m['model']} | - | ({label} cannot run it) | {why[:160]} |")
     return "\n".join(lines) + "\n"

@@ -114,6 +114,43 @@ def test_auto_never_lowers_precision_below_what_is_allowed() -> None:
     assert all("precision" not in row for row in _rows(fp32).values())
 
 
+def test_a_reduced_precision_competes_with_the_same_drivers_own() -> None:
+    # On a CPU whose bf16 is slower than its fp32 (an Intel core without AMX), asking for bf16
+    # must not make auto slower than fp32: the driver that has bf16 is measured both ways.
+    if not _installed("openvino"):
+        pytest.skip("needs a driver with bf16 (openvino)")
+    exe = crossrt.compile(relu(), device="auto", precision="bf16", auto_seconds=FAST)
+    assert exe.decision is not None
+    rows = [(r["driver"], r["precision"]) for r in exe.decision["candidates"] if "runs" in r]
+    assert sorted(rows) == [
+        ("onnxruntime", "model's own"),
+        ("openvino", "bf16"),
+        ("openvino", "model's own"),
+    ]
+    measured = [r for r in exe.decision["candidates"] if r.get("status") == "ok"]
+    best = min(measured, key=lambda r: (r["relative"], r["median_ms"]))
+    chosen = exe.decision["chosen"]
+    assert (chosen["driver"], chosen["precision"] or "model's own") == (
+        best["driver"],
+        best["precision"],
+    )
+    assert exe.options.precision == chosen["precision"]
+
+
+def test_a_cached_decision_compiles_the_precision_chosen(tmp_path: Path) -> None:
+    if not _installed("openvino"):
+        pytest.skip("needs a driver with bf16 (openvino)")
+    kwargs = dict(device="auto", precision="bf16", cache_dir=tmp_path, auto_seconds=FAST)
+    first = crossrt.compile(relu(), **kwargs)  # type: ignore[arg-type]
+    again = crossrt.compile(relu(), **kwargs)  # type: ignore[arg-type]
+    assert again.decision is not None and again.decision["cached"] is True
+    assert again.decision["chosen"] == first.decision["chosen"]
+    assert (again.nodes[0].driver, again.options.precision) == (
+        first.nodes[0].driver,
+        first.options.precision,
+    )
+
+
 def test_the_decision_is_measured_once_per_model_options_and_machine(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

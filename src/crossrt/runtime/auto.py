@@ -1,11 +1,11 @@
 """``device="auto"``: compile a model for every engine that can run it, measure each one on
 the model's real input shapes, and keep the fastest whose outputs match the reference.
 
-The choice never lowers precision below what was allowed: every candidate is compiled with the
-options given, or, where a driver does not compute in the reduced ``precision`` allowed, in the
-model's own precision (a reduced precision is a permission, not a demand: with
-``precision="bf16"`` onnxruntime's fp32 competes with OpenVINO's bf16, and on a CPU whose bf16 is
-slow the fp32 engine wins). Before
+The choice never lowers precision below what was allowed. A reduced ``precision`` is a
+permission, not a demand: every driver competes in the model's own precision, and a driver that
+really computes in the reduced one competes in it too. With ``precision="bf16"``, onnxruntime's
+fp32, OpenVINO's fp32 and OpenVINO's bf16 are measured side by side, so that on a CPU whose bf16
+is slower than its fp32 (an Intel core without AMX), asking for bf16 never costs speed. Before
 a candidate is timed, its outputs on the probe input are compared with the reference's (the
 ``reference`` driver, NumPy in float32; the most preferred candidate at the model's own
 precision when the reference cannot run the model): one that differs by more than the
@@ -56,6 +56,10 @@ NOT_CANDIDATES = {
     "sim": "a simulated accelerator: its speed is not a real device's",
 }
 """Drivers ``auto`` never chooses, and why."""
+
+OWN = "model's own"
+"""A candidate row's ``precision`` when it computes in the model's own precision although a
+reduced one was allowed."""
 
 _REFERENCE_TIMEOUT_S = 60.0
 
@@ -210,8 +214,21 @@ class _Chooser:
     def _chosen(self, known: Mapping[str, Any] | None) -> tuple[Driver, DeviceInfo, bool] | None:
         if known is None or not isinstance(known.get("chosen"), dict):
             return None
-        want = (known["chosen"].get("driver"), known["chosen"].get("device"))
-        return next((c for c in self.candidates if (c[0].name, c[1].id) == want), None)
+        chosen = known["chosen"]
+        want = (chosen.get("driver"), chosen.get("device"), chosen.get("precision"))
+        return next(
+            (c for c in self.candidates if (c[0].name, c[1].id, self._precision(c[2])) == want),
+            None,
+        )
+
+    def _precision(self, own: bool) -> str | None:
+        """The precision a candidate compiles with: the one allowed, or the model's own."""
+        return None if own else self.opts.precision
+
+    def _reduced(self) -> bool:
+        """Whether a reduced precision was allowed (each candidate's row then says which
+        precision it computed in)."""
+        return self.opts.precision not in (None, "fp32")
 
     def _measure(
         self, inputs: dict[str, np.ndarray], seconds: float
@@ -220,10 +237,12 @@ class _Chooser:
         compiled: list[tuple[dict[str, Any], Executable]] = []
         for drv, dev, own in self.candidates:
             row: dict[str, Any] = {"driver": drv.name, "device": dev.id}
-            if own:
-                row["precision"] = "model's own"
+            in_ = ""
+            if self._reduced():
+                row["precision"] = OWN if own else self.opts.precision
+                in_ = f" in {row['precision']} precision"
             rows.append(row)
-            _say(f"compiling for {drv.name} on {dev.id}")
+            _say(f"compiling for {drv.name} on {dev.id}{in_}")
             try:
                 exe = self.compile_for(drv, dev, own)
             except CrossrtError as exc:
@@ -263,27 +282,18 @@ class _Chooser:
             (r for r, _ in timed if r.get("status") == "ok"),
             key=lambda r: (r["relative"], r["median_ms"]),
         )
-        others = [
-            f"{r['driver']} {r['device']} {r['median_ms']:.3f} ms"
-            for r, _ in timed
-            if r is not best
-        ]
+        others = [f"{_label(r)} {r['median_ms']:.3f} ms" for r, _ in timed if r is not best]
         why = (
             f"fastest of {len(timed)} candidate(s) whose outputs match {reference} within "
             f"{self.tolerance:g}: {best['median_ms']:.3f} ms"
             + (f" (vs {', '.join(others)})" if others else "")
-            + (
-                f"; it computes in the model's own precision ({self.opts.precision} was "
-                "allowed, not required)"
-                if "precision" in best
-                else ""
-            )
+            + _precision_said(best.get("precision"), self.opts.precision)
         )
         decision = {
             "chosen": {
                 "driver": best["driver"],
                 "device": best["device"],
-                "precision": self.opts.precision if "precision" not in best else None,
+                "precision": self._precision(best.get("precision") == OWN),
             },
             "why": why,
             "reference": reference,
@@ -332,7 +342,8 @@ def _candidates(
     """Every (driver, device, at the model's own precision) ``auto`` measures, and a row for
     each one it passes by."""
     found: list[tuple[Driver, DeviceInfo, bool]] = []
-    # The options given, then (a reduced precision being a permission) the model's own.
+    # The options given, and (a reduced precision being a permission) the model's own: a
+    # driver that accepts both is measured both ways.
     attempts = [(opts, False)]
     if opts.precision not in (None, "fp32"):
         attempts.append((replace(opts, precision=None, fp16=False), True))
@@ -348,6 +359,7 @@ def _candidates(
                 rows.append({**row, "why": NOT_CANDIDATES[drv.name]})
                 continue
             why = ""
+            accepted = False
             for tried, at_own in attempts:
                 try:
                     drv.check_options(tried, dev)
@@ -355,8 +367,8 @@ def _candidates(
                     why = exc.message
                     continue
                 found.append((drv, dev, at_own))
-                break
-            else:
+                accepted = True
+            if not accepted:
                 row = {"driver": drv.name, "device": dev.id, "status": "refused"}
                 rows.append({**row, "why": _short(why)})
     return found, rows
@@ -372,6 +384,19 @@ def _none_can(model: Model, rows: list[dict[str, Any]]) -> UnsupportedError:
         "give the inputs to measure with as probe={name: array}, or name a device",
         details={"candidates": rows},
     )
+
+
+def _precision_said(computed: str | None, allowed: str | None) -> str:
+    """What the ``why`` says of the chosen candidate's precision, where one was allowed."""
+    if computed == OWN:
+        return f"; it computes in the model's own precision ({allowed} was allowed, not required)"
+    return f"; it computes in {computed}" if computed else ""
+
+
+def _label(row: Mapping[str, Any]) -> str:
+    """A candidate's name in a sentence: driver, device and, where it was a choice, precision."""
+    precision = row.get("precision")
+    return f"{row['driver']} {row['device']}" + (f" ({precision})" if precision else "")
 
 
 def _choice_line(decision: Mapping[str, Any]) -> str:

@@ -68,16 +68,20 @@ def decision_lines(decision: Mapping[str, Any]) -> list[str]:
         ok = isinstance(value, int | float) and not isinstance(value, bool)
         return format(value, form) if ok else "-"
 
-    rows = decision.get("candidates")
+    listed = decision.get("candidates")
+    rows = [r for r in listed if isinstance(r, Mapping)] if isinstance(listed, list) else []
+    # A precision column when a reduced precision was allowed: a driver may then be measured
+    # in it and in the model's own.
+    with_precision = any("precision" in r for r in rows)
+    precision = f"{'precision':<11} " if with_precision else ""
     lines = [
-        f"  {'driver':<12} {'device':<8} {'status':<13} {'median ms':>10} {'relative':>8} "
-        f"{'runs':>5} {'max abs err':>11}  why"
+        f"  {'driver':<12} {'device':<8} {precision}{'status':<13} {'median ms':>10} "
+        f"{'relative':>8} {'runs':>5} {'max abs err':>11}  why"
     ]
-    for row in rows if isinstance(rows, list) else []:
-        if not isinstance(row, Mapping):
-            continue
+    for row in rows:
+        precision = f"{row.get('precision', '-')!s:<11} " if with_precision else ""
         lines.append(
-            f"  {row.get('driver', '?')!s:<12} {row.get('device', '?')!s:<8} "
+            f"  {row.get('driver', '?')!s:<12} {row.get('device', '?')!s:<8} {precision}"
             f"{row.get('status', '?')!s:<13} {cell(row, 'median_ms', '10.3f'):>10} "
             f"{cell(row, 'relative', '8.3f'):>8} "
             f"{cell(row, 'runs', 'd'):>5} {cell(row, 'max_abs_error', '11.2g'):>11}  "
