@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -42,6 +42,7 @@ class InputChecker:
         self.specs = tuple(specs)
         self.names = tuple(s.name for s in specs)
         self._name_set = frozenset(self.names)
+        self._count = len(self.names)
         # (name, spec, numpy dtype or None, exact shape or None, rank or None)
         self._plan: list[tuple[str, TensorSpec, Any, tuple[int, ...] | None, int | None]] = []
         for s in specs:
@@ -61,9 +62,17 @@ class InputChecker:
         memory) or anything ``np.asarray`` takes; ``inputs`` may be a dict, a
         :class:`TensorSet`, or a list in input order.
         """
-        feed = self._as_dict(inputs)
+        if type(inputs) is dict and len(inputs) == self._count:
+            # As many names as the model's inputs: each one found below means the same names
+            # (a set comparison of the keys cost 0.13 µs of a tiny model's 5.5 µs call).
+            feed = inputs.copy()
+        else:
+            feed = self._as_dict(inputs)
         for name, spec, np_dtype, exact, rank in self._plan:
-            value = feed[name]
+            try:
+                value = feed[name]
+            except KeyError:
+                self._mismatch(inputs)  # names the unknown input, else the missing one
             if np_dtype is None:
                 continue  # sequences, optionals, maps, untyped: the engine checks them
             if type(value) is not np.ndarray:
@@ -116,7 +125,7 @@ class InputChecker:
         if isinstance(inputs, dict):
             if inputs.keys() == self._name_set:
                 return dict(inputs)
-            return self._mismatch(inputs)
+            self._mismatch(inputs)
         if isinstance(inputs, np.ndarray | Tensor):
             inputs = [inputs]
         if isinstance(inputs, list | tuple):
@@ -134,7 +143,8 @@ class InputChecker:
             f"{type(inputs).__name__}; the model takes {self._listing()}"
         )
 
-    def _mismatch(self, inputs: dict[str, Any]) -> dict[str, Any]:
+    def _mismatch(self, inputs: dict[str, Any]) -> NoReturn:
+        """Raise InvalidInputError for inputs whose names are not the model's."""
         unknown = [k for k in inputs if k not in self._name_set]
         if unknown:
             name = unknown[0]

@@ -49,6 +49,9 @@ class OrtProgram(Program):
         # The weights ORT reads where they lie (views of the artifact): kept while it runs.
         self.weights = weights
         self._output_names = [o.name for o in session.get_outputs()]
+        # A model of one output (the common case) gets its result by name as a literal: here
+        # dict(zip(..., strict=True)) cost 0.5 µs, a tenth of a tiny model's whole call.
+        self._only = self._output_names[0] if len(self._output_names) == 1 else None
         self._run = session._sess.run  # the C++ entry point; see the module docstring
         # Inputs or outputs of types ORT's binding cannot exchange as NumPy arrays (bfloat16,
         # float8, int4): every run converts them (types), the fast paths stay for others.
@@ -70,7 +73,10 @@ class OrtProgram(Program):
             results = self._run(self._output_names, inputs, self._run_options)
         except Exception as exc:
             raise ExecutionError(f"ONNX Runtime failed to run: {short_error(exc)}") from None
-        return dict(zip(self._output_names, results, strict=True))
+        if self._only is not None:
+            return {self._only: results[0]}
+        # ORT gives one result per name asked; strict=True would cost 0.2 µs more.
+        return dict(zip(self._output_names, results, strict=False))
 
     def run_cancellable(
         self,
@@ -98,7 +104,7 @@ class OrtProgram(Program):
             raise
         except Exception as exc:
             raise run_failure(exc, cancel) from None
-        return dict(zip(self._output_names, results, strict=True))
+        return self._by_name(results)
 
     def _run_bound(
         self, inputs: Mapping[str, Any], outputs: Mapping[str, np.ndarray], options: ort.RunOptions
@@ -124,10 +130,16 @@ class OrtProgram(Program):
             for i, name in enumerate(self._output_names)
         }
 
+    def _by_name(self, results: Sequence[Any]) -> dict[str, Any]:
+        """ORT's results, one per output name asked, by name."""
+        if self._only is not None:
+            return {self._only: results[0]}
+        return dict(zip(self._output_names, results, strict=False))
+
     def _converted(self, inputs: Mapping[str, Any], options: ort.RunOptions) -> dict[str, Any]:
         """An unbound run's results by name."""
         results = self._run(self._output_names, inputs, options)
-        return dict(zip(self._output_names, results, strict=True))
+        return self._by_name(results)
 
     def bind(
         self, inputs: Mapping[str, Any], outputs: Mapping[str, Any] | None = None

@@ -36,6 +36,11 @@ class OpenVinoProgram(Program):
         self._compiled: ov.CompiledModel | None = compiled
         self._inputs = tuple(inputs)
         self._outputs = tuple(outputs)
+        # How each output's bytes are viewed as NumPy (None: as they come), looked up once:
+        # asking a tensor its type costs 0.5 µs a call.
+        self._views = tuple(
+            _VIEWED.get(port.get_element_type().get_type_name()) for port in compiled.outputs
+        )
         self._idle: queue.SimpleQueue[ov.InferRequest] = queue.SimpleQueue()
 
     def _request(self) -> ov.InferRequest:
@@ -148,7 +153,7 @@ class OpenVinoProgram(Program):
     ) -> dict[str, np.ndarray]:
         results: dict[str, np.ndarray] = {}
         for index, name in enumerate(self._outputs):
-            data = _numpy(request.get_output_tensor(index))
+            data = _numpy(request.get_output_tensor(index), self._views[index])
             buffer = given.get(index)
             if buffer is not None:
                 if not np.shares_memory(buffer, data):
@@ -173,6 +178,7 @@ _VIEWED = {
     "f8e5m2": (ml_dtypes.float8_e5m2, np.uint8),
     "f8e8m0": (ml_dtypes.float8_e8m0fnu, np.uint8),
 }
+_INT64_CHAR = np.dtype(np.int64).char  # "l" where long is 64 bits, else "q"
 _OV_TYPES = {
     np.dtype(ml_dtypes.bfloat16): ov.Type.bf16,
     np.dtype(ml_dtypes.float8_e4m3fn): ov.Type.f8e4m3,
@@ -192,9 +198,9 @@ def _ov_tensor(array: np.ndarray) -> ov.Tensor:
     return tensor
 
 
-def _numpy(tensor: ov.Tensor) -> np.ndarray:
-    """The tensor's data as NumPy shows the model's type."""
-    viewed = _VIEWED.get(tensor.element_type.get_type_name())
+def _numpy(tensor: ov.Tensor, viewed: tuple[Any, Any] | None) -> np.ndarray:
+    """The tensor's data as NumPy shows the model's type (``viewed``: its entry in
+    :data:`_VIEWED`, or None)."""
     if viewed is None:
         data: np.ndarray = tensor.data
         return data
@@ -204,7 +210,7 @@ def _numpy(tensor: ov.Tensor) -> np.ndarray:
 def _array(name: str, value: Any) -> np.ndarray:
     """``value`` as memory OpenVINO can view."""
     array = np.asarray(value)
-    if array.dtype.char == "q" and np.dtype(np.int64).char != "q":
+    if array.dtype.char == "q" and _INT64_CHAR != "q":
         array = array.view(np.int64)  # long long: the binding knows int64 only as long
     if not (array.flags.c_contiguous and array.flags.writeable):
         # OpenVINO shares only writable, contiguous memory (it never writes an input).
