@@ -4,6 +4,7 @@ with a model repository of ``.crm`` files; conftest.py's fixtures stop it with S
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -90,15 +91,30 @@ def make_repository(folder: Path) -> Path:
 
 
 def start_daemon(
-    folder: Path, repository: Path, args: Sequence[str] = (), env: dict[str, str] | None = None
+    folder: Path,
+    repository: Path,
+    args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    files: int | None = None,
 ) -> Daemon:
-    """``python -m crossrt serve -x`` on ``folder/d.sock``; returns once it logs ``ready``."""
+    """``python -m crossrt serve -x`` on ``folder/d.sock``; returns once it logs ``ready``.
+    ``files``: its limit on open files, soft and hard."""
     sock = str(folder / "d.sock")
     command = [sys.executable, "-m", "crossrt", "serve", "-x", "-g", f"unix:{sock}"]
     command += ["--model-repository", str(repository), *args]
     environ = dict(os.environ, CROSSRT_RUNTIME_DIR=str(folder / "run"), **(env or {}))
+
+    def limit_files() -> None:
+        if files is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
+
     proc = subprocess.Popen(
-        command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=environ
+        command,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env=environ,
+        preexec_fn=limit_files if files is not None else None,
     )
     daemon = Daemon(proc, sock, repository)
     ready = threading.Event()

@@ -45,6 +45,7 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
+from ..errors import ClosedError
 from .lane import LaneClient, LaneUnavailable
 from .proto import runtime_pb2 as v1
 from .proto import runtime_pb2_grpc as v1_grpc
@@ -93,6 +94,19 @@ def connect(
     return RemoteRuntime(str(where), token, shm_threshold, timeout, credentials, lane)
 
 
+def _why_refused(target: str, token: str | None, timeout: float | None) -> None:
+    """Raise the reason the daemon at a ``unix:`` ``target`` gives on the direct lane for
+    refusing connections (as many open as it allows: a gRPC client only sees its connection
+    closed); return when it gives none."""
+    lane = LaneClient(target.removeprefix("unix:"), token, timeout, target)
+    try:
+        lane.prepare()
+    except (LaneUnavailable, ClosedError):
+        return  # not there, or not the lane's to say
+    finally:
+        lane.close()
+
+
 class RemoteRuntime:
     """The daemon's models with :class:`crossrt.Runtime`'s calls (made by :func:`connect`)."""
 
@@ -134,7 +148,12 @@ class RemoteRuntime:
         if lane and target.startswith("unix:"):
             # connect() names it as settings.Endpoint writes it: unix:/absolute/path
             self._lane = LaneClient(target.removeprefix("unix:"), token, timeout, target)
-        self.call("ServerLive", pb.ServerLiveRequest())
+        try:
+            self.call("ServerLive", pb.ServerLiveRequest())
+        except ClosedError:
+            if target.startswith("unix:"):
+                _why_refused(target, token, timeout)  # a daemon that refused says why
+            raise
         if self._lane is not None:
             try:
                 self._lane.prepare()

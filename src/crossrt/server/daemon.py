@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -45,6 +46,21 @@ SWEEP_SECONDS = 5.0
 """How often the regions and models of dead clients are looked for."""
 
 
+def raise_file_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit (as Go programs do at
+    start): each client connection holds up to seven descriptors, and the usual soft limit of
+    1024 would run out near 150 gRPC clients. Returns the limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (OSError, ValueError) as exc:  # a kernel cap below the hard limit
+            log.warning("could not raise the open-file limit from %d to %d: %s", soft, want, exc)
+    return soft
+
+
 def tls_credentials(options: ServeOptions) -> Any:
     """gRPC server credentials for the TCP endpoints when a certificate is configured (a
     client certificate signed by ``tls_client_ca`` required when one is); else ``None``.
@@ -69,6 +85,15 @@ class Daemon:
     def __init__(self, options: ServeOptions) -> None:
         self.options = options
         self._ready = False
+        files = raise_file_limit()
+        if files < 8 * options.max_connections:
+            log.warning(
+                "the open-file limit (%d) may run out before max_connections (%d) clients are "
+                "connected: each may hold 7 files; raise it (ulimit -n), or lower "
+                "max_connections",
+                files,
+                options.max_connections,
+            )
         self.runtime = Runtime(visible_cores=options.cores) if options.cores else Runtime()
         self.regions = Regions()
         directory = Path(options.model_repository) if options.model_repository else None
@@ -113,7 +138,11 @@ class Daemon:
             if endpoint.kind == "unix":
                 try:
                     relay = UnixRelay(
-                        endpoint.address, inner, self.options.socket_mode, self.lane.serve
+                        endpoint.address,
+                        inner,
+                        self.options.socket_mode,
+                        self.lane.serve,
+                        self.options.max_connections,
                     )
                 except OSError as exc:
                     raise OutOfResourcesError(

@@ -17,7 +17,8 @@ gRPC status code: 0 for OK) and the body.
 - client, once: :data:`MAGIC`, then a frame with status 0 whose body is the daemon's token
   (empty when it has none);
 - daemon, once: a frame with status 0 and the body :data:`MAGIC`, or a frame with
-  UNAUTHENTICATED and a message, then it closes;
+  UNAUTHENTICATED (a wrong token) or RESOURCE_EXHAUSTED (as many connections open as the
+  daemon allows) and a message, then it closes;
 - then, one request at a time: the client sends a frame with status 0 and a serialized
   ``ModelInferRequest``; the daemon answers a frame with status 0 and a serialized
   ``ModelInferResponse``, or with the error's gRPC status code and its message (UTF-8), the
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import select
 import socket
 import struct
 import threading
@@ -60,6 +62,10 @@ GREETING_SECONDS = 10.0
 MAX_IDLE = 16
 """Idle connections a client keeps (each holds a thread of the daemon's)."""
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
+_REFUSALS = {
+    c.value[0] for c in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.RESOURCE_EXHAUSTED)
+}
+"""The greeting's answers that refuse a connection (any other: not a lane daemon)."""
 
 
 class FrameError(Exception):
@@ -213,13 +219,21 @@ def is_lane(sock: socket.socket, seconds: float = 10.0) -> bool:
             seen = sock.recv(len(MAGIC), socket.MSG_PEEK)
             if not MAGIC.startswith(seen) or seen == MAGIC or not seen:
                 return seen == MAGIC
-            if time.monotonic() > deadline:
+            if _hung_up(sock) or time.monotonic() > deadline:
                 return False
             time.sleep(0.001)  # the rest of a greeting split by the kernel
     except OSError:
         return False
     finally:
         sock.settimeout(None)
+
+
+def _hung_up(sock: socket.socket) -> bool:
+    """Whether the other end closed (or stopped sending): a peek sees the bytes it sent
+    before, again and again."""
+    poller = select.poll()
+    poller.register(sock, select.POLLRDHUP)
+    return bool(poller.poll(0))
 
 
 # -- the client's side -------------------------------------------------------------------
@@ -346,9 +360,9 @@ class LaneClient:
             sock.close()
             raise LaneUnavailable from None
         sock.settimeout(self._timeout)
-        if status == grpc.StatusCode.UNAUTHENTICATED.value[0]:
+        if status in _REFUSALS:  # the daemon speaks the lane, and refused this connection
             sock.close()
-            raise error_from(grpc.StatusCode.UNAUTHENTICATED, bytes(answer).decode(),
+            raise error_from(_CODES[status], bytes(answer).decode(errors="replace"),
                              self._endpoint)  # fmt: skip
         if status or answer != MAGIC:
             sock.close()

@@ -2,10 +2,10 @@
 
 Every command-line option has a key of the same name in the file (``model_repository``,
 ``model_control``, ``metrics``, ``token``, ``cores``, ``log_level``, ``console``,
-``endpoint``), plus ``drain_seconds``, ``threads``, ``socket_mode``, ``tls_cert`` /
-``tls_key`` / ``tls_client_ca`` (PEM files: TLS on the TCP endpoints, client certificates
-required when a CA is given) and ``[[models]]`` tables (``name``, ``path`` and the load
-parameters) loaded at start. The command line wins.
+``endpoint``, ``max_connections``), plus ``drain_seconds``, ``threads``, ``socket_mode``,
+``tls_cert`` / ``tls_key`` / ``tls_client_ca`` (PEM files: TLS on the TCP endpoints, client
+certificates required when a CA is given) and ``[[models]]`` tables (``name``, ``path`` and
+the load parameters) loaded at start. The command line wins.
 """
 
 from __future__ import annotations
@@ -93,6 +93,7 @@ class ServeOptions:
     token: str | None = None
     drain_seconds: float = 30.0
     threads: int = 16
+    max_connections: int = 1024
     socket_mode: int = 0o660
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -181,4 +182,9 @@ def _check(options: ServeOptions) -> None:
         )
     if not options.drain_seconds >= 0 or options.threads < 1:
         raise InvalidOptionError("drain_seconds must be >= 0 and threads >= 1")
+    if not isinstance(options.max_connections, int) or options.max_connections < 1:
+        raise InvalidOptionError(
+            f"max_connections {options.max_connections!r}: give the number of connections a "
+            "Unix socket may keep open at once, 1 or more (default 1024)"
+        )
     options.endpoints()  # each one checked now

@@ -52,6 +52,11 @@ def parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics here")
     p.add_argument(
+        "--max-connections", type=int, metavar="N",
+        help="connections a Unix socket keeps open at once (default 1024); one more is "
+        "refused, and logged",
+    )  # fmt: skip
+    p.add_argument(
         "--token", metavar="T",
         help="require the metadata 'authorization: Bearer T' on every call (or set "
         "CROSSRT_SERVE_TOKEN, which keeps it out of the process list)",
@@ -96,6 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "model_repository": args.model_repository,
         "model_control": args.model_control,
         "metrics": args.metrics,
+        "max_connections": args.max_connections,
         "token": args.token or os.environ.get("CROSSRT_SERVE_TOKEN") or None,
     }
     try:
