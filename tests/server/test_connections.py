@@ -4,8 +4,11 @@ file descriptors pauses accepting instead of giving up on its socket."""
 
 from __future__ import annotations
 
+import contextlib
+import re
 import socket
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,7 +20,7 @@ pytest.importorskip("tritonclient.grpc", reason="the serve extra is not installe
 import grpc
 import numpy as np
 import tritonclient.grpc as tc
-from serving import Daemon, make_repository, start_daemon
+from serving import Daemon, free_port, make_repository, start_daemon
 from test_lane import Wire, served
 from tritonclient.utils import InferenceServerException
 
@@ -33,7 +36,10 @@ REFUSED = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
 @pytest.fixture(scope="module")
 def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     folder = tmp_path_factory.mktemp("limited")
-    d = start_daemon(folder, make_repository(folder / "models"), ["--max-connections", str(LIMIT)])
+    port = free_port()
+    args = ["--max-connections", str(LIMIT), "--metrics", f"127.0.0.1:{port}"]
+    d = start_daemon(folder, make_repository(folder / "models"), args)
+    d.metrics = f"http://127.0.0.1:{port}/metrics"
     yield d
     assert d.stop() == 0, "".join(d.log)
 
@@ -45,6 +51,15 @@ def eventually(check: Callable[[], bool], seconds: float = 10.0) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def metric(d: Daemon, name: str) -> float:
+    """A connection metric of the daemon's socket, scraped."""
+    assert d.metrics is not None
+    text = urllib.request.urlopen(d.metrics, timeout=10).read().decode()
+    found = re.search(rf'^{name}{{socket="{re.escape(d.socket)}"}} (\S+)$', text, re.M)
+    assert found, text
+    return float(found.group(1))
 
 
 def greeted(path: str) -> bool:
@@ -82,6 +97,8 @@ def test_a_connection_over_the_limit_is_refused_with_the_reason(limited: Daemon)
             tiny_over_grpc(limited)
         served(wires[0])  # those open are served all along
         assert any("refused a connection" in line for line in limited.log)
+        assert metric(limited, "crossrt_connections") == LIMIT
+        assert metric(limited, "crossrt_connections_refused_total") >= 3
     finally:
         for w in wires:
             w.close()
@@ -96,16 +113,21 @@ def test_connections_that_end_any_way_free_their_place(limited: Daemon) -> None:
     # Closed before the greeting, mid-greeting, after a request, or after a gRPC call: each
     # gives its place back, so the limit never fills up with the dead.
     for _ in range(2 * LIMIT):
+        assert eventually(lambda: metric(limited, "crossrt_connections") < LIMIT)
         socket.socket(socket.AF_UNIX).connect(limited.socket)  # closed at once (collected)
         s = socket.socket(socket.AF_UNIX)
         s.connect(limited.socket)
         s.sendall(MAGIC[:4])
         s.close()
         w = Wire(limited.socket)
-        served(w)
+        if w.greeting == (0, MAGIC):
+            served(w)
         w.close()
-        tiny_over_grpc(limited)
-    assert eventually(lambda: greeted(limited.socket))
+        with contextlib.suppress(InferenceServerException):  # refused when others linger
+            tiny_over_grpc(limited)
+    started = time.monotonic()
+    assert eventually(lambda: metric(limited, "crossrt_connections") == 0)
+    print(f"all closed {time.monotonic() - started:.2f} s after the last")
     wires = [Wire(limited.socket) for _ in range(LIMIT)]
     try:
         assert all(w.greeting == (0, MAGIC) for w in wires)

@@ -184,6 +184,10 @@ class Daemon:
             if e.model is not None
         ]
 
+    def connections(self) -> list[tuple[str, int, int]]:
+        """(socket path, connections open, connections refused) of each Unix socket."""
+        return [(r.path, r.connections, r.refused) for r in self.relays]
+
     def start(self) -> None:
         """Listen, load the repository (unless explicit), then be ready."""
         self.server.start()
@@ -196,7 +200,9 @@ class Daemon:
             from .metrics import serve_metrics
 
             try:
-                self._metrics = serve_metrics(self.options.metrics, self.statistics)
+                self._metrics = serve_metrics(
+                    self.options.metrics, self.statistics, self.connections
+                )
             except OSError as exc:
                 raise OutOfResourcesError(
                     f"cannot serve metrics on {self.options.metrics}: {exc.strerror}; choose "

@@ -16,6 +16,10 @@ written as Prometheus and OpenMetrics want them, with ``_total`` after the famil
 | ``crossrt_inference_compute_infer_duration_us`` | same | ``compute_infer`` |
 | ``crossrt_inference_compute_output_duration_us`` | same | ``compute_output`` |
 | ``crossrt_inference_pending_request_count`` | same (a gauge) | ``in_flight`` |
+
+And the daemon's own, labelled ``socket`` (each Unix socket's path), which Triton has not:
+``crossrt_connections`` (a gauge: open now) and ``crossrt_connections_refused_total``
+(refused at ``max_connections``).
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import Metric
 
 from ..runtime.statistics import ModelStatistics
+
+ConnectionSource = Callable[[], list[tuple[str, int, int]]]
+"""``() -> [(socket path, open connections, connections refused)]`` of the Unix sockets."""
 
 StatisticsSource = Callable[[], list[tuple[str, str, ModelStatistics, int]]]
 """``() -> [(model, version, statistics, refused)]`` of the loaded models: ``refused``
@@ -93,9 +100,31 @@ class ModelCollector:
         yield gauge
 
 
-def serve_metrics(address: str, source: StatisticsSource) -> tuple[Any, Any]:
+class ConnectionCollector:
+    """A Prometheus collector over the Unix sockets' connections."""
+
+    def __init__(self, source: ConnectionSource, prefix: str = "crossrt_") -> None:
+        self._source = source
+        self._prefix = prefix
+
+    def collect(self) -> Iterator[Metric]:
+        rows = self._source()
+        name = self._prefix + "connections"
+        gauge = Metric(name, "connections open on a Unix socket", "gauge")
+        refused = Metric(name + "_refused", "connections refused at max_connections", "counter")
+        for path, count, turned_away in rows:
+            gauge.add_sample(name, {"socket": path}, float(count))
+            refused.add_sample(name + "_refused_total", {"socket": path}, float(turned_away))
+        yield gauge
+        yield refused
+
+
+def serve_metrics(
+    address: str, source: StatisticsSource, connections: ConnectionSource = list
+) -> tuple[Any, Any]:
     """Start the endpoint on ``HOST:PORT``; return (server, thread) of prometheus-client."""
     host, _, port = address.rpartition(":")
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ModelCollector(source))
+    registry.register(ConnectionCollector(connections))
     return start_http_server(int(port), addr=host.strip("[]") or "127.0.0.1", registry=registry)
