@@ -20,6 +20,7 @@ import platform
 import re
 import shutil
 import stat
+import subprocess
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -236,9 +237,32 @@ NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 """Where the NVIDIA kernel driver lists the GPUs: one folder per GPU, named by its PCI bus."""
 
 
-def nvidia_gpus(root: Path = NVIDIA_GPUS) -> list[str]:
-    """The model names of the NVIDIA GPUs, in PCI bus order (CUDA's default device order),
-    from the kernel driver's ``information`` files; none without the driver."""
+def nvidia_gpus(root: Path = NVIDIA_GPUS, smi: str = "nvidia-smi") -> list[str]:
+    """The model names of the GPUs CUDA shows this process, in PCI bus order: from the kernel
+    driver's ``information`` files under ``root``, else (a sandbox without them, gVisor's)
+    from ``nvidia-smi``; then only those ``CUDA_VISIBLE_DEVICES`` names, in its order. None
+    without the driver."""
+    names = _gpus_from_proc(root) or _gpus_from_smi(smi)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return names
+    # CUDA numbers the devices it is shown 0, 1, ... in the order given, and stops at the
+    # first entry that names none. An entry other than an index (a UUID, MIG-...) is a GPU
+    # whose model is not looked up here.
+    shown = []
+    for entry in (e.strip() for e in visible.split(",")):
+        if entry.isdigit():
+            if int(entry) >= len(names):
+                break
+            shown.append(names[int(entry)])
+        elif entry:
+            shown.append("NVIDIA GPU")
+        else:
+            break
+    return shown
+
+
+def _gpus_from_proc(root: Path) -> list[str]:
     try:
         folders = sorted(p for p in root.iterdir() if p.is_dir())
     except OSError:
@@ -252,6 +276,25 @@ def nvidia_gpus(root: Path = NVIDIA_GPUS) -> list[str]:
                 model = value.strip()
         names.append(model)
     return names
+
+
+@cache  # a GPU does not come or go under a running process; nvidia-smi takes 0.1 s or more
+def _gpus_from_smi(smi: str) -> list[str]:
+    """The names ``nvidia-smi`` lists (PCI bus order), none where it is absent or fails."""
+    path = shutil.which(smi)
+    if path is None:
+        return []
+    try:
+        done = subprocess.run(
+            [path, "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() or "NVIDIA GPU" for line in done.stdout.splitlines() if line.strip()]
 
 
 def pid_namespace() -> int:

@@ -35,7 +35,34 @@ def test_gpus_are_read_from_the_kernel_driver(tmp_path: Path) -> None:
         (tmp_path / bus).mkdir()
         (tmp_path / bus / "information").write_text(f"Model: \t\t {model}\nIRQ:   42\n")
     assert nvidia_gpus(tmp_path) == ["NVIDIA H100", "NVIDIA A100"]  # PCI bus order
-    assert nvidia_gpus(tmp_path / "absent") == []
+    assert nvidia_gpus(tmp_path / "absent", smi="no-such-nvidia-smi") == []
+
+
+def test_without_the_kernel_drivers_files_nvidia_smi_lists_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A sandbox (gVisor) shows no /proc/driver/nvidia; nvidia-smi still answers.
+    smi = tmp_path / "fake-nvidia-smi"
+    smi.write_text("#!/bin/sh\nprintf 'NVIDIA H200\\nNVIDIA H100 80GB HBM3\\n'\n")
+    smi.chmod(0o755)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    absent = tmp_path / "absent"
+    assert nvidia_gpus(absent, smi=str(smi)) == ["NVIDIA H200", "NVIDIA H100 80GB HBM3"]
+    # CUDA numbers only the devices it is shown, in the order given, up to a bad entry.
+    for visible, shown in (
+        ("1", ["NVIDIA H100 80GB HBM3"]),
+        ("1,0", ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]),
+        ("", []),
+        ("0,7,1", ["NVIDIA H200"]),
+        ("GPU-8f1c,1", ["NVIDIA GPU", "NVIDIA H100 80GB HBM3"]),
+    ):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        assert nvidia_gpus(absent, smi=str(smi)) == shown, visible
+    broken = tmp_path / "broken-nvidia-smi"
+    broken.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2; exit 9\n")
+    broken.chmod(0o755)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert nvidia_gpus(absent, smi=str(broken)) == []
 
 
 def test_cuda_devices_only_with_the_cuda_provider() -> None:

@@ -11,7 +11,11 @@ device-specific rest when the session is made.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
+import io
+import logging
 from typing import Any
 
 import onnxruntime as ort
@@ -20,6 +24,7 @@ from ...errors import InvalidOptionError
 from ...host import nvidia_gpus
 from ..base import Capabilities, CompileOptions, DeviceInfo, DeviceKind
 
+log = logging.getLogger("crossrt")
 CUDA = "CUDAExecutionProvider"
 TENSORRT = "TensorrtExecutionProvider"
 CPU = "CPUExecutionProvider"
@@ -60,10 +65,27 @@ def index_of(device: DeviceInfo) -> int:
     return int(device.id.partition(":")[2] or 0)
 
 
+@functools.cache
+def load_libraries() -> None:
+    """Load the CUDA and cuDNN libraries ORT's CUDA provider links against, once, from the
+    NVIDIA wheels where they are installed (``ort.preload_dlls``, as ORT asks of pip installs):
+    onnxruntime-gpu finds them by itself only beside it in the same site-packages. ORT's
+    warnings (printed) go to the log instead."""
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            ort.preload_dlls()
+    except Exception as exc:  # an ORT without it, or a system CUDA: the session finds it or not
+        log.debug("onnxruntime.preload_dlls: %s", exc)
+    if printed.getvalue().strip():
+        log.warning("onnxruntime.preload_dlls: %s", " ".join(printed.getvalue().split()))
+
+
 def providers(device: DeviceInfo, options: CompileOptions) -> list[Any]:
     """The providers of a session for ``device``, in ORT's priority order, with options."""
     if not is_cuda(device):
         return [CPU]
+    load_libraries()
     index = index_of(device)
     chosen: list[Any] = []
     if options.extensions.get("tensorrt"):
