@@ -8,9 +8,11 @@ For each model (tiny, the ResNet-50-like model of models.py with its 600 KB inpu
   the default client, its requests on the daemon's direct lane (``crossrt.server.lane``:
   ModelInfer messages without HTTP/2), tensors inside the messages;
 - **daemon lane, shm**: ``connect(shm_threshold=0)``: inputs and static outputs through a
-  registered POSIX shared-memory segment;
+  shared-memory segment: a sealed memfd passed over the lane, which the daemon maps (inputs
+  read where the client wrote them);
 - **daemon gRPC, protobuf / shm**: the same two with ``lane=False``: every request a gRPC
-  call, as any KServe client makes it.
+  call, as any KServe client makes it (shm: a POSIX segment registered by name, which the
+  daemon reads and writes with pread/pwrite).
 
 Each with 1 client and with N client threads (``--clients``, default 4), for ``--seconds``
 each (every request's latency recorded): p50/p99 latency and throughput. Outputs are checked

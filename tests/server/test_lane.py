@@ -6,10 +6,12 @@ to gRPC when the daemon does not speak the lane."""
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import struct
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -24,8 +26,20 @@ from test_malformed import CASES, W, X, request
 from tritonclient.grpc import service_pb2 as pb
 
 import crossrt
+from crossrt import dtypes
+from crossrt.runtime.memory.shm import SharedMemorySegment
 from crossrt.server.client import connect
-from crossrt.server.lane import HEADER, MAGIC, MAX_BODY, Frames, LaneClient, LaneUnavailable, send
+from crossrt.server.lane import (
+    HEADER,
+    MAGIC,
+    MAX_BODY,
+    REGISTER,
+    Frames,
+    LaneClient,
+    LaneUnavailable,
+    send,
+)
+from crossrt.server.tensors import bound_outputs
 
 
 class Wire:
@@ -229,3 +243,130 @@ def test_a_large_tensor_inside_the_messages(daemon: Daemon) -> None:
     with connect(daemon.url, shm_threshold=None) as remote:
         assert remote.lane
         np.testing.assert_array_equal(remote.load("adder").run(x)["y"], x + 1)
+
+
+def _register(w: Wire, name: str, byte_size: int, fds: list[int]) -> tuple[int, str]:
+    """A registration frame with these descriptors; the daemon's answer."""
+    body = pb.SystemSharedMemoryRegisterRequest(name=name, byte_size=byte_size).SerializeToString()
+    socket.send_fds(w.sock, [HEADER.pack(len(body), REGISTER) + body], fds)
+    status, answer = w.frames.read()
+    return status, bytes(answer).decode()
+
+
+def _daemon_fds(daemon: Daemon) -> int:
+    return len(os.listdir(f"/proc/{daemon.proc.pid}/fd"))
+
+
+def test_large_tensors_go_through_a_memfd_the_daemon_maps(daemon: Daemon) -> None:
+    # Over the lane, connect() passes a sealed memfd itself: no /dev/shm name, and the daemon
+    # reads the inputs where the client wrote them.
+    x = np.random.default_rng(9).random(1 << 18, dtype=np.float32)
+    with connect(daemon.url, shm_threshold=1024) as remote:
+        assert remote.lane
+        adder = remote.load("adder")
+        for _ in range(3):  # the segment is reused
+            np.testing.assert_array_equal(adder.run(x)["y"], x + 1)
+        with daemon.client() as c:  # gRPC lists and serves the same regions
+            regions = c.get_system_shared_memory_status(as_json=True).get("regions", {})
+        assert any(r.get("key") == "memfd" for r in regions.values()), regions
+    with daemon.client() as c:  # unregistered when the client closes
+        regions = c.get_system_shared_memory_status(as_json=True).get("regions", {})
+    assert not any(r.get("key") == "memfd" for r in regions.values()), regions
+
+
+def test_only_a_sealed_memfd_is_mapped(daemon: Daemon, wire: Wire, tmp_path: Path) -> None:
+    before = _daemon_fds(daemon)
+    unsealed = os.memfd_create("unsealed")
+    os.ftruncate(unsealed, 4096)
+    plain = os.open(tmp_path / "file", os.O_RDWR | os.O_CREAT)
+    os.ftruncate(plain, 4096)
+    sealed = SharedMemorySegment(4096, kind="memfd")
+    try:
+        for fds, size, code, text in (
+            ([unsealed], 4096, grpc.StatusCode.FAILED_PRECONDITION, "sealed against shrinking"),
+            ([plain], 4096, grpc.StatusCode.FAILED_PRECONDITION, "not a memfd"),
+            ([], 4096, grpc.StatusCode.INVALID_ARGUMENT, "one descriptor"),
+            ([sealed.fd, sealed.fd], 4096, grpc.StatusCode.INVALID_ARGUMENT, "not 2"),
+            ([sealed.fd], 8192, grpc.StatusCode.INVALID_ARGUMENT, "does not fit"),
+            ([sealed.fd], 0, grpc.StatusCode.INVALID_ARGUMENT, "does not fit"),
+        ):
+            status, answer = _register(wire, "r", size, fds)
+            assert status == code.value[0] and text in answer, (fds, answer)
+        # Descriptors sent with requests are closed, not kept.
+        message = request().SerializeToString()
+        socket.send_fds(wire.sock, [HEADER.pack(len(message), 0) + message], [sealed.fd])
+        assert wire.frames.read()[0] == 0
+        served(wire)
+        assert _register(wire, "sealed-ok", 4096, [sealed.fd]) == (0, "")
+        # Its size is sealed: the client cannot cut it short under the daemon's mapping.
+        with pytest.raises(PermissionError):
+            os.ftruncate(sealed.fd, 0)
+        with daemon.client() as c:
+            c.unregister_system_shared_memory("sealed-ok")
+        assert eventually_equal(lambda: _daemon_fds(daemon), before)
+    finally:
+        os.close(unsealed)
+        os.close(plain)
+        sealed.close()
+
+
+def eventually_equal(read: Callable[[], int], want: int, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while read() != want and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return read() == want
+
+
+def _in_region(region: str, x_at: int, y_at: int) -> pb.ModelInferRequest:
+    """tiny's x read from, and y written to, these offsets of ``region``."""
+    r = pb.ModelInferRequest(model_name="tiny")
+    x = r.inputs.add(name="x", datatype="FP32", shape=[4, 8])
+    y = r.outputs.add(name="y")
+    for params, at in ((x.parameters, x_at), (y.parameters, y_at)):
+        params["shared_memory_region"].string_param = region
+        params["shared_memory_offset"].int64_param = at
+        params["shared_memory_byte_size"].int64_param = X.nbytes
+    return r
+
+
+@pytest.mark.parametrize("y_at", [0, 64, 128, 132])
+def test_outputs_are_written_into_a_mapped_region(daemon: Daemon, wire: Wire, y_at: int) -> None:
+    # The model writes y where the client asked for it, unless y's slice overlaps x's (the
+    # model would read what it writes: then y is computed apart and copied in).
+    segment = SharedMemorySegment(4096, kind="memfd")
+    name = f"outputs-{y_at}"
+    try:
+        assert _register(wire, name, 4096, [segment.fd]) == (0, "")
+        memory = segment.array()
+        memory[: X.nbytes] = X.reshape(-1).view(np.uint8)
+        status, body = wire.ask(_in_region(name, 0, y_at))
+        assert status == 0, body
+        y = memory[y_at : y_at + X.nbytes].view(np.float32).reshape(4, 8)
+        np.testing.assert_allclose(y, X @ W + 1, rtol=1e-6)
+    finally:
+        with daemon.client() as c:
+            c.unregister_system_shared_memory(name)
+        segment.close()
+
+
+def test_which_outputs_the_model_writes_into_the_mapping() -> None:
+    # Static outputs in a mapped region, not over an input's slice; the rest copied after.
+    specs = [
+        crossrt.TensorSpec("y", dtypes.from_name("float32"), (4, 8)),
+        crossrt.TensorSpec("dyn", dtypes.from_name("float32"), (None, 8)),
+    ]
+    memory = np.zeros(4096, np.uint8)
+
+    def mapped(name: str, offset: int, size: int) -> np.ndarray | None:
+        return memory[offset : offset + size] if name == "mapped" else None
+
+    def bound(region: str, y_at: int) -> list[str]:
+        request = _in_region(region, 0, y_at)
+        chosen = [(specs[0], (region, y_at, X.nbytes)), (specs[1], (region, 2048, 1024))]
+        return sorted(bound_outputs(request, chosen, mapped))
+
+    assert bound("mapped", 128) == ["y"]
+    assert bound("mapped", 0) == bound("mapped", 124) == []  # over x: [0, 128)
+    assert bound("copied", 128) == []
+    y = bound_outputs(_in_region("mapped", 0, 256), [(specs[0], ("mapped", 256, 128))], mapped)
+    assert y["y"].shape == (4, 8) and np.shares_memory(y["y"], memory[256:384])

@@ -45,7 +45,7 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
-from ..errors import ClosedError
+from ..errors import ClosedError, CrossrtError
 from .lane import LaneClient, LaneUnavailable
 from .proto import runtime_pb2 as v1
 from .proto import runtime_pb2_grpc as v1_grpc
@@ -165,6 +165,18 @@ class RemoteRuntime:
         """Whether :meth:`RemoteModel.run` goes through the daemon's direct lane (a ``unix:``
         endpoint, ``lane=True``, and a daemon that has it) rather than gRPC."""
         return self._lane is not None
+
+    def register_sealed(self, name: str, fd: int, byte_size: int) -> bool:
+        """Register a sealed memfd as a region through the direct lane, passing the descriptor
+        (the daemon maps it: no copies of inputs); ``False`` where there is no lane or the
+        daemon does not take descriptors (register a named segment over gRPC instead)."""
+        if self._lane is None:
+            return False
+        try:
+            self._lane.register(name, fd, byte_size)
+        except (LaneUnavailable, CrossrtError):
+            return False
+        return True
 
     def infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
         """One ModelInfer: through the direct lane when there is one, else gRPC."""

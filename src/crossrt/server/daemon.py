@@ -114,7 +114,7 @@ class Daemon:
             ],
         )
         service = InferenceService(self.repository, self.regions, self.identify, self.ready)
-        self.lane = LaneServer(service.infer, self.gate)
+        self.lane = LaneServer(service.infer, self.gate, self.regions.register_sealed)
         pbg.add_GRPCInferenceServiceServicer_to_server(service, self.server)
         self.extension = RuntimeService(self.runtime, self.repository, self.regions, self.identify)
         v1_grpc.add_RuntimeServicer_to_server(self.extension, self.server)  # type: ignore[no-untyped-call]

@@ -24,7 +24,13 @@ from .peers import Peer
 from .regions import Regions
 from .repository import Repository
 from .status import ServiceError, status_of
-from .tensors import decode_inputs, encode_outputs, metadata_tensor, requested_outputs
+from .tensors import (
+    bound_outputs,
+    decode_inputs,
+    encode_outputs,
+    metadata_tensor,
+    requested_outputs,
+)
 
 log = logging.getLogger("crossrt.serve")
 
@@ -213,7 +219,9 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
         except Exception:
             entry.count_refused()
             raise
-        results = model.run(feed)
+        # Static outputs asked for in a mapped region are written there by the model itself.
+        bound = bound_outputs(request, chosen, lambda n, o, s: self.regions.mapped(n, o, s, who()))
+        results = model.run(feed, bound) if bound else model.run(feed)
         response = pb.ModelInferResponse(
             model_name=entry.name, model_version=entry.version, id=request.id
         )

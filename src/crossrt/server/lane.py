@@ -23,12 +23,20 @@ gRPC status code: 0 for OK) and the body.
   ``ModelInferRequest``; the daemon answers a frame with status 0 and a serialized
   ``ModelInferResponse``, or with the error's gRPC status code and its message (UTF-8), the
   same two gRPC gives. A client wanting requests in parallel opens more connections.
+- or the client registers a shared-memory region by descriptor: a frame with status
+  :data:`REGISTER` whose body is a serialized ``SystemSharedMemoryRegisterRequest`` (name and
+  byte_size; key and offset unused), sent with one descriptor (``SCM_RIGHTS``): a memfd
+  sealed against shrinking, which the daemon maps (``regions.Regions.register_sealed``). The
+  answer: status 0 and an empty body, or the error. Requests then name the region as any
+  other; gRPC's SystemSharedMemoryUnregister and Status serve it too.
 """
 
 from __future__ import annotations
 
+import array
 import contextlib
 import logging
+import os
 import select
 import socket
 import struct
@@ -47,6 +55,9 @@ from .status import ServiceError, error_from, status_of
 
 log = logging.getLogger("crossrt.serve")
 
+REGISTER = 1
+"""A client frame's status that makes it a region registration (0: a ModelInferRequest)."""
+_FDS = socket.CMSG_SPACE(4 * array.array("i").itemsize)  # descriptors one frame may bring
 MAGIC = b"CRTLANE1"
 """What a lane client sends first; HTTP/2's preface starts ``PRI * HT``."""
 HEADER = struct.Struct("<IB")
@@ -81,6 +92,14 @@ class Frames:
         self._buffer = bytearray(_BUFFER)
         self._view = memoryview(self._buffer)
         self._start = self._end = 0
+        self.fds: list[int] = []
+        """Descriptors that came with the bytes read (``SCM_RIGHTS``), for the reader to
+        take or close (:meth:`close_fds`)."""
+
+    def close_fds(self) -> None:
+        """Close the descriptors received and not taken."""
+        fds, self.fds = self.fds, []
+        _close_all(fds)
 
     def read(self, limit: int = MAX_BODY) -> tuple[int, bytes | bytearray]:
         """The next frame's (status, body).
@@ -111,12 +130,22 @@ class Frames:
             kept = self._end - self._start
             self._buffer[:kept] = self._buffer[self._start : self._end]
             self._start, self._end = 0, kept
-        got = self._sock.recv_into(self._view[self._end :])
+        got = self._receive(self._view[self._end :])
         if not got:
             if between:
                 raise EOFError
             raise FrameError("the connection ended inside a frame")
         self._end += got
+
+    def _receive(self, into: memoryview) -> int:
+        """``recv_into``, keeping the descriptors that come with the bytes."""
+        got, ancillary, _, _ = self._sock.recvmsg_into([into], _FDS)
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds = array.array("i")
+                fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+                self.fds.extend(fds)
+        return got
 
     def _read_big(self, begin: int, length: int) -> bytearray:
         body = bytearray(min(length, _FIRST_BIG))
@@ -127,7 +156,7 @@ class Frames:
             if have == len(body):
                 body.extend(bytes(min(len(body), length - len(body))))
             with memoryview(body) as view:
-                got = self._sock.recv_into(view[have:])
+                got = self._receive(view[have:])
             if not got:
                 raise FrameError("the connection ended inside a frame")
             have += got
@@ -152,15 +181,19 @@ class LaneServer:
     Args:
         infer: serves one request for a peer (:meth:`kserve.InferenceService.infer`).
         gate: the daemon's token and drain.
+        register: registers a memfd passed by a peer as a region (name, descriptor, byte
+            size, peer: :meth:`regions.Regions.register_sealed`, which owns the descriptor).
     """
 
     def __init__(
         self,
         infer: Callable[[pb.ModelInferRequest, Callable[[], Peer]], pb.ModelInferResponse],
         gate: Gate,
+        register: Callable[[str, int, int, Peer], None] | None = None,
     ) -> None:
         self._infer = infer
         self._gate = gate
+        self._register = register
 
     def serve(self, sock: socket.socket, peer: Peer) -> None:
         """Greet, then answer requests until the client leaves or the daemon stops."""
@@ -173,8 +206,13 @@ class LaneServer:
                 return
             send(sock, 0, MAGIC)
             while True:
-                _, body = frames.read()
-                status, answer = self._answer(body, peer)
+                kind, body = frames.read()
+                fds, frames.fds = frames.fds, []
+                if kind == REGISTER:
+                    status, answer = self._registration(body, fds, peer)
+                else:
+                    _close_all(fds)  # a request brings none
+                    status, answer = self._answer(body, peer)
                 send(sock, status, answer)
         except EOFError:
             pass  # the client closed between requests
@@ -184,6 +222,40 @@ class LaneServer:
                 send(sock, grpc.StatusCode.INVALID_ARGUMENT.value[0], str(exc).encode())
         except OSError:
             pass  # the client died, or the daemon cut the connection at stop
+        finally:
+            frames.close_fds()
+
+    def _registration(
+        self, body: bytes | bytearray, fds: list[int], peer: Peer
+    ) -> tuple[int, bytes]:
+        """Register the memfd that came with a :data:`REGISTER` frame; the answer."""
+        try:
+            if self._register is None:
+                raise ServiceError(
+                    grpc.StatusCode.UNIMPLEMENTED,
+                    "this daemon registers no descriptors; register a /dev/shm segment by name",
+                )
+            if len(fds) != 1:
+                raise ServiceError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"a registration frame carries one descriptor (SCM_RIGHTS), not {len(fds)}",
+                )
+            try:
+                request = pb.SystemSharedMemoryRegisterRequest.FromString(body)
+            except DecodeError as exc:
+                raise ServiceError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"a registration frame holds a SystemSharedMemoryRegisterRequest ({exc})",
+                ) from None
+            self._register(request.name, fds.pop(), request.byte_size, peer)  # it owns it
+            return 0, b""
+        except Exception as exc:
+            code, message = status_of(exc)
+            if code is grpc.StatusCode.INTERNAL:
+                log.exception("a lane registration failed")
+            return code.value[0], message.encode()
+        finally:
+            _close_all(fds)
 
     def _answer(self, body: bytes | bytearray, peer: Peer) -> tuple[int, bytes]:
         try:
@@ -207,6 +279,12 @@ class LaneServer:
             return code.value[0], message.encode()
         finally:
             self._gate.leave()
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def is_lane(sock: socket.socket, seconds: float = 10.0) -> bool:
@@ -307,6 +385,33 @@ class LaneClient:
             raise error_from(_CODES.get(status, grpc.StatusCode.UNKNOWN), answer.decode(),
                              self._endpoint)  # fmt: skip
         return pb.ModelInferResponse.FromString(answer)
+
+    def register(self, name: str, fd: int, byte_size: int) -> None:
+        """Register the memfd ``fd`` (sealed against shrinking) as the region ``name`` of
+        ``byte_size`` bytes, passing the descriptor itself (the daemon maps it).
+
+        Raises:
+            LaneUnavailable: the daemon does not speak the lane.
+            CrossrtError: the daemon refused it, or is gone (CLOSED).
+        """
+        message = pb.SystemSharedMemoryRegisterRequest(name=name, byte_size=byte_size)
+        body = message.SerializeToString()
+        connection, _ = self._take()
+        try:
+            socket.send_fds(connection.sock, [HEADER.pack(len(body), REGISTER) + body], [fd])
+            status, answer = connection.frames.read()
+        except TimeoutError:
+            self._drop(connection)
+            raise DeadlineExceededError(
+                f"no answer from the daemon at {self._endpoint} within {self._timeout} s"
+            ) from None
+        except (OSError, EOFError, FrameError) as exc:
+            self._drop(connection)
+            raise self._gone(exc) from None
+        self._give_back(connection)
+        if status:
+            raise error_from(_CODES.get(status, grpc.StatusCode.UNKNOWN), answer.decode(),
+                             self._endpoint)  # fmt: skip
 
     def prepare(self) -> None:
         """Open one connection now (checking the daemon speaks the lane).

@@ -8,11 +8,18 @@ user could not open read-write itself, and over a connection from another host. 
 read and written with ``pread``/``pwrite`` on the region's descriptor, not through a
 mapping: a client that truncates its file afterwards gets an error, not a daemon killed by
 SIGBUS. A region whose registering process has died is released (:meth:`Regions.sweep`).
+
+A crossrt client on the direct lane registers a memfd instead, passing the descriptor itself
+over the Unix socket (:meth:`Regions.register_sealed`): sealed against shrinking, it cannot be
+cut short under a mapping, so the daemon maps it and the model reads its inputs where the
+client wrote them, with no copy, and outputs are written there with one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import mmap
 import os
 import stat
 import threading
@@ -42,6 +49,9 @@ class Region:
     fd: int
     users: int = 0  # reads and writes under way: the descriptor is closed after the last
     released: bool = False
+    mapping: np.ndarray | None = None
+    """A sealed memfd's bytes, mapped (:meth:`Regions.register_sealed`); else read with
+    pread. Unmapped once the last array viewing it is gone."""
 
 
 def may_open(st: os.stat_result, uid: int, groups: frozenset[int]) -> bool:
@@ -139,6 +149,51 @@ class Regions:
             os.close(fd)
             raise
 
+    def register_sealed(self, name: str, fd: int, byte_size: int, peer: Peer) -> None:
+        """Register the first ``byte_size`` bytes of the memfd ``fd`` (the peer's, passed over
+        the Unix socket; this call owns it from now on, and closes it when it refuses).
+
+        Raises:
+            ServiceError: FAILED_PRECONDITION for a file not sealed against shrinking,
+                INVALID_ARGUMENT for a size past its end, ALREADY_EXISTS for a name in use.
+        """
+        try:
+            uid = _owner(peer)
+            self.sweep()
+            if not name:
+                raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "a region needs a name")
+            try:
+                seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+                size = os.fstat(fd).st_size
+            except OSError:
+                seals, size = 0, 0  # not a memfd: no seals
+            if not seals & fcntl.F_SEAL_SHRINK:
+                raise ServiceError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"region {name!r}: the descriptor passed is not a memfd sealed against "
+                    "shrinking (F_SEAL_SHRINK), which the daemon could map safely; seal it, or "
+                    "register a /dev/shm segment by name",
+                )
+            if not 0 < byte_size <= size:
+                raise ServiceError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"region {name!r}: byte_size {byte_size} does not fit the file passed "
+                    f"({size} bytes)",
+                )
+            mapped = np.frombuffer(mmap.mmap(fd, byte_size), np.uint8)
+            region = Region(name, "memfd", 0, byte_size, uid, peer.pid, fd, mapping=mapped)
+            with self._lock:
+                if name in self._regions:
+                    raise ServiceError(
+                        grpc.StatusCode.ALREADY_EXISTS,
+                        f"a region named {name!r} is registered already; unregister it first "
+                        "or choose another name",
+                    )
+                self._regions[name] = region
+        except BaseException:
+            os.close(fd)
+            raise
+
     def status(self, name: str, peer: Peer) -> list[Region]:
         """The peer's user's regions (``name`` empty), or the one named."""
         uid = _owner(peer)
@@ -192,9 +247,12 @@ class Regions:
                     os.close(region.fd)
 
     def read(self, name: str, offset: int, size: int, peer: Peer) -> np.ndarray:
-        """``size`` bytes at ``offset`` of the peer's region ``name``, copied out."""
-        data = np.empty(size, np.uint8)
+        """``size`` bytes at ``offset`` of the peer's region ``name``: a view of a mapped
+        region (no copy), else copied out."""
         with self._slice(name, offset, size, peer) as region:
+            if region.mapping is not None:
+                return region.mapping[offset : offset + size]
+            data = np.empty(size, np.uint8)
             got = os.preadv(region.fd, [data.data], region.offset + offset) if size else 0
         if got != size:
             raise ServiceError(
@@ -204,10 +262,25 @@ class Regions:
             )
         return data
 
+    def mapped(self, name: str, offset: int, size: int, peer: Peer) -> np.ndarray | None:
+        """The ``size`` bytes at ``offset`` of the peer's region ``name`` as an array over its
+        mapping, to write an output into; ``None`` for a region read and written by copy."""
+        with self._slice(name, offset, size, peer) as region:
+            if region.mapping is None:
+                return None
+            return region.mapping[offset : offset + size]
+
     def write(self, name: str, offset: int, data: np.ndarray, peer: Peer) -> None:
-        """Write ``data`` at ``offset`` of the peer's region ``name``."""
+        """Write ``data`` at ``offset`` of the peer's region ``name`` (nothing to do when
+        ``data`` is already there: an output the model wrote into :meth:`mapped`)."""
         size = data.nbytes
         with self._slice(name, offset, size, peer) as region:
+            if region.mapping is not None:
+                target = region.mapping[offset : offset + size]
+                flat = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+                if size and _address(flat) != _address(target):
+                    target[...] = flat
+                return
             end = region.offset + offset + size
             if os.fstat(region.fd).st_size < end:  # pwrite would grow the client's file
                 raise ServiceError(
@@ -233,6 +306,10 @@ class Regions:
             for region in self._regions.values():
                 _release(region)
             self._regions.clear()
+
+
+def _address(array: np.ndarray) -> int:
+    return int(array.__array_interface__["data"][0])
 
 
 def _release(region: Region) -> None:

@@ -37,6 +37,11 @@ class Connection(Protocol):
 
     def forget(self, model: RemoteModel) -> None: ...
 
+    @property
+    def lane(self) -> bool: ...
+
+    def register_sealed(self, name: str, fd: int, byte_size: int) -> bool: ...
+
 
 class RemoteModel:
     """A model on the daemon, with :class:`crossrt.LoadedModel`'s calls."""
@@ -222,6 +227,11 @@ class RemoteModel:
                 if segment.size >= nbytes:
                     self._segments.remove(segment)
                     return segment
+        if self._rt.lane:  # a sealed memfd, passed over the lane: the daemon maps it
+            sealed = SharedMemorySegment(nbytes, kind="memfd")
+            if self._rt.register_sealed(str(sealed.name), sealed.fd, nbytes):
+                return sealed
+            sealed.close()
         segment = SharedMemorySegment(nbytes, kind="posix", keep_name=True)
         request = pb.SystemSharedMemoryRegisterRequest(
             name=str(segment.name), key=f"/{segment.name}", byte_size=nbytes

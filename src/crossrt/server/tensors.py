@@ -267,6 +267,38 @@ def requested_outputs(
     return chosen
 
 
+def bound_outputs(
+    request: pb.ModelInferRequest,
+    chosen: Sequence[tuple[TensorSpec, tuple[str, int, int] | None]],
+    mapped: Callable[[str, int, int], np.ndarray | None],
+) -> dict[str, np.ndarray]:
+    """Arrays over the region slices that ``chosen`` outputs of static shape go to, where
+    ``mapped`` gives one (a region the daemon maps): the model writes there, and
+    :func:`encode_outputs` has nothing left to copy. Not a slice that overlaps an input's:
+    the inputs are read where they lie, and a model writing over what it reads would read
+    its own results."""
+    inputs = [shared_memory_params(t.parameters) for t in request.inputs]
+    read = [r for r in inputs if r is not None]
+    bound = {}
+    for spec, region in chosen:
+        if region is None or spec.dtype is None or spec.kind != "tensor" or not spec.is_static:
+            continue
+        dtype = np.dtype(spec.dtype.numpy)
+        if dtype.kind not in "biufc":
+            continue
+        shape = tuple(d for d in spec.shape or () if isinstance(d, int))
+        nbytes = math.prod(shape) * dtype.itemsize
+        name, offset, size = region
+        if nbytes > size:
+            continue  # encode_outputs names the error
+        if any(n == name and o < offset + nbytes and offset < o + s for n, o, s in read):
+            continue
+        view = mapped(name, offset, nbytes)
+        if view is not None:
+            bound[spec.name] = view.view(dtype).reshape(shape)
+    return bound
+
+
 def encode_outputs(
     response: pb.ModelInferResponse,
     results: Mapping[str, Any],

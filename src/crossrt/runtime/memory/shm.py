@@ -2,7 +2,8 @@
 
 A segment is a memfd (``os.memfd_create``) where the system has one: it has no name in any
 file system, so nothing can be left behind; the kernel frees it when the last descriptor and
-mapping are gone, however the processes holding them end. Elsewhere, or when a name is wanted
+mapping are gone, however the processes holding them end. Its size is sealed (it can neither
+shrink nor grow), so another process may map it safely. Elsewhere, or when a name is wanted
 (``keep_name=True``, for peers that open segments by name, like the KServe shared-memory
 extension), it is a POSIX segment made through :mod:`multiprocessing.shared_memory`: created
 0600 under an unguessable name (128 random bits), unlinked right after mapping unless the
@@ -20,6 +21,7 @@ Pass a segment to another process as its file descriptor (``socket.send_fds``, o
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import logging
 import math
@@ -46,6 +48,8 @@ from .tensordesc import as_dtype, as_shape, byte_index, fixed_size, owner_key
 log = logging.getLogger("crossrt")
 
 KINDS = ("memfd", "posix")
+SIZE_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
+"""The seals a memfd segment gets: its size can change no more."""
 SHM_DIRECTORY = "/dev/shm"  # where Linux shows POSIX segments (shm_open names) as files
 _PREFIX = "crossrt-"  # a segment is named owned_name(_PREFIX) + 32 hex digits
 _swept = False
@@ -102,9 +106,12 @@ class SharedMemorySegment:
         fd = -1
         try:
             if kind == "memfd":
-                fd = os.memfd_create(label, os.MFD_CLOEXEC)
+                fd = os.memfd_create(label, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
                 os.fchmod(fd, 0o600)  # memfds start 0777; /proc/<pid>/fd could reopen them
                 os.ftruncate(fd, length)
+                # Its size is final: a process it is passed to may map it without the risk of
+                # SIGBUS from a file cut short under its mapping (the daemon checks the seal).
+                fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SIZE_SEALS | fcntl.F_SEAL_SEAL)
             else:
                 sweep_once()
                 posix = shared_memory.SharedMemory(name=label, create=True, size=length)  # 0600
