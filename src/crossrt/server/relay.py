@@ -74,7 +74,7 @@ class UnixRelay:
         self.refused = 0
         """Connections refused since the start because ``limit`` were open."""
         self._stopping = False
-        self._warned = 0.0
+        self._warned: dict[str, float] = {}
         self._lanes: dict[int, socket.socket] = {}
         self._listener = bind_unix(path, mode)
         self._tag = secrets.token_hex(8)
@@ -127,7 +127,9 @@ class UnixRelay:
                     return  # stop_accepting()
                 if exc.errno in _SHORT_OF:
                     # The connection waits in the backlog until a descriptor is free.
-                    self._warn(f"cannot accept a connection for now ({exc.strerror}); retrying")
+                    self._warn(
+                        "accept", f"cannot accept a connection for now ({exc.strerror}); retrying"
+                    )
                     time.sleep(_PAUSE_S)
                     continue
                 if exc.errno == errno.ECONNABORTED:
@@ -146,7 +148,7 @@ class UnixRelay:
                 threading.Thread(target=target, args=(client,), daemon=True).start()
             except RuntimeError as exc:  # no thread to be had
                 client.close()
-                self._warn(f"dropped a connection: {exc}")
+                self._warn("thread", f"dropped a connection: {exc}")
                 if not full:
                     self._closed_one()
 
@@ -154,11 +156,12 @@ class UnixRelay:
         with self._lock:
             self.connections -= 1
 
-    def _warn(self, text: str) -> None:
-        """Log ``text``, at most once per ``_WARN_EVERY_S``: a flood must not flood the log."""
+    def _warn(self, kind: str, text: str) -> None:
+        """Log ``text``, at most once per ``_WARN_EVERY_S`` for each ``kind``: a flood of
+        connections must not flood the log."""
         now = time.monotonic()
-        if now - self._warned >= _WARN_EVERY_S:
-            self._warned = now
+        if now - self._warned.get(kind, -_WARN_EVERY_S) >= _WARN_EVERY_S:
+            self._warned[kind] = now
             log.warning("%s on %s", text, self.path)
 
     def _refuse(self, client: socket.socket) -> None:
@@ -167,7 +170,7 @@ class UnixRelay:
             f"the daemon has {self._limit} connections open, its limit (max_connections); "
             "close idle clients, or start crossrt serve with a larger --max-connections"
         )
-        self._warn(f"refused a connection: {self._limit} are open (max_connections)")
+        self._warn("refused", f"refused a connection: {self._limit} are open (max_connections)")
         try:
             if self._lane is not None and is_lane(client, _REFUSE_S):
                 client.settimeout(_REFUSE_S)
@@ -194,7 +197,7 @@ class UnixRelay:
                 self._relay(client, serial, uid, gid, pid)
                 routed = True  # _forget counts it closed
         except OSError as exc:
-            self._warn(f"could not relay a connection to {self._inner}: {exc}")
+            self._warn("relay", f"could not relay a connection to {self._inner}: {exc}")
             client.close()
         finally:
             if not routed:
