@@ -6,6 +6,7 @@ to gRPC when the daemon does not speak the lane."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import socket
 import struct
@@ -281,9 +282,13 @@ def test_only_a_sealed_memfd_is_mapped(daemon: Daemon, wire: Wire, tmp_path: Pat
     plain = os.open(tmp_path / "file", os.O_RDWR | os.O_CREAT)
     os.ftruncate(plain, 4096)
     sealed = SharedMemorySegment(4096, kind="memfd")
+    read_only = os.memfd_create("read-only", os.MFD_ALLOW_SEALING)
+    os.ftruncate(read_only, 4096)
+    fcntl.fcntl(read_only, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_WRITE)
     try:
         for fds, size, code, text in (
             ([unsealed], 4096, grpc.StatusCode.FAILED_PRECONDITION, "sealed against shrinking"),
+            ([read_only], 4096, grpc.StatusCode.FAILED_PRECONDITION, "cannot map"),
             ([plain], 4096, grpc.StatusCode.FAILED_PRECONDITION, "not a memfd"),
             ([], 4096, grpc.StatusCode.INVALID_ARGUMENT, "one descriptor"),
             ([sealed.fd, sealed.fd], 4096, grpc.StatusCode.INVALID_ARGUMENT, "not 2"),
@@ -307,6 +312,7 @@ def test_only_a_sealed_memfd_is_mapped(daemon: Daemon, wire: Wire, tmp_path: Pat
     finally:
         os.close(unsealed)
         os.close(plain)
+        os.close(read_only)
         sealed.close()
 
 

@@ -180,7 +180,14 @@ class Regions:
                     f"region {name!r}: byte_size {byte_size} does not fit the file passed "
                     f"({size} bytes)",
                 )
-            mapped = np.frombuffer(mmap.mmap(fd, byte_size), np.uint8)
+            try:
+                mapped = np.frombuffer(mmap.mmap(fd, byte_size), np.uint8)
+            except OSError as exc:  # sealed against writing (F_SEAL_WRITE), say
+                raise ServiceError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"region {name!r}: the daemon cannot map the file passed for reading and "
+                    f"writing ({exc.strerror}); pass a memfd sealed against shrinking only",
+                ) from None
             region = Region(name, "memfd", 0, byte_size, uid, peer.pid, fd, mapping=mapped)
             with self._lock:
                 if name in self._regions:
