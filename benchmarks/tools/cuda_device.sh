@@ -10,7 +10,8 @@
 #          the last call also runs:  bash benchmarks/tools/cuda_device.sh check
 #          -> $OUT/gpu-tests.log, $OUT/cuda.json, $OUT/cuda.md, $OUT/cuda-bench.log
 #
-# docs/drivers.md ("Checking the CUDA path") has the calls written out.
+# docs/drivers.md ("Checking the CUDA path") has the calls written out. PYVER=3.11 prepares
+# wheels for this machine's Python instead (to try the steps here, where tests/gpu skips).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}
@@ -22,7 +23,7 @@ prepare)
     converter=$(pinned onnxconverter-common requirements/lock.txt)
     rm -rf .cuda
     mkdir -p .cuda/wheels
-    "$PY" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+    "$PY" -m pip download --quiet --no-deps --only-binary=:all: --python-version "${PYVER:-3.12}" \
         --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
         --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .cuda/wheels \
         "onnxruntime-gpu==$ort" "onnxconverter-common==$converter"
@@ -35,7 +36,7 @@ prepare)
 check)
     wheel=/tmp/$(cat .cuda/name)
     cat .cuda/part-* >"$wheel"
-    "$PY" -m pip install --quiet --no-index --no-deps --no-compile --target /tmp/site \
+    "$PY" -m pip install --quiet --no-index --no-deps --no-compile --upgrade --target /tmp/site \
         "$wheel" .cuda/wheels/*.whl
     export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
     out=${OUT:-/tmp/cuda-out}

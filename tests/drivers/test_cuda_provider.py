@@ -4,6 +4,7 @@ what to install. tests/gpu/ runs models on a GPU where there is one."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import onnxruntime as ort
@@ -11,7 +12,7 @@ import pytest
 
 import crossrt
 from crossrt.drivers import CompileOptions, DeviceKind, get_driver
-from crossrt.drivers.onnxruntime import cuda
+from crossrt.drivers.onnxruntime import cuda, support
 from crossrt.host import nvidia_gpus
 from small_models import relu
 
@@ -103,3 +104,31 @@ def test_no_gpu_names_what_to_install() -> None:
     with pytest.raises(crossrt.DeviceUnavailableError) as info:
         crossrt.compile(relu(), "cuda")
     assert "onnxruntime-gpu" in info.value.message
+
+
+def test_a_build_with_gpu_providers_lists_its_cpu_kernels_apart(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # onnxruntime-gpu, asked for its kernels, creates its TensorRT provider and dies where
+    # TensorRT is absent: such a build is asked in a subprocess (here, the CPU build posing
+    # as one gives the same list).
+    in_process = support._cpu_kernels()
+    providers = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
+    monkeypatch.setattr(ort, "get_available_providers", lambda: providers)
+    apart = support._cpu_kernels()
+    assert sorted(map(str, apart)) == sorted(map(str, in_process)) and len(apart) > 500
+    monkeypatch.setattr(support, "_KERNELS_SCRIPT", "import os; os.abort()")  # it died
+    assert support._cpu_kernels() == []
+
+
+def test_without_a_kernel_list_each_node_is_asked_of_ort() -> None:
+    # Where the list cannot be read, a session of the node alone says whether ORT runs it.
+    registry = dataclasses.replace(support.build_registry(), kernels=None)
+    for dtype, runs in (("float32", True), ("int16", False)):
+        b = crossrt.GraphBuilder("probe")
+        x = b.input("x", dtype, [2, 3])
+        b.output(b.op("Relu", [x]))
+        (why,) = support.unsupported_reasons(b.finish(), registry)
+        assert (why is None) == runs, why
+        if not runs:
+            assert why is not None and "no CPU kernel for Relu" in why

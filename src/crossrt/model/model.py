@@ -115,6 +115,34 @@ class Model:
             types[init.name] = t
         return types
 
+    def node_alone(self, index: int) -> bytes:
+        """Node ``index`` as a model of its own (serialized): its typed inputs as graph
+        inputs (initializers kept as they are), its outputs as graph outputs, the opsets and
+        local functions of this model. What an engine is asked when it must say whether it
+        runs one node."""
+        node = self.nodes[index]
+        graph = self.proto.graph
+        weights = {t.name: t for t in graph.initializer}
+        types = self.value_types()
+        inputs, initializers = [], []
+        for name in dict.fromkeys(n for n in node.input if n):
+            if name in weights:
+                initializers.append(weights[name])
+            elif name in types:
+                inputs.append(onnx.helper.make_value_info(name, types[name]))
+        outputs = [
+            onnx.helper.make_value_info(name, types[name])
+            if name in types
+            else onnx.ValueInfoProto(name=name)
+            for name in node.output
+            if name
+        ]
+        one = onnx.helper.make_graph([node], "one_node", inputs, outputs, initializer=initializers)
+        proto = onnx.helper.make_model(one, opset_imports=list(self.proto.opset_import))
+        proto.ir_version = self.proto.ir_version
+        proto.functions.extend(self.proto.functions)
+        return bytes(proto.SerializeToString())
+
     def to_bytes(self) -> bytes:
         """The serialized ONNX model."""
         return bytes(self.proto.SerializeToString())

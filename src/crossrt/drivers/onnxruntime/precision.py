@@ -84,13 +84,17 @@ def _to_float16(model: Model, known: support.OrtRegistry | None) -> onnx.ModelPr
 
 def _no_float16_kernel(op_types: Iterable[str], known: support.OrtRegistry) -> set[str]:
     """The ONNX operator types among ``op_types`` ORT's CPU provider has no float16 kernel
-    for: kept in float32 (ORT would run them in float32 anyway, between casts it inserts)."""
+    for: kept in float32 (ORT would run them in float32 anyway, between casts it inserts).
+    All of them where its kernels are unknown."""
+    if known.kernels is None:
+        return set(op_types)
+    kernels = known.kernels
     return {
         op
         for op in op_types
         if not any(
             "tensor(float16)" in allowed
-            for _, _, constraints in known.kernels.get(("", op), [])
+            for _, _, constraints in kernels.get(("", op), [])
             for allowed in constraints.values()
         )
     }

@@ -10,6 +10,12 @@ newest IR version and opsets this ORT build accepts are found by trying.
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +28,10 @@ from onnx import helper
 from ...model import Model
 from . import lower, types
 
+log = logging.getLogger("crossrt")
 PROVIDER = "CPUExecutionProvider"
+_BUILT_IN = frozenset({PROVIDER, "AzureExecutionProvider"})
+"""Providers compiled into ORT itself: listing kernels creates no other library's."""
 
 
 def new_session(
@@ -58,7 +67,8 @@ class OrtRegistry:
     the ``onnx`` package's; ``schemas`` holds each operator's versions, oldest first.
     """
 
-    kernels: dict[tuple[str, str], list[_KernelRange]]
+    kernels: dict[tuple[str, str], list[_KernelRange]] | None
+    """``None`` where they could not be read (then nodes ORT knows count as supported)."""
     schemas: dict[tuple[str, str], list[Any]]
     max_ir: int
     max_opset: int
@@ -67,21 +77,62 @@ class OrtRegistry:
 def build_registry() -> OrtRegistry:
     """Read this ORT build's kernels, operator schemas and limits (once per driver)."""
     state = ort.capi._pybind_state
-    kernels: dict[tuple[str, str], list[_KernelRange]] = {}
-    for k in state.get_all_opkernel_def():
-        if k.provider != PROVIDER:
-            continue
-        start, end = k.version_range
-        kernels.setdefault((_domain(k.domain), k.op_name), []).append(
-            (start, end, dict(k.type_constraints))
-        )
+    found: dict[tuple[str, str], list[_KernelRange]] = {}
+    for domain, op, start, end, constraints in _cpu_kernels():
+        found.setdefault((_domain(domain), op), []).append((start, end, constraints))
     schemas: dict[tuple[str, str], list[Any]] = {}
     for schema in state.get_all_operator_schema():
         schemas.setdefault((_domain(schema.domain), schema.name), []).append(schema)
     for versions in schemas.values():
         versions.sort(key=lambda sc: sc.since_version)
     max_ir, max_opset = _probe_limits()
-    return OrtRegistry(kernels, schemas, max_ir, max_opset)
+    return OrtRegistry(found or None, schemas, max_ir, max_opset)
+
+
+_KERNELS_SCRIPT = f"""
+import json, onnxruntime
+kernels = onnxruntime.capi._pybind_state.get_all_opkernel_def()
+print(json.dumps([[k.domain, k.op_name, *k.version_range, dict(k.type_constraints)]
+                  for k in kernels if k.provider == {PROVIDER!r}]))
+"""
+
+
+def _cpu_kernels() -> list[tuple[str, str, int, int, dict[str, list[str]]]]:
+    """The CPU provider's kernels: (domain, operator, first and last version, type
+    constraints); none where they cannot be read.
+
+    ORT lists kernels by creating every provider it was built with, and dereferences a null
+    factory for one whose library does not load: onnxruntime-gpu, built with TensorRT, dies
+    of a segmentation fault on a machine without TensorRT (or without CUDA). So a build with
+    such providers is asked in a subprocess of its own.
+    """
+    state = ort.capi._pybind_state
+    if set(ort.get_available_providers()) <= _BUILT_IN:
+        return [
+            (k.domain, k.op_name, *k.version_range, dict(k.type_constraints))
+            for k in state.get_all_opkernel_def()
+            if k.provider == PROVIDER
+        ]
+    package = os.path.dirname(os.path.dirname(ort.__file__))  # the same onnxruntime there
+    path = os.pathsep.join([package, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _KERNELS_SCRIPT],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=dict(os.environ, PYTHONPATH=path),
+            check=True,
+        )
+        return [tuple(k) for k in json.loads(done.stdout.strip().splitlines()[-1])]
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
+        log.info(
+            "ONNX Runtime %s cannot list its CPU kernels here (%s): nodes it knows count as "
+            "supported, and ORT itself refuses the others when it loads them",
+            ort.__version__,
+            type(exc).__name__,
+        )
+        return []
 
 
 def unsupported_reasons(model: Model, known: OrtRegistry) -> list[str | None]:
@@ -114,6 +165,10 @@ def unsupported_reasons(model: Model, known: OrtRegistry) -> list[str | None]:
         else _node_reason(node, opsets, types, known, depth=0)
         for node, blocker in zip(nodes, blockers, strict=True)
     ]
+    if known.kernels is None:  # each node ORT knows, asked of a session of its own
+        for i, node in enumerate(nodes):
+            if reasons[i] is None and node.op_type != "Constant":
+                reasons[i] = _kernel_probe(model, i)
     # ORT's Python binding cannot take or return NumPy arrays of ml_dtypes' types; the driver
     # converts bfloat16, float8 and int4 (ort_types), not the rest (int2, float4...), so nodes
     # reading or writing such a graph input or output cannot run here, even with a kernel;
@@ -133,6 +188,41 @@ def unsupported_reasons(model: Model, known: OrtRegistry) -> list[str | None]:
                     f"{touched[0]!r} in or out of a session"
                 )
     return reasons
+
+
+_probed: dict[tuple[Any, ...], str | None] = {}
+_probe_lock = threading.Lock()
+
+
+def _kernel_probe(model: Model, index: int) -> str | None:
+    """Whether ORT's CPU provider has a kernel for node ``index`` (where its kernel list
+    could not be read): a session of that node alone, made once per node signature."""
+    node = model.nodes[index]
+    types = model.value_types()
+    # Its kernel depends on the operator, the opset it resolves at and the types it binds.
+    signature = (
+        node.domain,
+        node.op_type,
+        tuple(sorted(model.opsets.items())),
+        tuple(types[v].SerializeToString() if v in types else b"" for v in node.input),
+    )
+    with _probe_lock:
+        if signature in _probed:
+            return _probed[signature]
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 4
+    reason = None
+    try:
+        ort.InferenceSession(model.node_alone(index), options, providers=[PROVIDER])
+    except Exception as exc:  # ORT's own error types
+        text = str(exc)
+        if "Could not find an implementation" in text or "NOT_IMPLEMENTED" in text:
+            first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+            reason = f"ONNX Runtime has no CPU kernel for {node.op_type}: {first[:200]}"
+    with _probe_lock:
+        _probed[signature] = reason
+    return reason
 
 
 def _blocked_functions(model: Model, known: OrtRegistry) -> dict[tuple[str, str], str]:
@@ -174,6 +264,8 @@ def _node_reason(
         )
     if domain == "" and node.op_type == "Constant":
         return None  # ORT turns Constant nodes into initializers when it loads the graph
+    if known.kernels is None:
+        return None  # its kernels unknown: ORT says at load time
     # A kernel registered without an end version serves only its start version.
     ranges = [
         r

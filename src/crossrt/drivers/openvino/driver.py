@@ -16,7 +16,6 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-import onnx
 import openvino as ov
 
 from ...errors import CompileError, InvalidContainerError
@@ -170,7 +169,7 @@ class OpenVinoDriver(Driver):
     def _node_reason(self, model: Model, index: int, target: str) -> str | None:
         """Whether OpenVINO converts, places and compiles node ``index`` alone (its constant
         inputs kept: OpenVINO needs some, a Reshape's shape, as constants)."""
-        data = _one_node_model(model, index)
+        data = model.node_alone(index)
         key = hashlib.sha256(target.encode() + data).hexdigest()
         with self._lock:
             if key in self._node_reasons:
@@ -269,33 +268,6 @@ def _order(ports: Any, names: tuple[str, ...], what: str) -> list[str]:
                 details={"driver": "openvino"},
             )
     return ordered
-
-
-def _one_node_model(model: Model, index: int) -> bytes:
-    """Node ``index`` of ``model`` as a model of its own, its typed inputs as graph inputs
-    (initializers kept as they are), its outputs as graph outputs."""
-    node = model.nodes[index]
-    graph = model.proto.graph
-    weights = {t.name: t for t in graph.initializer}
-    types = model.value_types()
-    inputs, initializers = [], []
-    for name in dict.fromkeys(n for n in node.input if n):
-        if name in weights:
-            initializers.append(weights[name])
-        elif name in types:
-            inputs.append(onnx.helper.make_value_info(name, types[name]))
-    outputs = [
-        onnx.helper.make_value_info(name, types[name])
-        if name in types
-        else onnx.ValueInfoProto(name=name)
-        for name in node.output
-        if name
-    ]
-    one = onnx.helper.make_graph([node], "one_node", inputs, outputs, initializer=initializers)
-    proto = onnx.helper.make_model(one, opset_imports=list(model.proto.opset_import))
-    proto.ir_version = model.proto.ir_version
-    proto.functions.extend(model.proto.functions)
-    return bytes(proto.SerializeToString())
 
 
 def _remember(cache: OrderedDict[str, Any], key: str, value: Any, most: int, lock: Any) -> None:
