@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -115,15 +115,15 @@ class Model:
             types[init.name] = t
         return types
 
-    def node_alone(self, index: int) -> bytes:
+    def node_alone(self, index: int, types: Mapping[str, onnx.TypeProto] | None = None) -> bytes:
         """Node ``index`` as a model of its own (serialized): its typed inputs as graph
         inputs (initializers kept as they are), its outputs as graph outputs, the opsets and
         local functions of this model. What an engine is asked when it must say whether it
-        runs one node."""
+        runs one node. ``types``: :meth:`value_types`, when the caller has them already."""
         node = self.nodes[index]
         graph = self.proto.graph
         weights = {t.name: t for t in graph.initializer}
-        types = self.value_types()
+        types = self.value_types() if types is None else types
         inputs, initializers = [], []
         for name in dict.fromkeys(n for n in node.input if n):
             if name in weights:

@@ -168,7 +168,7 @@ def unsupported_reasons(model: Model, known: OrtRegistry) -> list[str | None]:
     if known.kernels is None:  # each node ORT knows, asked of a session of its own
         for i, node in enumerate(nodes):
             if reasons[i] is None and node.op_type != "Constant":
-                reasons[i] = _kernel_probe(model, i)
+                reasons[i] = _kernel_probe(model, i, types)
     # ORT's Python binding cannot take or return NumPy arrays of ml_dtypes' types; the driver
     # converts bfloat16, float8 and int4 (ort_types), not the rest (int2, float4...), so nodes
     # reading or writing such a graph input or output cannot run here, even with a kernel;
@@ -194,11 +194,10 @@ _probed: dict[tuple[Any, ...], str | None] = {}
 _probe_lock = threading.Lock()
 
 
-def _kernel_probe(model: Model, index: int) -> str | None:
+def _kernel_probe(model: Model, index: int, types: Mapping[str, onnx.TypeProto]) -> str | None:
     """Whether ORT's CPU provider has a kernel for node ``index`` (where its kernel list
     could not be read): a session of that node alone, made once per node signature."""
     node = model.nodes[index]
-    types = model.value_types()
     # Its kernel depends on the operator, the opset it resolves at and the types it binds.
     signature = (
         node.domain,
@@ -214,7 +213,7 @@ def _kernel_probe(model: Model, index: int) -> str | None:
     options.log_severity_level = 4
     reason = None
     try:
-        ort.InferenceSession(model.node_alone(index), options, providers=[PROVIDER])
+        ort.InferenceSession(model.node_alone(index, types), options, providers=[PROVIDER])
     except Exception as exc:  # ORT's own error types
         text = str(exc)
         if "Could not find an implementation" in text or "NOT_IMPLEMENTED" in text:

@@ -14,8 +14,10 @@ import dataclasses
 import hashlib
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Any
 
+import onnx
 import openvino as ov
 
 from ...errors import CompileError, InvalidContainerError
@@ -137,7 +139,8 @@ class OpenVinoDriver(Driver):
             except CompileError:  # the reasons come from the nodes, one by one
                 pass
         refused = refusals(model)
-        return [why or self._node_reason(model, i, target) for i, why in enumerate(refused)]
+        types = model.value_types()
+        return [why or self._node_reason(model, i, target, types) for i, why in enumerate(refused)]
 
     def _compiled_blob(self, model: Model, target: str, precision: str | None = None) -> bytes:
         """OpenVINO's exported blob of the whole model, compiled in the worker process and
@@ -166,10 +169,12 @@ class OpenVinoDriver(Driver):
         _remember(self._blobs, key, blob, _BLOBS_KEPT, self._lock)
         return blob
 
-    def _node_reason(self, model: Model, index: int, target: str) -> str | None:
+    def _node_reason(
+        self, model: Model, index: int, target: str, types: Mapping[str, onnx.TypeProto]
+    ) -> str | None:
         """Whether OpenVINO converts, places and compiles node ``index`` alone (its constant
         inputs kept: OpenVINO needs some, a Reshape's shape, as constants)."""
-        data = model.node_alone(index)
+        data = model.node_alone(index, types)
         key = hashlib.sha256(target.encode() + data).hexdigest()
         with self._lock:
             if key in self._node_reasons:
