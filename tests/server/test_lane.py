@@ -22,7 +22,7 @@ pytest.importorskip("tritonclient.grpc", reason="the serve extra is not installe
 
 import grpc
 import numpy as np
-from serving import Daemon
+from serving import Daemon, make_repository, start_daemon
 from test_malformed import CASES, W, X, request
 from tritonclient.grpc import service_pb2 as pb
 
@@ -376,3 +376,24 @@ def test_which_outputs_the_model_writes_into_the_mapping() -> None:
     assert bound("copied", 128) == []
     y = bound_outputs(_in_region("mapped", 0, 256), [(specs[0], ("mapped", 256, 128))], mapped)
     assert y["y"].shape == (4, 8) and np.shares_memory(y["y"], memory[256:384])
+
+
+@pytest.mark.parametrize("lane", [True, False])
+def test_shared_memory_survives_a_daemon_started_again(tmp_path: Path, lane: bool) -> None:
+    # A new daemon knows none of the client's segments: the client registers new ones and
+    # the call goes through, for run and run_async alike.
+    repository = make_repository(tmp_path / "models")
+    daemon = start_daemon(tmp_path, repository)
+    x = np.random.default_rng(10).random(1 << 16, dtype=np.float32)  # 256 KiB: shared memory
+    try:
+        with connect(daemon.url, lane=lane) as remote:
+            adder = remote.load("adder")
+            np.testing.assert_array_equal(adder.run(x)["y"], x + 1)
+            for call in ("run", "run_async"):
+                assert daemon.stop() == 0
+                daemon = start_daemon(tmp_path, repository)
+                y = adder.run(x) if call == "run" else adder.run_async(x).result(timeout=60)
+                np.testing.assert_array_equal(y["y"], x + 1)
+                np.testing.assert_array_equal(adder.run(x)["y"], x + 1)  # registered anew
+    finally:
+        daemon.stop()

@@ -15,7 +15,7 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
 from .. import dtypes
-from ..errors import InvalidInputError
+from ..errors import CrossrtError, InvalidInputError
 from ..model import TensorSpec
 from ..runtime import TensorInfo
 from ..runtime.memory.shm import SharedMemorySegment
@@ -57,6 +57,8 @@ class RemoteModel:
         sizes = [_nbytes(s) for s in self.outputs]
         self._output_bytes = None if None in sizes else sum(s or 0 for s in sizes)
         self._segments: list[SharedMemorySegment] = []  # free ones, to reuse
+        self._epoch_of: dict[SharedMemorySegment, int] = {}  # when each was registered
+        self._epoch = 0  # one more each time the daemon is found to know none of them
         self._lock = threading.Lock()
 
     def tensor_info(self) -> list[TensorInfo]:
@@ -70,12 +72,34 @@ class RemoteModel:
     def run(self, inputs: Any) -> dict[str, np.ndarray]:
         """Run once; the outputs by name."""
         feed = self._feed(inputs)
+        try:
+            return self._run(feed)
+        except CrossrtError as exc:
+            if not self._forgotten(exc):
+                raise
+        return self._run(feed)  # a daemon started again: the segments registered anew
+
+    def _run(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         segment = self._segment_for(feed)
         try:
             response = self._rt.infer(self._request(feed, segment))
             return self._results(response, segment)
         finally:
             self._give_back(segment)
+
+    def _forgotten(self, exc: CrossrtError) -> bool:
+        """Whether ``exc`` says the daemon knows none of this model's segments (it was
+        started again since they were registered); then they are dropped, to be made and
+        registered anew."""
+        if _FORGOTTEN not in exc.message:
+            return False
+        with self._lock:
+            segments, self._segments = self._segments, []
+            self._epoch += 1  # those in use now are closed when given back
+        for segment in segments:
+            self._epoch_of.pop(segment, None)
+            segment.close()  # the daemon holds no registration of it to undo
+        return True
 
     def run_async(self, inputs: Any) -> Future[dict[str, np.ndarray]]:
         """Run once; a future of the outputs (``concurrent.futures``)."""
@@ -86,7 +110,13 @@ class RemoteModel:
 
         def done(answer: Future[pb.ModelInferResponse]) -> None:
             try:
-                future.set_result(self._results(answer.result(), segment))
+                try:
+                    result = self._results(answer.result(), segment)
+                except CrossrtError as exc:
+                    if segment is None or not self._forgotten(exc):
+                        raise
+                    result = self._run(feed)  # in this callback's thread: a rare event
+                future.set_result(result)
             except BaseException as exc:
                 future.set_exception(exc)
             finally:
@@ -227,6 +257,16 @@ class RemoteModel:
                 if segment.size >= nbytes:
                     self._segments.remove(segment)
                     return segment
+            epoch = self._epoch
+        made = self._registered(nbytes)
+        if made is not None:
+            with self._lock:
+                self._epoch_of[made] = epoch
+        return made
+
+    def _registered(self, nbytes: int) -> SharedMemorySegment | None:
+        """A new segment of ``nbytes``, registered with the daemon; ``None`` (and tensors
+        inside the messages from now on) where the daemon cannot read this process's."""
         if self._rt.lane:  # a sealed memfd, passed over the lane: the daemon maps it
             sealed = SharedMemorySegment(nbytes, kind="memfd")
             if self._rt.register_sealed(str(sealed.name), sealed.fd, nbytes):
@@ -245,11 +285,19 @@ class RemoteModel:
         return segment
 
     def _give_back(self, segment: SharedMemorySegment | None) -> None:
-        if segment is not None:
-            with self._lock:
+        if segment is None:
+            return
+        with self._lock:
+            current = self._epoch_of.get(segment) == self._epoch
+            if current:
                 self._segments.append(segment)
+            else:
+                self._epoch_of.pop(segment, None)
+        if not current:
+            segment.close()  # registered with a daemon that is gone
 
     def _unregister(self, segment: SharedMemorySegment) -> None:
+        self._epoch_of.pop(segment, None)
         with contextlib.suppress(Exception):
             request = pb.SystemSharedMemoryUnregisterRequest(name=str(segment.name))
             self._rt.call("SystemSharedMemoryUnregister", request)
@@ -267,6 +315,10 @@ class RemoteCoreGroup:
     def destroy(self) -> None:
         """Give its cores back (only an empty group)."""
         self._rt.call("v1.DestroyCoreGroup", v1.CoreGroup(id=self.id))
+
+
+_FORGOTTEN = "no shared-memory region"
+"""How the daemon's error for a region it does not know begins (regions.Regions)."""
 
 
 def _nbytes(spec: TensorSpec) -> int | None:
