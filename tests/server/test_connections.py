@@ -22,6 +22,7 @@ import numpy as np
 import tritonclient.grpc as tc
 from serving import Daemon, free_port, make_repository, start_daemon
 from test_lane import Wire, served
+from test_malformed import W
 from tritonclient.utils import InferenceServerException
 
 import crossrt
@@ -179,3 +180,18 @@ def test_out_of_file_descriptors_pauses_accepting(tmp_path: Path) -> None:
         for s in held:
             s.close()
         assert d.stop() == 0, "".join(d.log)
+
+
+def test_a_client_at_the_limit_waits_for_its_own_connections(limited: Daemon) -> None:
+    # 12 requests at once from one client, on a daemon that takes 3 connections (the
+    # client's gRPC channel holds one): refused connections wait for the client's others.
+    assert eventually(lambda: metric(limited, "crossrt_connections") == 0)
+    refused = metric(limited, "crossrt_connections_refused_total")
+    x = np.random.default_rng(3).random((4, 8), dtype=np.float32)
+    with connect(f"unix:{limited.socket}") as remote:
+        assert remote.lane
+        tiny = remote.load("tiny")
+        futures = [tiny.run_async(x) for _ in range(12)]
+        for future in futures:
+            np.testing.assert_allclose(future.result(timeout=60)["y"], x @ W + 1, rtol=1e-6)
+    assert metric(limited, "crossrt_connections_refused_total") > refused  # it did wait

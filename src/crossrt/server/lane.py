@@ -48,7 +48,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
-from ..errors import ClosedError, CrossrtError, DeadlineExceededError
+from ..errors import ClosedError, CrossrtError, DeadlineExceededError, OutOfResourcesError
 from .gate import UNAUTHENTICATED, Gate
 from .peers import Peer
 from .status import ServiceError, error_from, status_of
@@ -330,6 +330,10 @@ class _Connection:
 class LaneClient:
     """A client's lane to one daemon: a pool of connections, one per caller at a time.
 
+    When the daemon refuses one more connection (as many open as its ``max_connections``),
+    a caller waits for one of this client's own connections to be free instead, within the
+    timeout: the daemon's limit then bounds the client's concurrency, not its success.
+
     Args:
         path: the daemon's Unix socket.
         token: the daemon's token, if it has one.
@@ -344,6 +348,9 @@ class LaneClient:
         self._endpoint = endpoint
         self._idle: list[_Connection] = []
         self._lock = threading.Lock()
+        self._returned = threading.Condition(self._lock)
+        self._busy = 0  # connections handed out (and callers opening one)
+        self._waiting = 0  # callers waiting for one of those
         self._closed = False
 
     def infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
@@ -364,7 +371,8 @@ class LaneClient:
                     raise
                 # An idle connection the daemon closed (it stopped or restarted): the
                 # request never left, so a new connection may carry it.
-                self._drop(connection)
+                with contextlib.suppress(OSError):
+                    connection.sock.close()
                 connection = self._open()
                 send(connection.sock, 0, body)
             status, answer = connection.frames.read()
@@ -419,34 +427,77 @@ class LaneClient:
         Raises:
             LaneUnavailable: it does not.
         """
-        self._give_back(self._open())
+        self._give_back(self._take()[0])
 
     def close(self) -> None:
         """Close every connection."""
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
+            self._returned.notify_all()
         for connection in idle:
             connection.sock.close()
 
     def _take(self) -> tuple[_Connection, bool]:
+        """A connection for one call: an idle one, a new one, or (the daemon refusing more)
+        the next of this client's own to be given back. Whether it was open before."""
         with self._lock:
             if self._closed:
                 raise ClosedError("this client is closed; connect() again")
+            self._busy += 1
             if self._idle:
                 return self._idle.pop(), True
-        return self._open(), False
+        try:
+            return self._open(), False
+        except OutOfResourcesError as exc:
+            return self._wait_for_own(exc), True
+        except BaseException:
+            self._finish(None)
+            raise
+
+    def _wait_for_own(self, refused: OutOfResourcesError) -> _Connection:
+        """The next connection of this client's given back, the daemon having refused one
+        more; ``refused`` again when none of them is in use (none will come back)."""
+        deadline = None if self._timeout is None else time.monotonic() + self._timeout
+        with self._lock:
+            self._waiting += 1
+            try:
+                while not self._idle:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if (
+                        self._closed
+                        or self._busy <= self._waiting
+                        or (left is not None and left <= 0)
+                    ):
+                        self._busy -= 1
+                        self._returned.notify_all()
+                        if self._closed:
+                            raise ClosedError("this client is closed; connect() again")
+                        raise refused
+                    self._returned.wait(left)
+                return self._idle.pop()
+            finally:
+                self._waiting -= 1
+
+    def _finish(self, connection: _Connection | None, keep: bool = False) -> None:
+        """A call is done with ``connection``: back to the pool (``keep``), else closed."""
+        with self._lock:
+            self._busy -= 1
+            # Past MAX_IDLE only for a caller waiting: after a burst, the daemon keeps no
+            # thread for connections nobody needs.
+            keep = keep and not self._closed and (len(self._idle) < MAX_IDLE or self._waiting > 0)
+            if keep and connection is not None:
+                self._idle.append(connection)
+            self._returned.notify_all()
+        if not keep and connection is not None:
+            with contextlib.suppress(OSError):
+                connection.sock.close()
 
     def _give_back(self, connection: _Connection) -> None:
-        with self._lock:
-            if not self._closed and len(self._idle) < MAX_IDLE:
-                self._idle.append(connection)
-                return
-        connection.sock.close()  # after a burst, the daemon keeps no thread for it
+        self._finish(connection, keep=True)
 
     def _drop(self, connection: _Connection) -> None:
-        with contextlib.suppress(OSError):
-            connection.sock.close()
+        self._finish(connection)
 
     def _open(self) -> _Connection:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
