@@ -183,7 +183,7 @@ def test_out_of_file_descriptors_pauses_accepting(tmp_path: Path) -> None:
 
 
 def test_a_client_at_the_limit_waits_for_its_own_connections(limited: Daemon) -> None:
-    # 12 requests at once from one client, on a daemon that takes 3 connections (the
+    # 48 requests at once from one client, on a daemon that takes 3 connections (the
     # client's gRPC channel holds one): refused connections wait for the client's others.
     assert eventually(lambda: metric(limited, "crossrt_connections") == 0)
     refused = metric(limited, "crossrt_connections_refused_total")
@@ -191,7 +191,7 @@ def test_a_client_at_the_limit_waits_for_its_own_connections(limited: Daemon) ->
     with connect(f"unix:{limited.socket}") as remote:
         assert remote.lane
         tiny = remote.load("tiny")
-        futures = [tiny.run_async(x) for _ in range(12)]
+        futures = [tiny.run_async(x) for _ in range(48)]
         for future in futures:
             np.testing.assert_allclose(future.result(timeout=60)["y"], x @ W + 1, rtol=1e-6)
     assert metric(limited, "crossrt_connections_refused_total") > refused  # it did wait
