@@ -17,7 +17,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import InferenceServerException
 
 from crossrt.errors import CrossrtError
-from crossrt.server.lane import LaneClient
+from crossrt.server.lane_client import LaneClient
 
 
 def status_of(call: Callable[[], object]) -> str:

@@ -30,16 +30,8 @@ import crossrt
 from crossrt import dtypes
 from crossrt.runtime.memory.shm import SharedMemorySegment
 from crossrt.server.client import connect
-from crossrt.server.lane import (
-    HEADER,
-    MAGIC,
-    MAX_BODY,
-    REGISTER,
-    Frames,
-    LaneClient,
-    LaneUnavailable,
-    send,
-)
+from crossrt.server.lane import HEADER, MAGIC, MAX_BODY, REGISTER, Frames, send
+from crossrt.server.lane_client import LaneClient, LaneUnavailable
 from crossrt.server.tensors import bound_outputs
 
 

@@ -47,7 +47,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
 from ..errors import ClosedError, CrossrtError
-from .lane import LaneClient, LaneUnavailable
+from .lane_client import LaneClient, LaneUnavailable
 from .proto import runtime_pb2 as v1
 from .proto import runtime_pb2_grpc as v1_grpc
 from .remote_model import RemoteCoreGroup, RemoteModel

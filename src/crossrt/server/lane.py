@@ -9,7 +9,8 @@ preface and hands the connection to :class:`LaneServer`. The request is served b
 code as gRPC's ModelInfer (:meth:`kserve.InferenceService.infer`): the same checks, errors,
 statistics, shared-memory regions and drain. Everything else (metadata, the repository,
 regions, crossrt.v1) stays on gRPC, and gRPC clients (tritonclient, perf_analyzer) are
-untouched.
+untouched. This module holds the wire format and the daemon's end; the client's is
+:mod:`.lane_client`.
 
 Wire format, integers little-endian. A *frame* is a header ``<IB`` (the body's length, a
 gRPC status code: 0 for OK) and the body.
@@ -40,7 +41,6 @@ import os
 import select
 import socket
 import struct
-import threading
 import time
 from collections.abc import Callable
 
@@ -48,10 +48,9 @@ import grpc
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
-from ..errors import ClosedError, CrossrtError, DeadlineExceededError, OutOfResourcesError
 from .gate import UNAUTHENTICATED, Gate
 from .peers import Peer
-from .status import ServiceError, error_from, status_of
+from .status import ServiceError, status_of
 
 log = logging.getLogger("crossrt.serve")
 
@@ -69,14 +68,6 @@ _FIRST_BIG = 1 << 20
 a length that lies costs only what was really sent."""
 GREETING_LIMIT = 1 << 12
 """The most a token frame may hold: nothing larger is read before the token is checked."""
-GREETING_SECONDS = 10.0
-MAX_IDLE = 16
-"""Idle connections a client keeps (each holds a thread of the daemon's)."""
-_CODES = {c.value[0]: c for c in grpc.StatusCode}
-_REFUSALS = {
-    c.value[0] for c in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.RESOURCE_EXHAUSTED)
-}
-"""The greeting's answers that refuse a connection (any other: not a lane daemon)."""
 
 
 class FrameError(Exception):
@@ -172,7 +163,7 @@ def send(sock: socket.socket, status: int, body: bytes) -> None:
         sock.sendall(body)
 
 
-# -- the daemon's side -------------------------------------------------------------------
+# -- the daemon's side (the client's: lane_client.py) -------------------------------------
 
 
 class LaneServer:
@@ -312,221 +303,3 @@ def _hung_up(sock: socket.socket) -> bool:
     poller = select.poll()
     poller.register(sock, select.POLLRDHUP)
     return bool(poller.poll(0))
-
-
-# -- the client's side -------------------------------------------------------------------
-
-
-class LaneUnavailable(Exception):
-    """The daemon does not speak the lane (an older daemon): use gRPC."""
-
-
-class _Connection:
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.frames = Frames(sock)
-
-
-class LaneClient:
-    """A client's lane to one daemon: a pool of connections, one per caller at a time.
-
-    When the daemon refuses one more connection (as many open as its ``max_connections``),
-    a caller waits for one of this client's own connections to be free instead, within the
-    timeout: the daemon's limit then bounds the client's concurrency, not its success.
-
-    Args:
-        path: the daemon's Unix socket.
-        token: the daemon's token, if it has one.
-        timeout: seconds a request may take.
-        endpoint: the endpoint as the user named it, for messages.
-    """
-
-    def __init__(self, path: str, token: str | None, timeout: float | None, endpoint: str) -> None:
-        self._path = path
-        self._token = (token or "").encode()
-        self._timeout = timeout
-        self._endpoint = endpoint
-        self._idle: list[_Connection] = []
-        self._lock = threading.Lock()
-        self._returned = threading.Condition(self._lock)
-        self._busy = 0  # connections handed out (and callers opening one)
-        self._waiting = 0  # callers waiting for one of those
-        self._closed = False
-
-    def infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
-        """Serve ``request`` on the daemon.
-
-        Raises:
-            LaneUnavailable: the daemon does not speak the lane.
-            CrossrtError: the daemon's answer was an error, or it is gone (CLOSED), or the
-                answer took longer than the timeout (TIMEOUT).
-        """
-        body = request.SerializeToString()
-        connection, reused = self._take()
-        try:
-            try:
-                send(connection.sock, 0, body)
-            except OSError:
-                if not reused:
-                    raise
-                # An idle connection the daemon closed (it stopped or restarted): the
-                # request never left, so a new connection may carry it.
-                with contextlib.suppress(OSError):
-                    connection.sock.close()
-                connection = self._open()
-                send(connection.sock, 0, body)
-            status, answer = connection.frames.read()
-        except TimeoutError:
-            self._drop(connection)
-            raise DeadlineExceededError(
-                f"no answer from the daemon at {self._endpoint} within {self._timeout} s; "
-                "give connect() a longer timeout"
-            ) from None
-        except (OSError, EOFError, FrameError) as exc:
-            self._drop(connection)
-            raise self._gone(exc) from None
-        except BaseException:
-            self._drop(connection)  # an interrupted read leaves the stream mid-frame
-            raise
-        self._give_back(connection)
-        if status:
-            raise error_from(_CODES.get(status, grpc.StatusCode.UNKNOWN), answer.decode(),
-                             self._endpoint)  # fmt: skip
-        return pb.ModelInferResponse.FromString(answer)
-
-    def register(self, name: str, fd: int, byte_size: int) -> None:
-        """Register the memfd ``fd`` (sealed against shrinking) as the region ``name`` of
-        ``byte_size`` bytes, passing the descriptor itself (the daemon maps it).
-
-        Raises:
-            LaneUnavailable: the daemon does not speak the lane.
-            CrossrtError: the daemon refused it, or is gone (CLOSED).
-        """
-        message = pb.SystemSharedMemoryRegisterRequest(name=name, byte_size=byte_size)
-        body = message.SerializeToString()
-        connection, _ = self._take()
-        try:
-            socket.send_fds(connection.sock, [HEADER.pack(len(body), REGISTER) + body], [fd])
-            status, answer = connection.frames.read()
-        except TimeoutError:
-            self._drop(connection)
-            raise DeadlineExceededError(
-                f"no answer from the daemon at {self._endpoint} within {self._timeout} s"
-            ) from None
-        except (OSError, EOFError, FrameError) as exc:
-            self._drop(connection)
-            raise self._gone(exc) from None
-        self._give_back(connection)
-        if status:
-            raise error_from(_CODES.get(status, grpc.StatusCode.UNKNOWN), answer.decode(),
-                             self._endpoint)  # fmt: skip
-
-    def prepare(self) -> None:
-        """Open one connection now (checking the daemon speaks the lane).
-
-        Raises:
-            LaneUnavailable: it does not.
-        """
-        self._give_back(self._take()[0])
-
-    def close(self) -> None:
-        """Close every connection."""
-        with self._lock:
-            self._closed = True
-            idle, self._idle = self._idle, []
-            self._returned.notify_all()
-        for connection in idle:
-            connection.sock.close()
-
-    def _take(self) -> tuple[_Connection, bool]:
-        """A connection for one call: an idle one, a new one, or (the daemon refusing more)
-        the next of this client's own to be given back. Whether it was open before."""
-        with self._lock:
-            if self._closed:
-                raise ClosedError("this client is closed; connect() again")
-            self._busy += 1
-            if self._idle:
-                return self._idle.pop(), True
-        try:
-            return self._open(), False
-        except OutOfResourcesError as exc:
-            return self._wait_for_own(exc), True
-        except BaseException:
-            self._finish(None)
-            raise
-
-    def _wait_for_own(self, refused: OutOfResourcesError) -> _Connection:
-        """The next connection of this client's given back, the daemon having refused one
-        more; ``refused`` again when none of them is in use (none will come back)."""
-        deadline = None if self._timeout is None else time.monotonic() + self._timeout
-        with self._lock:
-            self._waiting += 1
-            try:
-                while not self._idle:
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if (
-                        self._closed
-                        or self._busy <= self._waiting
-                        or (left is not None and left <= 0)
-                    ):
-                        self._busy -= 1
-                        self._returned.notify_all()
-                        if self._closed:
-                            raise ClosedError("this client is closed; connect() again")
-                        raise refused
-                    self._returned.wait(left)
-                return self._idle.pop()
-            finally:
-                self._waiting -= 1
-
-    def _finish(self, connection: _Connection | None, keep: bool = False) -> None:
-        """A call is done with ``connection``: back to the pool (``keep``), else closed."""
-        with self._lock:
-            self._busy -= 1
-            # Past MAX_IDLE only for a caller waiting: after a burst, the daemon keeps no
-            # thread for connections nobody needs.
-            keep = keep and not self._closed and (len(self._idle) < MAX_IDLE or self._waiting > 0)
-            if keep and connection is not None:
-                self._idle.append(connection)
-            self._returned.notify_all()
-        if not keep and connection is not None:
-            with contextlib.suppress(OSError):
-                connection.sock.close()
-
-    def _give_back(self, connection: _Connection) -> None:
-        self._finish(connection, keep=True)
-
-    def _drop(self, connection: _Connection) -> None:
-        self._finish(connection)
-
-    def _open(self) -> _Connection:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self._timeout)
-        try:
-            sock.connect(self._path)
-        except OSError as exc:
-            sock.close()
-            raise self._gone(exc) from None
-        connection = _Connection(sock)
-        sock.settimeout(GREETING_SECONDS)  # a daemon that does not know the lane may not answer
-        try:
-            sock.sendall(MAGIC + HEADER.pack(len(self._token), 0) + self._token)
-            status, answer = connection.frames.read()
-        except (OSError, EOFError, FrameError):
-            sock.close()
-            raise LaneUnavailable from None
-        sock.settimeout(self._timeout)
-        if status in _REFUSALS:  # the daemon speaks the lane, and refused this connection
-            sock.close()
-            raise error_from(_CODES[status], bytes(answer).decode(errors="replace"),
-                             self._endpoint)  # fmt: skip
-        if status or answer != MAGIC:
-            sock.close()
-            raise LaneUnavailable
-        return connection
-
-    def _gone(self, exc: BaseException) -> CrossrtError:
-        why = str(exc) or type(exc).__name__
-        return ClosedError(
-            f"the daemon at {self._endpoint} is not answering ({why}); start it, or retry"
-        )
