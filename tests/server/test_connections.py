@@ -45,7 +45,7 @@ def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     assert d.stop() == 0, "".join(d.log)
 
 
-def eventually(check: Callable[[], bool], seconds: float = 10.0) -> bool:
+def eventually(check: Callable[[], bool], seconds: float = 30.0) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if check():
@@ -81,6 +81,7 @@ def tiny_over_grpc(d: Daemon) -> np.ndarray:
 
 
 def test_a_connection_over_the_limit_is_refused_with_the_reason(limited: Daemon) -> None:
+    assert eventually(lambda: metric(limited, "crossrt_connections") == 0)  # others' gone
     wires = [Wire(limited.socket) for _ in range(LIMIT)]
     try:
         assert all(w.greeting == (0, MAGIC) for w in wires)
@@ -103,9 +104,12 @@ def test_a_connection_over_the_limit_is_refused_with_the_reason(limited: Daemon)
     finally:
         for w in wires:
             w.close()
-    # As soon as connections close, new ones are taken: the lane and gRPC alike.
-    assert eventually(lambda: greeted(limited.socket))
+    # As soon as connections close, new ones are taken: the lane and gRPC alike. (A gRPC
+    # channel closes its connection a moment after it is closed: waited for.)
+    assert eventually(lambda: metric(limited, "crossrt_connections") == 0)
+    assert greeted(limited.socket)
     assert tiny_over_grpc(limited).shape == (4, 8)
+    assert eventually(lambda: metric(limited, "crossrt_connections") == 0)
     with connect(f"unix:{limited.socket}") as rt:
         assert rt.lane
 

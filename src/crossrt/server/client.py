@@ -152,6 +152,14 @@ class RemoteRuntime:
             # connect() names it as settings.Endpoint writes it: unix:/absolute/path
             self._lane = LaneClient(target.removeprefix("unix:"), token, timeout, target)
         try:
+            self._greet(target, token, timeout)
+        except BaseException:
+            self.close()  # a channel left open would keep reconnecting, holding a connection
+            raise
+
+    def _greet(self, target: str, token: str | None, timeout: float | None) -> None:
+        """Check the daemon answers, and whether it speaks the lane."""
+        try:
             self.call("ServerLive", pb.ServerLiveRequest())
         except ClosedError:
             if target.startswith("unix:"):
@@ -161,6 +169,7 @@ class RemoteRuntime:
             try:
                 self._lane.prepare()
             except LaneUnavailable:  # a daemon without the lane
+                self._lane.close()
                 self._lane = None
 
     @property
