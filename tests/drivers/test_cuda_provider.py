@@ -132,3 +132,21 @@ def test_without_a_kernel_list_each_node_is_asked_of_ort() -> None:
         assert (why is None) == runs, why
         if not runs:
             assert why is not None and "no CPU kernel for Relu" in why
+
+
+def test_a_cuda_session_without_the_cuda_provider_is_refused() -> None:
+    # ORT makes the session on the CPU alone when the CUDA libraries do not load (a warning,
+    # even with fallback off): crossrt refuses it rather than run elsewhere than compiled for.
+    class Session:
+        def __init__(self, providers: list[str]) -> None:
+            self._providers = providers
+
+        def get_providers(self) -> list[str]:
+            return self._providers
+
+    gpu = _gpu_device(0)
+    cuda.check_session(Session([cuda.CUDA, cuda.CPU]), gpu)
+    with pytest.raises(crossrt.DeviceUnavailableError, match="did not start its CUDA provider"):
+        cuda.check_session(Session([cuda.CPU]), gpu)
+    cpu = next(d for d in get_driver("onnxruntime").devices() if d.id == "cpu:0")
+    cuda.check_session(Session([cuda.CPU]), cpu)

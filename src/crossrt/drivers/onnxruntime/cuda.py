@@ -20,7 +20,7 @@ from typing import Any
 
 import onnxruntime as ort
 
-from ...errors import InvalidOptionError
+from ...errors import DeviceUnavailableError, InvalidOptionError
 from ...host import nvidia_gpus
 from ..base import Capabilities, CompileOptions, DeviceInfo, DeviceKind
 
@@ -92,6 +92,26 @@ def providers(device: DeviceInfo, options: CompileOptions) -> list[Any]:
         chosen.append((TENSORRT, {"device_id": index}))
     chosen += [(CUDA, {"device_id": index}), CPU]
     return chosen
+
+
+def check_session(session: Any, device: DeviceInfo) -> None:
+    """Refuse a session for a ``cuda:N`` device that ORT made without its CUDA provider.
+
+    Where the CUDA or cuDNN libraries do not load, ORT logs a warning and makes the session
+    on the CPU alone, even told not to fall back: the model would run, silently, on another
+    device than the one compiled for.
+
+    Raises:
+        DeviceUnavailableError: the session has no CUDA provider.
+    """
+    if is_cuda(device) and CUDA not in session.get_providers():
+        raise DeviceUnavailableError(
+            f"ONNX Runtime {ort.__version__} did not start its CUDA provider for {device.id}: "
+            "the CUDA 13 and cuDNN 9 libraries it loads are missing or do not match (set "
+            "CROSSRT_LOG_LEVEL=WARNING to see ORT's reason); install them (NVIDIA's wheels: "
+            "make cuda, or pip install 'crossrt[cuda]'), or compile for 'cpu'",
+            details={"device": device.id, "providers": list(session.get_providers())},
+        )
 
 
 def check_extensions(driver: str, device: DeviceInfo, options: CompileOptions) -> CompileOptions:

@@ -304,6 +304,7 @@ class OnnxRuntimeDriver(Driver):
                 details={"driver": self.name, "path": file.path},
             )
         if cuda.is_cuda(device):  # its tensors in the GPU's memory (gpu_program)
+            cuda.check_session(session, device)
             return GpuProgram(session, gpu_memory.memory_of(device), severity=self._severity)
         return OrtProgram(session, weights=weights, severity=self._severity)
 
