@@ -352,3 +352,29 @@ def test_a_worker_waits_for_the_instance_a_run_holds(
     np.testing.assert_array_equal(queued.result(WAIT)["y"], want)
     inline.join(WAIT)
     assert gated.calls == 2 and list(model._scheduler.idle) == list(model._instances)
+
+
+def test_callers_in_a_loop_share_one_instance_fairly(rt: crossrt.Runtime) -> None:
+    # Two threads calling run() in a loop on one instance: the one given back goes to the
+    # caller already waiting, not to the one that just gave it back (which used to keep it
+    # for the whole loop while the other waited seconds).
+    model = rt.load(crossrt.compile(heavy(chain=4, size=256), "cpu"), instances=1)
+    x = np.eye(256, dtype=np.float32)
+    counts = [0, 0]
+    longest = [0.0, 0.0]
+    deadline = time.monotonic() + 1.0
+
+    def loop(i: int) -> None:
+        while time.monotonic() < deadline:
+            began = time.monotonic()
+            model.run({"x": x})
+            counts[i] += 1
+            longest[i] = max(longest[i], time.monotonic() - began)
+
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert min(counts) >= 0.25 * sum(counts), counts
+    assert max(longest) < 0.5, longest

@@ -253,6 +253,11 @@ class LoadedModel:
             checked = None if outputs is None else self._binder.reuse(inputs, outputs)
             feed = self._checker.check(inputs) if checked is None else checked.feed
             ready = perf_counter_ns()
+            if self._scheduler.waiting:
+                # Others wait for an instance: in line behind them. Taking the one just given
+                # back would let a caller in a loop keep it for good (another thread's call
+                # waited 2-3 s, the whole run, with 2 callers on one instance).
+                raise IndexError
             inst = self._take()
         except IndexError:  # every instance busy: wait in the queue like run_async
             return self._queued(feed, outputs, arrived, ready)  # the queue counts it

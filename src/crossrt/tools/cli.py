@@ -13,6 +13,7 @@ COMMANDS = {
     "run": ("crossrt.tools.run", "run a model once on files of inputs and save the outputs"),
     "compile": ("crossrt.tools.compile", "compile a model for a device into a .crm file"),
     "cache": ("crossrt.tools.cache", "list, verify and prune a compiled-model cache"),
+    "bench": ("crossrt.tools.bench", "time a model on random inputs: throughput, latency"),
     "serve": ("crossrt.tools.serve", "serve models over gRPC (KServe v2) to other processes"),
     "inspect": (
         "crossrt.tools.inspect",

@@ -1,0 +1,217 @@
+"""``crossrt bench``: how fast a model runs here, as OpenVINO's ``benchmark_app`` or
+TensorRT's ``trtexec`` say it.
+
+The model (ONNX, compiled here, or a ``.crm``) is loaded on the device, given seeded random
+inputs (floats standard normal, integers and booleans zero: valid indices for any table) of
+its input shapes, each dynamic dimension 1 unless ``--shape`` names it, run a few times
+untimed, then by ``--clients`` threads for ``--seconds``, every call timed. Printed:
+requests, throughput and latency percentiles; ``--json FILE`` writes the same numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..compiler import load_executable
+from ..errors import CrossrtError, InvalidArgumentError
+from ..model import TensorSpec
+from ..runtime import LoadedModel, Runtime
+from .common import fail, say
+
+WARMUP = 3
+"""Untimed runs before the clock starts (first runs allocate and tune)."""
+
+
+def parser() -> argparse.ArgumentParser:
+    """The argument parser (also the ``--help`` text)."""
+    p = argparse.ArgumentParser(
+        prog="crossrt bench",
+        description="Load MODEL on a device and time it on random inputs: requests, "
+        "throughput and latency percentiles.",
+        epilog="example: crossrt bench model.onnx --shape x=1x3x224x224 --clients 2",
+    )
+    p.add_argument("model", help="an ONNX model file, or a compiled .crm container")
+    p.add_argument("--device", "-d", default=None, help="device to run on (default: cpu)")
+    p.add_argument("--driver", default=None, help="driver to use (default: the preferred one)")
+    p.add_argument(
+        "--network", default=None, help="for a .crm holding several networks, which one to run"
+    )
+    p.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        metavar="NAME=DxD...",
+        help="an input's shape (its dynamic dimensions are 1 otherwise); repeat for each",
+    )
+    p.add_argument("--seconds", type=float, default=3.0, help="how long to time (default 3)")
+    p.add_argument("--clients", type=int, default=1, help="threads calling at once (default 1)")
+    p.add_argument("--json", metavar="FILE", help="also write the numbers to FILE as JSON")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``crossrt bench``."""
+    args = parser().parse_args(argv)
+    try:
+        if not args.seconds > 0 or args.clients < 1:
+            raise InvalidArgumentError(
+                f"--seconds {args.seconds} and --clients {args.clients}: give seconds > 0 "
+                "and at least 1 client"
+            )
+        shapes = _shapes(args.shape)
+        with Runtime() as rt:
+            if args.model.endswith(".crm"):
+                exe = load_executable(args.model, args.network)
+                model = rt.load(exe, args.device, driver=args.driver)
+            else:
+                model = rt.load(args.model, args.device, driver=args.driver)
+            feed = random_inputs(model.inputs, shapes)
+            for _ in range(WARMUP):
+                model.run(feed)
+            report = measure(model, feed, args.seconds, args.clients)
+    except CrossrtError as exc:
+        return fail("bench", exc)
+    drivers = ", ".join(dict.fromkeys(n.driver for n in model.executable.nodes))
+    shapes_text = ", ".join(f"{n} {list(a.shape)}" for n, a in feed.items()) or "no inputs"
+    report |= {"model": model.name, "device": model.device.id, "drivers": drivers}
+    report["inputs"] = {n: list(a.shape) for n, a in feed.items()}
+    say(
+        f"{model.name!r} on {model.device.id} ({drivers}), {shapes_text}, "
+        f"{args.clients} client(s), {report['seconds']:.1f} s:",
+        f"  requests    {report['requests']}",
+        f"  throughput  {report['throughput_per_s']:.1f}/s",
+        "  latency ms  "
+        + "  ".join(f"{k} {report[k + '_ms']:.3f}" for k in ("min", "p50", "p90", "p99", "max")),
+    )
+    if args.json:
+        try:
+            Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        except OSError as exc:
+            return fail(
+                "bench",
+                InvalidArgumentError(f"cannot write {args.json!r}: {exc.strerror or exc}"),
+            )
+    return 0
+
+
+def random_inputs(
+    specs: Sequence[TensorSpec], shapes: dict[str, tuple[int, ...]]
+) -> dict[str, np.ndarray]:
+    """Seeded random inputs of ``specs``: the shapes given, else each dynamic dimension 1.
+
+    Raises:
+        InvalidArgumentError: a shape names no input, contradicts a static dimension, or an
+            input is not a tensor of a known type.
+    """
+    names = {s.name for s in specs}
+    for name in shapes:
+        if name not in names:
+            raise InvalidArgumentError(
+                f"--shape {name}: the model has no input {name!r}; its inputs: "
+                f"{', '.join(sorted(names)) or 'none'}"
+            )
+    rng = np.random.default_rng(0)
+    feed = {}
+    for spec in specs:
+        if spec.kind != "tensor" or spec.dtype is None or spec.dtype.numpy.kind in "OUS":
+            raise InvalidArgumentError(
+                f"input {spec.name!r} is {spec.describe()}: crossrt bench makes numeric "
+                "tensors only; time this model with `crossrt run` and inputs from files"
+            )
+        given = shapes.get(spec.name)
+        if spec.shape is None and given is None:
+            raise InvalidArgumentError(
+                f"input {spec.name!r} has no known rank; give its shape: --shape {spec.name}=DxD..."
+            )
+        want = spec.shape or ()
+        if (
+            given is not None
+            and spec.shape is not None
+            and (
+                len(given) != len(want)
+                or any(isinstance(w, int) and w != g for w, g in zip(want, given, strict=False))
+            )
+        ):
+            raise InvalidArgumentError(
+                f"--shape {spec.name}={'x'.join(map(str, given))} does not fit input "
+                f"{spec.describe()}"
+            )
+        shape = given if given is not None else tuple(d if isinstance(d, int) else 1 for d in want)
+        dtype = spec.dtype.numpy
+        if dtype.kind == "f":
+            feed[spec.name] = rng.standard_normal(shape).astype(dtype)
+        else:
+            feed[spec.name] = np.zeros(shape, dtype)
+    return feed
+
+
+def measure(
+    model: LoadedModel, feed: dict[str, np.ndarray], seconds: float, clients: int
+) -> dict[str, Any]:
+    """Every call's latency from ``clients`` threads running ``model`` for ``seconds``."""
+    latencies: list[list[float]] = [[] for _ in range(clients)]
+    errors: list[BaseException] = []
+    start = time.perf_counter()
+    deadline = start + seconds
+
+    def client(mine: list[float]) -> None:
+        try:
+            while time.perf_counter() < deadline:
+                began = time.perf_counter()
+                model.run(feed)
+                mine.append(time.perf_counter() - began)
+        except BaseException as exc:  # reported by the caller, not lost in a thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=client, args=(mine,)) for mine in latencies]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - start
+    if errors:
+        raise errors[0]
+    calls = sorted(x for mine in latencies for x in mine)
+    ms = [x * 1e3 for x in calls]
+
+    def pct(q: float) -> float:
+        return ms[min(len(ms) - 1, int(q * len(ms)))]
+
+    return {
+        "requests": len(ms),
+        "seconds": elapsed,
+        "clients": clients,
+        "throughput_per_s": len(ms) / elapsed,
+        "mean_ms": statistics.fmean(ms),
+        "min_ms": ms[0],
+        "p50_ms": pct(0.5),
+        "p90_ms": pct(0.9),
+        "p99_ms": pct(0.99),
+        "max_ms": ms[-1],
+    }
+
+
+def _shapes(given: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    """``NAME=1x3x224x224`` arguments as ``{name: shape}``."""
+    shapes = {}
+    for text in given:
+        name, _, dims = text.partition("=")
+        try:
+            shape = tuple(int(d) for d in dims.lower().split("x"))
+        except ValueError:
+            shape = ()
+        if not name or not shape or min(shape) < 1:
+            raise InvalidArgumentError(
+                f"--shape {text!r}: give NAME=DxD... of positive sizes, such as x=1x3x224x224"
+            )
+        shapes[name] = shape
+    return shapes
