@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..drivers.base import CompileOptions
+from ..dtypes import DType
 from ..errors import InvalidOptionError
 from ..model import Model, TensorSpec
 
@@ -90,11 +91,17 @@ def _random(spec: TensorSpec, staged: Sequence[int] | None, rng: np.random.Gener
         if staged is not None
         else tuple(d if isinstance(d, int) else 1 for d in spec.shape or ())
     )
-    dtype = spec.dtype.numpy
-    if dtype.kind == "f":
-        return rng.standard_normal(shape).astype(dtype)
-    # Integer inputs are often indices (token ids, positions): zeros are valid for any table.
-    return np.zeros(shape, dtype)
+    return random_tensor(spec.dtype, shape, rng)
+
+
+def random_tensor(dtype: DType, shape: Sequence[int], rng: np.random.Generator) -> np.ndarray:
+    """A stand-in input of ``dtype`` and ``shape``: standard normal floats; zeros otherwise,
+    as integer inputs are often indices (token ids, positions), and zeros are valid for any
+    table."""
+    numpy = dtype.numpy
+    if numpy.kind == "f":
+        return rng.standard_normal(tuple(shape)).astype(numpy)
+    return np.zeros(tuple(shape), numpy)
 
 
 def max_error(got: Mapping[str, Any], expected: Mapping[str, Any]) -> tuple[float, float]:

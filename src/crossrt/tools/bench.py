@@ -25,7 +25,8 @@ from ..compiler import load_executable
 from ..errors import CrossrtError, InvalidArgumentError
 from ..model import TensorSpec
 from ..runtime import LoadedModel, Runtime
-from .common import fail, say
+from ..runtime.probe import random_tensor
+from .common import fail, parse_shapes, say
 
 WARMUP = 3
 """Untimed runs before the clock starts (first runs allocate and tune)."""
@@ -67,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"--seconds {args.seconds} and --clients {args.clients}: give seconds > 0 "
                 "and at least 1 client"
             )
-        shapes = _shapes(args.shape)
+        shapes = parse_shapes(args.shape, "--shape")
         with Runtime() as rt:
             if args.model.endswith(".crm"):
                 exe = load_executable(args.model, args.network)
@@ -146,11 +147,7 @@ def random_inputs(
                 f"{spec.describe()}"
             )
         shape = given if given is not None else tuple(d if isinstance(d, int) else 1 for d in want)
-        dtype = spec.dtype.numpy
-        if dtype.kind == "f":
-            feed[spec.name] = rng.standard_normal(shape).astype(dtype)
-        else:
-            feed[spec.name] = np.zeros(shape, dtype)
+        feed[spec.name] = random_tensor(spec.dtype, shape, rng)
     return feed
 
 
@@ -198,20 +195,3 @@ def measure(
         "p99_ms": pct(0.99),
         "max_ms": ms[-1],
     }
-
-
-def _shapes(given: Sequence[str]) -> dict[str, tuple[int, ...]]:
-    """``NAME=1x3x224x224`` arguments as ``{name: shape}``."""
-    shapes = {}
-    for text in given:
-        name, _, dims = text.partition("=")
-        try:
-            shape = tuple(int(d) for d in dims.lower().split("x"))
-        except ValueError:
-            shape = ()
-        if not name or not shape or min(shape) < 1:
-            raise InvalidArgumentError(
-                f"--shape {text!r}: give NAME=DxD... of positive sizes, such as x=1x3x224x224"
-            )
-        shapes[name] = shape
-    return shapes

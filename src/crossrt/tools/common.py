@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
-from ..errors import CrossrtError
+from ..errors import CrossrtError, InvalidOptionError
 
 # What a terminal acts on instead of showing: the C0 and C1 control characters (ESC starts
 # the sequences that recolour, retitle or clear it; CR and BS overwrite what was printed),
@@ -43,6 +43,28 @@ def fail(command: str, exc: CrossrtError) -> int:
     message = " ".join(exc.message.split())
     say(f"crossrt {command}: error [{exc.code.describe()}]: {message}", file=sys.stderr)
     return 1
+
+
+def parse_shapes(given: Sequence[str], flag: str) -> dict[str, tuple[int, ...]]:
+    """``NAME=1x3x224x224`` arguments of ``flag`` as ``{name: shape}``.
+
+    Raises:
+        InvalidOptionError: an argument of another form, or a size below 1.
+    """
+    shapes = {}
+    for text in given:
+        name, _, dims = text.partition("=")
+        try:
+            shape = tuple(int(d) for d in dims.lower().split("x"))
+        except ValueError:
+            shape = ()
+        if not name or not shape or min(shape) < 1:
+            raise InvalidOptionError(
+                f"{flag} {text!r}: give NAME=DxD... of positive sizes, such as x=1x3x224x224",
+                details={"option": flag},
+            )
+        shapes[name] = shape
+    return shapes
 
 
 def human_bytes(n: int) -> str:

@@ -23,9 +23,9 @@ from onnx import external_data_helper
 from ..compiler import Executable
 from ..compiler.cache import cache_stats
 from ..compiler.options import PRECISIONS
-from ..errors import CrossrtError, InvalidArgumentError, InvalidOptionError
+from ..errors import CrossrtError, InvalidArgumentError
 from ..runtime.auto import compile
-from .common import decision_lines, fail, human_bytes, printable, say
+from .common import decision_lines, fail, human_bytes, parse_shapes, printable, say
 
 _QUIET_S = 1.0  # compiles shorter than this show no progress at all
 _FRAMES = "|/-\\"
@@ -123,26 +123,6 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _probe_shapes(given: Sequence[str]) -> dict[str, tuple[int, ...]]:
-    """``NAME=1x3x48x320`` arguments as ``{name: shape}``.
-
-    Raises:
-        InvalidOptionError: an argument of another form.
-    """
-    shapes = {}
-    for text in given:
-        name, _, dims = text.partition("=")
-        try:
-            shapes[name] = tuple(int(d) for d in dims.lower().split("x"))
-        except ValueError:
-            raise InvalidOptionError(
-                f"--probe-shape {text!r}: give NAME=DxD..., such as x=1x3x48x320"
-            ) from None
-        if not name:
-            raise InvalidOptionError(f"--probe-shape {text!r}: the input name is missing")
-    return shapes
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``crossrt compile``."""
     args = parser().parse_args(argv)
@@ -157,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         options["auto_seconds"] = args.auto_seconds
     if args.probe_shape:
         try:
-            options["probe_shapes"] = _probe_shapes(args.probe_shape)
+            options["probe_shapes"] = parse_shapes(args.probe_shape, "--probe-shape")
         except CrossrtError as exc:
             return fail("compile", exc)
     if args.perf is not None:
