@@ -76,10 +76,12 @@ class FrameError(Exception):
 
 class Frames:
     """Frames read from one connection, through a buffer that holds small ones whole: a
-    small request or answer takes one ``recv``."""
+    small request or answer takes one ``recv``. With ``descriptors`` (the daemon's end),
+    descriptors sent with the bytes are kept in :attr:`fds`; without, the kernel drops them."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, descriptors: bool = False) -> None:
         self._sock = sock
+        self._receive = self._receive_fds if descriptors else sock.recv_into
         self._buffer = bytearray(_BUFFER)
         self._view = memoryview(self._buffer)
         self._start = self._end = 0
@@ -128,7 +130,7 @@ class Frames:
             raise FrameError("the connection ended inside a frame")
         self._end += got
 
-    def _receive(self, into: memoryview) -> int:
+    def _receive_fds(self, into: memoryview) -> int:
         """``recv_into``, keeping the descriptors that come with the bytes."""
         got, ancillary, _, _ = self._sock.recvmsg_into([into], _FDS)
         for level, kind, data in ancillary:
@@ -188,7 +190,7 @@ class LaneServer:
 
     def serve(self, sock: socket.socket, peer: Peer) -> None:
         """Greet, then answer requests until the client leaves or the daemon stops."""
-        frames = Frames(sock)
+        frames = Frames(sock, descriptors=True)
         try:
             sock.recv(len(MAGIC))  # peeked by the relay
             _, token = frames.read(GREETING_LIMIT)
@@ -198,11 +200,12 @@ class LaneServer:
             send(sock, 0, MAGIC)
             while True:
                 kind, body = frames.read()
-                fds, frames.fds = frames.fds, []
                 if kind == REGISTER:
+                    fds, frames.fds = frames.fds, []
                     status, answer = self._registration(body, fds, peer)
                 else:
-                    _close_all(fds)  # a request brings none
+                    if frames.fds:
+                        frames.close_fds()  # a request brings none
                     status, answer = self._answer(body, peer)
                 send(sock, status, answer)
         except EOFError:
@@ -241,10 +244,7 @@ class LaneServer:
             self._register(request.name, fds.pop(), request.byte_size, peer)  # it owns it
             return 0, b""
         except Exception as exc:
-            code, message = status_of(exc)
-            if code is grpc.StatusCode.INTERNAL:
-                log.exception("a lane registration failed")
-            return code.value[0], message.encode()
+            return _failure(exc, "a lane registration")
         finally:
             _close_all(fds)
 
@@ -264,12 +264,18 @@ class LaneServer:
                 ) from None
             return 0, self._infer(request, lambda: peer).SerializeToString()
         except Exception as exc:
-            code, message = status_of(exc)
-            if code is grpc.StatusCode.INTERNAL:
-                log.exception("a lane request failed")
-            return code.value[0], message.encode()
+            return _failure(exc, "a lane request")
         finally:
             self._gate.leave()
+
+
+def _failure(exc: Exception, what: str) -> tuple[int, bytes]:
+    """The answer frame's status and body for ``exc``: gRPC's code and message, as gRPC
+    would send them (an unexpected error logged with its traceback)."""
+    code, message = status_of(exc)
+    if code is grpc.StatusCode.INTERNAL:
+        log.exception("%s failed", what)
+    return code.value[0], message.encode()
 
 
 def _close_all(fds: list[int]) -> None:

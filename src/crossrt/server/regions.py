@@ -97,10 +97,7 @@ class Regions:
 
     def register(self, name: str, key: str, offset: int, byte_size: int, peer: Peer) -> None:
         """Register ``byte_size`` bytes at ``offset`` of segment ``key`` as ``name``."""
-        uid = _owner(peer)
-        self.sweep()
-        if not name:
-            raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "a region needs a name")
+        uid = self._registrant(name, peer)
         segment = key[1:] if key.startswith("/") else key
         if not segment or "/" in segment or segment in (".", "..") or "\0" in segment:
             raise ServiceError(
@@ -136,15 +133,7 @@ class Regions:
                     f"region {name!r}: offset {offset} + byte_size {byte_size} is past the end "
                     f"of {key!r} ({st.st_size} bytes)",
                 )
-            region = Region(name, key, offset, byte_size, uid, peer.pid, fd)
-            with self._lock:
-                if name in self._regions:
-                    raise ServiceError(
-                        grpc.StatusCode.ALREADY_EXISTS,
-                        f"a region named {name!r} is registered already; unregister it first "
-                        "or choose another name",
-                    )
-                self._regions[name] = region
+            self._add(Region(name, key, offset, byte_size, uid, peer.pid, fd))
         except BaseException:
             os.close(fd)
             raise
@@ -158,10 +147,7 @@ class Regions:
                 INVALID_ARGUMENT for a size past its end, ALREADY_EXISTS for a name in use.
         """
         try:
-            uid = _owner(peer)
-            self.sweep()
-            if not name:
-                raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "a region needs a name")
+            uid = self._registrant(name, peer)
             try:
                 seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
                 size = os.fstat(fd).st_size
@@ -188,18 +174,28 @@ class Regions:
                     f"region {name!r}: the daemon cannot map the file passed for reading and "
                     f"writing ({exc.strerror}); pass a memfd sealed against shrinking only",
                 ) from None
-            region = Region(name, "memfd", 0, byte_size, uid, peer.pid, fd, mapping=mapped)
-            with self._lock:
-                if name in self._regions:
-                    raise ServiceError(
-                        grpc.StatusCode.ALREADY_EXISTS,
-                        f"a region named {name!r} is registered already; unregister it first "
-                        "or choose another name",
-                    )
-                self._regions[name] = region
+            self._add(Region(name, "memfd", 0, byte_size, uid, peer.pid, fd, mapping=mapped))
         except BaseException:
             os.close(fd)
             raise
+
+    def _registrant(self, name: str, peer: Peer) -> int:
+        """The user registering region ``name`` (after the dead's regions are released)."""
+        uid = _owner(peer)
+        self.sweep()
+        if not name:
+            raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "a region needs a name")
+        return uid
+
+    def _add(self, region: Region) -> None:
+        with self._lock:
+            if region.name in self._regions:
+                raise ServiceError(
+                    grpc.StatusCode.ALREADY_EXISTS,
+                    f"a region named {region.name!r} is registered already; unregister it "
+                    "first or choose another name",
+                )
+            self._regions[region.name] = region
 
     def status(self, name: str, peer: Peer) -> list[Region]:
         """The peer's user's regions (``name`` empty), or the one named."""

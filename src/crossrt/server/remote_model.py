@@ -57,8 +57,9 @@ class RemoteModel:
         sizes = [_nbytes(s) for s in self.outputs]
         self._output_bytes = None if None in sizes else sum(s or 0 for s in sizes)
         self._segments: list[SharedMemorySegment] = []  # free ones, to reuse
-        self._epoch_of: dict[SharedMemorySegment, int] = {}  # when each was registered
-        self._epoch = 0  # one more each time the daemon is found to know none of them
+        # Those registered with the daemon now, free or in use: forgotten when it is found
+        # to know none of them (started again), so that those in use are closed when done.
+        self._live: set[SharedMemorySegment] = set()
         self._lock = threading.Lock()
 
     def tensor_info(self) -> list[TensorInfo]:
@@ -95,9 +96,8 @@ class RemoteModel:
             return False
         with self._lock:
             segments, self._segments = self._segments, []
-            self._epoch += 1  # those in use now are closed when given back
+            self._live.clear()  # those in use now are closed when given back
         for segment in segments:
-            self._epoch_of.pop(segment, None)
             segment.close()  # the daemon holds no registration of it to undo
         return True
 
@@ -257,11 +257,10 @@ class RemoteModel:
                 if segment.size >= nbytes:
                     self._segments.remove(segment)
                     return segment
-            epoch = self._epoch
         made = self._registered(nbytes)
         if made is not None:
             with self._lock:
-                self._epoch_of[made] = epoch
+                self._live.add(made)
         return made
 
     def _registered(self, nbytes: int) -> SharedMemorySegment | None:
@@ -288,16 +287,15 @@ class RemoteModel:
         if segment is None:
             return
         with self._lock:
-            current = self._epoch_of.get(segment) == self._epoch
+            current = segment in self._live
             if current:
                 self._segments.append(segment)
-            else:
-                self._epoch_of.pop(segment, None)
         if not current:
             segment.close()  # registered with a daemon that is gone
 
     def _unregister(self, segment: SharedMemorySegment) -> None:
-        self._epoch_of.pop(segment, None)
+        with self._lock:
+            self._live.discard(segment)
         with contextlib.suppress(Exception):
             request = pb.SystemSharedMemoryUnregisterRequest(name=str(segment.name))
             self._rt.call("SystemSharedMemoryUnregister", request)
