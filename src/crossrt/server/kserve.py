@@ -226,7 +226,7 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
             model_name=entry.name, model_version=entry.version, id=request.id
         )
         encode_outputs(
-            response, results, chosen, lambda n, o, a: self.regions.write(n, o, a, who())
+            response, results, chosen, lambda n, o, a: self.regions.write(n, o, a, who()), bound
         )
         return response
 

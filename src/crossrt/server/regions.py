@@ -274,15 +274,11 @@ class Regions:
             return region.mapping[offset : offset + size]
 
     def write(self, name: str, offset: int, data: np.ndarray, peer: Peer) -> None:
-        """Write ``data`` at ``offset`` of the peer's region ``name`` (nothing to do when
-        ``data`` is already there: an output the model wrote into :meth:`mapped`)."""
+        """Write ``data`` (contiguous bytes) at ``offset`` of the peer's region ``name``."""
         size = data.nbytes
         with self._slice(name, offset, size, peer) as region:
             if region.mapping is not None:
-                target = region.mapping[offset : offset + size]
-                flat = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
-                if size and _address(flat) != _address(target):
-                    target[...] = flat
+                region.mapping[offset : offset + size] = data.reshape(-1).view(np.uint8)
                 return
             end = region.offset + offset + size
             if os.fstat(region.fd).st_size < end:  # pwrite would grow the client's file
@@ -309,10 +305,6 @@ class Regions:
             for region in self._regions.values():
                 _release(region)
             self._regions.clear()
-
-
-def _address(array: np.ndarray) -> int:
-    return int(array.__array_interface__["data"][0])
 
 
 def _release(region: Region) -> None:

@@ -10,7 +10,7 @@ the array the model takes.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -306,8 +306,10 @@ def encode_outputs(
     results: Mapping[str, Any],
     chosen: Sequence[tuple[TensorSpec, tuple[str, int, int] | None]],
     write: SharedWrite,
+    written: Collection[str] = (),
 ) -> None:
-    """Put the results in ``response``: raw contents, or into the named region slices."""
+    """Put the results in ``response``: raw contents, or into the named region slices (but
+    those ``written`` there already: :func:`bound_outputs`)."""
     for spec, region in chosen:
         array = np.ascontiguousarray(results[spec.name])
         datatype = kserve_type(spec)
@@ -326,7 +328,8 @@ def encode_outputs(
                 f"output {spec.name!r} is {nbytes} bytes ({array.dtype} "
                 f"{list(array.shape)}), more than shared_memory_byte_size {size}"
             )
-        write(name, offset, data.view(np.uint8))
+        if spec.name not in written:
+            write(name, offset, data.view(np.uint8))
         out.parameters["shared_memory_region"].string_param = name
         out.parameters["shared_memory_byte_size"].int64_param = nbytes
         if offset:
