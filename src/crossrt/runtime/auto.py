@@ -225,11 +225,6 @@ class _Chooser:
         """The precision a candidate compiles with: the one allowed, or the model's own."""
         return None if own else self.opts.precision
 
-    def _reduced(self) -> bool:
-        """Whether a reduced precision was allowed (each candidate's row then says which
-        precision it computed in)."""
-        return self.opts.precision not in (None, "fp32")
-
     def _measure(
         self, inputs: dict[str, np.ndarray], seconds: float
     ) -> tuple[dict[str, Any], Executable]:
@@ -238,7 +233,7 @@ class _Chooser:
         for drv, dev, own in self.candidates:
             row: dict[str, Any] = {"driver": drv.name, "device": dev.id}
             in_ = ""
-            if self._reduced():
+            if _reduced(self.opts):  # each row says which precision it computed in
                 row["precision"] = OWN if own else self.opts.precision
                 in_ = f" in {row['precision']} precision"
             rows.append(row)
@@ -345,7 +340,7 @@ def _candidates(
     # The options given, and (a reduced precision being a permission) the model's own: a
     # driver that accepts both is measured both ways.
     attempts = [(opts, False)]
-    if opts.precision not in (None, "fp32"):
+    if _reduced(opts):
         attempts.append((replace(opts, precision=None, fp16=False), True))
     rows: list[dict[str, Any]] = []
     for drv in available_drivers():
@@ -359,7 +354,7 @@ def _candidates(
                 rows.append({**row, "why": NOT_CANDIDATES[drv.name]})
                 continue
             why = ""
-            accepted = False
+            before = len(found)
             for tried, at_own in attempts:
                 try:
                     drv.check_options(tried, dev)
@@ -367,8 +362,7 @@ def _candidates(
                     why = exc.message
                     continue
                 found.append((drv, dev, at_own))
-                accepted = True
-            if not accepted:
+            if len(found) == before:
                 row = {"driver": drv.name, "device": dev.id, "status": "refused"}
                 rows.append({**row, "why": _short(why)})
     return found, rows
@@ -384,6 +378,11 @@ def _none_can(model: Model, rows: list[dict[str, Any]]) -> UnsupportedError:
         "give the inputs to measure with as probe={name: array}, or name a device",
         details={"candidates": rows},
     )
+
+
+def _reduced(opts: CompileOptions) -> bool:
+    """Whether a reduced precision was allowed (a permission: the model's own competes)."""
+    return opts.precision not in (None, "fp32")
 
 
 def _precision_said(computed: str | None, allowed: str | None) -> str:
