@@ -25,6 +25,14 @@ _REFUSALS = {
 """The greeting's answers that refuse a connection (any other: not a lane daemon)."""
 
 
+def _send(sock: socket.socket, kind: int, body: bytes, fd: int | None) -> None:
+    """One frame, with the descriptor ``fd`` when there is one."""
+    if fd is None:
+        send(sock, kind, body)
+    else:
+        socket.send_fds(sock, [HEADER.pack(len(body), kind) + body], [fd])
+
+
 class LaneUnavailable(Exception):
     """The daemon does not speak the lane (an older daemon): use gRPC."""
 
@@ -69,20 +77,40 @@ class LaneClient:
             CrossrtError: the daemon's answer was an error, or it is gone (CLOSED), or the
                 answer took longer than the timeout (TIMEOUT).
         """
-        body = request.SerializeToString()
+        answer = self._call(0, request.SerializeToString())
+        return pb.ModelInferResponse.FromString(answer)
+
+    def register(self, name: str, fd: int, byte_size: int) -> None:
+        """Register the memfd ``fd`` (sealed against shrinking) as the region ``name`` of
+        ``byte_size`` bytes, passing the descriptor itself (the daemon maps it).
+
+        Raises:
+            LaneUnavailable: the daemon does not speak the lane.
+            CrossrtError: the daemon refused it, or is gone (CLOSED).
+        """
+        message = pb.SystemSharedMemoryRegisterRequest(name=name, byte_size=byte_size)
+        self._call(REGISTER, message.SerializeToString(), fd)
+
+    def _call(self, kind: int, body: bytes, fd: int | None = None) -> bytes | bytearray:
+        """Send one frame (with descriptor ``fd``) and read the answer's body.
+
+        Raises:
+            CrossrtError: the answer was an error, or the daemon is gone (CLOSED), or the
+                answer took longer than the timeout (TIMEOUT).
+        """
         connection, reused = self._take()
         try:
             try:
-                send(connection.sock, 0, body)
+                _send(connection.sock, kind, body, fd)
             except OSError:
                 if not reused:
                     raise
                 # An idle connection the daemon closed (it stopped or restarted): the
-                # request never left, so a new connection may carry it.
+                # frame never left, so a new connection may carry it.
                 with contextlib.suppress(OSError):
                     connection.sock.close()
                 connection = self._open()
-                send(connection.sock, 0, body)
+                _send(connection.sock, kind, body, fd)
             status, answer = connection.frames.read()
         except TimeoutError:
             self._drop(connection)
@@ -100,34 +128,7 @@ class LaneClient:
         if status:
             raise error_from(_CODES.get(status, grpc.StatusCode.UNKNOWN), answer.decode(),
                              self._endpoint)  # fmt: skip
-        return pb.ModelInferResponse.FromString(answer)
-
-    def register(self, name: str, fd: int, byte_size: int) -> None:
-        """Register the memfd ``fd`` (sealed against shrinking) as the region ``name`` of
-        ``byte_size`` bytes, passing the descriptor itself (the daemon maps it).
-
-        Raises:
-            LaneUnavailable: the daemon does not speak the lane.
-            CrossrtError: the daemon refused it, or is gone (CLOSED).
-        """
-        message = pb.SystemSharedMemoryRegisterRequest(name=name, byte_size=byte_size)
-        body = message.SerializeToString()
-        connection, _ = self._take()
-        try:
-            socket.send_fds(connection.sock, [HEADER.pack(len(body), REGISTER) + body], [fd])
-            status, answer = connection.frames.read()
-        except TimeoutError:
-            self._drop(connection)
-            raise DeadlineExceededError(
-                f"no answer from the daemon at {self._endpoint} within {self._timeout} s"
-            ) from None
-        except (OSError, EOFError, FrameError) as exc:
-            self._drop(connection)
-            raise self._gone(exc) from None
-        self._give_back(connection)
-        if status:
-            raise error_from(_CODES.get(status, grpc.StatusCode.UNKNOWN), answer.decode(),
-                             self._endpoint)  # fmt: skip
+        return answer
 
     def prepare(self) -> None:
         """Open one connection now (checking the daemon speaks the lane).
@@ -196,7 +197,8 @@ class LaneClient:
             keep = keep and not self._closed and (len(self._idle) < MAX_IDLE or self._waiting > 0)
             if keep and connection is not None:
                 self._idle.append(connection)
-            self._returned.notify_all()
+            if self._waiting:  # they look again: at the idle, or at how many are busy
+                self._returned.notify_all()
         if not keep and connection is not None:
             with contextlib.suppress(OSError):
                 connection.sock.close()

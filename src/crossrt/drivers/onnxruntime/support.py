@@ -68,7 +68,8 @@ class OrtRegistry:
     """
 
     kernels: dict[tuple[str, str], list[_KernelRange]] | None
-    """``None`` where they could not be read (then nodes ORT knows count as supported)."""
+    """``None`` where they could not be read: then each node is asked of a session of its
+    own (:func:`unsupported_reasons`)."""
     schemas: dict[tuple[str, str], list[Any]]
     max_ir: int
     max_opset: int
@@ -127,8 +128,8 @@ def _cpu_kernels() -> list[tuple[str, str, int, int, dict[str, list[str]]]]:
         return [tuple(k) for k in json.loads(done.stdout.strip().splitlines()[-1])]
     except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
         log.info(
-            "ONNX Runtime %s cannot list its CPU kernels here (%s): nodes it knows count as "
-            "supported, and ORT itself refuses the others when it loads them",
+            "ONNX Runtime %s cannot list its CPU kernels here (%s): each node is asked of a "
+            "session of its own instead",
             ort.__version__,
             type(exc).__name__,
         )
@@ -264,7 +265,7 @@ def _node_reason(
     if domain == "" and node.op_type == "Constant":
         return None  # ORT turns Constant nodes into initializers when it loads the graph
     if known.kernels is None:
-        return None  # its kernels unknown: ORT says at load time
+        return None  # its kernels unknown: unsupported_reasons asks a session of the node
     # A kernel registered without an end version serves only its start version.
     ranges = [
         r
