@@ -268,7 +268,9 @@ def test_large_tensors_go_through_a_memfd_the_daemon_maps(daemon: Daemon) -> Non
 
 
 def test_only_a_sealed_memfd_is_mapped(daemon: Daemon, wire: Wire, tmp_path: Path) -> None:
-    before = _daemon_fds(daemon)
+    # Counted over this lane connection alone: gRPC connections of earlier tests may still be
+    # closing (their descriptors come and go), so the count is taken once it is steady.
+    before = _steady_fds(daemon)
     unsealed = os.memfd_create("unsealed")
     os.ftruncate(unsealed, 4096)
     plain = os.open(tmp_path / "file", os.O_RDWR | os.O_CREAT)
@@ -294,18 +296,32 @@ def test_only_a_sealed_memfd_is_mapped(daemon: Daemon, wire: Wire, tmp_path: Pat
         socket.send_fds(wire.sock, [HEADER.pack(len(message), 0) + message], [sealed.fd])
         assert wire.frames.read()[0] == 0
         served(wire)
+        assert eventually_equal(lambda: _daemon_fds(daemon), before)  # none kept
         assert _register(wire, "sealed-ok", 4096, [sealed.fd]) == (0, "")
+        assert _daemon_fds(daemon) == before + 1  # the region's, held until unregistered
         # Its size is sealed: the client cannot cut it short under the daemon's mapping.
         with pytest.raises(PermissionError):
             os.ftruncate(sealed.fd, 0)
         with daemon.client() as c:
             c.unregister_system_shared_memory("sealed-ok")
-        assert eventually_equal(lambda: _daemon_fds(daemon), before)
     finally:
         os.close(unsealed)
         os.close(plain)
         os.close(read_only)
         sealed.close()
+
+
+def _steady_fds(daemon: Daemon, seconds: float = 10.0) -> int:
+    """The daemon's descriptor count once it stays the same for 0.3 s."""
+    deadline = time.monotonic() + seconds
+    last = _daemon_fds(daemon)
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        now = _daemon_fds(daemon)
+        if now == last:
+            return now
+        last = now
+    return last
 
 
 def eventually_equal(read: Callable[[], int], want: int, seconds: float = 10.0) -> bool:

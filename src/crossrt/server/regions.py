@@ -47,6 +47,7 @@ class Region:
     uid: int
     pid: int
     fd: int
+    """Read and written with pread/pwrite; -1 for a mapped region."""
     users: int = 0  # reads and writes under way: the descriptor is closed after the last
     released: bool = False
     mapping: np.ndarray | None = None
@@ -174,10 +175,11 @@ class Regions:
                     f"region {name!r}: the daemon cannot map the file passed for reading and "
                     f"writing ({exc.strerror}); pass a memfd sealed against shrinking only",
                 ) from None
-            self._add(Region(name, "memfd", 0, byte_size, uid, peer.pid, fd, mapping=mapped))
+            self._add(Region(name, "memfd", 0, byte_size, uid, peer.pid, -1, mapping=mapped))
         except BaseException:
             os.close(fd)
             raise
+        os.close(fd)  # the mapping keeps a descriptor of its own (Python's mmap dups it)
 
     def _registrant(self, name: str, peer: Peer) -> int:
         """The user registering region ``name`` (after the dead's regions are released)."""
@@ -247,7 +249,7 @@ class Regions:
             with self._lock:
                 region.users -= 1
                 if region.released and not region.users:
-                    os.close(region.fd)
+                    _close(region)
 
     def read(self, name: str, offset: int, size: int, peer: Peer) -> np.ndarray:
         """``size`` bytes at ``offset`` of the peer's region ``name``: a view of a mapped
@@ -312,4 +314,9 @@ def _release(region: Region) -> None:
     the registry's lock): a number reused by another file must never be read."""
     region.released = True
     if not region.users:
+        _close(region)
+
+
+def _close(region: Region) -> None:
+    if region.fd >= 0:  # a mapped region has none: its mapping holds the file
         os.close(region.fd)
