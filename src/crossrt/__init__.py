@@ -58,7 +58,7 @@ from .errors import (
     UnsupportedError,
 )
 from .model import GraphBuilder, Model, TensorSpec, load_model
-from .runtime import LoadedModel, Runtime, TensorInfo
+from .runtime import LoadedModel, Profile, Runtime, TensorInfo
 from .runtime.auto import compile
 from .runtime.cores.groups import CoreGroup
 from .runtime.memory.allocator import MemoryStats, OwnerStats
@@ -126,6 +126,7 @@ __all__ = [
     "PerformanceMode",
     "Placement",
     "Priority",
+    "Profile",
     "Program",
     "RemoteRuntime",
     "Request",

@@ -93,6 +93,12 @@ class Settings:
             off).
         sim: the simulated accelerator of the ``sim`` driver (``CROSSRT_SIM``, see
             :class:`SimSettings`).
+        observe: whether a process that loads a model answers ``crossrt top``, ``monitor``
+            and ``profile --pid`` on its socket in the runtime directory (``CROSSRT_OBSERVE``:
+            1/true/yes or 0/false/no, default on).
+        process_tag: the name ``crossrt top`` and ``monitor`` show for this process
+            (``CROSSRT_PROCESS_TAG``, like Neuron's ``NEURON_PROCESS_TAG``; at most 255
+            characters); ``None``: the program's name.
     """
 
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
@@ -175,6 +181,21 @@ class Settings:
     def sim(self) -> SimSettings:
         return parse_sim(self._env.get("CROSSRT_SIM", ""))
 
+    @cached_property
+    def observe(self) -> bool:
+        return _boolean(self._env, "CROSSRT_OBSERVE", True)
+
+    @cached_property
+    def process_tag(self) -> str | None:
+        tag = self._text("CROSSRT_PROCESS_TAG")
+        if len(tag) > 255 or not tag.isprintable():
+            raise InvalidOptionError(
+                f"CROSSRT_PROCESS_TAG={tag[:40]!r}...: a tag is at most 255 printable "
+                "characters; shorten it, or unset it to show the program's name",
+                details={"setting": "CROSSRT_PROCESS_TAG"},
+            )
+        return tag or None
+
 
 SETTINGS = {
     "CROSSRT_DEFAULT_DEVICE": "default_device",
@@ -190,6 +211,8 @@ SETTINGS = {
     "CROSSRT_EXEC_TIMEOUT": "exec_timeout",
     "CROSSRT_CHECK_NUMERICS": "check_numerics",
     "CROSSRT_SIM": "sim",
+    "CROSSRT_OBSERVE": "observe",
+    "CROSSRT_PROCESS_TAG": "process_tag",
 }
 """Each ``CROSSRT_*`` variable and the :class:`Settings` attribute parsed from it."""
 

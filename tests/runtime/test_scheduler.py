@@ -206,7 +206,9 @@ def test_nodes_of_different_requests_overlap_in_the_pipeline(rt: crossrt.Runtime
     exe = crossrt.compile(pipelined(), fallback="cpu")
     assert [n.driver for n in exe.nodes] == ["onnxruntime", "reference", "onnxruntime"]
     model = rt.load(exe, queue_depth=16)
-    model._scheduler.trace = trace = []
+    trace: list[tuple[int, int, int, int, int]] = []
+    for inst in model._scheduler.instances:
+        inst.trace = trace
     inputs = [np.random.default_rng(i).random((256, 256), dtype=np.float32) for i in range(12)]
     futures = [model.run_async({"x": a}, block=True, timeout=WAIT) for a in inputs]
     for future, a in zip(futures, inputs, strict=True):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numbers
+import os
 import threading
 import weakref
 from collections.abc import Sequence
@@ -27,12 +28,14 @@ from ..errors import (
     StatusCode,
 )
 from ..host import format_cpus
+from . import observer
 from .cores.groups import CoreGroup, pick_free, split_instances
 from .cores.reservation import reserve_cores
 from .loaded import LoadedModel
 from .loading import load_instances
 from .memory import shm
 from .memory.allocator import MemoryStats, all_stats
+from .profiler import Profile
 from .scheduler import Instance
 from .staged import StagedModel
 
@@ -112,6 +115,15 @@ class Runtime:
         """The models loaded and not yet unloaded."""
         with self._lock:
             return list(self._models)
+
+    def profile(
+        self, path: str | os.PathLike[str] | None = None, models: Sequence[LoadedModel] = ()
+    ) -> Profile:
+        """A :class:`Profile` of ``models`` (default: every model loaded now), not started:
+        ``with rt.profile("trace.json"): ...`` records the block and writes a Chrome trace
+        that Perfetto opens (``docs/observability.md``)."""
+        self._check_open()
+        return Profile(list(models) or self.models, path)
 
     def memory_stats(self) -> dict[str, MemoryStats]:
         """Memory statistics per device (``nrt_get_vnc_memory_stats``): bytes in use, peak,
@@ -283,6 +295,7 @@ class Runtime:
             loaded.start()
         else:
             loaded.stop()  # explicit groups load stopped: model.start() runs it
+        observer.watch(self)  # crossrt top, monitor and profile --pid see it from now on
         return loaded
 
     def create_core_group(

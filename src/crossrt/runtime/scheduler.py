@@ -67,6 +67,9 @@ class Instance:
     locks: list[threading.Lock] = field(default_factory=list)
     call: Callable[..., dict[str, np.ndarray]] = field(init=False)
     """What ``LoadedModel.run`` calls on the instance it took (set by the model)."""
+    trace: list[tuple[int, int, int, int, int]] | None = None
+    """While a profile records a multi-node instance: ``(instance, node, request id, start,
+    end)`` per node run (``time.perf_counter_ns()``; request id 0 for a ``run()`` walk)."""
 
     def __post_init__(self) -> None:
         self.locks = [threading.Lock() for _ in self.programs]
@@ -96,7 +99,12 @@ class Instance:
                     self.locks[j].acquire()
                     self.locks[j - 1].release()
                     held = j
-                values.update(run_node(program, {n: values[n] for n in names}, cancel))
+                if self.trace is None:
+                    values.update(run_node(program, {n: values[n] for n in names}, cancel))
+                else:
+                    start = time.perf_counter_ns()
+                    values.update(run_node(program, {n: values[n] for n in names}, cancel))
+                    self.trace.append((self.index, j, 0, start, time.perf_counter_ns()))
         finally:
             self.locks[held].release()
         return assemble(values, self.output_names, outputs)
@@ -174,8 +182,6 @@ class Scheduler:
         self.idle: deque[Instance] = deque(self.instances)
         self.waiting = 0  # workers waiting for an idle instance
         self._returned = threading.Condition()
-        self.trace: list[tuple[int, int, int, float, float]] | None = None
-        """When a list: (instance, node, request id, start, end) per pipelined node run."""
         self._threads: list[threading.Thread] = []
         for inst in self.instances:
             nodes = len(inst.programs)
@@ -400,10 +406,11 @@ class Scheduler:
                 job.values = dict(job.feed)
             try:
                 with inst.locks[j]:
-                    start = time.monotonic()
+                    start = time.perf_counter_ns()
                     made = run_node(inst.programs[j], {n: job.values[n] for n in names}, job.token)
-                    if self.trace is not None:
-                        self.trace.append((inst.index, j, id(job.future), start, time.monotonic()))
+                    if inst.trace is not None:
+                        end = time.perf_counter_ns()
+                        inst.trace.append((inst.index, j, id(job.future), start, end))
                 job.values.update(made)
                 if last:
                     execute = partial(_assemble_with, job.values, inst.output_names)

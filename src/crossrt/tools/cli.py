@@ -14,6 +14,9 @@ COMMANDS = {
     "compile": ("crossrt.tools.compile", "compile a model for a device into a .crm file"),
     "cache": ("crossrt.tools.cache", "list, verify and prune a compiled-model cache"),
     "bench": ("crossrt.tools.bench", "time a model on random inputs: throughput, latency"),
+    "profile": ("crossrt.tools.profile", "record a Chrome trace of a model, or of a process"),
+    "monitor": ("crossrt.tools.monitor", "print crossrt processes' metrics as JSON lines"),
+    "top": ("crossrt.tools.top", "a live view of every crossrt process on this machine"),
     "serve": ("crossrt.tools.serve", "serve models over gRPC (KServe v2) to other processes"),
     "inspect": (
         "crossrt.tools.inspect",

@@ -1,0 +1,360 @@
+"""How ``crossrt top``, ``crossrt monitor`` and ``crossrt profile --pid`` see the models of
+other processes: each process that loads a model answers on a Unix socket of its own.
+
+The first model a process loads starts one daemon thread listening on
+``<runtime dir>/observe/<pid>.sock`` (the runtime directory is the user's, mode 0700; the
+socket is 0600: only the same user, and root, connect). Nothing is measured or sent until
+someone asks: a connection sends one JSON line and gets one JSON line back.
+
+- ``{"op": "snapshot"}``: the process (pid, tag, command, CPU seconds) and each loaded model
+  with its request statistics (``docs/statistics.md``), cores and memory;
+- ``{"op": "profile", "seconds": S, "models": [names]}``: a :class:`~.profiler.Profile` of
+  S seconds (at most :data:`MAX_PROFILE_SECONDS`), returned as a Chrome trace.
+
+An error comes back as ``{"error": {"code": NAME, "message": ...}}``. ``CROSSRT_OBSERVE=0``
+turns the socket off; ``CROSSRT_PROCESS_TAG`` names the process (default: its command). The
+daemon (``crossrt serve``) is a process like any other: its models appear the same way.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import errno
+import json
+import logging
+import os
+import resource
+import socket
+import sys
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..config import settings
+from ..errors import CrossrtError, InvalidArgumentError, ModelNotFoundError, StatusCode
+from .cores.reservation import runtime_directory
+from .profiler import Profile
+
+if TYPE_CHECKING:
+    from .loaded import LoadedModel
+
+log = logging.getLogger("crossrt")
+
+MAX_REQUEST_BYTES = 64 << 10
+"""The longest request line a process reads."""
+
+MAX_PROFILE_SECONDS = 600.0
+"""The longest profile one request may ask for."""
+
+MAX_CONNECTIONS = 4
+"""Requests a process answers at once (a profile holds its connection for its seconds)."""
+
+DRAWN_REQUESTS = 5_000
+"""Requests per model drawn in a trace asked for over the socket (the summary counts all)."""
+
+
+def observe_directory() -> Path:
+    """``observe/`` in the runtime directory, created (0700) when missing."""
+    config = settings()
+    folder = runtime_directory(Path(config.runtime_dir), config.runtime_dir_is_default)
+    path = folder / "observe"
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    return path
+
+
+# -- the process's side ------------------------------------------------------------------------
+
+
+class _Endpoint:
+    """The listening socket of this process and the runtimes it reports."""
+
+    def __init__(self, path: Path) -> None:
+        self.pid = os.getpid()
+        self.path = path
+        # Runtimes (not imported: runtime.py imports this module).
+        self.runtimes: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.started = time.time()
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # left by a dead process that had this pid
+        self.socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.socket.bind(str(path))
+            os.chmod(path, 0o600)
+            self.socket.listen(16)
+        except BaseException:
+            self.socket.close()
+            raise
+        atexit.register(self.close)
+        threading.Thread(target=self._accept, name="crossrt-observe", daemon=True).start()
+
+    def close(self) -> None:
+        if os.getpid() == self.pid:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+        with contextlib.suppress(OSError):
+            self.socket.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.socket.accept()
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    time.sleep(0.1)  # out of descriptors: the connection waits in the backlog
+                    continue
+                return  # closed
+            if not self._slots.acquire(blocking=False):
+                busy = f"pid {self.pid} answers {MAX_CONNECTIONS} requests at once; ask later"
+                _reply(conn, _error(StatusCode.RESOURCE, busy))
+                continue
+            threading.Thread(
+                target=self._serve, args=(conn,), name="crossrt-observe-request", daemon=True
+            ).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            conn.settimeout(5.0)
+            try:
+                request = _read_line(conn)
+                answer = self.answer(request)
+            except CrossrtError as exc:
+                answer = _error(exc.code, exc.message)
+            except Exception as exc:  # a bug here must not end the thread silently
+                log.exception("crossrt observe: request failed")
+                answer = _error(StatusCode.FAILURE, f"{type(exc).__name__}: {exc}")
+            _reply(conn, answer)
+        finally:
+            self._slots.release()
+
+    def models(self) -> list[LoadedModel]:
+        return [m for rt in list(self.runtimes) if not rt.closed for m in rt.models]
+
+    def answer(self, request: Any) -> dict[str, Any]:
+        if not isinstance(request, dict) or not isinstance(request.get("op"), str):
+            raise InvalidArgumentError('send one JSON object with "op": "snapshot" or "profile"')
+        op = request["op"]
+        if op == "snapshot":
+            return self.snapshot()
+        if op == "profile":
+            return self.profile(request)
+        raise InvalidArgumentError(f"unknown op {op!r}: use snapshot or profile")
+
+    def snapshot(self) -> dict[str, Any]:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return {
+            "pid": self.pid,
+            "tag": process_tag(),
+            "command": " ".join(sys.argv)[:1000] or sys.executable,
+            "version": _version(),
+            "started": self.started,
+            "time": time.time(),
+            "cpu": {"user_s": usage.ru_utime, "system_s": usage.ru_stime},
+            "models": [describe(m) for m in self.models()],
+        }
+
+    def profile(self, request: dict[str, Any]) -> dict[str, Any]:
+        seconds = request.get("seconds", 5.0)
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, int | float)
+            or not 0 < seconds <= MAX_PROFILE_SECONDS
+        ):
+            raise InvalidArgumentError(
+                f"seconds={seconds!r}: give a number of seconds above 0, at most "
+                f"{MAX_PROFILE_SECONDS:g}"
+            )
+        names = request.get("models") or []
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise InvalidArgumentError('"models" is a list of model names')
+        models = self.models()
+        chosen = [m for m in models if not names or m.name in names]
+        if not chosen:
+            loaded = sorted({m.name for m in models})
+            raise ModelNotFoundError(
+                f"pid {self.pid} has no model {'named ' + ', '.join(names) if names else ''}"
+                f" loaded (loaded: {', '.join(loaded) or 'none'})",
+            )
+        profile = Profile(chosen, drawn_requests=DRAWN_REQUESTS).start()
+        time.sleep(float(seconds))
+        return profile.stop()
+
+
+def describe(model: LoadedModel) -> dict[str, Any]:
+    """One loaded model as a snapshot shows it."""
+    memory = None
+    with contextlib.suppress(CrossrtError):
+        memory = dataclasses.asdict(model.memory_stats())
+    return {
+        "name": model.name,
+        "device": model.device.id,
+        "drivers": sorted({node.driver for node in model.executable.nodes}),
+        "instances": model.instance_count,
+        "cores": [list(c) for c in model.instance_cores],
+        "devices": model.instance_devices,
+        "running": model.running,
+        "queue_depth": model.queue_depth,
+        "statistics": model.statistics().to_dict(),
+        "memory": memory,
+    }
+
+
+def process_tag() -> str:
+    """``CROSSRT_PROCESS_TAG``, else the program's name."""
+    return settings().process_tag or Path(sys.argv[0] if sys.argv else "python").name
+
+
+_endpoint: _Endpoint | None = None
+_lock = threading.Lock()
+
+
+def watch(runtime: Any) -> None:
+    """Report ``runtime``'s models on this process's socket, started on first use; does
+    nothing when ``CROSSRT_OBSERVE`` is off. A socket that cannot be made is logged, never
+    raised: observing is never a reason for a load to fail."""
+    global _endpoint
+    try:
+        if not settings().observe:
+            return
+        with _lock:
+            if _endpoint is None or _endpoint.pid != os.getpid():  # a forked child: its own
+                _endpoint = _Endpoint(observe_directory() / f"{os.getpid()}.sock")
+            _endpoint.runtimes.add(runtime)
+    except (OSError, CrossrtError) as exc:
+        log.warning("crossrt: cannot open the observation socket (crossrt top/monitor will "
+                    "not see this process): %s", exc)  # fmt: skip
+
+
+def endpoint_path() -> Path | None:
+    """This process's socket, or ``None`` before it starts (or when it is off)."""
+    found = _endpoint
+    return found.path if found is not None and found.pid == os.getpid() else None
+
+
+# -- the observer's side ---------------------------------------------------------------------
+
+
+def endpoints() -> list[tuple[int, Path]]:
+    """``(pid, socket)`` of every process with a socket in the runtime directory, by pid."""
+    found = []
+    for path in observe_directory().glob("*.sock"):
+        if path.stem.isdigit():
+            found.append((int(path.stem), path))
+    return sorted(found)
+
+
+def ask(pid: int, request: dict[str, Any], timeout: float = 2.0) -> dict[str, Any]:
+    """Send ``request`` to process ``pid`` and return its answer.
+
+    Raises:
+        ModelNotFoundError: (NOT_FOUND) no crossrt process ``pid`` answers here (none has
+            loaded a model, it ended, or it runs as another user or with another
+            ``CROSSRT_RUNTIME_DIR``); or the process has no such model.
+        DeadlineExceededError: it did not answer within ``timeout`` seconds.
+        CrossrtError: with the code the process answered.
+    """
+    path = observe_directory() / f"{pid}.sock"
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.settimeout(timeout)
+        try:
+            conn.connect(str(path))
+        except (FileNotFoundError, ConnectionRefusedError):
+            if path.exists() and not _alive(pid):
+                with contextlib.suppress(OSError):
+                    path.unlink()  # the process died without removing it
+            raise ModelNotFoundError(
+                f"no crossrt process {pid} answers in {path.parent}: it has loaded no model, "
+                "has ended, or uses another CROSSRT_RUNTIME_DIR; `crossrt top --once` lists "
+                "the processes that answer",
+                details={"pid": pid},
+            ) from None
+        conn.sendall(json.dumps(request).encode() + b"\n")
+        try:
+            answer = _read_line(conn, limit=1 << 31)
+        except TimeoutError:
+            raise CrossrtError(
+                f"crossrt process {pid} did not answer within {timeout:g} s",
+                StatusCode.TIMEOUT,
+                details={"pid": pid},
+            ) from None
+    finally:
+        conn.close()
+    if not isinstance(answer, dict):
+        raise CrossrtError(f"crossrt process {pid} answered {answer!r}", details={"pid": pid})
+    error = answer.get("error")
+    if isinstance(error, dict):
+        code = StatusCode.__members__.get(str(error.get("code")), StatusCode.FAILURE)
+        cls = ModelNotFoundError if code is StatusCode.NOT_FOUND else CrossrtError
+        raise cls(str(error.get("message")), code, details={"pid": pid})
+    return answer
+
+
+def processes(timeout: float = 2.0) -> list[dict[str, Any]]:
+    """A snapshot of every crossrt process that answers, by pid; a process that answered
+    with an error is ``{"pid": pid, "error": message}``. Sockets of processes that died are
+    removed."""
+    found = []
+    for pid, _ in endpoints():
+        try:
+            found.append(ask(pid, {"op": "snapshot"}, timeout))
+        except ModelNotFoundError:
+            continue  # ended between the listing and the question
+        except CrossrtError as exc:
+            found.append({"pid": pid, "error": exc.message})
+    return found
+
+
+# -- the wire ------------------------------------------------------------------------------------
+
+
+def _read_line(conn: socket.socket, limit: int = MAX_REQUEST_BYTES) -> Any:
+    data = bytearray()
+    while not data.endswith(b"\n"):
+        chunk = conn.recv(1 << 16)
+        if not chunk:
+            break
+        data += chunk
+        if len(data) > limit:
+            raise InvalidArgumentError(f"a request is one JSON line of at most {limit} bytes")
+    try:
+        return json.loads(data)
+    except ValueError:
+        raise InvalidArgumentError("a request is one line of JSON") from None
+
+
+def _reply(conn: socket.socket, answer: dict[str, Any]) -> None:
+    try:
+        conn.sendall(json.dumps(answer, separators=(",", ":")).encode() + b"\n")
+    except OSError:
+        pass  # the asker left
+    finally:
+        conn.close()
+
+
+def _error(code: StatusCode, message: str) -> dict[str, Any]:
+    return {"error": {"code": code.name, "status": int(code), "message": message}}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("crossrt")
+    except PackageNotFoundError:
+        return "unknown"

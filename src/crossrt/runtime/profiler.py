@@ -1,0 +1,298 @@
+"""Profiles: what loaded models did between a start and a stop, as a Chrome trace.
+
+A profile taps each model's request statistics (``statistics.py`` records six numbers per
+success whether or not anyone profiles) and, for a multi-node executable, has each instance
+note when each node ran. Nothing else on a request's path changes, so a profile costs only
+the keeping of those numbers.
+
+The trace is the Trace Event Format that Perfetto (https://ui.perfetto.dev) and
+``chrome://tracing`` open:
+
+- each request is an async slice named after its model, holding its phases in order:
+  ``input`` (checking the inputs), ``queue`` (waiting for an instance), ``infer`` (in the
+  engines) and ``output`` (handing the outputs back);
+- each instance has a track of its own with an ``infer`` slice per run, and for a
+  multi-node executable one track per node with a slice per node run, named after the
+  node and its driver, so the pipeline's overlap shows.
+
+Failed requests are counted in the summary's ``failed``, not drawn.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from .loaded import LoadedModel
+
+MAX_REQUESTS = 100_000
+"""Requests per model a profile keeps by default (48 bytes each); later ones are counted in
+``dropped``."""
+
+DRAWN_REQUESTS = 20_000
+"""Requests per model drawn in the trace by default (about ten events each); the summary
+counts them all."""
+
+
+class Profile:
+    """Record what ``models`` do from :meth:`start` to :meth:`stop` (``nrt_profile_start`` /
+    ``nrt_profile_stop``; :meth:`Runtime.profile` records every model of a runtime).
+
+    Use it as a context manager: the trace is written to ``path`` on exit when one is given.
+
+    Args:
+        models: a loaded model, or several, to record.
+        path: where :meth:`stop` writes the trace (JSON); ``None``: nowhere.
+        max_requests: requests kept per model; later ones are only counted.
+        drawn_requests: requests per model drawn in the trace (the first ones kept).
+
+    Example:
+        >>> with crossrt.Profile(model, "trace.json") as profile:
+        ...     for _ in range(100):
+        ...         model.run(inputs)
+        >>> profile.summary()[0]["infer_us"]["mean"]
+    """
+
+    def __init__(
+        self,
+        models: LoadedModel | Sequence[LoadedModel],
+        path: str | os.PathLike[str] | None = None,
+        *,
+        max_requests: int = MAX_REQUESTS,
+        drawn_requests: int = DRAWN_REQUESTS,
+    ) -> None:
+        for what, value in (("max_requests", max_requests), ("drawn_requests", drawn_requests)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidArgumentError(f"{what}={value!r}: give a whole number >= 0")
+        self.models = tuple(models) if isinstance(models, Sequence) else (models,)
+        self.path = None if path is None else os.fspath(path)
+        self._max = max_requests
+        self._drawn = drawn_requests
+        self._lock = threading.Lock()
+        self._rows: list[list[np.ndarray]] = [[] for _ in self.models]
+        self._kept = [0] * len(self.models)
+        self._dropped = [0] * len(self.models)
+        self._failed_before: list[int] = []
+        self._failed = [0] * len(self.models)
+        self._nodes: list[list[tuple[int, int, int, int, int]]] = [[] for _ in self.models]
+        self._taps: list[Any] = []
+        self._start = self._end = 0
+        self._epoch_ns = 0
+        self._trace: dict[str, Any] | None = None
+
+    def __enter__(self) -> Profile:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def recording(self) -> bool:
+        """Whether the profile has started and not stopped."""
+        return bool(self._start) and not self._end
+
+    def start(self) -> Profile:
+        """Begin recording; requests that arrive from now on are kept."""
+        if self._start:
+            raise InvalidArgumentError("this profile was started already; make a new one")
+        for model in self.models:
+            model._statistics.sum()  # what arrived before is summed without the tap
+        self._failed_before = [model._statistics.snapshot().failure for model in self.models]
+        self._epoch_ns = time.time_ns()
+        self._start = time.perf_counter_ns()
+        for k, model in enumerate(self.models):
+            tap = self._tap(k)
+            self._taps.append(tap)
+            model._statistics.taps.append(tap)
+            for inst in model._instances:
+                if len(inst.programs) > 1:
+                    inst.trace = self._nodes[k]
+        return self
+
+    def _tap(self, k: int) -> Any:
+        def keep(rows: np.ndarray) -> None:
+            rows = rows[rows[:, 1] >= self._start]
+            with self._lock:
+                room = max(0, self._max - self._kept[k])
+                if len(rows) > room:
+                    self._dropped[k] += len(rows) - room
+                    rows = rows[:room]
+                if len(rows):
+                    self._rows[k].append(rows.copy())
+                    self._kept[k] += len(rows)
+
+        return keep
+
+    def stop(self) -> dict[str, Any]:
+        """Stop recording; return the trace (and write it to :attr:`path` when set).
+
+        Calling it again returns the same trace.
+        """
+        if self._trace is not None:
+            return self._trace
+        if not self._start:
+            raise InvalidArgumentError("this profile was never started; call start() first")
+        self._end = time.perf_counter_ns()
+        for k, model in enumerate(self.models):
+            statistics = model._statistics
+            statistics.sum()
+            if self._taps[k] in statistics.taps:
+                statistics.taps.remove(self._taps[k])
+            for inst in model._instances:
+                if inst.trace is self._nodes[k]:
+                    inst.trace = None
+            self._failed[k] = statistics.snapshot().failure - self._failed_before[k]
+        self._trace = self._build()
+        if self.path is not None:
+            save_trace(self._trace, self.path)
+        return self._trace
+
+    def requests(self, k: int = 0) -> np.ndarray:
+        """Model ``k``'s recorded requests, one row each, in ``time.perf_counter_ns()``:
+        finished, arrived, queue, input, infer (ns) and the instance that ran it."""
+        with self._lock:
+            kept = list(self._rows[k])
+        if not kept:
+            return np.zeros((0, 6), np.int64)
+        rows = np.concatenate(kept)
+        return rows[np.argsort(rows[:, 1], kind="stable")]
+
+    def summary(self) -> list[dict[str, Any]]:
+        """Per model: requests recorded, failed and dropped, throughput over the profile, and
+        microseconds per phase (mean, p50, p99): latency, input, queue, infer, output, and
+        per node of a multi-node executable."""
+        window = max(1, (self._end or time.perf_counter_ns()) - self._start) / 1e9
+        result = []
+        for k, model in enumerate(self.models):
+            rows = self.requests(k)
+            finished, arrived, queue, checked, infer = (rows[:, i] for i in range(5))
+            latency = finished - arrived
+            entry: dict[str, Any] = {
+                "model": model.name,
+                "requests": len(rows),
+                "failed": self._failed[k],
+                "dropped": self._dropped[k],
+                "seconds": round(window, 6),
+                "throughput": round(len(rows) / window, 3),
+                "latency_us": _spread(latency),
+                "input_us": _spread(checked),
+                "queue_us": _spread(queue),
+                "infer_us": _spread(infer),
+                "output_us": _spread(latency - checked - queue - infer),
+            }
+            if len(model.executable.nodes) > 1:
+                spans = np.array(self._nodes[k] or np.zeros((0, 5)), np.int64).reshape(-1, 5)
+                entry["nodes"] = [
+                    {
+                        "node": node.name,
+                        "driver": node.driver,
+                        "runs": int((spans[:, 1] == j).sum()),
+                        "us": _spread(
+                            spans[spans[:, 1] == j][:, 4] - spans[spans[:, 1] == j][:, 3]
+                        ),
+                    }
+                    for j, node in enumerate(model.executable.nodes)
+                ]
+            result.append(entry)
+        return result
+
+    def _build(self) -> dict[str, Any]:
+        pid = os.getpid()
+        events: list[dict[str, Any]] = [
+            _meta(pid, 0, "process_name", {"name": f"crossrt {pid}"}),
+        ]
+        tid = 1
+
+        def us(ns: int) -> float:
+            return round((ns - self._start) / 1e3, 3)
+
+        for k, model in enumerate(self.models):
+            rows = self.requests(k)[: self._drawn]
+            nodes = model.executable.nodes
+            tracks: dict[tuple[int, int], int] = {}
+            for i, inst in enumerate(model._instances):
+                where = f"{model.name} instance {i} ({inst.device or model.device.id})"
+                if len(inst.programs) == 1:
+                    tracks[(i, -1)] = tid
+                    events.append(_meta(pid, tid, "thread_name", {"name": where}))
+                    tid += 1
+                    continue
+                for j, node in enumerate(nodes):
+                    tracks[(i, j)] = tid
+                    name = f"{where} node {j} {node.name} ({node.driver})"
+                    events.append(_meta(pid, tid, "thread_name", {"name": name}))
+                    tid += 1
+            for n, (finished, arrived, queue, checked, infer, instance) in enumerate(rows.tolist()):
+                ident = f"{k}.{n}"
+                started = arrived + checked + queue
+                marks = (arrived, arrived + checked, started, started + infer, finished)
+                request = {"cat": "request", "id": ident, "pid": pid, "tid": 0}
+                events.append(
+                    {**request, "ph": "b", "name": model.name, "ts": us(arrived),
+                     "args": {"instance": instance}}
+                )  # fmt: skip
+                for phase, begin, end in zip(
+                    ("input", "queue", "infer", "output"), marks, marks[1:], strict=False
+                ):
+                    if end > begin:
+                        events.append({**request, "ph": "b", "name": phase, "ts": us(begin)})
+                        events.append({**request, "ph": "e", "name": phase, "ts": us(end)})
+                events.append({**request, "ph": "e", "name": model.name, "ts": us(finished)})
+                track = tracks.get((instance, -1))
+                if track is not None:
+                    events.append(
+                        {"ph": "X", "cat": "infer", "name": "infer", "pid": pid, "tid": track,
+                         "ts": us(marks[2]), "dur": round(infer / 1e3, 3),
+                         "args": {"model": model.name}}
+                    )  # fmt: skip
+            for instance, j, _, begin, end in self._nodes[k][: self._drawn * max(1, len(nodes))]:
+                if begin < self._start or (instance, j) not in tracks:
+                    continue
+                events.append(
+                    {"ph": "X", "cat": "node", "name": f"{nodes[j].name} ({nodes[j].driver})",
+                     "pid": pid, "tid": tracks[(instance, j)], "ts": us(begin),
+                     "dur": round((end - begin) / 1e3, 3), "args": {"model": model.name}}
+                )  # fmt: skip
+        return {
+            "traceEvents": events,
+            "displayTimeUnit": "ms",
+            "otherData": {
+                "producer": "crossrt",
+                "pid": pid,
+                "start_epoch_us": self._epoch_ns // 1000,
+                "summary": self.summary(),
+            },
+        }
+
+
+def save_trace(trace: dict[str, Any], path: str | os.PathLike[str]) -> None:
+    """Write ``trace`` as JSON to ``path`` through a temporary file, so the file is whole or
+    absent."""
+    path = os.fspath(path)
+    temporary = f"{path}.{os.getpid()}.tmp"
+    with open(temporary, "w", encoding="utf-8") as f:
+        json.dump(trace, f, separators=(",", ":"))
+    os.replace(temporary, path)
+
+
+def _meta(pid: int, tid: int, what: str, args: dict[str, Any]) -> dict[str, Any]:
+    return {"ph": "M", "name": what, "pid": pid, "tid": tid, "args": args}
+
+
+def _spread(ns: np.ndarray) -> dict[str, float | None]:
+    """Mean, p50 and p99 of ``ns`` in microseconds (``None`` for none)."""
+    if not len(ns):
+        return {"mean": None, "p50": None, "p99": None}
+    us = ns.astype(np.float64) / 1e3
+    p50, p99 = np.percentile(us, [50, 99])
+    return {"mean": round(float(us.mean()), 3), "p50": round(float(p50), 3),
+            "p99": round(float(p99), 3)}  # fmt: skip
