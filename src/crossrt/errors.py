@@ -180,3 +180,16 @@ class DeadlineExceededError(CrossrtError, TimeoutError):
     """An operation did not finish in the time allowed."""
 
     default_code = StatusCode.TIMEOUT
+
+
+def error_class(code: StatusCode) -> type[CrossrtError]:
+    """The error class whose default code is ``code`` (the first found, from the base
+    down), else :class:`CrossrtError`: how an error that crossed a process boundary as a
+    code and a message is raised again as the class its sender raised."""
+    pending: list[type[CrossrtError]] = [CrossrtError]
+    while pending:
+        cls = pending.pop(0)
+        if cls.default_code == code:
+            return cls
+        pending += cls.__subclasses__()
+    return CrossrtError

@@ -101,6 +101,9 @@ class LoadedModel:
         self.cores = cores
         self.group = group
         self.check_numerics = check_numerics
+        self.served_as: str | None = None
+        """``NAME:VERSION`` when a daemon serves this model (its repository's name for it,
+        which ``crossrt top`` and ``crossrt profile`` show beside :attr:`name`)."""
         self._forget = forget  # the runtime's: it stops counting this model
         self._instances = tuple(instances)
         self._programs: list[Program] = [p for inst in instances for p in inst.programs]

@@ -35,7 +35,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config import settings
-from ..errors import CrossrtError, InvalidArgumentError, ModelNotFoundError, StatusCode
+from ..errors import (
+    CrossrtError,
+    InvalidArgumentError,
+    ModelNotFoundError,
+    StatusCode,
+    error_class,
+)
 from .cores.reservation import runtime_directory
 from .profiler import Profile
 
@@ -173,9 +179,9 @@ class _Endpoint:
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise InvalidArgumentError('"models" is a list of model names')
         models = self.models()
-        chosen = [m for m in models if not names or m.name in names]
+        chosen = [m for m in models if not names or _known_as(m) & set(names)]
         if not chosen:
-            loaded = sorted({m.name for m in models})
+            loaded = sorted({m.served_as or m.name for m in models})
             raise ModelNotFoundError(
                 f"pid {self.pid} has no model {'named ' + ', '.join(names) if names else ''}"
                 f" loaded (loaded: {', '.join(loaded) or 'none'})",
@@ -192,6 +198,7 @@ def describe(model: LoadedModel) -> dict[str, Any]:
         memory = dataclasses.asdict(model.memory_stats())
     return {
         "name": model.name,
+        "served_as": model.served_as,
         "device": model.device.id,
         "drivers": sorted({node.driver for node in model.executable.nodes}),
         "instances": model.instance_count,
@@ -202,6 +209,15 @@ def describe(model: LoadedModel) -> dict[str, Any]:
         "statistics": model.statistics().to_dict(),
         "memory": memory,
     }
+
+
+def _known_as(model: LoadedModel) -> set[str]:
+    """The names a request may give a model by: its own, and a daemon's NAME and
+    NAME:VERSION for it."""
+    names = {model.name}
+    if model.served_as:
+        names |= {model.served_as, model.served_as.rpartition(":")[0]}
+    return names
 
 
 def process_tag() -> str:
@@ -290,8 +306,7 @@ def ask(pid: int, request: dict[str, Any], timeout: float = 2.0) -> dict[str, An
     error = answer.get("error")
     if isinstance(error, dict):
         code = StatusCode.__members__.get(str(error.get("code")), StatusCode.FAILURE)
-        cls = ModelNotFoundError if code is StatusCode.NOT_FOUND else CrossrtError
-        raise cls(str(error.get("message")), code, details={"pid": pid})
+        raise error_class(code)(str(error.get("message")), code, details={"pid": pid})
     return answer
 
 

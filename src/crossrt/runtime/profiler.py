@@ -178,6 +178,7 @@ class Profile:
             latency = finished - arrived
             entry: dict[str, Any] = {
                 "model": model.name,
+                "served_as": model.served_as,
                 "requests": len(rows),
                 "failed": self._failed[k],
                 "dropped": self._dropped[k],

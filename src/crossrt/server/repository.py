@@ -229,6 +229,7 @@ class Repository:
                 if entry.model is not None:  # the old one serves on
                     entry.state, entry.reason = "READY", f"reload failed: {exc}"
                 raise
+            model.served_as = f"{name}:{entry.version}"  # how crossrt top and profile name it
             old, entry.model, entry.options, entry.refused = entry.model, model, options, 0
             entry.state, entry.reason, entry.stamp = "READY", "", _stamp(entry.path)
             log.info("loaded model %s version %s from %s", name, entry.version, entry.path)
@@ -266,6 +267,7 @@ class Repository:
                     "unload it first",
                 )
             entry = Entry(name, "1", None, model=model, state="READY", reason="", owner=owner)
+            model.served_as = f"{name}:1"
             self._entries[name] = entry
             self._pinned.add(name)
         log.info("loaded model %s from bytes sent by process %d", name, owner)

@@ -19,6 +19,7 @@ from ..errors import (
     OutOfResourcesError,
     StatusCode,
     UnsupportedError,
+    error_class,
 )
 
 GRPC_STATUS: dict[StatusCode, grpc.StatusCode] = {
@@ -87,16 +88,6 @@ _FROM_GRPC: dict[grpc.StatusCode, type[CrossrtError]] = {
 _CODE_PREFIX = re.compile(r"^\[([A-Z_0-9]+) \((\d+)\)\] ")
 
 
-def _classes() -> dict[StatusCode, type[CrossrtError]]:
-    found: dict[StatusCode, type[CrossrtError]] = {}
-    pending: list[type[CrossrtError]] = [CrossrtError]
-    while pending:
-        cls = pending.pop(0)
-        found.setdefault(cls.default_code, cls)
-        pending += cls.__subclasses__()
-    return found
-
-
 def error_of(exc: grpc.RpcError, endpoint: str) -> CrossrtError:
     """The crossrt error a client raises for a failed call: the daemon's own code when its
     message starts with one (``[EXEC_BAD_INPUT (1002)] ...``), else one for the status."""
@@ -108,8 +99,7 @@ def error_from(code: grpc.StatusCode, message: str, endpoint: str) -> CrossrtErr
     found = _CODE_PREFIX.match(message)
     if found and found.group(1) in StatusCode.__members__:
         status = StatusCode[found.group(1)]
-        cls = _classes().get(status, CrossrtError)
-        return cls(message[found.end() :], code=status)
+        return error_class(status)(message[found.end() :], code=status)
     cls = _FROM_GRPC.get(code, ExecutionError)
     if cls is ClosedError:
         message = f"the daemon at {endpoint} is not answering ({message}); start it, or retry"

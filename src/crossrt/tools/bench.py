@@ -40,19 +40,7 @@ def parser() -> argparse.ArgumentParser:
         "throughput and latency percentiles.",
         epilog="example: crossrt bench model.onnx --shape x=1x3x224x224 --clients 2",
     )
-    p.add_argument("model", help="an ONNX model file, or a compiled .crm container")
-    p.add_argument("--device", "-d", default=None, help="device to run on (default: cpu)")
-    p.add_argument("--driver", default=None, help="driver to use (default: the preferred one)")
-    p.add_argument(
-        "--network", default=None, help="for a .crm holding several networks, which one to run"
-    )
-    p.add_argument(
-        "--shape",
-        action="append",
-        default=[],
-        metavar="NAME=DxD...",
-        help="an input's shape (its dynamic dimensions are 1 otherwise); repeat for each",
-    )
+    add_model_arguments(p)
     p.add_argument("--seconds", type=float, default=3.0, help="how long to time (default 3)")
     p.add_argument("--clients", type=int, default=1, help="threads calling at once (default 1)")
     p.add_argument("--json", metavar="FILE", help="also write the numbers to FILE as JSON")
@@ -70,14 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         shapes = parse_shapes(args.shape, "--shape")
         with Runtime() as rt:
-            if args.model.endswith(".crm"):
-                exe = load_executable(args.model, args.network)
-                model = rt.load(exe, args.device, driver=args.driver)
-            else:
-                model = rt.load(args.model, args.device, driver=args.driver)
-            feed = random_inputs(model.inputs, shapes)
-            for _ in range(WARMUP):
-                model.run(feed)
+            model, feed = load_warm(rt, args, shapes)
             report = measure(model, feed, args.seconds, args.clients)
     except CrossrtError as exc:
         return fail("bench", exc)
@@ -102,6 +83,44 @@ def main(argv: Sequence[str] | None = None) -> int:
                 InvalidArgumentError(f"cannot write {args.json!r}: {exc.strerror or exc}"),
             )
     return 0
+
+
+def add_model_arguments(p: argparse.ArgumentParser, required: bool = True) -> None:
+    """MODEL (optional unless ``required``), ``--device``, ``--driver``, ``--network``,
+    ``--shape``: what to load and feed (``crossrt bench`` and ``crossrt profile``)."""
+    p.add_argument(
+        "model",
+        nargs=None if required else "?",
+        help="an ONNX model file, or a compiled .crm container",
+    )
+    p.add_argument("--device", "-d", default=None, help="device to run on (default: cpu)")
+    p.add_argument("--driver", default=None, help="driver to use (default: the preferred one)")
+    p.add_argument(
+        "--network", default=None, help="for a .crm holding several networks, which one to run"
+    )
+    p.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        metavar="NAME=DxD...",
+        help="an input's shape (its dynamic dimensions are 1 otherwise); repeat for each",
+    )
+
+
+def load_warm(
+    rt: Runtime, args: argparse.Namespace, shapes: dict[str, tuple[int, ...]]
+) -> tuple[LoadedModel, dict[str, np.ndarray]]:
+    """Load ``args.model`` as :func:`add_model_arguments` describes it, make its random
+    inputs and run it :data:`WARMUP` times."""
+    if args.model.endswith(".crm"):
+        exe = load_executable(args.model, args.network)
+        model = rt.load(exe, args.device, driver=args.driver)
+    else:
+        model = rt.load(args.model, args.device, driver=args.driver)
+    feed = random_inputs(model.inputs, shapes)
+    for _ in range(WARMUP):
+        model.run(feed)
+    return model, feed
 
 
 def random_inputs(

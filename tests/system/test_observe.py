@@ -1,0 +1,161 @@
+"""Each process that loads a model answers on its observation socket
+(``runtime/observer.py``): other processes see its models, profile it, and get clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from crossrt import InvalidArgumentError, ModelNotFoundError
+from crossrt.runtime import observer
+from crossrt.tools.cli import main as cli
+
+pytestmark = pytest.mark.usefixtures("runtime_dir")
+
+WAIT = 60
+
+# Loads a tiny model, says "ready <pid>", then runs it until stdin closes.
+CHILD = """
+import sys, threading
+import numpy as np
+import crossrt
+from concurrency_models import tiny
+
+rt = crossrt.Runtime()
+model = rt.load(crossrt.compile(tiny()))
+x = np.ones((4, 8), np.float32)
+model.run({"x": x})
+stop = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+print("ready", flush=True)
+while not stop.is_set():
+    model.run({"x": x})
+"""
+
+
+def start_child(env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    tests = str(Path(__file__).parents[1])
+    environ = dict(os.environ, PYTHONPATH=tests, CROSSRT_PROCESS_TAG="worker-tag", **(env or {}))
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=environ,
+    )
+    assert child.stdout is not None
+    line = child.stdout.readline()
+    assert line.strip() == "ready", line
+    return child
+
+
+def stop(child: subprocess.Popen[str]) -> None:
+    if child.stdin is not None:
+        child.stdin.close()
+    try:
+        child.wait(WAIT)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+
+
+@pytest.fixture
+def child() -> Iterator[subprocess.Popen[str]]:
+    proc = start_child()
+    yield proc
+    stop(proc)
+
+
+def test_another_process_sees_the_models_and_their_statistics(
+    child: subprocess.Popen[str],
+) -> None:
+    (seen,) = [p for p in observer.processes() if p["pid"] == child.pid]
+    assert seen["tag"] == "worker-tag"
+    assert seen["cpu"]["user_s"] > 0
+    (model,) = seen["models"]
+    assert (model["name"], model["device"], model["drivers"]) == (
+        "tiny_mm",
+        "cpu:0",
+        ["onnxruntime"],
+    )
+    assert model["running"] and model["instances"] == 1
+    first = model["statistics"]["success"]
+    assert first >= 1 and model["statistics"]["latency_us"]["p50"] is not None
+    time.sleep(0.2)
+    (again,) = [p for p in observer.processes() if p["pid"] == child.pid]
+    assert again["models"][0]["statistics"]["success"] > first  # asked anew each time
+
+
+def test_a_running_process_can_be_profiled(
+    child: subprocess.Popen[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = observer.ask(child.pid, {"op": "profile", "seconds": 0.5}, timeout=WAIT)
+    (summary,) = trace["otherData"]["summary"]
+    assert summary["model"] == "tiny_mm" and summary["requests"] > 0
+    assert trace["otherData"]["pid"] == child.pid
+    drawn = [e for e in trace["traceEvents"] if e["ph"] == "b" and e["name"] == "tiny_mm"]
+    assert 0 < len(drawn) <= observer.DRAWN_REQUESTS
+    # The same through the command line.
+    out = tmp_path / "p.json"
+    assert cli(["profile", "--pid", str(child.pid), "--seconds", "0.3", "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "'tiny_mm':" in printed and "infer" in printed and str(out) in printed
+    assert json.loads(out.read_text())["otherData"]["summary"][0]["requests"] > 0
+
+
+def test_bad_questions_get_clear_errors(child: subprocess.Popen[str]) -> None:
+    with pytest.raises(InvalidArgumentError, match="unknown op 'nonsense'"):
+        observer.ask(child.pid, {"op": "nonsense"})
+    with pytest.raises(InvalidArgumentError, match="seconds"):
+        observer.ask(child.pid, {"op": "profile", "seconds": -1})
+    with pytest.raises(ModelNotFoundError, match=r"no model named resnet.*loaded: tiny_mm"):
+        observer.ask(child.pid, {"op": "profile", "seconds": 0.1, "models": ["resnet"]})
+    path = observer.observe_directory() / f"{child.pid}.sock"
+    for raw in (b"not json\n", b"[1, 2]\n", b"x" * (observer.MAX_REQUEST_BYTES + 10)):
+        with socket.socket(socket.AF_UNIX) as conn:
+            conn.settimeout(WAIT)
+            conn.connect(str(path))
+            conn.sendall(raw)
+            conn.shutdown(socket.SHUT_WR)
+            answer = json.loads(conn.makefile().readline())
+        assert answer["error"]["code"] == "INVALID", answer
+    # The process is none the worse for it.
+    assert any(p["pid"] == child.pid for p in observer.processes())
+
+
+def test_a_process_that_died_is_forgotten() -> None:
+    child = start_child()
+    path = observer.observe_directory() / f"{child.pid}.sock"
+    assert path.exists()
+    child.kill()  # no exit handler runs: the socket file stays
+    child.wait()
+    assert path.exists()
+    assert all(p["pid"] != child.pid for p in observer.processes())
+    assert not path.exists()
+    with pytest.raises(ModelNotFoundError, match=f"no crossrt process {child.pid} answers"):
+        observer.ask(child.pid, {"op": "snapshot"})
+
+
+def test_a_process_that_ends_removes_its_socket() -> None:
+    child = start_child()
+    path = observer.observe_directory() / f"{child.pid}.sock"
+    assert path.exists()
+    stop(child)
+    assert not path.exists()
+
+
+def test_observing_can_be_turned_off() -> None:
+    child = start_child({"CROSSRT_OBSERVE": "0"})
+    try:
+        assert not (observer.observe_directory() / f"{child.pid}.sock").exists()
+        assert all(p["pid"] != child.pid for p in observer.processes())
+    finally:
+        stop(child)
