@@ -26,6 +26,8 @@ BAD = {
     "CROSSRT_EXEC_TIMEOUT": "soon",
     "CROSSRT_CHECK_NUMERICS": "perhaps",
     "CROSSRT_SIM": "devices=0",
+    "CROSSRT_OBSERVE": "often",
+    "CROSSRT_PROCESS_TAG": "tab\there",
 }
 
 

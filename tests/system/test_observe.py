@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import crossrt
 from crossrt import InvalidArgumentError, ModelNotFoundError
 from crossrt.runtime import observer
 from crossrt.tools.cli import main as cli
@@ -159,3 +160,16 @@ def test_observing_can_be_turned_off() -> None:
         assert all(p["pid"] != child.pid for p in observer.processes())
     finally:
         stop(child)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"), [("CROSSRT_OBSERVE", "often"), ("CROSSRT_PROCESS_TAG", "a\tb")]
+)
+def test_a_malformed_setting_is_said_at_the_load_which_loads_nothing(
+    monkeypatch: pytest.MonkeyPatch, tiny_exe: crossrt.Executable, variable: str, value: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with crossrt.Runtime() as rt:
+        with pytest.raises(crossrt.InvalidOptionError, match=variable):
+            rt.load(tiny_exe)
+        assert rt.models == []

@@ -231,12 +231,19 @@ _lock = threading.Lock()
 
 def watch(runtime: Any) -> None:
     """Report ``runtime``'s models on this process's socket, started on first use; does
-    nothing when ``CROSSRT_OBSERVE`` is off. A socket that cannot be made is logged, never
-    raised: observing is never a reason for a load to fail."""
+    nothing when ``CROSSRT_OBSERVE`` is off.
+
+    Raises:
+        InvalidOptionError: ``CROSSRT_OBSERVE`` or ``CROSSRT_PROCESS_TAG`` is malformed. A
+            socket that cannot be made is only logged: observing is never a reason for a
+            load to fail.
+    """
     global _endpoint
+    config = settings()
+    if not config.observe:
+        return
+    _ = config.process_tag  # malformed: said now, to the loader, not later to an observer
     try:
-        if not settings().observe:
-            return
         with _lock:
             if _endpoint is None or _endpoint.pid != os.getpid():  # a forked child: its own
                 _endpoint = _Endpoint(observe_directory() / f"{os.getpid()}.sock")

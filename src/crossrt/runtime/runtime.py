@@ -194,6 +194,7 @@ class Runtime:
                 instances x cores_per_instance more than the load has.
         """
         self._check_open()
+        observer.watch(self)  # crossrt top, monitor and profile --pid see its models
         # A list of devices: a load across them; checked once the executable is known.
         listed = None if device is None or isinstance(device, str) else [str(d) for d in device]
         one = listed[0] if listed else device if isinstance(device, str) else None
@@ -295,7 +296,6 @@ class Runtime:
             loaded.start()
         else:
             loaded.stop()  # explicit groups load stopped: model.start() runs it
-        observer.watch(self)  # crossrt top, monitor and profile --pid see it from now on
         return loaded
 
     def create_core_group(
