@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise InvalidArgumentError(
                 f"--seconds {args.seconds} and --clients {args.clients}: give seconds above 0 "
                 f"(at most {MAX_PROFILE_SECONDS:g}) and at least 1 client"
+            )
+        folder = Path(args.output).resolve().parent
+        if not folder.is_dir() or not os.access(folder, os.W_OK):  # said before, not after
+            raise InvalidArgumentError(
+                f"cannot write {args.output!r}: {folder} is not a folder this user can write; "
+                "give another --output"
             )
         if args.pid is not None:
             trace = record_process(args.pid, args.model_name, args.seconds)
