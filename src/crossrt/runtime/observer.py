@@ -117,6 +117,7 @@ class _Endpoint:
                 return  # closed
             if not self._slots.acquire(blocking=False):
                 busy = f"pid {self.pid} answers {MAX_CONNECTIONS} requests at once; ask later"
+                conn.settimeout(0.5)  # an asker that never reads must not hold the accepting
                 _reply(conn, _error(StatusCode.RESOURCE, busy))
                 continue
             threading.Thread(
@@ -127,7 +128,7 @@ class _Endpoint:
         try:
             conn.settimeout(5.0)
             try:
-                request = _read_line(conn)
+                request = _read_request(conn)
                 answer = self.answer(request)
             except CrossrtError as exc:
                 answer = _error(exc.code, exc.message)
@@ -156,7 +157,7 @@ class _Endpoint:
         return {
             "pid": self.pid,
             "tag": process_tag(),
-            "command": " ".join(sys.argv)[:1000] or sys.executable,
+            "command": " ".join(sys.orig_argv)[:1000] or sys.executable,
             "version": _version(),
             "started": self.started,
             "time": time.time(),
@@ -297,17 +298,27 @@ def ask(pid: int, request: dict[str, Any], timeout: float = 2.0) -> dict[str, An
                 "the processes that answer",
                 details={"pid": pid},
             ) from None
-        conn.sendall(json.dumps(request).encode() + b"\n")
         try:
-            answer = _read_line(conn, limit=1 << 31)
+            conn.sendall(json.dumps(request).encode() + b"\n")
+            data = _receive_line(conn, limit=1 << 31)
         except TimeoutError:
             raise CrossrtError(
                 f"crossrt process {pid} did not answer within {timeout:g} s",
                 StatusCode.TIMEOUT,
                 details={"pid": pid},
             ) from None
+        except OSError as exc:  # it hung up mid-question: it may have just ended
+            raise CrossrtError(
+                f"crossrt process {pid} dropped the connection ({exc.strerror or exc}); ask again",
+                details={"pid": pid},
+            ) from None
     finally:
         conn.close()
+    try:
+        answer = json.loads(data)
+    except ValueError:
+        what = "hung up without answering" if not data else "answered with something not JSON"
+        raise CrossrtError(f"crossrt process {pid} {what}", details={"pid": pid}) from None
     if not isinstance(answer, dict):
         raise CrossrtError(f"crossrt process {pid} answered {answer!r}", details={"pid": pid})
     error = answer.get("error")
@@ -319,7 +330,8 @@ def ask(pid: int, request: dict[str, Any], timeout: float = 2.0) -> dict[str, An
 
 def processes(timeout: float = 2.0) -> list[dict[str, Any]]:
     """A snapshot of every crossrt process that answers, by pid; a process that answered
-    with an error is ``{"pid": pid, "error": message}``. Sockets of processes that died are
+    with an error, hung up or took longer than ``timeout`` is ``{"pid": pid, "error":
+    message}``: one process never spoils the listing. Sockets of processes that died are
     removed."""
     found = []
     for pid, _ in endpoints():
@@ -335,7 +347,12 @@ def processes(timeout: float = 2.0) -> list[dict[str, Any]]:
 # -- the wire ------------------------------------------------------------------------------------
 
 
-def _read_line(conn: socket.socket, limit: int = MAX_REQUEST_BYTES) -> Any:
+def _receive_line(conn: socket.socket, limit: int) -> bytes:
+    """Bytes up to a newline or the end of the connection.
+
+    Raises:
+        InvalidArgumentError: more than ``limit`` bytes came.
+    """
     data = bytearray()
     while not data.endswith(b"\n"):
         chunk = conn.recv(1 << 16)
@@ -344,8 +361,12 @@ def _read_line(conn: socket.socket, limit: int = MAX_REQUEST_BYTES) -> Any:
         data += chunk
         if len(data) > limit:
             raise InvalidArgumentError(f"a request is one JSON line of at most {limit} bytes")
+    return bytes(data)
+
+
+def _read_request(conn: socket.socket) -> Any:
     try:
-        return json.loads(data)
+        return json.loads(_receive_line(conn, MAX_REQUEST_BYTES))
     except ValueError:
         raise InvalidArgumentError("a request is one line of JSON") from None
 

@@ -1,0 +1,366 @@
+"""``crossrt monitor``: the metrics of every crossrt process on this machine as JSON lines,
+as AWS ``neuron-monitor`` prints them.
+
+Every ``--period`` seconds (default 5) one complete JSON document goes to stdout on a line
+of its own: per process that answers on its observation socket (``runtime/observer.py``),
+its CPU use and resident memory, and per loaded model its cumulative counters and, over the
+period, its throughput, latency percentiles and mean queue and compute times; then the
+machine's CPU and memory. The rates compare two snapshots of the same process: the first
+document is printed one period after the start, against a snapshot taken then, and a process
+or model seen for the first time has ``null`` rates. ``--count N`` stops after N documents;
+Ctrl-C ends the command with exit status 0.
+
+:func:`diff_processes` computes a document's processes from two lists of snapshots, without
+sockets; ``crossrt top`` draws what it returns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from ..errors import CrossrtError
+from ..runtime import observer
+from ..runtime.statistics import Duration, ModelStatistics
+from .common import fail
+
+DEFAULT_PERIOD = 5.0
+"""Seconds between documents when ``--period`` is not given."""
+
+SNAPSHOT_TIMEOUT = 2.0
+"""Seconds each process has to answer a snapshot."""
+
+TOOLS_EXTRA = "pip install 'crossrt[tools]'"
+
+
+def positive_seconds(text: str) -> float:
+    """``--period``'s value: a finite number of seconds above 0 (argparse's ``type``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds above 0")
+    return value
+
+
+def _positive_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give at least 1")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    """The argument parser (also the ``--help`` text)."""
+    p = argparse.ArgumentParser(
+        prog="crossrt monitor",
+        description="Print, every period, one JSON document per line: each crossrt process "
+        "on this machine (CPU, memory, and per model its requests, throughput and latency "
+        "percentiles over the period) and the machine's CPU and memory.",
+        epilog="example: crossrt monitor --period 1 --count 10 > metrics.jsonl",
+    )
+    p.add_argument(
+        "--period",
+        type=positive_seconds,
+        default=DEFAULT_PERIOD,
+        metavar="S",
+        help=f"seconds between documents (default {DEFAULT_PERIOD:g})",
+    )
+    p.add_argument(
+        "--count",
+        type=_positive_count,
+        default=None,
+        metavar="N",
+        help="stop after N documents (default: run until interrupted)",
+    )
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``crossrt monitor``."""
+    args = parser().parse_args(argv)
+    try:
+        sampler = Sampler()
+        for document in sampler.documents(args.period, args.count):
+            sys.stdout.write(json.dumps(document, separators=(",", ":")) + "\n")
+            # Flushed per document: a reader at the other end of a pipe sees each line as
+            # it is made, not when a buffer fills.
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        return 0  # Ctrl-C is how an unbounded monitor ends
+    except CrossrtError as exc:
+        return fail("monitor", exc)
+    return 0
+
+
+# -- sampling ---------------------------------------------------------------------------------
+
+
+def require_psutil() -> Any:
+    """The ``psutil`` module.
+
+    Raises:
+        CrossrtError: it is not installed (the ``tools`` extra brings it).
+    """
+    try:
+        import psutil  # type: ignore[import-untyped]
+    except ImportError as exc:
+        raise CrossrtError(
+            f"psutil is missing ({exc}); install the tools extra: {TOOLS_EXTRA}"
+        ) from None
+    return psutil
+
+
+class Sampler:
+    """Snapshots of every crossrt process, each compared with the one before it.
+
+    Creating one takes the first snapshot (the processes' and the machine's CPU times);
+    each :meth:`sample` then returns a document of the time since the previous one.
+
+    Raises:
+        CrossrtError: psutil is missing, or the runtime directory cannot be used.
+    """
+
+    def __init__(self, timeout: float = SNAPSHOT_TIMEOUT) -> None:
+        self.psutil = require_psutil()
+        self.timeout = timeout
+        # cpu_times_percent(None) compares with its previous call: this one starts the period.
+        self.psutil.cpu_times_percent(interval=None)
+        self.before = observer.processes(timeout)
+        self.at = time.monotonic()
+
+    def sample(self) -> dict[str, Any]:
+        """A document of the processes and the machine since the previous sample."""
+        after = observer.processes(self.timeout)
+        now = time.monotonic()
+        period = now - self.at
+        processes = diff_processes(self.before, after, period)
+        for process in processes:
+            process["rss_bytes"] = self.rss_bytes(process["pid"])
+        self.before, self.at = after, now
+        return {
+            "time": time.time(),
+            "period": period,
+            "processes": processes,
+            "system": self.system(),
+        }
+
+    def documents(self, period: float, count: int | None = None) -> Iterator[dict[str, Any]]:
+        """A :meth:`sample` every ``period`` seconds, ``count`` of them (``None``: forever)."""
+        for made, pause in enumerate(pauses(period), 1):
+            time.sleep(pause)
+            yield self.sample()
+            if count is not None and made >= count:
+                return
+
+    def rss_bytes(self, pid: int) -> int | None:
+        """The resident memory of process ``pid``; ``None`` when it ended or is not ours."""
+        try:
+            return int(self.psutil.Process(pid).memory_info().rss)
+        except (self.psutil.NoSuchProcess, self.psutil.AccessDenied):
+            return None
+
+    def system(self) -> dict[str, Any]:
+        """The machine: vCPUs, their use in percent since the previous call, and memory."""
+        cpu = self.psutil.cpu_times_percent(interval=None)
+        memory = self.psutil.virtual_memory()
+        swap = self.psutil.swap_memory()
+        return {
+            "vcpu_count": self.psutil.cpu_count(logical=True),
+            "vcpu_usage_percent": _scaled_to_100(cpu._asdict()),
+            "memory_total_bytes": int(memory.total),
+            "memory_used_bytes": int(memory.used),
+            "swap_total_bytes": int(swap.total),
+            "swap_used_bytes": int(swap.used),
+        }
+
+
+def _scaled_to_100(percent: Mapping[str, float]) -> dict[str, float]:
+    """psutil's ``cpu_times_percent`` fields, made to add up to 100.
+
+    psutil 7.2 divides each field's CPU seconds by ``max(1, total seconds)`` (its comment
+    takes the times for integers: they are seconds, fractions of one): when the period times
+    the vCPUs is under a second (0.2 s on 2 vCPUs), the fields add up to less than 100
+    (idle 40, the rest 0). Dividing by their sum gives each field's true share.
+    """
+    total = sum(percent.values())
+    scale = 100.0 / total if 0 < total < 99.0 else 1.0
+    return {key: round(float(value) * scale, 1) for key, value in percent.items()}
+
+
+def pauses(period: float) -> Iterator[float]:
+    """Seconds to wait before each tick of a clock ticking every ``period`` seconds from now.
+
+    The ticks are at fixed times (now + k periods), so that the time spent between them
+    (asking the processes, drawing) does not make them drift later; a tick that is already
+    past waits 0 seconds and the clock starts again from there, rather than catching up with
+    ticks in quick succession.
+    """
+    due = time.monotonic()
+    while True:
+        due += period
+        now = time.monotonic()
+        if due < now:
+            due = now
+        yield due - now
+
+
+# -- diffing ----------------------------------------------------------------------------------
+
+
+def diff_processes(
+    before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]], period: float
+) -> list[dict[str, Any]]:
+    """The processes of ``after`` (snapshots as ``observer.processes`` returns them), with
+    their rates since ``before``.
+
+    Each process is compared with the snapshot of the same pid in ``before`` (one whose
+    ``started`` differs is another process that reuses the pid, so it is compared with
+    nothing), each model with the model of the same name (the n-th of that name, when a
+    process loads one several times) in that snapshot. Rates are over the time between the two
+    snapshots' ``time`` fields, else ``period``; compared with nothing they are ``None``.
+    ``rss_bytes`` is ``None`` here: :class:`Sampler` reads it.
+    """
+    earlier = {p["pid"]: p for p in before if "error" not in p}
+    result = []
+    for snap in after:
+        pid = snap["pid"]
+        if "error" in snap:
+            result.append(
+                {
+                    "pid": pid,
+                    "tag": None,
+                    "command": None,
+                    "error": str(snap["error"]),
+                    "cpu": {"user_percent": None, "system_percent": None},
+                    "rss_bytes": None,
+                    "models": [],
+                }
+            )
+            continue
+        old = earlier.get(pid)
+        if old is not None and old.get("started") != snap.get("started"):
+            old = None
+        seconds = period
+        if old is not None and snap.get("time", 0) > old.get("time", 0):
+            seconds = float(snap["time"]) - float(old["time"])
+        cpu = {"user_percent": None, "system_percent": None}
+        if old is not None and seconds > 0:
+            for key, field in (("user_percent", "user_s"), ("system_percent", "system_s")):
+                cpu[key] = (snap["cpu"][field] - old["cpu"][field]) / seconds * 100
+        old_models = _by_occurrence(old["models"] if old is not None else [])
+        models = [
+            diff_model(old_models.get(key), model, seconds)
+            for key, model in _by_occurrence(snap.get("models", [])).items()
+        ]
+        result.append(
+            {
+                "pid": pid,
+                "tag": snap.get("tag"),
+                "command": snap.get("command"),
+                "error": None,
+                "cpu": cpu,
+                "rss_bytes": None,
+                "models": models,
+            }
+        )
+    return result
+
+
+def diff_model(
+    before: Mapping[str, Any] | None, after: Mapping[str, Any], seconds: float
+) -> dict[str, Any]:
+    """One model of a snapshot (``observer.describe``'s form) with its rates since
+    ``before`` over ``seconds``: all ``None`` when ``before`` is ``None``, or when its
+    counters are ahead of ``after``'s (the model was unloaded and loaded again)."""
+    stats = after["statistics"]
+    old = before["statistics"] if before is not None else None
+    if old is not None and (
+        old["success"] > stats["success"] or old["requests"] > stats["requests"]
+    ):
+        old = None
+    row: dict[str, Any] = {
+        "name": after["name"],
+        "served_as": after.get("served_as"),
+        "device": after["device"],
+        "drivers": list(after["drivers"]),
+        "instances": after["instances"],
+        "running": after["running"],
+        "in_flight": stats["in_flight"],
+        "requests": stats["requests"],
+        "success": stats["success"],
+        "failure": stats["failure"],
+        "failures": dict(stats["failures"]),
+        "throughput": None,
+        "latency_us": None,
+        "queue_us": None,
+        "infer_us": None,
+    }
+    if old is None or seconds <= 0:
+        return row
+    successes = stats["success"] - old["success"]
+    row["throughput"] = successes / seconds
+    counts = [
+        a - b for a, b in zip(stats["histogram"]["counts"], old["histogram"]["counts"], strict=True)
+    ]
+    row["latency_us"] = percentiles_us(counts, stats["histogram"]["buckets_us"])
+    row["queue_us"] = _mean_us(old["queue"], stats["queue"])
+    row["infer_us"] = _mean_us(old["compute_infer"], stats["compute_infer"])
+    return row
+
+
+def percentiles_us(
+    counts: Sequence[int], buckets_us: Sequence[int], qs: Sequence[int] = (50, 90, 99)
+) -> dict[str, float | None] | None:
+    """``{"p50": ..., "p90": ..., "p99": ...}`` microseconds of a latency histogram (one more
+    count than bucket bounds, as ``ModelStatistics`` keeps it), each interpolated within its
+    bucket by :meth:`ModelStatistics.percentile_us`; ``None`` when it counts nothing."""
+    if sum(counts) <= 0:
+        return None
+    # Only the histogram is read by percentile_us: the other fields are placeholders.
+    none = Duration(0, 0)
+    histogram = ModelStatistics(
+        requests=0,
+        success=0,
+        failures={},
+        in_flight=0,
+        queue=none,
+        compute_input=none,
+        compute_infer=none,
+        compute_output=none,
+        latency=none,
+        histogram=tuple(max(0, int(c)) for c in counts),
+        instances=(),
+        last_inference_ms=0,
+        buckets_us=tuple(int(b) for b in buckets_us),
+    )
+    return {f"p{q}": histogram.percentile_us(q) for q in qs}
+
+
+def _mean_us(before: Mapping[str, int], after: Mapping[str, int]) -> float | None:
+    """The mean microseconds of the events between two ``{count, ns}`` sums; ``None`` when
+    there were none."""
+    count = after["count"] - before["count"]
+    if count <= 0:
+        return None
+    return Duration(count, after["ns"] - before["ns"]).mean_us
+
+
+def _by_occurrence(models: Sequence[Mapping[str, Any]]) -> dict[tuple[str, int], Mapping[str, Any]]:
+    """Models keyed by ``(name, n)``: the n-th model of that name, in load order."""
+    seen: dict[str, int] = {}
+    keyed = {}
+    for model in models:
+        n = seen.get(model["name"], 0)
+        seen[model["name"]] = n + 1
+        keyed[(model["name"], n)] = model
+    return keyed

@@ -1,0 +1,347 @@
+"""``crossrt monitor`` and ``crossrt top`` watching a real process that runs a model.
+
+Each test has a ``CROSSRT_RUNTIME_DIR`` of its own, so it sees its own worker only; the
+worker is a child interpreter that loads a Relu model, says ``ready`` and runs it in a loop
+until the test kills it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from crossrt.runtime.statistics import BUCKETS_US, Duration, ModelStatistics
+from crossrt.tools import cli
+from crossrt.tools.monitor import Sampler, diff_processes, percentiles_us
+
+TAG = "worker-tag"
+WAIT_S = 30.0  # for the worker to load its model, however slow this machine is
+
+WORKER = """
+import sys, time
+import numpy as np
+from onnx import TensorProto, helper
+import crossrt
+
+graph = helper.make_graph(
+    [helper.make_node("Relu", ["x"], ["y"])],
+    "relu64",
+    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])],
+)
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+loaded = crossrt.Runtime().load(crossrt.compile(model))
+x = np.ones((1, 64), np.float32)
+print("ready", loaded.name, flush=True)
+deadline = time.monotonic() + 300  # a safety net: the test kills it long before
+while time.monotonic() < deadline:
+    loaded.run({"x": x})
+    time.sleep(0.001)  # leave the CPU to the command under test on a small machine
+"""
+
+
+@pytest.fixture
+def runtime_dir(runtime_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """tests/conftest.py's ``CROSSRT_RUNTIME_DIR`` of this test's own (so that it sees its
+    own worker only), observation on, and no ``COLUMNS`` to narrow ``top``'s view."""
+    monkeypatch.delenv("CROSSRT_OBSERVE", raising=False)
+    monkeypatch.delenv("COLUMNS", raising=False)
+    return runtime_dir
+
+
+@contextlib.contextmanager
+def _worker(runtime_dir: Path, folder: Path) -> Iterator[tuple[int, str]]:
+    """``(pid, model name)`` of a child running a model, tagged :data:`TAG`, once it has
+    loaded it; killed on the way out, whatever happened."""
+    script = folder / "worker.py"
+    script.write_text(WORKER)
+    env = os.environ | {"CROSSRT_RUNTIME_DIR": str(runtime_dir), "CROSSRT_PROCESS_TAG": TAG}
+    # stderr to a file: a pipe nobody reads would block a worker that logs much.
+    errors = folder / "worker.err"
+    with errors.open("w") as err:
+        child = subprocess.Popen(
+            [sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=err, text=True
+        )
+    try:
+        assert child.stdout is not None
+        ready, _, _ = select.select([child.stdout], [], [], WAIT_S)
+        line = child.stdout.readline() if ready else ""
+        if not line.startswith("ready"):
+            child.kill()
+            child.communicate(timeout=WAIT_S)
+            pytest.fail(
+                f"the worker did not load its model within {WAIT_S:g} s: {line}{errors.read_text()}"
+            )
+        yield child.pid, line.split()[1]
+    finally:
+        child.kill()
+        child.communicate(timeout=WAIT_S)
+
+
+@pytest.fixture
+def worker(runtime_dir: Path, tmp_path: Path) -> Iterator[tuple[int, str]]:
+    """A worker running before the test starts (see :func:`_worker`)."""
+    with _worker(runtime_dir, tmp_path) as found:
+        yield found
+
+
+def _documents(capsys: pytest.CaptureFixture[str], *args: str) -> list[dict[str, Any]]:
+    assert cli.main(["monitor", *args]) == 0
+    out = capsys.readouterr().out
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def test_monitor_prints_the_worker_and_its_model(
+    worker: tuple[int, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    pid, name = worker
+    documents = _documents(capsys, "--period", "0.5", "--count", "2")
+    assert len(documents) == 2
+    served = []
+    for document in documents:
+        assert document["period"] > 0
+        (process,) = [p for p in document["processes"] if p["pid"] == pid]
+        assert process["tag"] == TAG and process["error"] is None
+        assert process["rss_bytes"] > 0
+        assert process["cpu"]["user_percent"] >= 0
+        (model,) = process["models"]
+        assert model["name"] == name and model["device"] == "cpu:0"
+        assert model["failure"] == 0 and model["throughput"] >= 0
+        if model["throughput"] > 0:
+            served.append(model)
+        system = document["system"]
+        assert system["vcpu_count"] >= 1
+        assert system["memory_total_bytes"] >= system["memory_used_bytes"] > 0
+        assert "idle" in system["vcpu_usage_percent"]
+    # The worker runs a request every millisecond or so; on a starved machine one period
+    # might still see none, not both.
+    assert served, documents
+    for model in served:
+        assert model["success"] > 0 and model["infer_us"] > 0
+        assert isinstance(model["latency_us"]["p50"], float)
+        assert model["latency_us"]["p50"] <= model["latency_us"]["p99"]
+    assert documents[1]["time"] > documents[0]["time"]
+
+
+def test_top_once_shows_the_worker(worker: tuple[int, str], runtime_dir: Path) -> None:
+    pid, name = worker
+    done = subprocess.run(
+        [sys.executable, "-m", "crossrt", "top", "--once", "--period", "0.5"],
+        env=os.environ | {"CROSSRT_RUNTIME_DIR": str(runtime_dir)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert TAG in out and name in out and str(pid) in out
+    assert "1 crossrt process" in out and "REQ/S" in out
+    assert "\x1b[" not in out  # no colours in a pipe
+
+
+def test_monitor_without_processes_prints_empty_documents(
+    runtime_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    documents = _documents(capsys, "--period", "0.1", "--count", "2")
+    assert [d["processes"] for d in documents] == [[], []]
+    assert all(d["system"]["memory_total_bytes"] > 0 for d in documents)
+
+
+def test_top_without_processes_says_so(
+    runtime_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["top", "--once", "--period", "0.1"]) == 0
+    out = capsys.readouterr().out
+    assert f"no crossrt process answers in {runtime_dir / 'observe'}" in " ".join(out.split())
+
+
+@pytest.mark.parametrize("command", ["monitor", "top"])
+@pytest.mark.parametrize("period", ["0", "-1", "x", "nan"])
+def test_a_bad_period_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], command: str, period: str
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main([command, "--period", period])
+    assert info.value.code == 2
+    assert "--period" in capsys.readouterr().err
+
+
+def test_a_bad_count_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main(["monitor", "--count", "0"])
+    assert info.value.code == 2
+
+
+# -- the diff, without sockets -----------------------------------------------------------------
+
+
+def _model(name: str, success: int, histogram: list[int], queue_ns: int) -> dict[str, Any]:
+    """A model as a snapshot shows it, with ``success`` requests all successful."""
+    stats = ModelStatistics(
+        requests=success,
+        success=success,
+        failures={},
+        in_flight=0,
+        queue=Duration(success, queue_ns),
+        compute_input=Duration(success, 0),
+        compute_infer=Duration(success, 3 * queue_ns),
+        compute_output=Duration(success, 0),
+        latency=Duration(success, 0),
+        histogram=tuple(histogram),
+        instances=(),
+        last_inference_ms=0,
+    )
+    return {
+        "name": name,
+        "device": "cpu:0",
+        "drivers": ["onnxruntime"],
+        "instances": 1,
+        "running": True,
+        "statistics": stats.to_dict(),
+    }
+
+
+def _process(pid: int, at: float, user_s: float, models: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "pid": pid,
+        "tag": f"p{pid}",
+        "command": "python x.py",
+        "started": 100.0,
+        "time": at,
+        "cpu": {"user_s": user_s, "system_s": 0.0},
+        "models": models,
+    }
+
+
+def _counts(**by_bucket: int) -> list[int]:
+    """A histogram with ``b<i>=n`` successes in bucket i."""
+    counts = [0] * (len(BUCKETS_US) + 1)
+    for key, n in by_bucket.items():
+        counts[int(key[1:])] = n
+    return counts
+
+
+def test_diff_reads_the_period_from_the_difference_of_two_snapshots() -> None:
+    # 100 successes before (all in 10-25 us), then 10 more in the 25-50 us bucket (index 2).
+    before = [_process(1, 1000.0, 1.0, [_model("m", 100, _counts(b1=100), 100_000)])]
+    after_model = _model("m", 110, _counts(b1=100, b2=10), 100_000 + 10 * 2_000)
+    after = [
+        _process(1, 1002.0, 1.5, [after_model]),
+        _process(2, 1002.0, 9.0, [_model("new", 5, _counts(b0=5), 0)]),  # appeared since
+        {"pid": 3, "error": "crossrt process 3 did not answer within 2 s"},
+    ]
+    one, two, three = diff_processes(before, after, period=5.0)
+
+    # Rates over the snapshots' own times (2 s), not the period the caller measured.
+    assert one["cpu"] == {"user_percent": pytest.approx(25.0), "system_percent": 0.0}
+    (m,) = one["models"]
+    assert m["throughput"] == pytest.approx(5.0)
+    assert m["success"] == 110 and m["requests"] == 110 and m["failure"] == 0
+    # Only the 10 new successes count, interpolated within 25-50 us.
+    assert m["latency_us"] == {
+        "p50": pytest.approx(37.5),
+        "p90": pytest.approx(47.5),
+        "p99": pytest.approx(49.75),
+    }
+    assert m["queue_us"] == pytest.approx(2.0) and m["infer_us"] == pytest.approx(6.0)
+
+    # Compared with nothing: counters, and no rates.
+    assert two["cpu"] == {"user_percent": None, "system_percent": None}
+    (new,) = two["models"]
+    assert new["success"] == 5
+    assert new["throughput"] is None and new["latency_us"] is None and new["queue_us"] is None
+
+    assert three["error"] and three["models"] == []
+
+
+def test_diff_compares_nothing_it_cannot_compare() -> None:
+    before = [_process(1, 10.0, 1.0, [_model("m", 50, _counts(b3=50), 0)])]
+    # The same pid started again (another process), then a model loaded again (counters
+    # restarted), then a period with no success: no latency, throughput 0.
+    reused = _process(1, 11.0, 2.0, [_model("m", 60, _counts(b3=60), 0)]) | {"started": 101.0}
+    (process,) = diff_processes(before, [reused], 1.0)
+    assert process["cpu"]["user_percent"] is None and process["models"][0]["throughput"] is None
+    reloaded = [_process(1, 11.0, 2.0, [_model("m", 3, _counts(b3=3), 0)])]
+    (process,) = diff_processes(before, reloaded, 1.0)
+    assert process["models"][0]["throughput"] is None
+    (process,) = diff_processes(before, before, 1.0)
+    (idle,) = process["models"]
+    assert idle["throughput"] == 0.0 and idle["latency_us"] is None and idle["infer_us"] is None
+
+
+def test_percentiles_are_the_runtime_s_own() -> None:
+    counts = _counts(b0=3, b2=40, b5=7, b19=1)  # b19: above the last bound
+    stats = _model("m", 51, counts, 0)["statistics"]
+    assert percentiles_us(counts, BUCKETS_US) == stats["latency_us"]
+    assert percentiles_us(_counts(), BUCKETS_US) is None
+
+
+def test_a_process_that_starts_later_has_no_rates_at_first(
+    runtime_dir: Path, tmp_path: Path
+) -> None:
+    sampler = Sampler()  # its first snapshot: no worker yet
+    assert sampler.before == []
+    with _worker(runtime_dir, tmp_path) as (pid, _):
+        first = sampler.sample()
+        # Then until a period has successes: the worker may not have finished a request yet.
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            time.sleep(0.2)
+            later = sampler.sample()
+            (again,) = [p for p in later["processes"] if p["pid"] == pid]
+            if again["models"][0]["throughput"] or time.monotonic() > deadline:
+                break
+    (seen,) = [p for p in first["processes"] if p["pid"] == pid]
+    assert seen["cpu"]["user_percent"] is None
+    assert seen["models"][0]["throughput"] is None and seen["models"][0]["latency_us"] is None
+    model = again["models"][0]
+    assert model["throughput"] > 0 and model["latency_us"] is not None
+
+
+def test_a_process_that_hangs_up_is_an_error_not_the_end(
+    runtime_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A socket that accepts and closes without answering (a process dying mid-answer)."""
+    from crossrt.runtime import observer
+
+    path = observer.observe_directory() / f"{os.getpid()}.sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.listen(4)
+
+    def hang_up() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                server.accept()[0].close()
+
+    threading.Thread(target=hang_up, daemon=True).start()
+    try:
+        (document,) = _documents(capsys, "--period", "0.1", "--count", "1")
+    finally:
+        server.close()
+    (process,) = document["processes"]
+    assert process["pid"] == os.getpid() and process["error"] and process["models"] == []
+
+
+def test_cpu_percentages_add_up_to_100_over_short_periods() -> None:
+    from crossrt.tools.monitor import _scaled_to_100
+
+    # psutil's answer over 0.2 s on 2 vCPUs: the CPU seconds times 100.
+    assert _scaled_to_100({"user": 4.0, "system": 0.0, "idle": 36.0}) == {
+        "user": 10.0,
+        "system": 0.0,
+        "idle": 90.0,
+    }
+    assert _scaled_to_100({"user": 12.5, "idle": 87.5}) == {"user": 12.5, "idle": 87.5}
