@@ -478,8 +478,14 @@ def test_profile_writes_a_chrome_trace(tmp_path: Path) -> None:
         nrt.nrt_execute(model, inputs, outputs)
     assert nrt.nrt_profile_stop(str(trace)) == nrt.NRT_SUCCESS
     events = json.loads(trace.read_text())["traceEvents"]
-    assert len(events) == 3 and all(e["ph"] == "X" and e["dur"] > 0 for e in events)
-    assert events[0]["name"] == "tiny_mm"
+    calls = [e for e in events if e.get("cat") == "mark"]
+    assert len(calls) == 3 and all(e["ph"] == "X" and e["dur"] > 0 for e in calls)
+    assert {e["name"] for e in calls} == {"nrt_execute"}
+    assert calls[0]["args"] == {"start_nc": 0, "nc_count": 1}
+    requests = [e for e in events if e["ph"] == "b" and e["name"] == "tiny_mm"]
+    assert len(requests) == 3  # each with its phases, inside its call
+    for call, request in zip(calls, requests, strict=True):
+        assert call["ts"] <= request["ts"] <= call["ts"] + call["dur"]
     assert nrt.nrt_profile_stop(str(trace)) == nrt.NRT_INVALID  # none started
 
 

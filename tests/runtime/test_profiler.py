@@ -4,6 +4,7 @@ leave nothing behind."""
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -126,3 +127,21 @@ def test_an_empty_profile_has_no_numbers(rt: crossrt.Runtime, tiny_exe: crossrt.
     (summary,) = profile.summary()
     assert summary["requests"] == 0
     assert summary["latency_us"] == {"mean": None, "p50": None, "p99": None}
+
+
+def test_spans_of_your_own_are_drawn_on_their_tracks(
+    rt: crossrt.Runtime, tiny_exe: crossrt.Executable
+) -> None:
+    model = rt.load(tiny_exe)
+    before = time.perf_counter_ns()
+    with crossrt.Profile(model) as profile:
+        began = time.perf_counter_ns()
+        batch = {"x": x(1)}
+        profile.mark("prepare", began, time.perf_counter_ns(), "my app", images=1)
+        model.run(batch)
+        profile.mark("too early", before, time.perf_counter_ns())  # began before the start
+    events = profile.stop()["traceEvents"]
+    (mine,) = [e for e in events if e.get("cat") == "mark"]
+    assert (mine["name"], mine["args"]) == ("prepare", {"images": 1})
+    names = {e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    assert names[mine["tid"]] == "my app"

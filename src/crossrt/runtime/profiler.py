@@ -85,6 +85,7 @@ class Profile:
         self._failed = [0] * len(self.models)
         self._nodes: list[list[tuple[int, int, int, int, int]]] = [[] for _ in self.models]
         self._taps: list[Any] = []
+        self._marks: list[tuple[str, str, int, int, dict[str, Any]]] = []
         self._start = self._end = 0
         self._epoch_ns = 0
         self._trace: dict[str, Any] | None = None
@@ -155,6 +156,21 @@ class Profile:
         if self.path is not None:
             save_trace(self._trace, self.path)
         return self._trace
+
+    def mark(
+        self, name: str, begin_ns: int, end_ns: int, track: str = "marks", **args: Any
+    ) -> None:
+        """Add a span of your own to the trace: ``name`` from ``begin_ns`` to ``end_ns``
+        (``time.perf_counter_ns()``) on the track named ``track``, with ``args`` shown beside
+        it. What falls outside the profile's start and stop is not drawn.
+
+        Example:
+            >>> began = time.perf_counter_ns()
+            >>> batch = preprocess(images)
+            >>> profile.mark("preprocess", began, time.perf_counter_ns(), images=len(images))
+        """
+        with self._lock:
+            self._marks.append((name, track, begin_ns, end_ns, args))
 
     def requests(self, k: int = 0) -> np.ndarray:
         """Model ``k``'s recorded requests, one row each, in ``time.perf_counter_ns()``:
@@ -263,6 +279,20 @@ class Profile:
                      "pid": pid, "tid": tracks[(instance, j)], "ts": us(begin),
                      "dur": round((end - begin) / 1e3, 3), "args": {"model": model.name}}
                 )  # fmt: skip
+        named: dict[str, int] = {}
+        with self._lock:
+            own = list(self._marks)
+        for name, where, begin, end, args in own:
+            if begin < self._start or end > self._end:
+                continue
+            if where not in named:
+                named[where] = tid
+                events.append(_meta(pid, tid, "thread_name", {"name": where}))
+                tid += 1
+            events.append(
+                {"ph": "X", "cat": "mark", "name": name, "pid": pid, "tid": named[where],
+                 "ts": us(begin), "dur": round((end - begin) / 1e3, 3), "args": args}
+            )  # fmt: skip
         return {
             "traceEvents": events,
             "displayTimeUnit": "ms",

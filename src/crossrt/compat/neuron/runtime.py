@@ -9,12 +9,11 @@ closes it. Core index 0 is the first core the process holds. A "NEFF" is a ``.cr
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,6 +24,7 @@ from ...errors import ExecutionError, StatusCode
 from ...runtime.loaded import LoadedModel
 from ...runtime.memory.memlog import reset_memory_log
 from ...runtime.memory.tensorset import TensorSet
+from ...runtime.profiler import Profile
 from ...runtime.runtime import Runtime
 from .env import apply_logging, init_settings, load_settings
 from .status import NRT_STATUS, NrtError, guarded
@@ -79,13 +79,6 @@ class nrt_model_t:
     rank: tuple[int, int] | None = None
 
 
-@dataclass
-class _Profile:
-    filename: str
-    model: nrt_model_t
-    events: list[dict[str, Any]] = field(default_factory=list)
-
-
 class _State:
     """The process's runtime, as libnrt keeps it."""
 
@@ -96,7 +89,8 @@ class _State:
         self.framework = nrt_framework_type_t.NRT_FRAMEWORK_TYPE_INVALID
         self.log_handler: Any = None
         self.models: list[nrt_model_t] = []
-        self.profiles: dict[str, _Profile] = {}
+        # File name -> (model, its Profile): the runtime's, with each API call marked in it.
+        self.profiles: dict[str, tuple[nrt_model_t, Profile]] = {}
 
     def require(self) -> Runtime:
         """The runtime, or the status the seed gives before ``nrt_init`` or after
@@ -364,7 +358,7 @@ def _feedback(model: LoadedModel) -> dict[str, str]:
 
 
 def _timed(model: nrt_model_t, what: str, run: Callable[[], Any]) -> NRT_STATUS:
-    started = time.perf_counter()
+    started = time.perf_counter_ns()
     status = NRT_STATUS.NRT_SUCCESS
     try:
         run()
@@ -373,7 +367,7 @@ def _timed(model: nrt_model_t, what: str, run: Callable[[], Any]) -> NRT_STATUS:
             raise
         status = NRT_STATUS.NRT_EXEC_COMPLETED_WITH_NUM_ERR  # the outputs are written
     finally:
-        _record(model, what, started, time.perf_counter())
+        _record(model, what, started, time.perf_counter_ns())
     return status
 
 
@@ -382,9 +376,13 @@ def _timed(model: nrt_model_t, what: str, run: Callable[[], Any]) -> NRT_STATUS:
 
 @guarded()
 def nrt_profile_start(model: nrt_model_t, filename: str) -> NRT_STATUS:
-    """Record ``model``'s executions until :func:`nrt_profile_stop` with the same file."""
+    """Record ``model``'s executions until :func:`nrt_profile_stop` with the same file: a
+    :class:`crossrt.Profile` (each request's phases, docs/observability.md) with every
+    ``nrt_execute`` call, tensor-set copies included, marked on a track of its own."""
+    handle = _model(model)
     with _state.lock:
-        _state.profiles[os.fspath(filename)] = _Profile(os.fspath(filename), _model(model))
+        profile = Profile(handle.model, os.fspath(filename)).start()
+        _state.profiles[os.fspath(filename)] = (handle, profile)
     return NRT_STATUS.NRT_SUCCESS
 
 
@@ -393,31 +391,20 @@ def nrt_profile_stop(filename: str) -> NRT_STATUS:
     """Write the executions recorded since :func:`nrt_profile_start` to ``filename`` as a
     Chrome trace (``chrome://tracing``, Perfetto), truncating the file."""
     with _state.lock:
-        profile = _state.profiles.pop(os.fspath(filename), None)
-    if profile is None:
+        found = _state.profiles.pop(os.fspath(filename), None)
+    if found is None:
         raise NrtError(NRT_STATUS.NRT_INVALID, f"no profile was started for {filename!r}")
-    trace = {"traceEvents": profile.events, "displayTimeUnit": "ms"}
-    with open(profile.filename, "w", encoding="utf-8") as f:
-        json.dump(trace, f)
+    found[1].stop()  # writes the file, whole or not at all
     return NRT_STATUS.NRT_SUCCESS
 
 
-def _record(model: nrt_model_t, what: str, started: float, ended: float) -> None:
+def _record(model: nrt_model_t, what: str, started: int, ended: int) -> None:
     with _state.lock:
-        profiles = [p for p in _state.profiles.values() if p.model is model]
-        for profile in profiles:
-            profile.events.append(
-                {
-                    "name": model.model.name,
-                    "cat": what,
-                    "ph": "X",
-                    "ts": started * 1e6,
-                    "dur": (ended - started) * 1e6,
-                    "pid": os.getpid(),
-                    "tid": threading.get_ident(),
-                    "args": {"start_nc": model.start_nc, "nc_count": model.nc_count},
-                }
-            )
+        profiles = [p for m, p in _state.profiles.values() if m is model]
+    for profile in profiles:
+        profile.mark(
+            what, started, ended, "nrt API", start_nc=model.start_nc, nc_count=model.nc_count
+        )
 
 
 # -- versions and counts -----------------------------------------------------------------------
