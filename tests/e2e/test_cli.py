@@ -132,7 +132,9 @@ def test_ls_table(capsys):
     assert ls_tool.main([]) == 0
     out = capsys.readouterr().out
     assert out.startswith("DRIVERS")
-    assert "DEVICES" in out
+    # Sections are parted by an empty line, not an escaped newline ("\x0aDEVICES").
+    assert "\n\nDEVICES\n" in out and "\n\nCORES of cpu:0" in out and "\\x" not in out
+    assert "\n\nPROCESSES with models loaded" in out
     for name in ("onnxruntime", "reference"):
         line = next(line for line in out.splitlines() if line.split()[:1] == [name])
         assert "PASS" in line

@@ -203,3 +203,15 @@ def test_a_process_that_hangs_up_spoils_only_its_own_entry(child: subprocess.Pop
     assert "hung up without answering" in found[999999998]["error"]
     assert found[child.pid]["models"][0]["name"] == "tiny_mm"
     assert "python" in found[child.pid]["command"]  # the whole command line
+
+
+def test_crossrt_ls_lists_the_processes_with_models(
+    child: subprocess.Popen[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli(["ls", "--json"]) == 0
+    (row,) = [p for p in json.loads(capsys.readouterr().out)["processes"] if p["pid"] == child.pid]
+    assert (row["tag"], row["devices"], row["models"]) == ("worker-tag", ["cpu:0"], ["tiny_mm"])
+    assert row["version"] == crossrt.__version__
+    assert cli(["ls"]) == 0
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.split()[:1] == [str(child.pid)]]
+    assert line.split()[1:] == ["worker-tag", crossrt.__version__, "cpu:0", "tiny_mm"]

@@ -1,7 +1,8 @@
-"""``crossrt ls``: the drivers (PASS/FAIL and why), their devices, cores and who owns them;
-``--topology``: how the devices of each driver are linked, drawn as ``neuron-ls --topology``
-draws a trn1.32xlarge. A malformed ``CROSSRT_*`` variable is one error line on stderr, and
-exit status 1, after which everything that does not need it is still listed."""
+"""``crossrt ls``: the drivers (PASS/FAIL and why), their devices, cores and who owns them,
+the crossrt processes with models loaded; ``--topology``: how the devices of each driver are
+linked, drawn as ``neuron-ls --topology`` draws a trn1.32xlarge. A malformed ``CROSSRT_*``
+variable is one error line on stderr, and exit status 1, after which everything that does
+not need it is still listed."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from ..drivers import driver_statuses, parse_device
 from ..errors import CrossrtError
 from ..host import format_cpus, host_cpus
 from ..runtime.cores.reservation import core_owners
+from ..runtime.observer import processes
 from .common import fail, human_bytes, say
 
 
@@ -54,7 +56,34 @@ def collect() -> dict[str, Any]:
             except CrossrtError as exc:
                 entry.update(status="FAIL", reason=str(exc))
         drivers.append(entry)
-    return {"drivers": drivers, "devices": devices, "cores": core_table()}
+    return {
+        "drivers": drivers,
+        "devices": devices,
+        "cores": core_table(),
+        "processes": process_table(),
+    }
+
+
+def process_table() -> list[dict[str, Any]]:
+    """The crossrt processes that answer on their observation sockets (``neuron-ls
+    --wide``'s PID, COMMAND and RUNTIME VERSION): each with the devices its models use."""
+    rows = []
+    for found in processes():
+        if "error" in found:
+            rows.append({"pid": found["pid"], "error": found["error"]})
+            continue
+        models = found["models"]
+        rows.append(
+            {
+                "pid": found["pid"],
+                "tag": found["tag"],
+                "version": found["version"],
+                "command": found["command"],
+                "devices": sorted({d for m in models for d in m["devices"]}),
+                "models": [m["served_as"] or m["name"] for m in models],
+            }
+        )
+    return rows
 
 
 def core_table() -> dict[str, Any]:
@@ -168,12 +197,12 @@ def _index(device: str) -> int:
 def _print_topology(info: dict[str, Any]) -> None:
     by_id = {(d["driver"], d["id"]): d for d in info["devices"]}
     if not info["topology"]:
-        say("\nTOPOLOGY: no driver reports links between its devices")
+        say("", "TOPOLOGY: no driver reports links between its devices")
     for topo in info["topology"]:
         ids = topo["devices"]
         rows, cols, wraps = topo["rows"], topo["cols"], topo["wraps"]
         shape = _describe(rows, cols, wraps) if rows else "links that form no grid"
-        say(f"\nTOPOLOGY of {topo['driver']}: {len(ids)} devices, {shape}")
+        say("", f"TOPOLOGY of {topo['driver']}: {len(ids)} devices, {shape}")
         say(f"  {'device':<8} {'cores':>5} {'memory':>10}  connected devices")
         for device in ids:
             d = by_id[(topo["driver"], device)]
@@ -216,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     say(f"  {'name':<13} {'status':<6} {'version':<10} reason")
     for d in info["drivers"]:
         say(f"  {d['name']:<13} {d['status']:<6} {d['version'] or '-':<10} {d['reason']}")
-    say("\nDEVICES")
+    say("", "DEVICES")
     say(f"  {'device':<8} {'driver':<13} {'kind':<11} {'cores':>5} {'memory':>10}  name")
     for d in info["devices"]:
         say(
@@ -226,8 +255,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     cores = info["cores"]
     usable = [row["host_cpu"] for row in cores["host_cpus"] if row["usable"]]
     say(
-        f"\nCORES of {cores['device']}: host CPUs {format_cpus(usable)}, {cores['limit']} at once; "
-        f"lock files in {cores['runtime_dir']}"
+        "",
+        f"CORES of {cores['device']}: host CPUs {format_cpus(usable)}, {cores['limit']} at once; "
+        f"lock files in {cores['runtime_dir']}",
     )
     say(f"  {'cpu':>4}  {'owner pid':<9}  command")
     for row in cores["host_cpus"]:
@@ -235,6 +265,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         note = "" if row["usable"] else "  (not usable by this process)"
         who = f"{owner['pid'] or '?':<9}  {owner['cmdline'] or owner['name']}" if owner else "free"
         say(f"  {row['host_cpu']:>4}  {who}{note}")
+    say("", "PROCESSES with models loaded (crossrt top shows them live)")
+    say(f"  {'pid':>7}  {'tag':<16} {'version':<8} {'devices':<16} models")
+    for row in info["processes"]:
+        if "error" in row:
+            say(f"  {row['pid']:>7}  {row['error']}")
+            continue
+        say(
+            f"  {row['pid']:>7}  {row['tag'][:16]:<16} {row['version']:<8} "
+            f"{', '.join(row['devices']) or '-':<16} {', '.join(row['models']) or '-'}"
+        )
+    if not info["processes"]:
+        say("  none")
     if args.topology:
         _print_topology(info)
     return status
