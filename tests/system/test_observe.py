@@ -215,3 +215,44 @@ def test_crossrt_ls_lists_the_processes_with_models(
     assert cli(["ls"]) == 0
     (line,) = [x for x in capsys.readouterr().out.splitlines() if x.split()[:1] == [str(child.pid)]]
     assert line.split()[1:] == ["worker-tag", crossrt.__version__, "cpu:0", "tiny_mm"]
+
+
+def test_monitor_serves_every_process_for_prometheus(
+    child: subprocess.Popen[str], runtime_dir: Path
+) -> None:
+    """``crossrt monitor --prometheus``: a real endpoint, scraped and parsed as Prometheus
+    does; SIGINT ends it with status 0."""
+    import signal
+    import urllib.request
+
+    parser = pytest.importorskip("prometheus_client.parser")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monitor = subprocess.Popen(
+        [sys.executable, "-m", "crossrt", "monitor", "--prometheus", f"127.0.0.1:{port}"],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ),
+    )
+    try:
+        assert monitor.stderr is not None
+        assert "metrics on http://127.0.0.1:" in monitor.stderr.readline()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=WAIT) as r:
+            text = r.read().decode()
+    finally:
+        monitor.send_signal(signal.SIGINT)
+        assert monitor.wait(WAIT) == 0
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in parser.text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+    mine = {"model": "tiny_mm", "version": "", "pid": str(child.pid), "tag": "worker-tag"}
+    key = ("crossrt_inference_request_success_total", tuple(sorted(mine.items())))
+    assert samples[key] > 0
+    process = {"pid": str(child.pid), "tag": "worker-tag", "mode": "user"}
+    assert samples[("crossrt_process_cpu_seconds_total", tuple(sorted(process.items())))] > 0
+    del process["mode"]
+    memory = ("crossrt_process_resident_memory_bytes", tuple(sorted(process.items())))
+    assert samples[memory] > 1 << 20

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CrossrtError, StatusCode
+from ..errors import CrossrtError, InvalidArgumentError, StatusCode
 
 BUCKETS_US: tuple[int, ...] = (
     10, 25, 50, 100, 250, 500,
@@ -125,6 +125,46 @@ class ModelStatistics:
             "instances": [duration(d) for d in self.instances],
             "last_inference_ms": self.last_inference_ms,
         }
+
+
+def statistics_from_dict(data: Any) -> ModelStatistics:
+    """The :class:`ModelStatistics` that :meth:`ModelStatistics.to_dict` wrote (another
+    process's, as ``crossrt monitor`` reads them).
+
+    Raises:
+        InvalidArgumentError: ``data`` is not such a dict.
+    """
+
+    def whole(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(value)
+        return value
+
+    def duration(value: Any) -> Duration:
+        return Duration(whole(value["count"]), whole(value["ns"]))
+
+    try:
+        histogram = data["histogram"]
+        return ModelStatistics(
+            requests=whole(data["requests"]),
+            success=whole(data["success"]),
+            failures={str(k): whole(v) for k, v in data["failures"].items()},
+            in_flight=whole(data["in_flight"]),
+            queue=duration(data["queue"]),
+            compute_input=duration(data["compute_input"]),
+            compute_infer=duration(data["compute_infer"]),
+            compute_output=duration(data["compute_output"]),
+            latency=duration(data["latency"]),
+            histogram=tuple(whole(c) for c in histogram["counts"]),
+            instances=tuple(duration(d) for d in data["instances"]),
+            last_inference_ms=whole(data["last_inference_ms"]),
+            buckets_us=tuple(whole(b) for b in histogram["buckets_us"]),
+        )
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise InvalidArgumentError(
+            f"not the statistics ModelStatistics.to_dict() writes ({type(exc).__name__}: "
+            f"{exc}); is the other process another crossrt version?"
+        ) from None
 
 
 class Statistics:

@@ -175,11 +175,11 @@ class Daemon:
         """Whether the daemon takes requests."""
         return self._ready and not self.gate.closing
 
-    def statistics(self) -> list[tuple[str, str, ModelStatistics, int]]:
-        """(model, version, statistics, requests refused before the model) of every loaded
-        model."""
+    def statistics(self) -> list[tuple[dict[str, str], ModelStatistics, int]]:
+        """(its model and version labels, statistics, requests refused before the model) of
+        every loaded model."""
         return [
-            (e.name, e.version, e.model.statistics(), e.refused)
+            ({"model": e.name, "version": e.version}, e.model.statistics(), e.refused)
             for e in self.repository.loaded()
             if e.model is not None
         ]
@@ -197,11 +197,13 @@ class Daemon:
             lane = " and the direct lane" if address.startswith("unix:") else ""
             log.info("serving KServe v2 gRPC%s on %s", lane, address)
         if self.options.metrics:
-            from .metrics import serve_metrics
+            from .metrics import ConnectionCollector, ModelCollector, serve_metrics
 
             try:
                 self._metrics = serve_metrics(
-                    self.options.metrics, self.statistics, self.connections
+                    self.options.metrics,
+                    ModelCollector(self.statistics),
+                    ConnectionCollector(self.connections),
                 )
             except OSError as exc:
                 raise OutOfResourcesError(

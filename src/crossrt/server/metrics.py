@@ -17,6 +17,10 @@ written as Prometheus and OpenMetrics want them, with ``_total`` after the famil
 | ``crossrt_inference_compute_output_duration_us`` | same | ``compute_output`` |
 | ``crossrt_inference_pending_request_count`` | same (a gauge) | ``in_flight`` |
 
+``crossrt monitor --prometheus`` serves the same for every crossrt process on the machine,
+each model labelled ``pid`` and ``tag`` too, with ``crossrt_process_cpu_seconds_total``
+(``mode`` user or system) and ``crossrt_process_resident_memory_bytes`` per process.
+
 And the daemon's own, labelled ``socket`` (each Unix socket's path), which Triton has not:
 ``crossrt_connections`` (a gauge: open now) and ``crossrt_connections_refused_total``
 (refused at ``max_connections``).
@@ -35,9 +39,11 @@ from ..runtime.statistics import ModelStatistics
 ConnectionSource = Callable[[], list[tuple[str, int, int]]]
 """``() -> [(socket path, open connections, connections refused)]`` of the Unix sockets."""
 
-StatisticsSource = Callable[[], list[tuple[str, str, ModelStatistics, int]]]
-"""``() -> [(model, version, statistics, refused)]`` of the loaded models: ``refused``
-requests the daemon turned away before they reached the model count as failures."""
+StatisticsSource = Callable[[], list[tuple[dict[str, str], ModelStatistics, int]]]
+"""``() -> [(labels, statistics, refused)]`` of the loaded models: the daemon labels each
+``model`` and ``version`` (``crossrt monitor --prometheus`` adds ``pid`` and ``tag``);
+``refused`` requests the daemon turned away before they reached the model count as
+failures."""
 
 _COUNTERS: tuple[tuple[str, str, Callable[[ModelStatistics], float]], ...] = (
     ("inference_request_success", "successful inference requests", lambda s: s.success),
@@ -88,15 +94,14 @@ class ModelCollector:
         for suffix, doc, read in _COUNTERS:
             name = self._prefix + suffix
             metric = Metric(name, doc, "counter")
-            for model, version, stats, refused in rows:
-                labels = {"model": model, "version": version}
+            for labels, stats, refused in rows:
                 extra = refused if suffix == "inference_request_failure" else 0
                 metric.add_sample(name + "_total", labels, float(read(stats) + extra))
             yield metric
         name = self._prefix + "inference_pending_request_count"
         gauge = Metric(name, "requests received and not finished (queued or running)", "gauge")
-        for model, version, stats, _ in rows:
-            gauge.add_sample(name, {"model": model, "version": version}, float(stats.in_flight))
+        for labels, stats, _ in rows:
+            gauge.add_sample(name, labels, float(stats.in_flight))
         yield gauge
 
 
@@ -119,12 +124,45 @@ class ConnectionCollector:
         yield refused
 
 
-def serve_metrics(
-    address: str, source: StatisticsSource, connections: ConnectionSource = list
-) -> tuple[Any, Any]:
-    """Start the endpoint on ``HOST:PORT``; return (server, thread) of prometheus-client."""
+ProcessSource = Callable[[], list[tuple[dict[str, str], float, float, int | None]]]
+"""``() -> [(labels, user CPU seconds, system CPU seconds, resident bytes or None)]`` of
+crossrt processes (``crossrt monitor --prometheus``)."""
+
+
+class ProcessCollector:
+    """A Prometheus collector over crossrt processes' CPU time and resident memory."""
+
+    def __init__(self, source: ProcessSource, prefix: str = "crossrt_") -> None:
+        self._source = source
+        self._prefix = prefix
+
+    def collect(self) -> Iterator[Metric]:
+        rows = self._source()
+        name = self._prefix + "process_cpu_seconds"
+        cpu = Metric(name, "CPU time of a crossrt process, by mode", "counter")
+        memory = Metric(
+            self._prefix + "process_resident_memory_bytes",
+            "resident memory of a crossrt process",
+            "gauge",
+        )
+        for labels, user, system, rss in rows:
+            cpu.add_sample(name + "_total", {**labels, "mode": "user"}, user)
+            cpu.add_sample(name + "_total", {**labels, "mode": "system"}, system)
+            if rss is not None:
+                memory.add_sample(memory.name, labels, float(rss))
+        yield cpu
+        yield memory
+
+
+def serve_metrics(address: str, *collectors: Any) -> tuple[Any, Any]:
+    """Serve ``collectors`` on ``HOST:PORT`` (``/metrics``); return (server, thread) of
+    prometheus-client.
+
+    Raises:
+        OSError: the address cannot be bound.
+    """
     host, _, port = address.rpartition(":")
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ModelCollector(source))
-    registry.register(ConnectionCollector(connections))
+    for collector in collectors:
+        registry.register(collector)
     return start_http_server(int(port), addr=host.strip("[]") or "127.0.0.1", registry=registry)

@@ -24,9 +24,9 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from ..errors import CrossrtError
+from ..errors import CrossrtError, InvalidArgumentError, OutOfResourcesError
 from ..runtime import observer
-from ..runtime.statistics import Duration, ModelStatistics
+from ..runtime.statistics import Duration, ModelStatistics, statistics_from_dict
 from .common import fail
 
 DEFAULT_PERIOD = 5.0
@@ -82,6 +82,12 @@ def parser() -> argparse.ArgumentParser:
         metavar="N",
         help="stop after N documents (default: run until interrupted)",
     )
+    p.add_argument(
+        "--prometheus",
+        metavar="[HOST:]PORT",
+        help="instead of printing, serve the processes' metrics for Prometheus on "
+        "http://HOST:PORT/metrics (HOST default 127.0.0.1), asked anew at each scrape",
+    )
     return p
 
 
@@ -89,6 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``crossrt monitor``."""
     args = parser().parse_args(argv)
     try:
+        if args.prometheus is not None:
+            return serve_prometheus(args.prometheus)
         sampler = Sampler()
         for document in sampler.documents(args.period, args.count):
             sys.stdout.write(json.dumps(document, separators=(",", ":")) + "\n")
@@ -100,6 +108,102 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CrossrtError as exc:
         return fail("monitor", exc)
     return 0
+
+
+# -- Prometheus -------------------------------------------------------------------------------
+
+
+def serve_prometheus(address: str) -> int:
+    """Serve every crossrt process's metrics on ``[HOST:]PORT`` until interrupted: the
+    daemon's Triton-style model metrics, labelled ``pid`` and ``tag`` too, and each
+    process's CPU time and resident memory (``server/metrics.py``).
+
+    Raises:
+        CrossrtError: prometheus-client or psutil is missing, or the address is taken.
+    """
+    try:
+        from ..server.metrics import ModelCollector, ProcessCollector, serve_metrics
+    except ImportError as exc:
+        raise CrossrtError(
+            f"prometheus-client is missing ({exc}); install the serve extra: "
+            "pip install 'crossrt[serve]'"
+        ) from None
+    psutil = require_psutil()
+    scrape = Scrape(psutil)
+    host, _, port = address.rpartition(":")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidArgumentError(f"--prometheus {address!r}: give [HOST:]PORT, e.g. 9100")
+    try:
+        server, _ = serve_metrics(
+            f"{host or '127.0.0.1'}:{port}",
+            ModelCollector(scrape.models),
+            ProcessCollector(scrape.processes),
+        )
+    except OSError as exc:
+        raise OutOfResourcesError(
+            f"cannot serve metrics on {address}: {exc.strerror or exc}; choose another "
+            "--prometheus [HOST:]PORT"
+        ) from None
+    sys.stderr.write(f"crossrt monitor: metrics on http://{host or '127.0.0.1'}:{port}/metrics\n")
+    try:
+        while True:
+            time.sleep(3600)
+    finally:
+        server.shutdown()
+
+
+class Scrape:
+    """The processes' snapshots for one scrape: a scrape collects models and processes
+    apart, so the snapshots are taken once per :data:`SCRAPE_SECONDS`."""
+
+    def __init__(self, psutil: Any) -> None:
+        self.psutil = psutil
+        self._at = -float("inf")
+        self._found: list[dict[str, Any]] = []
+
+    def _snapshots(self) -> list[dict[str, Any]]:
+        if time.monotonic() - self._at > SCRAPE_SECONDS:
+            self._found = [p for p in observer.processes() if "error" not in p]
+            self._at = time.monotonic()
+        return self._found
+
+    def models(self) -> list[tuple[dict[str, str], ModelStatistics, int]]:
+        """``(labels, statistics, 0)`` per model of every process."""
+        rows = []
+        for process in self._snapshots():
+            for model in process["models"]:
+                name, version = model["name"], ""
+                if model.get("served_as"):
+                    name, _, version = str(model["served_as"]).rpartition(":")
+                labels = {
+                    "model": name,
+                    "version": version,
+                    "pid": str(process["pid"]),
+                    "tag": str(process["tag"]),
+                }
+                try:
+                    statistics = statistics_from_dict(model["statistics"])
+                except InvalidArgumentError:
+                    continue  # another crossrt version's: one model, not the whole scrape
+                rows.append((labels, statistics, 0))
+        return rows
+
+    def processes(self) -> list[tuple[dict[str, str], float, float, int | None]]:
+        """``(labels, user seconds, system seconds, resident bytes)`` per process."""
+        rows = []
+        for process in self._snapshots():
+            labels = {"pid": str(process["pid"]), "tag": str(process["tag"])}
+            try:
+                rss: int | None = int(self.psutil.Process(process["pid"]).memory_info().rss)
+            except (self.psutil.NoSuchProcess, self.psutil.AccessDenied):
+                rss = None
+            cpu = process["cpu"]
+            rows.append((labels, float(cpu["user_s"]), float(cpu["system_s"]), rss))
+        return rows
+
+
+SCRAPE_SECONDS = 0.5
+"""How long one set of snapshots serves scrapes."""
 
 
 # -- sampling ---------------------------------------------------------------------------------
