@@ -113,3 +113,21 @@ def test_shape_stages_are_one_model(rt: crossrt.Runtime) -> None:
         model.run({"x": np.ones((3, 8), np.float32)})
     stats = model.statistics()
     assert (stats.requests, stats.success, stats.failure) == (3, 2, 1)
+
+
+def test_statistics_read_back_from_their_dict(
+    rt: crossrt.Runtime, tiny_exe: crossrt.Executable
+) -> None:
+    """What another process sends (``crossrt monitor``) is the snapshot it took."""
+    from crossrt.runtime.statistics import statistics_from_dict
+
+    model = rt.load(tiny_exe)
+    for _ in range(5):
+        model.run({"x": np.ones((4, 8), np.float32)})
+    with pytest.raises(crossrt.InvalidInputError):
+        model.run({"x": np.ones((1, 1), np.float32)})
+    taken = model.statistics()
+    assert statistics_from_dict(json.loads(json.dumps(taken.to_dict()))) == taken
+    for broken in ({}, {**taken.to_dict(), "success": "5"}, {**taken.to_dict(), "queue": 3}):
+        with pytest.raises(crossrt.InvalidArgumentError, match="not the statistics"):
+            statistics_from_dict(broken)
