@@ -130,6 +130,8 @@ def test_monitor_prints_the_worker_and_its_model(
     assert served, documents
     for model in served:
         assert model["success"] > 0 and model["infer_us"] > 0
+        (busy,) = model["busy_percent"]  # one instance
+        assert 0 < busy <= 100 * 1.5  # the clocks of two processes: not to the percent
         assert isinstance(model["latency_us"]["p50"], float)
         assert model["latency_us"]["p50"] <= model["latency_us"]["p99"]
     assert documents[1]["time"] > documents[0]["time"]
@@ -345,3 +347,13 @@ def test_cpu_percentages_add_up_to_100_over_short_periods() -> None:
         "idle": 90.0,
     }
     assert _scaled_to_100({"user": 12.5, "idle": 87.5}) == {"user": 12.5, "idle": 87.5}
+
+
+def test_busy_is_each_instance_s_engine_time_over_the_period() -> None:
+    old, new = _model("m", 10, _counts(b1=10), 0), _model("m", 20, _counts(b1=20), 0)
+    old["statistics"]["instances"] = [{"count": 5, "ns": 0}, {"count": 5, "ns": 10**9}]
+    new["statistics"]["instances"] = [{"count": 10, "ns": 10**9}, {"count": 10, "ns": 15 * 10**8}]
+    (process,) = diff_processes(
+        [_process(1, 10.0, 1.0, [old])], [_process(1, 12.0, 1.0, [new])], 2.0
+    )
+    assert process["models"][0]["busy_percent"] == [50.0, 25.0]

@@ -131,3 +131,32 @@ def test_statistics_read_back_from_their_dict(
     for broken in ({}, {**taken.to_dict(), "success": "5"}, {**taken.to_dict(), "queue": 3}):
         with pytest.raises(crossrt.InvalidArgumentError, match="not the statistics"):
             statistics_from_dict(broken)
+
+
+def test_one_caller_never_shows_more_than_one_request_in_flight(
+    rt: crossrt.Runtime, tiny_exe: crossrt.Executable
+) -> None:
+    """Snapshots taken while a thread runs the model in a loop (as ``crossrt top`` asks
+    another process): one caller has at most one request in flight, however the threads
+    interleave (counting the successes before the arrivals showed dozens)."""
+    model = rt.load(tiny_exe)
+    x = np.ones((4, 8), np.float32)
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            model.run({"x": x})
+
+    thread = threading.Thread(target=loop)
+    thread.start()
+    try:
+        seen = []
+        for _ in range(400):
+            seen.append(model.statistics())
+            time.sleep(0.0005)  # let the caller run between snapshots
+    finally:
+        stop.set()
+        thread.join()
+    assert max(s.in_flight for s in seen) <= 1
+    assert all(s.requests >= s.success for s in seen)
+    assert seen[-1].success > seen[0].success

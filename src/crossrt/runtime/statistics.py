@@ -262,18 +262,24 @@ class Statistics:
     def snapshot(self) -> ModelStatistics:
         """The statistics now."""
         with self._lock:
-            self._sum_locked()
+            # Arrivals first, then the successes: a thread running requests meanwhile (the
+            # sum releases the GIL) adds both, and counted the other way round its requests
+            # would show as dozens in flight from one caller. This way a request that came
+            # and went meanwhile is in both, and ``requests`` is at least what finished.
             # The next value of the count is the arrivals so far plus the earlier peeks.
             arrivals = next(self._arrivals) - self._peeks - self._handed_on
             self._peeks += 1
+            self._sum_locked()
             sums = [int(v) for v in self._sums]
             success = self._success
             failures = dict(self._failures)
+            finished = success + sum(failures.values())
+            requests = max(arrivals, finished)
             return ModelStatistics(
-                requests=arrivals,
+                requests=requests,
                 success=success,
                 failures=failures,
-                in_flight=arrivals - success - sum(failures.values()),
+                in_flight=requests - finished,
                 queue=Duration(success, sums[0]),
                 compute_input=Duration(success, sums[1]),
                 compute_infer=Duration(success, sums[2]),

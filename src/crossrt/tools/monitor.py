@@ -408,9 +408,17 @@ def diff_model(
         "latency_us": None,
         "queue_us": None,
         "infer_us": None,
+        "busy_percent": None,
     }
     if old is None or seconds <= 0:
         return row
+    if len(old["instances"]) == len(stats["instances"]):
+        # Engine time per instance over the period: how much of it each instance ran (over
+        # 100 for a multi-node instance whose nodes run requests side by side).
+        row["busy_percent"] = [
+            round((a["ns"] - b["ns"]) / 1e9 / seconds * 100, 1)
+            for a, b in zip(stats["instances"], old["instances"], strict=True)
+        ]
     successes = stats["success"] - old["success"]
     row["throughput"] = successes / seconds
     counts = [

@@ -197,14 +197,14 @@ def view(document: Mapping[str, Any], directory: Path, period: float) -> Group:
             Text(printable(", ".join(shown_name(m) for m in p["models"]) or "-")),
         )
 
-    # Compact (no vertical rules, two-line headers) so that the eleven columns fit in about
+    # Compact (no vertical rules, two-line headers) so that the twelve columns fit in about
     # 100 columns; on a narrower terminal every column folds a little rather than some
     # vanishing.
     models = _table("models")
     for name in ("PID", "MODEL", "DEVICE", "DRIVER(S)", "INSTANCES", "RUNNING", "IN\nFLIGHT"):
         text = name in ("MODEL", "DEVICE", "DRIVER(S)")
         models.add_column(name, justify="left" if text else "right", overflow="fold")
-    for name in ("REQ/S", "P50\nms", "P99\nms", "FAILED"):
+    for name in ("BUSY\n%", "REQ/S", "P50\nms", "P99\nms", "FAILED"):
         models.add_column(name, justify="right", overflow="fold")
     for p in processes:
         for m in p["models"]:
@@ -218,6 +218,7 @@ def view(document: Mapping[str, Any], directory: Path, period: float) -> Group:
                 str(m["instances"]),
                 "yes" if m["running"] else "no",
                 str(m["in_flight"]),
+                _number(_mean(m["busy_percent"]), ".0f"),
                 _number(m["throughput"], ".1f"),
                 _number(_ms(latency.get("p50")), ".3f"),
                 _number(_ms(latency.get("p99")), ".3f"),
@@ -254,3 +255,8 @@ def shown_name(model: Mapping[str, Any]) -> str:
     """A model as top shows it: the name a daemon serves it under (``tiny:1``) when it is
     served, else its own."""
     return str(model.get("served_as") or model["name"])
+
+
+def _mean(values: Sequence[float] | None) -> float | None:
+    """The mean of ``values`` (``None`` for none): BUSY is the instances' mean."""
+    return sum(values) / len(values) if values else None
