@@ -13,6 +13,10 @@ COMMANDS = {
     "run": ("crossrt.tools.run", "run a model once on files of inputs and save the outputs"),
     "compile": ("crossrt.tools.compile", "compile a model for a device into a .crm file"),
     "cache": ("crossrt.tools.cache", "list, verify and prune a compiled-model cache"),
+    "verify": (
+        "crossrt.tools.verify",
+        "check a model's outputs on each engine against the reference driver",
+    ),
     "bench": ("crossrt.tools.bench", "time a model on random inputs: throughput, latency"),
     "profile": ("crossrt.tools.profile", "record a Chrome trace of a model, or of a process"),
     "monitor": ("crossrt.tools.monitor", "print crossrt processes' metrics as JSON lines"),

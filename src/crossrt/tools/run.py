@@ -91,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             else:
                 options = {"fallback": fallback} if fallback else {}
                 model = rt.load(args.model, args.device, driver=args.driver, **options)
-            given = _read_inputs(args.input, model.inputs)
+            given = read_inputs(args.input, model.inputs)
             feed = {s.name: given[s.name] if s.name in given else _zeros(s) for s in model.inputs}
             start = time.perf_counter()
             outputs = model.run(feed)
@@ -229,7 +229,13 @@ def _describe(value: Any) -> str:
     return type(value).__name__
 
 
-def _read_inputs(items: Sequence[str], specs: Sequence[TensorSpec]) -> dict[str, Any]:
+def read_inputs(items: Sequence[str], specs: Sequence[TensorSpec]) -> dict[str, Any]:
+    """The ``--input NAME=FILE`` values (``.npy``, or raw bytes of a static input) by name.
+
+    Raises:
+        InvalidArgumentError: a malformed item, a name given twice, a missing file.
+        InvalidInputError: no such input, or a file that does not fit it.
+    """
     by_name = {s.name: s for s in specs}
     values: dict[str, Any] = {}
     for item in items:
