@@ -9,6 +9,7 @@ They are found through the distributions' file lists, never by importing the pac
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import re
 from pathlib import Path
 
@@ -219,3 +220,23 @@ def test_rapidocr_models_run_whole_on_openvino(kind: str):
     path = _rapidocr_model(kind)
     exe = _compile(path, "openvino")
     assert [n.driver for n in exe.nodes] == ["openvino"]
+
+
+def test_crossrt_verify_passes_real_models_on_every_driver(tmp_path, capsys):
+    """``crossrt verify``: rapidocr's detector whole on each driver, silero-vad with what a
+    driver cannot run placed on the CPU's others (sr 16000: with 0 even the reference fails,
+    and says which input to give)."""
+    from crossrt.tools import verify
+
+    det = _rapidocr_model("det")
+    assert verify.main([str(det), "--shape", "x=1x3x64x64", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["targets"]
+    assert rows and {r["result"] for r in rows} == {"PASS"}
+    silero = _silero()
+    assert verify.main([str(silero), "--shape", "input=1x512"]) == 1
+    assert "give inputs the model accepts with --input" in capsys.readouterr().err
+    np.save(tmp_path / "sr.npy", np.array(16000, np.int64))
+    argv = [str(silero), "--shape", "input=1x512", "--input", f"sr={tmp_path / 'sr.npy'}"]
+    assert verify.main([*argv, "--fallback", "cpu", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["targets"]
+    assert {r["result"] for r in rows} == {"PASS"} and len(rows) >= 2

@@ -124,7 +124,16 @@ def verify(args: argparse.Namespace) -> dict[str, Any]:
     if kind == "auto":
         drivers = ["auto"]
     with Runtime() as rt:
-        reference = rt.load(compile_model(model, "cpu", driver="reference")).run(feed)
+        try:
+            reference = rt.load(compile_model(model, "cpu", driver="reference")).run(feed)
+        except CrossrtError as exc:
+            given = "the inputs given" if args.input else "random inputs (integers zero)"
+            raise type(exc)(
+                f"the reference driver cannot run the model on {given}: {exc.message}; give "
+                "inputs the model accepts with --input NAME=FILE.npy",
+                exc.code,
+                exc.details,
+            ) from None
         rows = [
             check(rt, model, target, args, feed, reference, allowed, explicit=bool(args.driver))
             for target in drivers
