@@ -191,8 +191,12 @@ class RemoteRuntime:
         return True
 
     def infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
-        """One ModelInfer: through the direct lane when there is one, else gRPC."""
+        """One ModelInfer: through the direct lane when there is one, else gRPC. With a
+        ``timeout``, the daemon stops waiting for (or running) the request when it expires:
+        gRPC carries the deadline, and on the lane the request's ``timeout`` parameter does."""
         if self._lane is not None:
+            if self._timeout is not None and "timeout" not in request.parameters:
+                request.parameters["timeout"].int64_param = max(1, int(self._timeout * 1e6))
             try:
                 return self._lane.infer(request)
             except LaneUnavailable:  # a daemon without the lane: gRPC from now on

@@ -10,6 +10,7 @@ them into gRPC statuses.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -169,7 +170,11 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
     # -- inference -----------------------------------------------------------------------
 
     def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
-        return self.infer(request, lambda: self._identify(context.peer()))
+        remaining = context.time_remaining()  # the client's gRPC deadline, if it set one
+        deadline = None if remaining is None else time.monotonic() + remaining
+        return self.infer(
+            request, lambda: self._identify(context.peer()), deadline, context.add_callback
+        )
 
     def ModelStreamInfer(
         self, request_iterator: Iterator[pb.ModelInferRequest], context: Any
@@ -195,14 +200,26 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
             yield pb.ModelStreamInferResponse(infer_response=response)
 
     def infer(
-        self, request: pb.ModelInferRequest, caller: Callable[[], Peer]
+        self,
+        request: pb.ModelInferRequest,
+        caller: Callable[[], Peer],
+        deadline: float | None = None,
+        on_hang_up: Callable[[Callable[[], Any]], Any] | None = None,
     ) -> pb.ModelInferResponse:
         """Serve one ModelInfer request (gRPC's, or the direct lane's: :mod:`.lane`).
 
         Args:
             caller: who sent it; asked at most once, and only when the request names a
                 shared-memory region (looking a TCP peer up reads the kernel's tables).
+            deadline: the client's deadline (``time.monotonic()``), from gRPC; the
+                request's ``timeout`` parameter (microseconds, as tritonclient sends it)
+                gives one too, the earlier winning. A request still queued then is not
+                run, one still running is stopped where the engine can: DEADLINE_EXCEEDED.
+            on_hang_up: registers a function to call when the client goes away (gRPC's
+                ``context.add_callback``): a request with a deadline still queued then is
+                dropped.
         """
+        deadline = _earlier(deadline, request_deadline(request))
         entry, model = self.repository.get(request.model_name, request.model_version)
         peer: list[Peer] = []
 
@@ -221,7 +238,13 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
             raise
         # Static outputs asked for in a mapped region are written there by the model itself.
         bound = bound_outputs(request, chosen, lambda n, o, s: self.regions.mapped(n, o, s, who()))
-        results = model.run(feed, bound) if bound else model.run(feed)
+        if deadline is None:
+            results = model.run(feed, bound) if bound else model.run(feed)
+        else:  # through the queue, which keeps deadlines (run() in this thread cannot)
+            future = model.run_async(feed, bound or None, deadline=deadline)
+            if on_hang_up is not None:
+                on_hang_up(future.cancel)
+            results = future.result()
         response = pb.ModelInferResponse(
             model_name=entry.name, model_version=entry.version, id=request.id
         )
@@ -320,3 +343,28 @@ def _no_cuda() -> ServiceError:
         grpc.StatusCode.UNIMPLEMENTED,
         "CUDA shared memory is not served; use system shared memory",
     )
+
+
+def request_deadline(request: pb.ModelInferRequest) -> float | None:
+    """The deadline a request's ``timeout`` parameter sets (microseconds from now, as
+    Triton's clients send it; 0 or absent: none).
+
+    Raises:
+        ServiceError: INVALID_ARGUMENT, a timeout that is not a whole number >= 0.
+    """
+    if "timeout" not in request.parameters:
+        return None
+    parameter = request.parameters["timeout"]
+    kind = parameter.WhichOneof("parameter_choice")
+    value = getattr(parameter, kind) if kind in ("int64_param", "uint64_param") else None
+    if value is None or value < 0:
+        raise ServiceError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"request parameter timeout={_value(parameter)!r}: give microseconds as an "
+            "int64 >= 0 (0: no timeout)",
+        )
+    return time.monotonic() + value / 1e6 if value else None
+
+
+def _earlier(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)

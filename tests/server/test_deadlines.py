@@ -1,0 +1,99 @@
+"""Deadlines reach the daemon: a client's gRPC deadline, the request's ``timeout`` parameter
+(tritonclient's, in microseconds) and ``connect(timeout=)`` on the lane. A request whose
+deadline passes is not run, or is stopped where the engine can, and counted TIMEOUT; the
+daemon serves on."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("grpc", reason="the serve extra is not installed: pip install crossrt[serve]")
+pytest.importorskip("tritonclient.grpc", reason="the serve extra is not installed")
+
+import numpy as np
+import tritonclient.grpc as tc
+from serving import Daemon, start_daemon
+
+import crossrt
+from concurrency_models import heavy, tiny
+from crossrt.runtime import observer
+from crossrt.server.client import connect
+
+WAIT = 60
+
+
+@pytest.fixture(scope="module")
+def slow_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """A daemon serving ``tiny`` and ``heavy`` (a chain of MatMuls that runs for seconds)."""
+    folder = tmp_path_factory.mktemp("deadlines")
+    repository = folder / "models"
+    repository.mkdir()
+    crossrt.compile(tiny(), "cpu").save(repository / "tiny.crm")
+    crossrt.compile(heavy(chain=2000, size=512), "cpu").save(repository / "heavy.crm")
+    daemon = start_daemon(folder, repository)
+    yield daemon
+    assert daemon.stop() == 0, "".join(daemon.log)
+
+
+def _failures(daemon: Daemon, monkeypatch: pytest.MonkeyPatch, name: str) -> dict[str, int]:
+    """The daemon's failure counts of model ``name``, by code, seen as ``crossrt top`` sees
+    them."""
+    monkeypatch.setenv("CROSSRT_RUNTIME_DIR", str(Path(daemon.socket).parent / "run"))
+    (snapshot,) = [p for p in observer.processes() if p["pid"] == daemon.proc.pid]
+    (model,) = [m for m in snapshot["models"] if m["served_as"] == f"{name}:1"]
+    failures: dict[str, int] = model["statistics"]["failures"]
+    return failures
+
+
+def _wait_for_timeout(daemon: Daemon, monkeypatch: pytest.MonkeyPatch, name: str) -> int:
+    deadline = time.monotonic() + WAIT
+    while (count := _failures(daemon, monkeypatch, name).get("TIMEOUT", 0)) == 0:
+        assert time.monotonic() < deadline, "the daemon never counted the request TIMEOUT"
+        time.sleep(0.05)
+    return count
+
+
+def test_an_expired_timeout_parameter_is_deadline_exceeded(
+    slow_daemon: Daemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = slow_daemon.client()
+    x = tc.InferInput("x", [4, 8], "FP32")
+    x.set_data_from_numpy(np.ones((4, 8), np.float32))
+    with pytest.raises(tc.InferenceServerException) as raised:
+        client.infer("tiny", [x], timeout=1)  # one microsecond: past before it can run
+    assert raised.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+    assert "timed out" in raised.value.message()
+    assert _failures(slow_daemon, monkeypatch, "tiny")["TIMEOUT"] >= 1
+    assert client.infer("tiny", [x]).as_numpy("y").shape == (4, 8)  # serves on
+    client.close()
+
+
+def test_a_malformed_timeout_parameter_is_invalid_argument(slow_daemon: Daemon) -> None:
+    client = slow_daemon.client()
+    x = tc.InferInput("x", [4, 8], "FP32")
+    x.set_data_from_numpy(np.ones((4, 8), np.float32))
+    with pytest.raises(tc.InferenceServerException) as raised:
+        client.infer("tiny", [x], timeout=-5)
+    assert raised.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "timeout=-5" in raised.value.message()
+    client.close()
+
+
+@pytest.mark.parametrize("lane", [False, True], ids=["grpc", "lane"])
+def test_a_client_timeout_stops_the_run_in_the_daemon(
+    slow_daemon: Daemon, monkeypatch: pytest.MonkeyPatch, lane: bool
+) -> None:
+    """``connect(timeout=)``: gRPC's deadline, or the lane's timeout parameter. The daemon
+    stops the heavy run when it expires instead of running it to the end for nobody."""
+    before = _failures(slow_daemon, monkeypatch, "heavy").get("TIMEOUT", 0)
+    x = np.ones((512, 512), np.float32)
+    with connect(slow_daemon.url, timeout=0.05, lane=lane) as remote:
+        model = remote.load("heavy")
+        with pytest.raises(crossrt.CrossrtError) as raised:
+            model.run({"x": x})
+        assert raised.value.code is crossrt.StatusCode.TIMEOUT
+    assert _wait_for_timeout(slow_daemon, monkeypatch, "heavy") > before
