@@ -187,6 +187,49 @@ def test_exec_timeout_stops_an_ort_run(rt: crossrt.Runtime) -> None:
         model.run({"x": a}, outputs={model.outputs[0].name: np.empty((512, 512), np.float32)})
 
 
+def test_run_with_a_deadline_stops_in_the_callers_thread(rt: crossrt.Runtime) -> None:
+    """``run(deadline=)``: a run of seconds stopped at its deadline, in the caller's thread;
+    one past its deadline before it starts is not run; a generous one changes nothing."""
+    model = rt.load(crossrt.compile(heavy(chain=2000)))
+    a = np.ones((512, 512), np.float32)
+    started = time.monotonic()
+    with pytest.raises(crossrt.DeadlineExceededError, match="deadline passed while it ran"):
+        model.run({"x": a}, deadline=time.monotonic() + 0.05)
+    assert time.monotonic() - started < 1.5  # the whole run takes seconds
+    with pytest.raises(crossrt.DeadlineExceededError, match="before it could start"):
+        model.run({"x": a}, deadline=time.monotonic() - 1)
+    assert model.statistics().failures == {"TIMEOUT": 2}
+    small = rt.load(crossrt.compile(tiny()))
+    x = np.ones((4, 8), np.float32)
+    np.testing.assert_array_equal(
+        small.run({"x": x}, deadline=time.monotonic() + WAIT)["y"], small.run({"x": x})["y"]
+    )
+    out = {"y": np.empty((4, 8), np.float32)}
+    assert small.run({"x": x}, out, deadline=time.monotonic() + WAIT)["y"] is out["y"]
+
+
+def test_run_with_a_deadline_waits_in_the_queue_no_longer(
+    rt: crossrt.Runtime, tiny_exe: crossrt.Executable
+) -> None:
+    model = rt.load(tiny_exe)
+    gated = gate(model)
+    busy = model.run_async({"x": x(1)})
+    assert gated.started.wait(WAIT)
+    try:
+        with pytest.raises(crossrt.DeadlineExceededError, match="queued"):
+            model.run({"x": x(2)}, deadline=time.monotonic() + 0.05)
+        # run_async's future too fails at its deadline, not when a worker gets to it.
+        late = model.run_async({"x": x(3)}, deadline=time.monotonic() + 0.05)
+        with pytest.raises(crossrt.DeadlineExceededError, match="queued"):
+            late.result(WAIT)
+    finally:
+        gated.gate.set()
+    busy.result(WAIT)
+    assert model.statistics().failures == {"TIMEOUT": 2}
+    assert gated.calls == 1  # neither late request ran
+    np.testing.assert_array_equal(model.run({"x": x(4)})["y"], model.run({"x": x(4)})["y"])
+
+
 def test_exec_timeout_from_the_environment(
     rt: crossrt.Runtime, monkeypatch: pytest.MonkeyPatch, tiny_exe: crossrt.Executable
 ) -> None:

@@ -97,3 +97,26 @@ def test_a_client_timeout_stops_the_run_in_the_daemon(
             model.run({"x": x})
         assert raised.value.code is crossrt.StatusCode.TIMEOUT
     assert _wait_for_timeout(slow_daemon, monkeypatch, "heavy") > before
+
+
+def test_calls_without_a_deadline_leave_deadlines_working(
+    slow_daemon: Daemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gRPC says a call without a deadline has ~1e9 s remaining (infinity less now): taken
+    for a deadline, it ended the watchdog thread (Condition.wait overflowed time_t) and no
+    deadline or execution timeout was kept again in the daemon."""
+    client = slow_daemon.client()
+    x = tc.InferInput("x", [4, 8], "FP32")
+    x.set_data_from_numpy(np.ones((4, 8), np.float32))
+    for _ in range(3):
+        client.infer("tiny", [x])
+    client.close()
+    before = _failures(slow_daemon, monkeypatch, "heavy").get("TIMEOUT", 0)
+    x = np.ones((512, 512), np.float32)
+    with (
+        connect(slow_daemon.url, timeout=0.05, lane=False) as remote,
+        pytest.raises(crossrt.CrossrtError),
+    ):
+        remote.load("heavy").run({"x": x})
+    assert _wait_for_timeout(slow_daemon, monkeypatch, "heavy") > before
+    assert "Traceback" not in "".join(slow_daemon.log)

@@ -4,6 +4,7 @@ an execution timeout."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -44,24 +45,43 @@ def recording(
     return run
 
 
-def timed(name: str, inst: Instance, limit: float) -> Callable[..., dict[str, np.ndarray]]:
-    """``inst.execute`` stopped by the watchdog after ``limit`` seconds (TIMEOUT)."""
+def timed(
+    name: str, inst: Instance, limit: float | None, deadline: float | None = None
+) -> Callable[..., dict[str, np.ndarray]]:
+    """``inst.execute`` stopped by the watchdog after ``limit`` seconds (the execution
+    timeout), or at ``deadline`` (``time.monotonic()``: the request's), whichever comes
+    first (TIMEOUT)."""
 
     def run(feed: dict[str, Any], outputs: Any = None) -> dict[str, np.ndarray]:
         token = CancelToken()
-        end = time.monotonic() + limit
-        watchdog.watch(token, end)
+        end = math.inf if limit is None else time.monotonic() + limit
+        stop = min(end, math.inf if deadline is None else deadline)
+        watchdog.watch(token, stop)
         try:
             result = inst.execute(feed, outputs, token)
+        except DeadlineExceededError:  # the engine stopped: say which limit stopped it
+            raise _late(name, limit, stop < end) from None
         finally:
             expired = watchdog.finish(token)
-        if expired or time.monotonic() > end:
+        if expired or time.monotonic() > stop:
             release_made(result, outputs)  # device results nobody will receive
-            raise DeadlineExceededError(
-                f"model {name!r}: the run took longer than its execution timeout of {limit} s; "
-                "raise exec_timeout (or CROSSRT_EXEC_TIMEOUT) or give the model more cores",
-                details={"model": name, "exec_timeout": limit},
-            )
+            raise _late(name, limit, stop < end)
         return result
 
     return run
+
+
+def _late(name: str, limit: float | None, by_deadline: bool) -> DeadlineExceededError:
+    """TIMEOUT saying which limit stopped the run: the request's deadline, or the model's
+    execution timeout."""
+    if by_deadline:
+        return DeadlineExceededError(
+            f"model {name!r}: the request's deadline passed while it ran; give it more time "
+            "or load more instances",
+            details={"model": name},
+        )
+    return DeadlineExceededError(
+        f"model {name!r}: the run took longer than its execution timeout of {limit} s; raise "
+        "exec_timeout (or CROSSRT_EXEC_TIMEOUT) or give the model more cores",
+        details={"model": name, "exec_timeout": limit},
+    )

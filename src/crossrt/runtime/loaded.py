@@ -7,6 +7,7 @@ import dataclasses
 import itertools
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import CancelledError, Future
@@ -40,7 +41,7 @@ from .memory.transfer import (
 )
 from .numerics import checking
 from .request import Request, repeat
-from .scheduler import Instance, Scheduler
+from .scheduler import Instance, Scheduler, late
 from .shapes import DimRange, declared_ranges
 from .statistics import SUM_AT, ModelStatistics, Statistics
 
@@ -159,17 +160,21 @@ class LoadedModel:
         self._take = self._scheduler.idle.pop  # run() takes an instance without blocking
         self._give = self._scheduler.idle.append
 
-    def _inline(self, inst: Instance) -> Callable[..., dict[str, np.ndarray]]:
+    def _inline(
+        self, inst: Instance, deadline: float | None = None
+    ) -> Callable[..., dict[str, np.ndarray]]:
         """What ``run()`` calls on an instance it holds: the program itself when nothing is
-        added, so the common case costs no extra Python call."""
+        added, so the common case costs no extra Python call; with a ``deadline``, the run
+        stopped by the watchdog then (made per call)."""
         execute: Callable[..., dict[str, np.ndarray]]
         reads_all = len(inst.steps[0][0]) == len(self.executable.inputs)
-        if len(inst.programs) == 1 and self._exec_timeout is None and reads_all:
+        plain = self._exec_timeout is None and deadline is None
+        if len(inst.programs) == 1 and plain and reads_all:
             execute = unguarded(inst.programs[0].run)  # run() maps what it raises
-        elif self._exec_timeout is None:
+        elif plain:
             execute = inst.execute
         else:
-            execute = timed(self.name, inst, self._exec_timeout)
+            execute = timed(self.name, inst, self._exec_timeout, deadline)
         if self._resident:
             execute = on_host(execute, self.transfers)
         if self.check_numerics:
@@ -208,18 +213,32 @@ class LoadedModel:
         return self._released is None
 
     @overload
-    def run(self, inputs: Any, outputs: None = None) -> dict[str, np.ndarray]: ...
+    def run(
+        self, inputs: Any, outputs: None = None, *, deadline: float | None = None
+    ) -> dict[str, np.ndarray]: ...
 
     @overload
-    def run(self, inputs: Any, outputs: TensorSet) -> TensorSet: ...
+    def run(
+        self, inputs: Any, outputs: TensorSet, *, deadline: float | None = None
+    ) -> TensorSet: ...
 
     @overload
-    def run(self, inputs: Any, outputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+    def run(
+        self, inputs: Any, outputs: Mapping[str, np.ndarray], *, deadline: float | None = None
+    ) -> dict[str, np.ndarray]: ...
 
     @overload
-    def run(self, inputs: Any, outputs: Mapping[str, Any]) -> Mapping[str, Any]: ...
+    def run(
+        self, inputs: Any, outputs: Mapping[str, Any], *, deadline: float | None = None
+    ) -> Mapping[str, Any]: ...
 
-    def run(self, inputs: Any, outputs: Mapping[str, Any] | None = None) -> Any:
+    def run(
+        self,
+        inputs: Any,
+        outputs: Mapping[str, Any] | None = None,
+        *,
+        deadline: float | None = None,
+    ) -> Any:
         """Run the model once (nrt_execute).
 
         Args:
@@ -234,6 +253,10 @@ class LoadedModel:
                 static (a dynamic result is copied in, its shape set); ``None`` lets the
                 runtime allocate a Tensor charged to this model. A :class:`TensorSet` gets
                 the outputs it lacks added.
+            deadline: a ``time.monotonic()`` time by which the result is wanted: past it,
+                a request not started is not run and one running is stopped where the
+                engine can (TIMEOUT), as :meth:`run_async`'s ``deadline``. It runs in this
+                thread all the same when an instance is free.
 
         Returns:
             ``{output name: array}``; with ``outputs=``, the arrays and Tensors given (and
@@ -244,6 +267,7 @@ class LoadedModel:
             InvalidHandleError: the model was unloaded.
             ClosedError: its runtime was closed.
             ExecutionError: the engine failed.
+            DeadlineExceededError: (TIMEOUT) the ``deadline`` passed.
         """
         arrived = perf_counter_ns()
         statistics = self._statistics
@@ -253,7 +277,10 @@ class LoadedModel:
                 raise self._refusal[0](self._refusal[1])
             # The same inputs and output tensors as the last bound call, unchanged: checked
             # then.
-            checked = None if outputs is None else self._binder.reuse(inputs, outputs)
+            checked = (
+                None if outputs is None or deadline is not None
+                else self._binder.reuse(inputs, outputs)
+            )  # fmt: skip
             feed = self._checker.check(inputs) if checked is None else checked.feed
             ready = perf_counter_ns()
             if self._scheduler.waiting:
@@ -261,21 +288,24 @@ class LoadedModel:
                 # back would let a caller in a loop keep it for good (another thread's call
                 # waited 2-3 s, the whole run, with 2 callers on one instance).
                 raise IndexError
+            if deadline is not None and time.monotonic() >= deadline:
+                raise late(self.name, "its deadline passed before it could start")
             inst = self._take()
         except IndexError:  # every instance busy: wait in the queue like run_async
-            return self._queued(feed, outputs, arrived, ready)  # the queue counts it
+            return self._queued(feed, outputs, arrived, ready, deadline)  # the queue counts it
         except BaseException as exc:
             statistics.failed(exc)
             raise
         try:
+            call = inst.call if deadline is None else self._inline(inst, deadline)
             if checked is not None:
                 assert outputs is not None  # reuse() finds no call without them
                 checked.call_on(inst, self._direct)()
                 result: Any = dict(outputs)  # each output is a tensor bound in place
             elif outputs is None or (not outputs and type(outputs) is dict):
-                result = inst.call(feed)
+                result = call(feed)
             else:
-                result = self._binder.run(inst.call, feed, outputs, inputs)
+                result = self._binder.run(call, feed, outputs, inputs)
         except BaseException as exc:
             statistics.failed(exc)
             if not isinstance(exc, Exception):
@@ -296,7 +326,14 @@ class LoadedModel:
             statistics.sum()
         return result
 
-    def _queued(self, feed: dict[str, Any], outputs: Any, arrived: int, checked: int) -> Any:
+    def _queued(
+        self,
+        feed: dict[str, Any],
+        outputs: Any,
+        arrived: int,
+        checked: int,
+        deadline: float | None = None,
+    ) -> Any:
         """``run()`` when every instance is busy: in the queue, waiting for its result. An
         unload or a close fails it at once with the model's reason unless it is running."""
         self._statistics.handed_on()  # counted again by the queue, with its outcome
@@ -305,7 +342,7 @@ class LoadedModel:
             outputs,
             block=True,
             timeout=None,
-            deadline=None,
+            deadline=deadline,
             arrived=arrived,
             checked=checked,
         )

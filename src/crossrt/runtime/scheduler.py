@@ -283,7 +283,22 @@ class Scheduler:
         except BaseException as exc:  # refused at the door: the future never resolves
             self.statistics.failed(exc)
             raise
+        if deadline is not None:
+            # A request still waiting at its deadline fails then, not when a worker gets to
+            # it: its caller stops waiting on time (a worker skips it later).
+            expiry = CancelToken()
+            expiry.on_cancel(partial(self._expire, job))
+            watchdog.watch(expiry, deadline)
         return job.future
+
+    def _expire(self, job: Job) -> None:
+        """Fail ``job`` with TIMEOUT if nothing has started or settled it yet."""
+        try:
+            waiting = job.future.set_running_or_notify_cancel()
+        except RuntimeError:  # running (its own token stops it) or already settled
+            return
+        if waiting:
+            job.future.set_exception(late(self.name, "its deadline passed while it was queued"))
 
     def _settled(self, job: Job, future: Future[Any]) -> None:
         if future.cancelled():
@@ -347,7 +362,7 @@ class Scheduler:
             self._admission.release()
             return False
         if job.deadline is not None and time.monotonic() >= job.deadline:
-            self._done(job, error=_late(self.name, "its deadline passed while it was queued"))
+            self._done(job, error=late(self.name, "its deadline passed while it was queued"))
             return False
         limit = self.exec_timeout
         end = job.deadline
@@ -363,7 +378,7 @@ class Scheduler:
         if job.token is not None:
             expired = watchdog.finish(job.token)
             if error is None and (expired or time.monotonic() > (job.end or 0.0)):
-                error = _late(self.name, "it ran past its deadline or execution timeout")
+                error = late(self.name, "it ran past its deadline or execution timeout")
         self._admission.release()
         if error is not None:
             job.future.set_exception(error)
@@ -481,7 +496,8 @@ def _assemble_with(
     return assemble(values, names, outputs)
 
 
-def _late(name: str, why: str) -> DeadlineExceededError:
+def late(name: str, why: str) -> DeadlineExceededError:
+    """TIMEOUT for a request of model ``name``: ``why`` it did not finish in time."""
     return DeadlineExceededError(
         f"model {name!r}: request timed out, {why}; allow more time (deadline=, exec_timeout=, "
         "CROSSRT_EXEC_TIMEOUT) or load more instances",

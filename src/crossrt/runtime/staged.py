@@ -76,7 +76,13 @@ class StagedModel(LoadedModel):
             )
         return found
 
-    def run(self, inputs: Any, outputs: Mapping[str, Any] | None = None) -> Any:
+    def run(
+        self,
+        inputs: Any,
+        outputs: Mapping[str, Any] | None = None,
+        *,
+        deadline: float | None = None,
+    ) -> Any:
         """Run the stage whose input shapes equal the inputs' (see :meth:`LoadedModel.run`).
 
         Raises:
@@ -87,8 +93,8 @@ class StagedModel(LoadedModel):
             raise self._refusal[0](self._refusal[1])
         stage = self._stage(inputs)
         if stage is self:
-            return super().run(inputs, outputs)
-        return stage.run(inputs, outputs)
+            return super().run(inputs, outputs, deadline=deadline)
+        return stage.run(inputs, outputs, deadline=deadline)
 
     def run_async(
         self, inputs: Any, outputs: Mapping[str, Any] | None = None, **options: Any

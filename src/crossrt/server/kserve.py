@@ -170,11 +170,13 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
     # -- inference -----------------------------------------------------------------------
 
     def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
-        remaining = context.time_remaining()  # the client's gRPC deadline, if it set one
-        deadline = None if remaining is None else time.monotonic() + remaining
-        return self.infer(
-            request, lambda: self._identify(context.peer()), deadline, context.add_callback
-        )
+        # The client's gRPC deadline: without one, gRPC answers a huge number of seconds
+        # (infinity less now), which must not become a deadline.
+        remaining = context.time_remaining()
+        deadline = None
+        if remaining is not None and remaining < NO_DEADLINE_S:
+            deadline = time.monotonic() + remaining
+        return self.infer(request, lambda: self._identify(context.peer()), deadline)
 
     def ModelStreamInfer(
         self, request_iterator: Iterator[pb.ModelInferRequest], context: Any
@@ -204,7 +206,6 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
         request: pb.ModelInferRequest,
         caller: Callable[[], Peer],
         deadline: float | None = None,
-        on_hang_up: Callable[[Callable[[], Any]], Any] | None = None,
     ) -> pb.ModelInferResponse:
         """Serve one ModelInfer request (gRPC's, or the direct lane's: :mod:`.lane`).
 
@@ -215,9 +216,6 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
                 request's ``timeout`` parameter (microseconds, as tritonclient sends it)
                 gives one too, the earlier winning. A request still queued then is not
                 run, one still running is stopped where the engine can: DEADLINE_EXCEEDED.
-            on_hang_up: registers a function to call when the client goes away (gRPC's
-                ``context.add_callback``): a request with a deadline still queued then is
-                dropped.
         """
         deadline = _earlier(deadline, request_deadline(request))
         entry, model = self.repository.get(request.model_name, request.model_version)
@@ -240,11 +238,8 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
         bound = bound_outputs(request, chosen, lambda n, o, s: self.regions.mapped(n, o, s, who()))
         if deadline is None:
             results = model.run(feed, bound) if bound else model.run(feed)
-        else:  # through the queue, which keeps deadlines (run() in this thread cannot)
-            future = model.run_async(feed, bound or None, deadline=deadline)
-            if on_hang_up is not None:
-                on_hang_up(future.cancel)
-            results = future.result()
+        else:
+            results = model.run(feed, bound or None, deadline=deadline)
         response = pb.ModelInferResponse(
             model_name=entry.name, model_version=entry.version, id=request.id
         )
@@ -343,6 +338,10 @@ def _no_cuda() -> ServiceError:
         grpc.StatusCode.UNIMPLEMENTED,
         "CUDA shared memory is not served; use system shared memory",
     )
+
+
+NO_DEADLINE_S = 1e7
+"""gRPC time remaining beyond this many seconds (about 4 months) means no deadline."""
 
 
 def request_deadline(request: pb.ModelInferRequest) -> float | None:
