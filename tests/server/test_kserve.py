@@ -192,6 +192,8 @@ def test_statistics_and_metrics(daemon: Daemon, client: tc.InferenceServerClient
         "crossrt_inference_pending_request_count",
     ):
         assert f'{name}{{model="relu",version="2"}}' in text, name
+    for name in ("hits", "misses", "evictions", "compile_seconds"):  # the compile cache's
+        assert f"\ncrossrt_cache_{name}_total " in text, name
 
 
 def test_sixteen_clients_every_answer_checked(daemon: Daemon) -> None:

@@ -256,3 +256,17 @@ def test_monitor_serves_every_process_for_prometheus(
     del process["mode"]
     memory = ("crossrt_process_resident_memory_bytes", tuple(sorted(process.items())))
     assert samples[memory] > 1 << 20
+    # The child compiled without a cache directory: no hits, no misses, but counted.
+    assert samples[("crossrt_cache_hits_total", tuple(sorted(process.items())))] == 0
+
+
+def test_a_snapshot_counts_the_compile_cache(tmp_path: Path) -> None:
+    """The second process compiling the same model finds it in the cache: a hit."""
+    env = {"CROSSRT_CACHE_DIR": str(tmp_path / "cache")}
+    for expected in ({"hits": 0, "misses": 1}, {"hits": 1, "misses": 0}):
+        child = start_child(env)
+        try:
+            (seen,) = [p for p in observer.processes() if p["pid"] == child.pid]
+        finally:
+            stop(child)
+        assert {k: seen["cache"][k] for k in expected} == expected

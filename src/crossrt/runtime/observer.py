@@ -6,8 +6,9 @@ The first model a process loads starts one daemon thread listening on
 socket is 0600: only the same user, and root, connect). Nothing is measured or sent until
 someone asks: a connection sends one JSON line and gets one JSON line back.
 
-- ``{"op": "snapshot"}``: the process (pid, tag, command, CPU seconds) and each loaded model
-  with its request statistics (``docs/statistics.md``), cores and memory;
+- ``{"op": "snapshot"}``: the process (pid, tag, command, CPU seconds, its compile caches'
+  counters) and each loaded model with its request statistics (``docs/statistics.md``),
+  cores and memory;
 - ``{"op": "profile", "seconds": S, "models": [names]}``: a :class:`~.profiler.Profile` of
   S seconds (at most :data:`MAX_PROFILE_SECONDS`), returned as a Chrome trace.
 
@@ -34,6 +35,7 @@ import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..compiler.cache import cache_stats
 from ..config import settings
 from ..errors import (
     CrossrtError,
@@ -162,6 +164,7 @@ class _Endpoint:
             "started": self.started,
             "time": time.time(),
             "cpu": {"user_s": usage.ru_utime, "system_s": usage.ru_stime},
+            "cache": cache_stats().to_dict(),
             "models": [describe(m) for m in self.models()],
         }
 

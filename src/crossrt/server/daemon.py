@@ -25,6 +25,7 @@ from typing import Any
 import grpc
 from tritonclient.grpc import service_pb2_grpc as pbg
 
+from ..compiler.cache import cache_stats
 from ..errors import InvalidOptionError, OutOfResourcesError
 from ..host import owned_name, remove_orphans
 from ..runtime import Runtime
@@ -197,13 +198,14 @@ class Daemon:
             lane = " and the direct lane" if address.startswith("unix:") else ""
             log.info("serving KServe v2 gRPC%s on %s", lane, address)
         if self.options.metrics:
-            from .metrics import ConnectionCollector, ModelCollector, serve_metrics
+            from .metrics import CacheCollector, ConnectionCollector, ModelCollector, serve_metrics
 
             try:
                 self._metrics = serve_metrics(
                     self.options.metrics,
                     ModelCollector(self.statistics),
                     ConnectionCollector(self.connections),
+                    CacheCollector(lambda: [({}, cache_stats())]),
                 )
             except OSError as exc:
                 raise OutOfResourcesError(

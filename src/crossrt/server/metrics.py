@@ -17,6 +17,10 @@ written as Prometheus and OpenMetrics want them, with ``_total`` after the famil
 | ``crossrt_inference_compute_output_duration_us`` | same | ``compute_output`` |
 | ``crossrt_inference_pending_request_count`` | same (a gauge) | ``in_flight`` |
 
+The compile cache's counters (``crossrt_cache_hits_total``, ``_misses_total``,
+``_evictions_total``, ``crossrt_cache_compile_seconds_total``) say whether models came from
+the cache or were compiled, and for how long.
+
 ``crossrt monitor --prometheus`` serves the same for every crossrt process on the machine,
 each model labelled ``pid`` and ``tag`` too, with ``crossrt_process_cpu_seconds_total``
 (``mode`` user or system) and ``crossrt_process_resident_memory_bytes`` per process.
@@ -34,6 +38,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import Metric
 
+from ..compiler.cache import CacheStats
 from ..runtime.statistics import ModelStatistics
 
 ConnectionSource = Callable[[], list[tuple[str, int, int]]]
@@ -122,6 +127,43 @@ class ConnectionCollector:
             refused.add_sample(name + "_refused_total", {"socket": path}, float(turned_away))
         yield gauge
         yield refused
+
+
+CacheSource = Callable[[], list[tuple[dict[str, str], CacheStats]]]
+"""``() -> [(labels, counters)]`` of processes' compile caches (``compiler/cache.py``)."""
+
+_CACHE: tuple[tuple[str, str, Callable[[CacheStats], float]], ...] = (
+    ("cache_hits", "compiles answered from the compile cache", lambda c: c.hits),
+    ("cache_misses", "compiles the cache could not answer (rebuilds included)", lambda c: c.misses),
+    (
+        "cache_evictions",
+        "cache entries removed to keep within the size budget",
+        lambda c: c.evictions,
+    ),
+    (
+        "cache_compile_seconds",
+        "seconds spent compiling on cache misses",
+        lambda c: c.compile_seconds,
+    ),
+)
+
+
+class CacheCollector:
+    """A Prometheus collector over compile caches' counters (hits, misses, evictions, time
+    compiling)."""
+
+    def __init__(self, source: CacheSource, prefix: str = "crossrt_") -> None:
+        self._source = source
+        self._prefix = prefix
+
+    def collect(self) -> Iterator[Metric]:
+        rows = self._source()
+        for suffix, doc, read in _CACHE:
+            name = self._prefix + suffix
+            metric = Metric(name, doc, "counter")
+            for labels, stats in rows:
+                metric.add_sample(name + "_total", labels, float(read(stats)))
+            yield metric
 
 
 ProcessSource = Callable[[], list[tuple[dict[str, str], float, float, int | None]]]

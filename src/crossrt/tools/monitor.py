@@ -17,6 +17,7 @@ sockets; ``crossrt top`` draws what it returns.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -24,6 +25,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from ..compiler.cache import CacheStats
 from ..errors import CrossrtError, InvalidArgumentError, OutOfResourcesError
 from ..runtime import observer
 from ..runtime.statistics import Duration, ModelStatistics, statistics_from_dict
@@ -122,7 +124,12 @@ def serve_prometheus(address: str) -> int:
         CrossrtError: prometheus-client or psutil is missing, or the address is taken.
     """
     try:
-        from ..server.metrics import ModelCollector, ProcessCollector, serve_metrics
+        from ..server.metrics import (
+            CacheCollector,
+            ModelCollector,
+            ProcessCollector,
+            serve_metrics,
+        )
     except ImportError as exc:
         raise CrossrtError(
             f"prometheus-client is missing ({exc}); install the serve extra: "
@@ -138,6 +145,7 @@ def serve_prometheus(address: str) -> int:
             f"{host or '127.0.0.1'}:{port}",
             ModelCollector(scrape.models),
             ProcessCollector(scrape.processes),
+            CacheCollector(scrape.caches),
         )
     except OSError as exc:
         raise OutOfResourcesError(
@@ -186,6 +194,17 @@ class Scrape:
                 except InvalidArgumentError:
                     continue  # another crossrt version's: one model, not the whole scrape
                 rows.append((labels, statistics, 0))
+        return rows
+
+    def caches(self) -> list[tuple[dict[str, str], CacheStats]]:
+        """``(labels, compile cache counters)`` per process."""
+        rows = []
+        for process in self._snapshots():
+            found = process.get("cache")
+            if isinstance(found, dict):
+                with contextlib.suppress(TypeError):
+                    labels = {"pid": str(process["pid"]), "tag": str(process["tag"])}
+                    rows.append((labels, CacheStats(**found)))
         return rows
 
     def processes(self) -> list[tuple[dict[str, str], float, float, int | None]]:
