@@ -417,6 +417,7 @@ def diff_model(
         "device": after["device"],
         "drivers": list(after["drivers"]),
         "instances": after["instances"],
+        "cores": [list(c) for c in after.get("cores", [])],
         "running": after["running"],
         "in_flight": stats["in_flight"],
         "requests": stats["requests"],

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CrossrtError
+from ..host import format_cpus
 from ..runtime import observer
 from .common import fail, human_bytes, printable
 from .monitor import TOOLS_EXTRA, Sampler, diff_processes, pauses, positive_seconds
@@ -197,12 +198,21 @@ def view(document: Mapping[str, Any], directory: Path, period: float) -> Group:
             Text(printable(", ".join(shown_name(m) for m in p["models"]) or "-")),
         )
 
-    # Compact (no vertical rules, two-line headers) so that the twelve columns fit in about
+    # Compact (no vertical rules, two-line headers) so that the thirteen columns fit in about
     # 100 columns; on a narrower terminal every column folds a little rather than some
     # vanishing.
     models = _table("models")
-    for name in ("PID", "MODEL", "DEVICE", "DRIVER(S)", "INSTANCES", "RUNNING", "IN\nFLIGHT"):
-        text = name in ("MODEL", "DEVICE", "DRIVER(S)")
+    for name in (
+        "PID",
+        "MODEL",
+        "DEVICE",
+        "DRIVER(S)",
+        "INSTANCES",
+        "CORES",
+        "RUNNING",
+        "IN\nFLIGHT",
+    ):
+        text = name in ("MODEL", "DEVICE", "DRIVER(S)", "CORES")
         models.add_column(name, justify="left" if text else "right", overflow="fold")
     for name in ("BUSY\n%", "REQ/S", "P50\nms", "P99\nms", "FAILED"):
         models.add_column(name, justify="right", overflow="fold")
@@ -216,6 +226,7 @@ def view(document: Mapping[str, Any], directory: Path, period: float) -> Group:
                 Text(printable(m["device"])),
                 Text(printable(", ".join(m["drivers"]))),
                 str(m["instances"]),
+                Text(printable(_cores(m.get("cores") or []))),
                 "yes" if m["running"] else "no",
                 str(m["in_flight"]),
                 _number(_mean(m["busy_percent"]), ".0f"),
@@ -260,3 +271,8 @@ def shown_name(model: Mapping[str, Any]) -> str:
 def _mean(values: Sequence[float] | None) -> float | None:
     """The mean of ``values`` (``None`` for none): BUSY is the instances' mean."""
     return sum(values) / len(values) if values else None
+
+
+def _cores(instances: Sequence[Sequence[int]]) -> str:
+    """Each instance's cores on its device, ``0-1 2-3`` (``-`` for none)."""
+    return " ".join(format_cpus(list(cores)) for cores in instances) or "-"
