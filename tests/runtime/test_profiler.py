@@ -145,3 +145,25 @@ def test_spans_of_your_own_are_drawn_on_their_tracks(
     assert (mine["name"], mine["args"]) == ("prepare", {"images": 1})
     names = {e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name"}
     assert names[mine["tid"]] == "my app"
+
+
+def test_copies_between_host_and_device_memory_are_drawn(rt: crossrt.Runtime) -> None:
+    """On the simulated accelerator (its own memory), a plain run copies its input in and
+    its output out: each copy a span, summed per direction."""
+    from concurrency_models import tiny
+
+    model = rt.load(crossrt.compile(tiny(), "sim:0"))
+    with crossrt.Profile(model) as profile:
+        for i in range(3):
+            model.run({"x": x(i)})
+    (summary,) = profile.summary()
+    copies = summary["copies"]
+    assert set(copies) == {"host_to_device", "device_to_host"}
+    assert copies["host_to_device"]["count"] == 3
+    assert copies["host_to_device"]["bytes"] == 3 * 4 * 8 * 4
+    events = [e for e in profile.stop()["traceEvents"] if e.get("cat") == "copy"]
+    assert len(events) == 6 and {e["name"] for e in events} == {
+        "host to device",
+        "device to host",
+    }
+    assert model.transfers.spans is None  # stopped

@@ -13,7 +13,9 @@ The trace is the Trace Event Format that Perfetto (https://ui.perfetto.dev) and
   engines) and ``output`` (handing the outputs back);
 - each instance has a track of its own with an ``infer`` slice per run, and for a
   multi-node executable one track per node with a slice per node run, named after the
-  node and its driver, so the pipeline's overlap shows.
+  node and its driver, so the pipeline's overlap shows;
+- a model with device memory (``sim``, a GPU) has a track of its copies between host and
+  device memory (``host to device``, ``device to host``, with their bytes).
 
 Failed requests are counted in the summary's ``failed``, not drawn.
 """
@@ -84,6 +86,7 @@ class Profile:
         self._failed_before: list[int] = []
         self._failed = [0] * len(self.models)
         self._nodes: list[list[tuple[int, int, int, int, int]]] = [[] for _ in self.models]
+        self._copies: list[list[tuple[str, int, int, int]]] = [[] for _ in self.models]
         self._taps: list[Any] = []
         self._marks: list[tuple[str, str, int, int, dict[str, Any]]] = []
         self._start = self._end = 0
@@ -117,6 +120,7 @@ class Profile:
             for inst in model._instances:
                 if len(inst.programs) > 1:
                     inst.trace = self._nodes[k]
+            model.transfers.spans = self._copies[k]  # a model with device memory copies
         return self
 
     def _tap(self, k: int) -> Any:
@@ -151,6 +155,8 @@ class Profile:
             for inst in model._instances:
                 if inst.trace is self._nodes[k]:
                     inst.trace = None
+            if model.transfers.spans is self._copies[k]:
+                model.transfers.spans = None
             self._failed[k] = statistics.snapshot().failure - self._failed_before[k]
         self._trace = self._build()
         if self.path is not None:
@@ -219,6 +225,17 @@ class Profile:
                     }
                     for j, node in enumerate(model.executable.nodes)
                 ]
+            copies = [c for c in self._copies[k] if c[2] >= self._start]
+            if copies:
+                entry["copies"] = {
+                    direction: {
+                        "count": len(mine),
+                        "bytes": sum(c[1] for c in mine),
+                        "us": _spread(np.array([c[3] - c[2] for c in mine], np.int64)),
+                    }
+                    for direction in sorted({c[0] for c in copies})
+                    for mine in [[c for c in copies if c[0] == direction]]
+                }
             result.append(entry)
         return result
 
@@ -271,6 +288,17 @@ class Profile:
                          "ts": us(marks[2]), "dur": round(infer / 1e3, 3),
                          "args": {"model": model.name}}
                     )  # fmt: skip
+            copies = [c for c in self._copies[k] if c[2] >= self._start][: self._drawn * 4]
+            if copies:
+                events.append(_meta(pid, tid, "thread_name", {"name": f"{model.name} copies"}))
+                for direction, nbytes, begin, end in copies:
+                    events.append(
+                        {"ph": "X", "cat": "copy", "name": direction.replace("_", " "),
+                         "pid": pid, "tid": tid, "ts": us(begin),
+                         "dur": round((end - begin) / 1e3, 3),
+                         "args": {"model": model.name, "bytes": nbytes}}
+                    )  # fmt: skip
+                tid += 1
             for instance, j, _, begin, end in self._nodes[k][: self._drawn * max(1, len(nodes))]:
                 if begin < self._start or (instance, j) not in tracks:
                     continue

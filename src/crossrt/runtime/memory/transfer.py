@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -72,12 +73,19 @@ class Transfers:
         self._lock = threading.Lock()
         self._bytes = {H2D: 0, D2H: 0, D2D: 0}
         self._copies = {H2D: 0, D2H: 0, D2D: 0}
+        self.spans: list[tuple[str, int, int, int]] | None = None
+        """While a profile records: ``(direction, bytes, began, ended)`` per copy whose
+        start was given (``time.perf_counter_ns()``)."""
 
-    def count(self, direction: str, nbytes: int) -> None:
-        """Count one copy of ``nbytes`` in ``direction`` (``H2D``, ``D2H`` or ``D2D``)."""
+    def count(self, direction: str, nbytes: int, began: int = 0) -> None:
+        """Count one copy of ``nbytes`` in ``direction`` (``H2D``, ``D2H`` or ``D2D``) that
+        ended now; ``began`` (``time.perf_counter_ns()``) lets a profile draw it."""
         with self._lock:
             self._bytes[direction] += nbytes
             self._copies[direction] += 1
+        spans = self.spans
+        if spans is not None and began:
+            spans.append((direction, nbytes, began, time.perf_counter_ns()))
 
     def stats(self) -> TransferStats:
         """The counts so far."""
@@ -111,8 +119,9 @@ def to_host(value: DeviceArray, transfers: Transfers) -> np.ndarray:
     """A host copy of a device array (device -> host, counted)."""
     driver, info = _driver_of(value.device)
     out = host_empty(value.shape, value.dtype, f"a host copy of a result on {value.device}")
+    began = time.perf_counter_ns()
     driver.copy_out(info, _bytes_of(out), value.buffer, value.offset)
-    transfers.count(D2H, out.nbytes)
+    transfers.count(D2H, out.nbytes, began)
     return out
 
 
@@ -120,12 +129,13 @@ def to_device(array: np.ndarray, device: DeviceInfo, driver: Driver, transfers: 
     """A new buffer on ``device`` holding ``array`` (host -> device, counted)."""
     array = host_contiguous(array, f"an input staged for {device.id}")
     buffer = driver.allocate(device, array.nbytes)
+    began = time.perf_counter_ns()
     try:
         driver.copy_in(device, buffer, _bytes_of(array), 0)
     except BaseException:
         driver.free(device, buffer)
         raise
-    transfers.count(H2D, array.nbytes)
+    transfers.count(H2D, array.nbytes, began)
     return buffer
 
 
@@ -256,8 +266,9 @@ class ResidentProgram(Program):
             if isinstance(buffer, DeviceArray):  # a host result into device memory
                 array = host_contiguous(produced, f"result {name!r}")
                 driver, info = _driver_of(buffer.device)
+                began = time.perf_counter_ns()
                 driver.copy_in(info, buffer.buffer, _bytes_of(array), buffer.offset)
-                self.transfers.count(H2D, array.nbytes)
+                self.transfers.count(H2D, array.nbytes, began)
             else:  # a device result into a host buffer
                 if produced.nbytes != buffer.nbytes or produced.dtype != buffer.dtype:
                     release(produced)
@@ -268,8 +279,9 @@ class ResidentProgram(Program):
                         details={"output": name},
                     )
                 driver, info = _driver_of(produced.device)
+                began = time.perf_counter_ns()
                 driver.copy_out(info, _bytes_of(buffer), produced.buffer, produced.offset)
-                self.transfers.count(D2H, buffer.nbytes)
+                self.transfers.count(D2H, buffer.nbytes, began)
                 release(produced)
             results[name] = buffer
         return results
