@@ -122,7 +122,8 @@ def record_process(pid: int, models: Sequence[str], seconds: float) -> dict[str,
 
 
 def table(summary: Sequence[dict[str, Any]]) -> list[str]:
-    """The summary as text: per model a line, then microseconds per phase and per node."""
+    """The summary as text: per model a line, then microseconds per phase, per node and per
+    direction of copies."""
     lines = []
     for entry in summary:
         name = repr(entry["model"])
@@ -133,17 +134,21 @@ def table(summary: Sequence[dict[str, Any]]) -> list[str]:
             f"({entry['throughput']:.1f}/s), {entry['failed']} failed"
             + (f", {entry['dropped']} not kept" if entry["dropped"] else "")
         )
-        lines.append(f"  {'us':<10}{'mean':>12}{'p50':>12}{'p99':>12}")
-        for phase in PHASES:
-            lines.append(_row(phase, entry[f"{phase}_us"]))
-        for node in entry.get("nodes", []):
-            lines.append(_row(f"node {node['node']} ({node['driver']})", node["us"]))
+        rows = [(phase, entry[f"{phase}_us"]) for phase in PHASES]
+        rows += [(f"node {n['node']} ({n['driver']})", n["us"]) for n in entry.get("nodes", [])]
+        rows += [
+            (f"copy {direction.replace('_', ' ')} ({c['count']}x, {c['bytes']} B)", c["us"])
+            for direction, c in entry.get("copies", {}).items()
+        ]
+        width = max(10, *(len(label) + 2 for label, _ in rows))
+        lines.append(f"  {'us':<{width}}{'mean':>12}{'p50':>12}{'p99':>12}")
+        lines += [_row(label, spread, width) for label, spread in rows]
     return lines
 
 
-def _row(name: str, spread: dict[str, float | None]) -> str:
+def _row(name: str, spread: dict[str, float | None], width: int) -> str:
     cells = "".join(
         f"{'-' if spread[k] is None else format(spread[k], '.1f'):>12}"
         for k in ("mean", "p50", "p99")
     )
-    return f"  {name:<10}{cells}"
+    return f"  {name:<{width}}{cells}"
