@@ -22,10 +22,12 @@ Failed requests are counted in the summary's ``failed``, not drawn.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -85,8 +87,14 @@ class Profile:
         self._dropped = [0] * len(self.models)
         self._failed_before: list[int] = []
         self._failed = [0] * len(self.models)
-        self._nodes: list[list[tuple[int, int, int, int, int]]] = [[] for _ in self.models]
-        self._copies: list[list[tuple[str, int, int, int]]] = [[] for _ in self.models]
+        # Appended to by the models' threads without a lock (deque.append is atomic), and
+        # bounded like the requests: the latest are kept.
+        self._nodes: list[deque[tuple[int, int, int, int, int]]] = [
+            deque(maxlen=max_requests * max(1, len(m.executable.nodes))) for m in self.models
+        ]
+        self._copies: list[deque[tuple[str, int, int, int]]] = [
+            deque(maxlen=max_requests * 4) for _ in self.models
+        ]
         self._taps: list[Any] = []
         self._marks: list[tuple[str, str, int, int, dict[str, Any]]] = []
         self._start = self._end = 0
@@ -213,7 +221,7 @@ class Profile:
                 "output_us": _spread(latency - checked - queue - infer),
             }
             if len(model.executable.nodes) > 1:
-                spans = np.array(self._nodes[k] or np.zeros((0, 5)), np.int64).reshape(-1, 5)
+                spans = np.array(list(self._nodes[k]), np.int64).reshape(-1, 5)
                 entry["nodes"] = [
                     {
                         "node": node.name,
@@ -299,7 +307,8 @@ class Profile:
                          "args": {"model": model.name, "bytes": nbytes}}
                     )  # fmt: skip
                 tid += 1
-            for instance, j, _, begin, end in self._nodes[k][: self._drawn * max(1, len(nodes))]:
+            drawn = itertools.islice(self._nodes[k], self._drawn * max(1, len(nodes)))
+            for instance, j, _, begin, end in drawn:
                 if begin < self._start or (instance, j) not in tracks:
                     continue
                 events.append(

@@ -22,7 +22,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableSequence, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
@@ -67,7 +67,7 @@ class Instance:
     locks: list[threading.Lock] = field(default_factory=list)
     call: Callable[..., dict[str, np.ndarray]] = field(init=False)
     """What ``LoadedModel.run`` calls on the instance it took (set by the model)."""
-    trace: list[tuple[int, int, int, int, int]] | None = None
+    trace: MutableSequence[tuple[int, int, int, int, int]] | None = None
     """While a profile records a multi-node instance: ``(instance, node, request id, start,
     end)`` per node run (``time.perf_counter_ns()``; request id 0 for a ``run()`` walk)."""
 

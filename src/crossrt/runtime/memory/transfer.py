@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableSequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -73,7 +73,7 @@ class Transfers:
         self._lock = threading.Lock()
         self._bytes = {H2D: 0, D2H: 0, D2D: 0}
         self._copies = {H2D: 0, D2H: 0, D2D: 0}
-        self.spans: list[tuple[str, int, int, int]] | None = None
+        self.spans: MutableSequence[tuple[str, int, int, int]] | None = None
         """While a profile records: ``(direction, bytes, began, ended)`` per copy whose
         start was given (``time.perf_counter_ns()``)."""
 
