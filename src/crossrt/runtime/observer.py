@@ -23,6 +23,7 @@ import atexit
 import contextlib
 import dataclasses
 import errno
+import functools
 import json
 import logging
 import os
@@ -397,6 +398,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
+@functools.cache
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
