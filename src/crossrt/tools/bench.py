@@ -6,6 +6,10 @@ inputs (floats standard normal, integers and booleans zero: valid indices for an
 its input shapes, each dynamic dimension 1 unless ``--shape`` names it, run a few times
 untimed, then by ``--clients`` threads for ``--seconds``, every call timed. Printed:
 requests, throughput and latency percentiles; ``--json FILE`` writes the same numbers.
+
+``--endpoint`` times a model the daemon serves instead, through ``crossrt.connect`` as its
+clients call it (the direct lane, or ``--grpc``; ``--shm`` for every tensor through shared
+memory): the same table, transport included.
 """
 
 from __future__ import annotations
@@ -38,12 +42,30 @@ def parser() -> argparse.ArgumentParser:
         prog="crossrt bench",
         description="Load MODEL on a device and time it on random inputs: requests, "
         "throughput and latency percentiles.",
-        epilog="example: crossrt bench model.onnx --shape x=1x3x224x224 --clients 2",
+        epilog="examples: crossrt bench model.onnx --shape x=1x3x224x224 --clients 2; "
+        "crossrt bench resnet --endpoint unix:/run/crossrt/crossrt.sock --clients 4 (MODEL is "
+        "then the name the daemon serves it under)",
     )
     add_model_arguments(p)
     p.add_argument("--seconds", type=float, default=3.0, help="how long to time (default 3)")
     p.add_argument("--clients", type=int, default=1, help="threads calling at once (default 1)")
     p.add_argument("--json", metavar="FILE", help="also write the numbers to FILE as JSON")
+    p.add_argument(
+        "--endpoint",
+        metavar="ENDPOINT",
+        help="time MODEL (a model name) on the daemon at ENDPOINT (unix:PATH or HOST:PORT, "
+        "as crossrt serve -g takes it) through crossrt.connect, as its clients call it",
+    )
+    p.add_argument(
+        "--grpc",
+        action="store_true",
+        help="with --endpoint unix:...: gRPC rather than the direct lane",
+    )
+    p.add_argument(
+        "--shm",
+        action="store_true",
+        help="with --endpoint: every tensor through shared memory (default: from 64 KiB)",
+    )
     return p
 
 
@@ -57,18 +79,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "and at least 1 client"
             )
         shapes = parse_shapes(args.shape, "--shape")
-        with Runtime() as rt:
-            model, feed = load_warm(rt, args, shapes)
-            report = measure(model, feed, args.seconds, args.clients)
+        if args.endpoint is not None:
+            report, feed, where = remote(args, shapes)
+        else:
+            if args.grpc or args.shm:
+                raise InvalidArgumentError("--grpc and --shm apply with --endpoint only")
+            with Runtime() as rt:
+                model, feed = load_warm(rt, args, shapes)
+                report = measure(model, feed, args.seconds, args.clients)
+            drivers = ", ".join(dict.fromkeys(n.driver for n in model.executable.nodes))
+            report |= {"model": model.name, "device": model.device.id, "drivers": drivers}
+            where = f"{model.name!r} on {model.device.id} ({drivers})"
     except CrossrtError as exc:
         return fail("bench", exc)
-    drivers = ", ".join(dict.fromkeys(n.driver for n in model.executable.nodes))
     shapes_text = ", ".join(f"{n} {list(a.shape)}" for n, a in feed.items()) or "no inputs"
-    report |= {"model": model.name, "device": model.device.id, "drivers": drivers}
     report["inputs"] = {n: list(a.shape) for n, a in feed.items()}
     say(
-        f"{model.name!r} on {model.device.id} ({drivers}), {shapes_text}, "
-        f"{args.clients} client(s), {report['seconds']:.1f} s:",
+        f"{where}, {shapes_text}, {args.clients} client(s), {report['seconds']:.1f} s:",
         f"  requests    {report['requests']}",
         f"  throughput  {report['throughput_per_s']:.1f}/s",
         "  latency ms  "
@@ -83,6 +110,36 @@ def main(argv: Sequence[str] | None = None) -> int:
                 InvalidArgumentError(f"cannot write {args.json!r}: {exc.strerror or exc}"),
             )
     return 0
+
+
+def remote(
+    args: argparse.Namespace, shapes: dict[str, tuple[int, ...]]
+) -> tuple[dict[str, Any], dict[str, np.ndarray], str]:
+    """``--endpoint``: the report, the inputs and what was timed, for the daemon's model
+    ``args.model`` called as a client of ``crossrt.connect`` calls it."""
+    if args.device or args.driver or args.network:
+        raise InvalidArgumentError(
+            "--device, --driver and --network choose how MODEL loads here; with --endpoint "
+            "the daemon has loaded it (crossrt serve's repository or load parameters)"
+        )
+    try:
+        from ..server.client import SHM_THRESHOLD, connect
+    except ImportError as exc:
+        raise InvalidArgumentError(
+            f"--endpoint needs the serve extra ({exc}): pip install 'crossrt[serve]'"
+        ) from None
+    with connect(
+        args.endpoint, lane=not args.grpc, shm_threshold=0 if args.shm else SHM_THRESHOLD
+    ) as rt:
+        model = rt.load(args.model)
+        feed = random_inputs(model.inputs, shapes)
+        for _ in range(WARMUP):
+            model.run(feed)
+        report = measure(model, feed, args.seconds, args.clients)
+        transport = "gRPC" if args.grpc or not rt.lane else "lane"
+    transport += ", shared memory" if args.shm else ""
+    report |= {"model": model.name, "endpoint": args.endpoint, "transport": transport}
+    return report, feed, f"{model.name!r} at {args.endpoint} ({transport})"
 
 
 def add_model_arguments(p: argparse.ArgumentParser, required: bool = True) -> None:
@@ -171,9 +228,10 @@ def random_inputs(
 
 
 def measure(
-    model: LoadedModel, feed: dict[str, np.ndarray], seconds: float, clients: int
+    model: Any, feed: dict[str, np.ndarray], seconds: float, clients: int
 ) -> dict[str, Any]:
-    """Every call's latency from ``clients`` threads running ``model`` for ``seconds``."""
+    """Every call's latency from ``clients`` threads running ``model`` (a
+    :class:`LoadedModel`, or a daemon's :class:`RemoteModel`) for ``seconds``."""
     latencies: list[list[float]] = [[] for _ in range(clients)]
     errors: list[BaseException] = []
     start = time.perf_counter()
