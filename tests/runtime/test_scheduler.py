@@ -423,3 +423,28 @@ def test_callers_in_a_loop_share_one_instance_fairly(rt: crossrt.Runtime) -> Non
         t.join()
     assert min(counts) >= 0.25 * sum(counts), counts
     assert max(longest) < 0.5, longest
+
+
+def test_a_cancel_token_stops_a_run_and_drops_a_queued_one(rt: crossrt.Runtime) -> None:
+    """``run(cancel=)``: the caller went away. A run in the caller's thread is stopped, and
+    one waiting in the queue is dropped; both raise CancelledError, counted CANCELLED."""
+    import threading
+
+    from crossrt.drivers.base import CancelToken
+
+    model = rt.load(crossrt.compile(heavy(chain=2000)))
+    a = np.ones((512, 512), np.float32)
+    token = CancelToken()
+    threading.Timer(0.05, token.cancel).start()
+    started = time.monotonic()
+    with pytest.raises(CancelledError):
+        model.run({"x": a}, cancel=token)
+    assert time.monotonic() - started < 1.5  # the whole run takes seconds
+    # Queued behind a running request, then abandoned: it never runs.
+    busy = model.run_async({"x": a})
+    waiting = CancelToken()
+    threading.Timer(0.2, waiting.cancel).start()
+    with pytest.raises(CancelledError):
+        model.run({"x": a}, cancel=waiting)
+    busy.result(WAIT)
+    assert model.statistics().failures == {"CANCELLED": 2}

@@ -123,3 +123,30 @@ def test_calls_without_a_deadline_leave_deadlines_working(
         remote.load("heavy").run({"x": x})
     _wait_for_timeout(slow_daemon, monkeypatch, "heavy", before)
     assert "Traceback" not in "".join(slow_daemon.log)
+
+
+def test_a_client_that_goes_away_has_its_run_stopped(
+    slow_daemon: Daemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gRPC client cancels its call (it hung up, Ctrl-C): the daemon stops the run where the
+    engine can rather than finishing it for nobody, and counts it CANCELLED (Triton runs
+    it to the end). Without a deadline, so only the hang-up can stop it."""
+    import grpc
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc import service_pb2_grpc as pbg
+
+    before = _failures(slow_daemon, monkeypatch, "heavy")
+    request = pb.ModelInferRequest(model_name="heavy")
+    request.inputs.add(name="x", datatype="FP32", shape=[512, 512])
+    request.raw_input_contents.append(np.ones((512, 512), np.float32).tobytes())
+    with grpc.insecure_channel(f"unix:{slow_daemon.socket}") as channel:
+        call = pbg.GRPCInferenceServiceStub(channel).ModelInfer.future(request)
+        time.sleep(0.3)  # running by now
+        assert call.cancel()
+    deadline = time.monotonic() + WAIT
+    while _failures(slow_daemon, monkeypatch, "heavy").get("CANCELLED", 0) <= before.get(
+        "CANCELLED", 0
+    ):
+        assert time.monotonic() < deadline, "the daemon never counted the request CANCELLED"
+        time.sleep(0.05)
+    assert "Traceback" not in "".join(slow_daemon.log)

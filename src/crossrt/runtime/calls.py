@@ -8,6 +8,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import CancelledError
 from typing import Any
 
 import numpy as np
@@ -46,29 +47,48 @@ def recording(
 
 
 def timed(
-    name: str, inst: Instance, limit: float | None, deadline: float | None = None
+    name: str,
+    inst: Instance,
+    limit: float | None,
+    deadline: float | None = None,
+    cancel: CancelToken | None = None,
 ) -> Callable[..., dict[str, np.ndarray]]:
     """``inst.execute`` stopped by the watchdog after ``limit`` seconds (the execution
     timeout), or at ``deadline`` (``time.monotonic()``: the request's), whichever comes
-    first (TIMEOUT)."""
+    first (TIMEOUT); or when ``cancel`` is cancelled (its caller went away:
+    ``CancelledError``)."""
 
     def run(feed: dict[str, Any], outputs: Any = None) -> dict[str, np.ndarray]:
         token = CancelToken()
         end = math.inf if limit is None else time.monotonic() + limit
         stop = min(end, math.inf if deadline is None else deadline)
-        watchdog.watch(token, stop)
+        if stop < math.inf:
+            watchdog.watch(token, stop)
+        if cancel is not None:
+            cancel.on_cancel(token.cancel)
         try:
             result = inst.execute(feed, outputs, token)
         except DeadlineExceededError:  # the engine stopped: say which limit stopped it
+            if _gone(cancel, stop):
+                raise CancelledError from None
             raise _late(name, limit, stop < end) from None
         finally:
             expired = watchdog.finish(token)
+        if _gone(cancel, stop):
+            release_made(result, outputs)
+            raise CancelledError
         if expired or time.monotonic() > stop:
             release_made(result, outputs)  # device results nobody will receive
             raise _late(name, limit, stop < end)
         return result
 
     return run
+
+
+def _gone(cancel: CancelToken | None, stop: float) -> bool:
+    """Whether the caller went away before the time limit passed (after it, the limit is
+    what stopped the run: a client's gRPC deadline ends its call, which cancels too)."""
+    return cancel is not None and cancel.cancelled and time.monotonic() < stop
 
 
 def _late(name: str, limit: float | None, by_deadline: bool) -> DeadlineExceededError:

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..compiler import Executable
 from ..drivers import DeviceInfo, Program, get_driver, program_error, unguarded
+from ..drivers.base import CancelToken
 from ..errors import (
     ClosedError,
     CrossrtError,
@@ -161,20 +162,20 @@ class LoadedModel:
         self._give = self._scheduler.idle.append
 
     def _inline(
-        self, inst: Instance, deadline: float | None = None
+        self, inst: Instance, deadline: float | None = None, cancel: CancelToken | None = None
     ) -> Callable[..., dict[str, np.ndarray]]:
         """What ``run()`` calls on an instance it holds: the program itself when nothing is
         added, so the common case costs no extra Python call; with a ``deadline``, the run
         stopped by the watchdog then (made per call)."""
         execute: Callable[..., dict[str, np.ndarray]]
         reads_all = len(inst.steps[0][0]) == len(self.executable.inputs)
-        plain = self._exec_timeout is None and deadline is None
+        plain = self._exec_timeout is None and deadline is None and cancel is None
         if len(inst.programs) == 1 and plain and reads_all:
             execute = unguarded(inst.programs[0].run)  # run() maps what it raises
         elif plain:
             execute = inst.execute
         else:
-            execute = timed(self.name, inst, self._exec_timeout, deadline)
+            execute = timed(self.name, inst, self._exec_timeout, deadline, cancel)
         if self._resident:
             execute = on_host(execute, self.transfers)
         if self.check_numerics:
@@ -214,22 +215,42 @@ class LoadedModel:
 
     @overload
     def run(
-        self, inputs: Any, outputs: None = None, *, deadline: float | None = None
+        self,
+        inputs: Any,
+        outputs: None = None,
+        *,
+        deadline: float | None = None,
+        cancel: CancelToken | None = None,
     ) -> dict[str, np.ndarray]: ...
 
     @overload
     def run(
-        self, inputs: Any, outputs: TensorSet, *, deadline: float | None = None
+        self,
+        inputs: Any,
+        outputs: TensorSet,
+        *,
+        deadline: float | None = None,
+        cancel: CancelToken | None = None,
     ) -> TensorSet: ...
 
     @overload
     def run(
-        self, inputs: Any, outputs: Mapping[str, np.ndarray], *, deadline: float | None = None
+        self,
+        inputs: Any,
+        outputs: Mapping[str, np.ndarray],
+        *,
+        deadline: float | None = None,
+        cancel: CancelToken | None = None,
     ) -> dict[str, np.ndarray]: ...
 
     @overload
     def run(
-        self, inputs: Any, outputs: Mapping[str, Any], *, deadline: float | None = None
+        self,
+        inputs: Any,
+        outputs: Mapping[str, Any],
+        *,
+        deadline: float | None = None,
+        cancel: CancelToken | None = None,
     ) -> Mapping[str, Any]: ...
 
     def run(
@@ -238,6 +259,7 @@ class LoadedModel:
         outputs: Mapping[str, Any] | None = None,
         *,
         deadline: float | None = None,
+        cancel: CancelToken | None = None,
     ) -> Any:
         """Run the model once (nrt_execute).
 
@@ -257,6 +279,9 @@ class LoadedModel:
                 a request not started is not run and one running is stopped where the
                 engine can (TIMEOUT), as :meth:`run_async`'s ``deadline``. It runs in this
                 thread all the same when an instance is free.
+            cancel: a token whose ``cancel()`` (from any thread) drops the request if it
+                waits and stops it where the engine can if it runs: ``CancelledError``,
+                counted ``CANCELLED``. The daemon cancels when a gRPC client goes away.
 
         Returns:
             ``{output name: array}``; with ``outputs=``, the arrays and Tensors given (and
@@ -277,9 +302,9 @@ class LoadedModel:
                 raise self._refusal[0](self._refusal[1])
             # The same inputs and output tensors as the last bound call, unchanged: checked
             # then.
+            guarded = deadline is not None or cancel is not None
             checked = (
-                None if outputs is None or deadline is not None
-                else self._binder.reuse(inputs, outputs)
+                None if outputs is None or guarded else self._binder.reuse(inputs, outputs)
             )  # fmt: skip
             feed = self._checker.check(inputs) if checked is None else checked.feed
             ready = perf_counter_ns()
@@ -292,12 +317,12 @@ class LoadedModel:
                 raise late(self.name, "its deadline passed before it could start")
             inst = self._take()
         except IndexError:  # every instance busy: wait in the queue like run_async
-            return self._queued(feed, outputs, arrived, ready, deadline)  # the queue counts it
+            return self._queued(feed, outputs, arrived, ready, deadline, cancel)  # counted there
         except BaseException as exc:
             statistics.failed(exc)
             raise
         try:
-            call = inst.call if deadline is None else self._inline(inst, deadline)
+            call = self._inline(inst, deadline, cancel) if guarded else inst.call
             if checked is not None:
                 assert outputs is not None  # reuse() finds no call without them
                 checked.call_on(inst, self._direct)()
@@ -312,7 +337,7 @@ class LoadedModel:
                 raise
             if self._released is not None:  # unloaded or closed while running
                 raise self._released[0](self._released[1]) from None
-            if not isinstance(exc, CrossrtError):  # from a driver call left unguarded
+            if not isinstance(exc, CrossrtError | CancelledError):  # a driver's, unguarded
                 what = "run" if checked is None else "a bound call"
                 raise program_error(inst.programs[0], exc, what) from exc
             raise
@@ -333,6 +358,7 @@ class LoadedModel:
         arrived: int,
         checked: int,
         deadline: float | None = None,
+        cancel: CancelToken | None = None,
     ) -> Any:
         """``run()`` when every instance is busy: in the queue, waiting for its result. An
         unload or a close fails it at once with the model's reason unless it is running."""
@@ -345,6 +371,7 @@ class LoadedModel:
             deadline=deadline,
             arrived=arrived,
             checked=checked,
+            cancel=cancel,
         )
         try:
             return future.result()

@@ -23,7 +23,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Mapping, MutableSequence, Sequence
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -140,6 +140,8 @@ class Job:
     values: dict[str, Any] = field(default_factory=dict)
     token: CancelToken | None = None
     end: float | None = None
+    abandoned: bool = False  # its caller's cancel token fired (the caller went away)
+    stoppable: bool = False  # give it a token when it starts, though no time limit applies
     # time.perf_counter_ns() when it arrived, its inputs were checked, its run started and
     # the engine was done; the instance that ran it (for the statistics).
     arrived: int = 0
@@ -244,6 +246,7 @@ class Scheduler:
         on_done: Callable[[Future[Any]], None] | None = None,
         arrived: int = 0,
         checked: int = 0,
+        cancel: CancelToken | None = None,
     ) -> Future[Any]:
         """Queue one request; its future resolves with ``finish``'s result or error.
 
@@ -259,6 +262,8 @@ class Scheduler:
                 the worker that resolves it.
             arrived: ``time.perf_counter_ns()`` when the request came in (default now).
             checked: the same when its inputs were checked (default ``arrived``).
+            cancel: when it fires, the request is dropped if it waits and stopped where
+                the engine can if it runs (``CancelledError``).
         """
         now = time.perf_counter_ns()
         job = Job(Future(), feed, outputs, deadline)
@@ -289,7 +294,22 @@ class Scheduler:
             expiry = CancelToken()
             expiry.on_cancel(partial(self._expire, job))
             watchdog.watch(expiry, deadline)
+        if cancel is not None:
+            job.stoppable = True
+            cancel.on_cancel(partial(self._abandon, job))
         return job.future
+
+    def _abandon(self, job: Job) -> None:
+        """Its caller went away: drop ``job`` if it waits, stop it where the engine can if
+        it runs."""
+        if job.deadline is not None and time.monotonic() >= job.deadline:
+            self._expire(job)  # its deadline passed: TIMEOUT (gRPC ends such a call too)
+        job.abandoned = True
+        if job.future.cancel():  # still waiting: no worker will run it
+            return
+        token = job.token
+        if token is not None:
+            token.cancel()
 
     def _expire(self, job: Job) -> None:
         """Fail ``job`` with TIMEOUT if nothing has started or settled it yet."""
@@ -368,16 +388,22 @@ class Scheduler:
         end = job.deadline
         if limit is not None:
             end = time.monotonic() + limit if end is None else min(end, time.monotonic() + limit)
-        if end is not None:
+        if end is not None or job.stoppable:
             job.token, job.end = CancelToken(), end
-            watchdog.watch(job.token, end)
+            if end is not None:
+                watchdog.watch(job.token, end)
+            if job.abandoned:  # abandoned as it started, before it had a token
+                job.token.cancel()
         job.started = time.perf_counter_ns()
         return True
 
     def _done(self, job: Job, result: Any = None, error: BaseException | None = None) -> None:
         if job.token is not None:
             expired = watchdog.finish(job.token)
-            if error is None and (expired or time.monotonic() > (job.end or 0.0)):
+            late_now = job.end is not None and time.monotonic() > job.end
+            if job.abandoned and not late_now:
+                error = CancelledError()  # its caller is gone; whatever it made is dropped
+            elif error is None and (expired or late_now):
                 error = late(self.name, "it ran past its deadline or execution timeout")
         self._admission.release()
         if error is not None:
@@ -471,9 +497,8 @@ class Scheduler:
                     pending.append(job)
         except queue.Empty:
             pass
-        for job in pending:
-            if job.future.set_running_or_notify_cancel():
-                job.future.set_exception(self._closing())
+        for job in pending:  # a job its deadline or its caller resolved already is skipped
+            self._fail(job, self._closing())
         for _ in self.instances:
             self._entry.put(_STOP)
         current = threading.current_thread()

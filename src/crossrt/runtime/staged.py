@@ -9,6 +9,7 @@ from typing import Any
 
 from ..compiler import Executable
 from ..compiler.stages import describe, stage_shapes
+from ..drivers.base import CancelToken
 from ..errors import InvalidHandleError, InvalidInputError
 from .loaded import LoadedModel
 from .scheduler import Instance
@@ -82,6 +83,7 @@ class StagedModel(LoadedModel):
         outputs: Mapping[str, Any] | None = None,
         *,
         deadline: float | None = None,
+        cancel: CancelToken | None = None,
     ) -> Any:
         """Run the stage whose input shapes equal the inputs' (see :meth:`LoadedModel.run`).
 
@@ -93,8 +95,8 @@ class StagedModel(LoadedModel):
             raise self._refusal[0](self._refusal[1])
         stage = self._stage(inputs)
         if stage is self:
-            return super().run(inputs, outputs, deadline=deadline)
-        return stage.run(inputs, outputs, deadline=deadline)
+            return super().run(inputs, outputs, deadline=deadline, cancel=cancel)
+        return stage.run(inputs, outputs, deadline=deadline, cancel=cancel)
 
     def run_async(
         self, inputs: Any, outputs: Mapping[str, Any] | None = None, **options: Any

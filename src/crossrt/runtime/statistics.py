@@ -15,6 +15,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -224,8 +225,12 @@ class Statistics:
             self._sum_locked()
 
     def failed(self, error: BaseException) -> None:
-        """A request ended with ``error``."""
-        code = error.code.name if isinstance(error, CrossrtError) else StatusCode.FAILURE.name
+        """A request ended with ``error`` (``CANCELLED`` for a ``CancelledError``: its caller
+        went away)."""
+        if isinstance(error, CrossrtError):
+            code = error.code.name
+        else:
+            code = "CANCELLED" if isinstance(error, CancelledError) else StatusCode.FAILURE.name
         with self._lock:
             self._failures[code] = self._failures.get(code, 0) + 1
 

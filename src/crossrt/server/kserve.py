@@ -20,6 +20,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
+from ..drivers.base import CancelToken
 from ..runtime.statistics import ModelStatistics
 from .peers import Peer
 from .regions import Regions
@@ -176,7 +177,12 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
         deadline = None
         if remaining is not None and remaining < NO_DEADLINE_S:
             deadline = time.monotonic() + remaining
-        return self.infer(request, lambda: self._identify(context.peer()), deadline)
+        # gRPC calls this when the call ends: at once when the client goes away (its
+        # request is then dropped, or stopped where the engine can), or after the answer
+        # (then there is nothing left to stop).
+        gone = CancelToken()
+        context.add_callback(gone.cancel)
+        return self.infer(request, lambda: self._identify(context.peer()), deadline, gone)
 
     def ModelStreamInfer(
         self, request_iterator: Iterator[pb.ModelInferRequest], context: Any
@@ -206,6 +212,7 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
         request: pb.ModelInferRequest,
         caller: Callable[[], Peer],
         deadline: float | None = None,
+        gone: CancelToken | None = None,
     ) -> pb.ModelInferResponse:
         """Serve one ModelInfer request (gRPC's, or the direct lane's: :mod:`.lane`).
 
@@ -216,6 +223,8 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
                 request's ``timeout`` parameter (microseconds, as tritonclient sends it)
                 gives one too, the earlier winning. A request still queued then is not
                 run, one still running is stopped where the engine can: DEADLINE_EXCEEDED.
+            gone: cancelled when the client goes away (gRPC's ``add_callback``): the request
+                is dropped if it waits, stopped where the engine can if it runs.
         """
         deadline = _earlier(deadline, request_deadline(request))
         entry, model = self.repository.get(request.model_name, request.model_version)
@@ -236,10 +245,10 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
             raise
         # Static outputs asked for in a mapped region are written there by the model itself.
         bound = bound_outputs(request, chosen, lambda n, o, s: self.regions.mapped(n, o, s, who()))
-        if deadline is None:
+        if deadline is None and gone is None:
             results = model.run(feed, bound) if bound else model.run(feed)
         else:
-            results = model.run(feed, bound or None, deadline=deadline)
+            results = model.run(feed, bound or None, deadline=deadline, cancel=gone)
         response = pb.ModelInferResponse(
             model_name=entry.name, model_version=entry.version, id=request.id
         )

@@ -5,6 +5,7 @@ to crossrt's errors for a client."""
 from __future__ import annotations
 
 import re
+from concurrent.futures import CancelledError
 
 import grpc
 
@@ -64,6 +65,8 @@ def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
         return exc.status, exc.message
     if isinstance(exc, CrossrtError):
         return GRPC_STATUS.get(exc.code, grpc.StatusCode.INTERNAL), str(exc)
+    if isinstance(exc, CancelledError):  # the client went away first: nobody reads this
+        return grpc.StatusCode.CANCELLED, "the request was cancelled: its client went away"
     return grpc.StatusCode.INTERNAL, (
         f"internal error ({type(exc).__name__}: {exc}); the daemon's log has the traceback"
     )
