@@ -448,3 +448,27 @@ def test_a_cancel_token_stops_a_run_and_drops_a_queued_one(rt: crossrt.Runtime) 
         model.run({"x": a}, cancel=waiting)
     busy.result(WAIT)
     assert model.statistics().failures == {"CANCELLED": 2}
+
+
+def test_a_request_resolved_while_queued_gives_its_slot_back_at_once(
+    rt: crossrt.Runtime, tiny_exe: crossrt.Executable
+) -> None:
+    """Queue depth 2: one request runs (held at a gate), one waits and passes its deadline.
+    Its slot is free again at once: a third request is admitted, not QUEUE_FULL."""
+    model = rt.load(tiny_exe, queue_depth=2)
+    gated = gate(model)
+    running = model.run_async({"x": x(1)})
+    assert gated.started.wait(WAIT)
+    try:
+        late = model.run_async({"x": x(2)}, deadline=time.monotonic() + 0.05)
+        with pytest.raises(crossrt.DeadlineExceededError):
+            late.result(WAIT)
+        admitted = model.run_async({"x": x(3)}, block=False)  # QUEUE_FULL before
+        cancelled = model.run_async({"x": x(4)}, block=False) if admitted.cancel() else None
+        assert cancelled is not None  # the slot the cancelled one held is free too
+    finally:
+        gated.gate.set()
+    running.result(WAIT)
+    cancelled.result(WAIT)
+    assert model.statistics().failures == {"TIMEOUT": 1, "CANCELLED": 1}
+    assert gated.calls == 2  # the late and the cancelled requests never ran

@@ -141,6 +141,8 @@ class Job:
     token: CancelToken | None = None
     end: float | None = None
     abandoned: bool = False  # its caller's cancel token fired (the caller went away)
+    admitted: bool = False  # it holds a queue slot (handed to the workers)
+    slot_back: bool = False  # that slot was given back (once, by whoever comes first)
     stoppable: bool = False  # give it a token when it starts, though no time limit applies
     # time.perf_counter_ns() when it arrived, its inputs were checked, its run started and
     # the engine was done; the instance that ran it (for the statistics).
@@ -176,6 +178,7 @@ class Scheduler:
         self._finish = weakref.WeakMethod(finish)
         self._entry: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._admission = Admission(depth, self._enqueue)
+        self._slots = threading.Lock()  # who gives a job's slot back: see _give_slot_back
         self._closed = False
         # What a request that will not run now fails with: the model's reason for closing.
         self._closing: Callable[[], BaseException] = self._closed_error
@@ -321,6 +324,11 @@ class Scheduler:
             job.future.set_exception(late(self.name, "its deadline passed while it was queued"))
 
     def _settled(self, job: Job, future: Future[Any]) -> None:
+        if not job.started:
+            # Resolved before it ran (its deadline, its caller gone, cancel(), a close): its
+            # slot goes back now, not when a worker reaches it and skips it, so that a
+            # request nobody waits for keeps no one out of the queue.
+            self._give_slot_back(job)
         if future.cancelled():
             self.statistics.cancelled()
         elif (error := future.exception()) is not None:
@@ -359,9 +367,20 @@ class Scheduler:
 
     def _enqueue(self, job: Job) -> None:
         """Hand an admitted request (it holds a slot) to the workers."""
+        job.admitted = True
+        if job.future.done():  # resolved as it was admitted: the slot is not its to keep
+            self._give_slot_back(job)
         self._entry.put(job)
         if self._closed:  # closed while queueing: the workers may be gone
             self._fail(job, self._closing())
+
+    def _give_slot_back(self, job: Job) -> None:
+        """Give ``job``'s queue slot back if it holds one, once whoever calls."""
+        with self._slots:
+            if not job.admitted or job.slot_back:
+                return
+            job.slot_back = True
+        self._admission.release()
 
     def _closed_error(self) -> CrossrtError:
         return ClosedError(f"model {self.name!r} was unloaded before the request ran")
@@ -379,7 +398,7 @@ class Scheduler:
         except RuntimeError:  # failed meanwhile: the model closed as it was queued
             runnable = False
         if not runnable:
-            self._admission.release()
+            self._give_slot_back(job)
             return False
         if job.deadline is not None and time.monotonic() >= job.deadline:
             self._done(job, error=late(self.name, "its deadline passed while it was queued"))
@@ -405,7 +424,7 @@ class Scheduler:
                 error = CancelledError()  # its caller is gone; whatever it made is dropped
             elif error is None and (expired or late_now):
                 error = late(self.name, "it ran past its deadline or execution timeout")
-        self._admission.release()
+        self._give_slot_back(job)
         if error is not None:
             job.future.set_exception(error)
         else:
