@@ -187,9 +187,9 @@ class _Endpoint:
         chosen = [m for m in models if not names or _known_as(m) & set(names)]
         if not chosen:
             loaded = sorted({m.served_as or m.name for m in models})
+            what = f"no model named {', '.join(names)}" if names else "no model"
             raise ModelNotFoundError(
-                f"pid {self.pid} has no model {'named ' + ', '.join(names) if names else ''}"
-                f" loaded (loaded: {', '.join(loaded) or 'none'})",
+                f"pid {self.pid} has {what} loaded (loaded: {', '.join(loaded) or 'none'})",
             )
         profile = Profile(chosen, drawn_requests=DRAWN_REQUESTS).start()
         time.sleep(float(seconds))
