@@ -357,3 +357,12 @@ def test_busy_is_each_instance_s_engine_time_over_the_period() -> None:
         [_process(1, 10.0, 1.0, [old])], [_process(1, 12.0, 1.0, [new])], 2.0
     )
     assert process["models"][0]["busy_percent"] == [50.0, 25.0]
+
+
+def test_prometheus_mode_refuses_what_does_not_apply(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["monitor", "--prometheus", "9100", "--count", "2"])
+    assert exited.value.code == 2
+    assert "--period and --count do not apply" in capsys.readouterr().err
+    assert cli.main(["monitor", "--prometheus", "host:port"]) == 1
+    assert "give [HOST:]PORT" in capsys.readouterr().err

@@ -95,7 +95,10 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``crossrt monitor``."""
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    if args.prometheus is not None and (args.count is not None or args.period != DEFAULT_PERIOD):
+        p.error("--prometheus serves each scrape as it comes: --period and --count do not apply")
     try:
         if args.prometheus is not None:
             return serve_prometheus(args.prometheus)
