@@ -115,6 +115,7 @@ def test_monitor_prints_the_worker_and_its_model(
         (process,) = [p for p in document["processes"] if p["pid"] == pid]
         assert process["tag"] == TAG and process["error"] is None
         assert process["rss_bytes"] > 0
+        assert process["cache"]["hits"] >= 0 and "compile_seconds" in process["cache"]
         assert process["cpu"]["user_percent"] >= 0
         (model,) = process["models"]
         assert model["name"] == name and model["device"] == "cpu:0"

@@ -396,6 +396,7 @@ def diff_processes(
                 "error": None,
                 "cpu": cpu,
                 "rss_bytes": None,
+                "cache": snap.get("cache"),
                 "models": models,
             }
         )
