@@ -367,3 +367,45 @@ def test_prometheus_mode_refuses_what_does_not_apply(capsys: pytest.CaptureFixtu
     assert "--period and --count do not apply" in capsys.readouterr().err
     assert cli.main(["monitor", "--prometheus", "host:port"]) == 1
     assert "give [HOST:]PORT" in capsys.readouterr().err
+
+
+def test_top_puts_the_busiest_first() -> None:
+    """Processes by CPU, models by requests per second, as top sorts."""
+    import io
+
+    from rich.console import Console
+
+    from crossrt.tools.top import view
+
+    def model(name: str, throughput: float | None) -> dict[str, Any]:
+        return {
+            "name": name, "served_as": None, "device": "cpu:0", "drivers": ["onnxruntime"],
+            "instances": 1, "cores": [[0]], "running": True, "in_flight": 0,
+            "failure": 0, "throughput": throughput, "latency_us": None, "busy_percent": None,
+        }  # fmt: skip
+
+    def process(pid: int, cpu: float, models: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "pid": pid, "tag": f"t{pid}", "command": "x", "error": None, "rss_bytes": 1 << 20,
+            "cpu": {"user_percent": cpu, "system_percent": 0.0}, "models": models,
+        }  # fmt: skip
+
+    document = {
+        "system": {
+            "vcpu_count": 2,
+            "vcpu_usage_percent": {"idle": 50.0},
+            "memory_used_bytes": 1 << 30,
+            "memory_total_bytes": 4 << 30,
+        },
+        "processes": [
+            process(11, 5.0, [model("quiet", 1.0)]),
+            process(22, 90.0, [model("busy", 500.0), model("idle", None)]),
+        ],
+    }
+    out = io.StringIO()
+    Console(file=out, width=200).print(view(document, Path("/x"), 1.0))
+    lines = out.getvalue().splitlines()
+    pids = [line.split()[0] for line in lines if line.split()[:1] in (["11"], ["22"])]
+    assert pids == ["22", "11", "22", "11", "22"]  # processes, then models busy, quiet, idle
+    names = [line.split()[1] for line in lines if line.split()[:1] in (["11"], ["22"])][2:]
+    assert names == ["busy", "quiet", "idle"]

@@ -175,6 +175,9 @@ def view(document: Mapping[str, Any], directory: Path, period: float) -> Group:
     if not processes:
         return Group(header, Text(f"no crossrt process answers in {directory}"))
 
+    # Busiest first, as top sorts: processes by CPU, models by requests per second.
+    processes = sorted(processes, key=lambda p: -_cpu_percent(p))
+
     table = _table("processes")
     for name in ("PID", "TAG", "CPU %", "RSS"):
         table.add_column(name, justify="left" if name == "TAG" else "right", overflow="fold")
@@ -183,12 +186,7 @@ def view(document: Mapping[str, Any], directory: Path, period: float) -> Group:
         if p["error"] is not None:
             table.add_row(str(p["pid"]), "-", "-", "-", Text(printable(p["error"]), style="red"))
             continue
-        cpu = p["cpu"]
-        total = (
-            None
-            if cpu["user_percent"] is None
-            else cpu["user_percent"] + (cpu["system_percent"] or 0.0)
-        )
+        total = _cpu_percent(p) if p["cpu"]["user_percent"] is not None else None
         rss = p["rss_bytes"]
         table.add_row(
             str(p["pid"]),
@@ -216,25 +214,26 @@ def view(document: Mapping[str, Any], directory: Path, period: float) -> Group:
         models.add_column(name, justify="left" if text else "right", overflow="fold")
     for name in ("BUSY\n%", "REQ/S", "P50\nms", "P99\nms", "FAILED"):
         models.add_column(name, justify="right", overflow="fold")
-    for p in processes:
-        for m in p["models"]:
-            latency = m["latency_us"] or {}
-            failed = Text(str(m["failure"]), style="red" if m["failure"] else "")
-            models.add_row(
-                str(p["pid"]),
-                Text(printable(shown_name(m))),
-                Text(printable(m["device"])),
-                Text(printable(", ".join(m["drivers"]))),
-                str(m["instances"]),
-                Text(printable(_cores(m.get("cores") or []))),
-                "yes" if m["running"] else "no",
-                str(m["in_flight"]),
-                _number(_mean(m["busy_percent"]), ".0f"),
-                _number(m["throughput"], ".1f"),
-                _number(_ms(latency.get("p50")), ".3f"),
-                _number(_ms(latency.get("p99")), ".3f"),
-                failed,
-            )
+    rows = [(p, m) for p in processes for m in p["models"]]
+    rows.sort(key=lambda row: -(row[1]["throughput"] or 0.0))
+    for p, m in rows:
+        latency = m["latency_us"] or {}
+        failed = Text(str(m["failure"]), style="red" if m["failure"] else "")
+        models.add_row(
+            str(p["pid"]),
+            Text(printable(shown_name(m))),
+            Text(printable(m["device"])),
+            Text(printable(", ".join(m["drivers"]))),
+            str(m["instances"]),
+            Text(printable(_cores(m.get("cores") or []))),
+            "yes" if m["running"] else "no",
+            str(m["in_flight"]),
+            _number(_mean(m["busy_percent"]), ".0f"),
+            _number(m["throughput"], ".1f"),
+            _number(_ms(latency.get("p50")), ".3f"),
+            _number(_ms(latency.get("p99")), ".3f"),
+            failed,
+        )
     return Group(header, table, models)
 
 
@@ -276,3 +275,9 @@ def _mean(values: Sequence[float] | None) -> float | None:
 def _cores(instances: Sequence[Sequence[int]]) -> str:
     """Each instance's cores on its device, ``0-1 2-3`` (``-`` for none)."""
     return " ".join(format_cpus(list(cores)) for cores in instances) or "-"
+
+
+def _cpu_percent(process: Mapping[str, Any]) -> float:
+    """User and system CPU % of a process over the period (0 when unknown)."""
+    cpu = process["cpu"]
+    return float((cpu["user_percent"] or 0.0) + (cpu["system_percent"] or 0.0))
