@@ -17,7 +17,7 @@ from ..drivers.base import CancelToken
 from ..errors import DeadlineExceededError
 from . import watchdog
 from .memory.transfer import Transfers, release_made, to_host_results
-from .scheduler import Instance
+from .scheduler import Instance, late
 
 
 def on_host(
@@ -95,11 +95,7 @@ def _late(name: str, limit: float | None, by_deadline: bool) -> DeadlineExceeded
     """TIMEOUT saying which limit stopped the run: the request's deadline, or the model's
     execution timeout."""
     if by_deadline:
-        return DeadlineExceededError(
-            f"model {name!r}: the request's deadline passed while it ran; give it more time "
-            "or load more instances",
-            details={"model": name},
-        )
+        return late(name, "its deadline passed while it ran")  # as the queue says it
     return DeadlineExceededError(
         f"model {name!r}: the run took longer than its execution timeout of {limit} s; raise "
         "exec_timeout (or CROSSRT_EXEC_TIMEOUT) or give the model more cores",

@@ -302,9 +302,9 @@ class LoadedModel:
                 raise self._refusal[0](self._refusal[1])
             # The same inputs and output tensors as the last bound call, unchanged: checked
             # then.
-            guarded = deadline is not None or cancel is not None
             checked = (
-                None if outputs is None or guarded else self._binder.reuse(inputs, outputs)
+                None if outputs is None or deadline is not None or cancel is not None
+                else self._binder.reuse(inputs, outputs)
             )  # fmt: skip
             feed = self._checker.check(inputs) if checked is None else checked.feed
             ready = perf_counter_ns()
@@ -313,8 +313,6 @@ class LoadedModel:
                 # back would let a caller in a loop keep it for good (another thread's call
                 # waited 2-3 s, the whole run, with 2 callers on one instance).
                 raise IndexError
-            if deadline is not None and time.monotonic() >= deadline:
-                raise late(self.name, "its deadline passed before it could start")
             inst = self._take()
         except IndexError:  # every instance busy: wait in the queue like run_async
             return self._queued(feed, outputs, arrived, ready, deadline, cancel)  # counted there
@@ -322,7 +320,12 @@ class LoadedModel:
             statistics.failed(exc)
             raise
         try:
-            call = self._inline(inst, deadline, cancel) if guarded else inst.call
+            if deadline is None and cancel is None:  # the common case: two checks, no more
+                call = inst.call
+            else:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise late(self.name, "its deadline passed before it could start")
+                call = self._inline(inst, deadline, cancel)
             if checked is not None:
                 assert outputs is not None  # reuse() finds no call without them
                 checked.call_on(inst, self._direct)()
