@@ -14,7 +14,7 @@ import array
 import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +47,27 @@ class Duration:
     def mean_us(self) -> float:
         """Mean microseconds per event (0 when there were none)."""
         return self.ns / self.count / 1e3 if self.count else 0.0
+
+
+def histogram_percentile_us(
+    counts: Sequence[int], buckets_us: Sequence[int], q: float
+) -> float | None:
+    """The ``q``-th percentile (0-100) in microseconds of a latency histogram (``counts``
+    per bucket of ``buckets_us``, then one more for the rest), interpolated within its
+    bucket; ``None`` when it counts nothing. ``crossrt monitor`` reads the difference of
+    two snapshots' histograms with it."""
+    total = sum(counts)
+    if total <= 0:
+        return None
+    rank = q / 100 * total
+    seen = 0
+    for i, count in enumerate(counts):
+        if count and seen + count >= rank:
+            low = buckets_us[i - 1] if i else 0
+            high = buckets_us[i] if i < len(buckets_us) else low * 2
+            return low + (high - low) * max(0.0, rank - seen) / count
+        seen += count
+    return float(buckets_us[-1])
 
 
 @dataclass(frozen=True)
@@ -91,18 +112,7 @@ class ModelStatistics:
     def percentile_us(self, q: float) -> float | None:
         """The ``q``-th percentile (0-100) of success latency in microseconds, interpolated
         within its histogram bucket; ``None`` before the first success."""
-        total = sum(self.histogram)
-        if not total:
-            return None
-        rank = q / 100 * total
-        seen = 0
-        for i, count in enumerate(self.histogram):
-            if count and seen + count >= rank:
-                low = self.buckets_us[i - 1] if i else 0
-                high = self.buckets_us[i] if i < len(self.buckets_us) else low * 2
-                return low + (high - low) * max(0.0, rank - seen) / count
-            seen += count
-        return float(self.buckets_us[-1])
+        return histogram_percentile_us(self.histogram, self.buckets_us, q)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly form, with p50/p90/p99."""

@@ -32,7 +32,8 @@ And the daemon's own, labelled ``socket`` (each Unix socket's path), which Trito
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -87,35 +88,47 @@ _COUNTERS: tuple[tuple[str, str, Callable[[ModelStatistics], float]], ...] = (
 )
 
 
-class ModelCollector:
-    """A Prometheus collector over the loaded models' statistics."""
+class _Collector:
+    """A Prometheus collector that reads its rows from ``source`` at each scrape (nothing is
+    kept between scrapes)."""
 
-    def __init__(self, source: StatisticsSource, prefix: str = "crossrt_") -> None:
+    def __init__(self, source: Callable[[], Any], prefix: str = "crossrt_") -> None:
         self._source = source
         self._prefix = prefix
 
+
+def _counters(
+    prefix: str, table: Sequence[tuple[str, str, Callable[[Any], float]]], rows: Any
+) -> Iterator[Metric]:
+    """One counter family per ``(suffix, doc, read)`` of ``table``, a sample per
+    ``(labels, value)`` of ``rows`` (``_total`` after the name, as Prometheus wants)."""
+    for suffix, doc, read in table:
+        name = prefix + suffix
+        metric = Metric(name, doc, "counter")
+        for labels, value in rows:
+            metric.add_sample(name + "_total", labels, float(read(value)))
+        yield metric
+
+
+class ModelCollector(_Collector):
+    """A Prometheus collector over the loaded models' statistics (a :data:`StatisticsSource`)."""
+
     def collect(self) -> Iterator[Metric]:
-        rows = self._source()
-        for suffix, doc, read in _COUNTERS:
-            name = self._prefix + suffix
-            metric = Metric(name, doc, "counter")
-            for labels, stats, refused in rows:
-                extra = refused if suffix == "inference_request_failure" else 0
-                metric.add_sample(name + "_total", labels, float(read(stats) + extra))
-            yield metric
+        rows = []
+        for labels, stats, refused in self._source():
+            if refused:  # turned away by the daemon before the model: failures all the same
+                stats = replace(stats, failures={**stats.failures, "REFUSED": refused})
+            rows.append((labels, stats))
+        yield from _counters(self._prefix, _COUNTERS, rows)
         name = self._prefix + "inference_pending_request_count"
         gauge = Metric(name, "requests received and not finished (queued or running)", "gauge")
-        for labels, stats, _ in rows:
+        for labels, stats in rows:
             gauge.add_sample(name, labels, float(stats.in_flight))
         yield gauge
 
 
-class ConnectionCollector:
-    """A Prometheus collector over the Unix sockets' connections."""
-
-    def __init__(self, source: ConnectionSource, prefix: str = "crossrt_") -> None:
-        self._source = source
-        self._prefix = prefix
+class ConnectionCollector(_Collector):
+    """A Prometheus collector over the Unix sockets' connections (a :data:`ConnectionSource`)."""
 
     def collect(self) -> Iterator[Metric]:
         rows = self._source()
@@ -148,22 +161,12 @@ _CACHE: tuple[tuple[str, str, Callable[[CacheStats], float]], ...] = (
 )
 
 
-class CacheCollector:
-    """A Prometheus collector over compile caches' counters (hits, misses, evictions, time
-    compiling)."""
-
-    def __init__(self, source: CacheSource, prefix: str = "crossrt_") -> None:
-        self._source = source
-        self._prefix = prefix
+class CacheCollector(_Collector):
+    """A Prometheus collector over compile caches' counters (a :data:`CacheSource`): hits,
+    misses, evictions, time compiling."""
 
     def collect(self) -> Iterator[Metric]:
-        rows = self._source()
-        for suffix, doc, read in _CACHE:
-            name = self._prefix + suffix
-            metric = Metric(name, doc, "counter")
-            for labels, stats in rows:
-                metric.add_sample(name + "_total", labels, float(read(stats)))
-            yield metric
+        return _counters(self._prefix, _CACHE, self._source())
 
 
 ProcessSource = Callable[[], list[tuple[dict[str, str], float, float, int | None]]]
@@ -171,12 +174,9 @@ ProcessSource = Callable[[], list[tuple[dict[str, str], float, float, int | None
 crossrt processes (``crossrt monitor --prometheus``)."""
 
 
-class ProcessCollector:
-    """A Prometheus collector over crossrt processes' CPU time and resident memory."""
-
-    def __init__(self, source: ProcessSource, prefix: str = "crossrt_") -> None:
-        self._source = source
-        self._prefix = prefix
+class ProcessCollector(_Collector):
+    """A Prometheus collector over crossrt processes' CPU time and resident memory (a
+    :data:`ProcessSource`)."""
 
     def collect(self) -> Iterator[Metric]:
         rows = self._source()

@@ -28,7 +28,12 @@ from typing import Any
 from ..compiler.cache import CacheStats
 from ..errors import CrossrtError, InvalidArgumentError, OutOfResourcesError
 from ..runtime import observer
-from ..runtime.statistics import Duration, ModelStatistics, statistics_from_dict
+from ..runtime.statistics import (
+    Duration,
+    ModelStatistics,
+    histogram_percentile_us,
+    statistics_from_dict,
+)
 from .common import fail
 
 DEFAULT_PERIOD = 5.0
@@ -215,10 +220,7 @@ class Scrape:
         rows = []
         for process in self._snapshots():
             labels = {"pid": str(process["pid"]), "tag": str(process["tag"])}
-            try:
-                rss: int | None = int(self.psutil.Process(process["pid"]).memory_info().rss)
-            except (self.psutil.NoSuchProcess, self.psutil.AccessDenied):
-                rss = None
+            rss = rss_bytes(self.psutil, process["pid"])
             cpu = process["cpu"]
             rows.append((labels, float(cpu["user_s"]), float(cpu["system_s"]), rss))
         return rows
@@ -289,11 +291,8 @@ class Sampler:
                 return
 
     def rss_bytes(self, pid: int) -> int | None:
-        """The resident memory of process ``pid``; ``None`` when it ended or is not ours."""
-        try:
-            return int(self.psutil.Process(pid).memory_info().rss)
-        except (self.psutil.NoSuchProcess, self.psutil.AccessDenied):
-            return None
+        """The resident memory of process ``pid`` (:func:`rss_bytes`)."""
+        return rss_bytes(self.psutil, pid)
 
     def system(self) -> dict[str, Any]:
         """The machine: vCPUs, their use in percent since the previous call, and memory."""
@@ -308,6 +307,14 @@ class Sampler:
             "swap_total_bytes": int(swap.total),
             "swap_used_bytes": int(swap.used),
         }
+
+
+def rss_bytes(psutil: Any, pid: int) -> int | None:
+    """The resident memory of process ``pid``; ``None`` when it ended or is not ours."""
+    try:
+        return int(psutil.Process(pid).memory_info().rss)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
 
 
 def _scaled_to_100(percent: Mapping[str, float]) -> dict[str, float]:
@@ -459,27 +466,11 @@ def percentiles_us(
 ) -> dict[str, float | None] | None:
     """``{"p50": ..., "p90": ..., "p99": ...}`` microseconds of a latency histogram (one more
     count than bucket bounds, as ``ModelStatistics`` keeps it), each interpolated within its
-    bucket by :meth:`ModelStatistics.percentile_us`; ``None`` when it counts nothing."""
-    if sum(counts) <= 0:
+    bucket; ``None`` when it counts nothing."""
+    kept = [max(0, int(c)) for c in counts]
+    if not sum(kept):
         return None
-    # Only the histogram is read by percentile_us: the other fields are placeholders.
-    none = Duration(0, 0)
-    histogram = ModelStatistics(
-        requests=0,
-        success=0,
-        failures={},
-        in_flight=0,
-        queue=none,
-        compute_input=none,
-        compute_infer=none,
-        compute_output=none,
-        latency=none,
-        histogram=tuple(max(0, int(c)) for c in counts),
-        instances=(),
-        last_inference_ms=0,
-        buckets_us=tuple(int(b) for b in buckets_us),
-    )
-    return {f"p{q}": histogram.percentile_us(q) for q in qs}
+    return {f"p{q}": histogram_percentile_us(kept, buckets_us, q) for q in qs}
 
 
 def _mean_us(before: Mapping[str, int], after: Mapping[str, int]) -> float | None:
