@@ -11,10 +11,8 @@ import contextlib
 import json
 import os
 import select
-import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +23,7 @@ import pytest
 from crossrt.runtime.statistics import BUCKETS_US, Duration, ModelStatistics
 from crossrt.tools import cli
 from crossrt.tools.monitor import Sampler, diff_processes, percentiles_us
+from observing import hanging_up
 
 TAG = "worker-tag"
 WAIT_S = 30.0  # for the worker to load its model, however slow this machine is
@@ -317,23 +316,8 @@ def test_a_process_that_hangs_up_is_an_error_not_the_end(
     runtime_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A socket that accepts and closes without answering (a process dying mid-answer)."""
-    from crossrt.runtime import observer
-
-    path = observer.observe_directory() / f"{os.getpid()}.sock"
-    server = socket.socket(socket.AF_UNIX)
-    server.bind(str(path))
-    server.listen(4)
-
-    def hang_up() -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                server.accept()[0].close()
-
-    threading.Thread(target=hang_up, daemon=True).start()
-    try:
+    with hanging_up(os.getpid()):
         (document,) = _documents(capsys, "--period", "0.1", "--count", "1")
-    finally:
-        server.close()
     (process,) = document["processes"]
     assert process["pid"] == os.getpid() and process["error"] and process["models"] == []
 

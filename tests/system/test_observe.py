@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import socket
@@ -19,6 +18,7 @@ import crossrt
 from crossrt import InvalidArgumentError, ModelNotFoundError
 from crossrt.runtime import observer
 from crossrt.tools.cli import main as cli
+from observing import hanging_up
 
 pytestmark = pytest.mark.usefixtures("runtime_dir")
 
@@ -179,27 +179,10 @@ def test_a_malformed_setting_is_said_at_the_load_which_loads_nothing(
 def test_a_process_that_hangs_up_spoils_only_its_own_entry(child: subprocess.Popen[str]) -> None:
     """A socket that takes the question and closes without answering, as a process dying
     mid-answer does: an error for that pid, the other processes listed all the same."""
-    import threading
-
-    dead = observer.observe_directory() / "999999998.sock"
-    server = socket.socket(socket.AF_UNIX)
-    server.bind(str(dead))
-    server.listen(4)
-
-    def hang_up() -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                conn = server.accept()[0]
-                conn.recv(100)
-                conn.close()
-
-    threading.Thread(target=hang_up, daemon=True).start()
-    try:
+    with hanging_up(999999998):
         found = {p["pid"]: p for p in observer.processes()}
         with pytest.raises(crossrt.CrossrtError, match="999999998 hung up without answering"):
             observer.ask(999999998, {"op": "snapshot"})
-    finally:
-        server.close()
     assert "hung up without answering" in found[999999998]["error"]
     assert found[child.pid]["models"][0]["name"] == "tiny_mm"
     assert "python" in found[child.pid]["command"]  # the whole command line

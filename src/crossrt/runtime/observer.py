@@ -258,12 +258,6 @@ def watch(runtime: Any) -> None:
                     "not see this process): %s", exc)  # fmt: skip
 
 
-def endpoint_path() -> Path | None:
-    """This process's socket, or ``None`` before it starts (or when it is off)."""
-    found = _endpoint
-    return found.path if found is not None and found.pid == os.getpid() else None
-
-
 # -- the observer's side ---------------------------------------------------------------------
 
 

@@ -194,7 +194,11 @@ class Profile:
         if not kept:
             return np.zeros((0, 6), np.int64)
         rows = np.concatenate(kept)
-        return rows[np.argsort(rows[:, 1], kind="stable")]
+        rows = rows[np.argsort(rows[:, 1], kind="stable")]
+        if self._end:  # stopped: no more come, so the trace and the summary share one sort
+            with self._lock:
+                self._rows[k] = [rows]
+        return rows
 
     def summary(self) -> list[dict[str, Any]]:
         """Per model: requests recorded, failed and dropped, throughput over the profile, and
