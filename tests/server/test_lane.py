@@ -30,8 +30,10 @@ import crossrt
 from crossrt import dtypes
 from crossrt.runtime.memory.shm import SharedMemorySegment
 from crossrt.server.client import connect
-from crossrt.server.lane import HEADER, MAGIC, MAX_BODY, REGISTER, Frames, send
+from crossrt.server.gate import Gate
+from crossrt.server.lane import HEADER, MAGIC, MAX_BODY, REGISTER, Frames, LaneServer, send
 from crossrt.server.lane_client import LaneClient, LaneUnavailable
+from crossrt.server.peers import Peer
 from crossrt.server.tensors import bound_outputs
 
 
@@ -405,3 +407,34 @@ def test_shared_memory_survives_a_daemon_started_again(tmp_path: Path, lane: boo
                 np.testing.assert_array_equal(adder.run(x)["y"], x + 1)  # registered anew
     finally:
         daemon.stop()
+
+
+def test_the_drain_waits_for_an_answer_to_be_sent_not_only_computed() -> None:
+    """The daemon cuts the lane's connections once its drain ends, so an answer still being
+    written must hold the drain (test_sigterm_drains_then_stops lost one to this race)."""
+    gate = Gate()
+    big = pb.ModelInferResponse(raw_output_contents=[bytes(8 << 20)])  # > the socket buffer
+    server = LaneServer(lambda _request, _peer: big, gate)
+    client, daemon_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    serving = threading.Thread(
+        target=server.serve, args=(daemon_end, Peer("test", local=True)), daemon=True
+    )
+    serving.start()
+    try:
+        client.settimeout(30)
+        client.sendall(MAGIC + HEADER.pack(0, 0))
+        frames = Frames(client)
+        assert frames.read() == (0, MAGIC)
+        send(client, 0, request().SerializeToString())
+        deadline = time.monotonic() + 30
+        while not gate.in_flight and time.monotonic() < deadline:
+            time.sleep(0.001)
+        # The answer is computed; its 8 MB wait for this client to read them.
+        assert gate.drain(0.5) == 1
+        status, body = frames.read()  # reading lets the send finish, and the drain with it
+        assert status == 0 and len(body) == big.ByteSize()
+        assert gate.drain(30) == 0
+    finally:
+        client.close()
+        serving.join(30)
+        daemon_end.close()

@@ -202,12 +202,11 @@ class LaneServer:
                 kind, body = frames.read()
                 if kind == REGISTER:
                     fds, frames.fds = frames.fds, []
-                    status, answer = self._registration(body, fds, peer)
+                    send(sock, *self._registration(body, fds, peer))
                 else:
                     if frames.fds:
                         frames.close_fds()  # a request brings none
-                    status, answer = self._answer(body, peer)
-                send(sock, status, answer)
+                    self._respond(sock, body, peer)
         except EOFError:
             pass  # the client closed between requests
         except FrameError as exc:
@@ -248,11 +247,20 @@ class LaneServer:
         finally:
             _close_all(fds)
 
-    def _answer(self, body: bytes | bytearray, peer: Peer) -> tuple[int, bytes]:
+    def _respond(self, sock: socket.socket, body: bytes | bytearray, peer: Peer) -> None:
+        """Answer one request. The drain counts it until its answer is sent, not only
+        computed: the daemon cuts the lane's connections once the drain ends."""
         try:
             self._gate.enter()
         except ServiceError as exc:
-            return exc.status.value[0], exc.message.encode()
+            send(sock, exc.status.value[0], exc.message.encode())
+            return
+        try:
+            send(sock, *self._answer(body, peer))
+        finally:
+            self._gate.leave()
+
+    def _answer(self, body: bytes | bytearray, peer: Peer) -> tuple[int, bytes]:
         try:
             try:
                 request = pb.ModelInferRequest.FromString(body)
@@ -265,8 +273,6 @@ class LaneServer:
             return 0, self._infer(request, lambda: peer).SerializeToString()
         except Exception as exc:
             return _failure(exc, "a lane request")
-        finally:
-            self._gate.leave()
 
 
 def _failure(exc: Exception, what: str) -> tuple[int, bytes]:
