@@ -27,6 +27,7 @@ from .compiler import (
 )
 from .compiler.cache import CacheEntry, CacheStats, CompileCache, cache_stats
 from .drivers import (
+    CancelToken,
     Capabilities,
     CompileOptions,
     DeviceInfo,
@@ -92,6 +93,7 @@ except PackageNotFoundError:  # running from a source tree
 __all__ = [
     "CacheEntry",
     "CacheStats",
+    "CancelToken",
     "Capabilities",
     "ClosedError",
     "CompileCache",

@@ -230,6 +230,35 @@ def test_run_with_a_deadline_waits_in_the_queue_no_longer(
     np.testing.assert_array_equal(model.run({"x": x(4)})["y"], model.run({"x": x(4)})["y"])
 
 
+@pytest.mark.parametrize("how", ["deadline", "cancel"])
+def test_a_request_waiting_for_an_instance_a_caller_holds_is_resolved_at_once(
+    rt: crossrt.Runtime, tiny_exe: crossrt.Executable, how: str
+) -> None:
+    """The instance is held by a ``run()`` caller, so the worker that took the queued request
+    waits for it: the request is still queued then, and its deadline or its cancel token
+    resolves it on time (it used to wait for the instance, however long the run held it)."""
+    model = rt.load(tiny_exe)
+    gated = gate(model)
+    holder = threading.Thread(target=lambda: model.run({"x": x(1)}))  # in its own thread
+    holder.start()
+    assert gated.started.wait(WAIT)
+    token = crossrt.CancelToken()
+    try:
+        if how == "deadline":
+            with pytest.raises(crossrt.DeadlineExceededError, match="queued"):
+                model.run({"x": x(2)}, deadline=time.monotonic() + 0.05)
+        else:
+            threading.Timer(0.05, token.cancel).start()
+            with pytest.raises(CancelledError):
+                model.run({"x": x(2)}, cancel=token)
+        assert gated.calls == 1  # returned while the instance is still held
+    finally:
+        gated.gate.set()
+    holder.join(WAIT)
+    assert model.statistics().failures == {"TIMEOUT" if how == "deadline" else "CANCELLED": 1}
+    np.testing.assert_array_equal(model.run({"x": x(4)})["y"], model.run({"x": x(4)})["y"])
+
+
 def test_exec_timeout_from_the_environment(
     rt: crossrt.Runtime, monkeypatch: pytest.MonkeyPatch, tiny_exe: crossrt.Executable
 ) -> None:

@@ -5,6 +5,8 @@ daemon serves on."""
 
 from __future__ import annotations
 
+import select
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,13 +52,13 @@ def _failures(daemon: Daemon, monkeypatch: pytest.MonkeyPatch, name: str) -> dic
 
 
 def _wait_for_timeout(
-    daemon: Daemon, monkeypatch: pytest.MonkeyPatch, name: str, before: int
+    daemon: Daemon, monkeypatch: pytest.MonkeyPatch, name: str, before: int, code: str = "TIMEOUT"
 ) -> None:
-    """Until the daemon counts one more TIMEOUT than ``before`` (the client gives up on its
-    own clock, the daemon a moment later on its)."""
+    """Until the daemon counts one more failure ``code`` than ``before`` (the client gives
+    up on its own clock, the daemon a moment later on its)."""
     deadline = time.monotonic() + WAIT
-    while _failures(daemon, monkeypatch, name).get("TIMEOUT", 0) <= before:
-        assert time.monotonic() < deadline, "the daemon never counted the request TIMEOUT"
+    while _failures(daemon, monkeypatch, name).get(code, 0) <= before:
+        assert time.monotonic() < deadline, f"the daemon never counted the request {code}"
         time.sleep(0.05)
 
 
@@ -143,10 +145,44 @@ def test_a_client_that_goes_away_has_its_run_stopped(
         call = pbg.GRPCInferenceServiceStub(channel).ModelInfer.future(request)
         time.sleep(0.3)  # running by now
         assert call.cancel()
-    deadline = time.monotonic() + WAIT
-    while _failures(slow_daemon, monkeypatch, "heavy").get("CANCELLED", 0) <= before.get(
-        "CANCELLED", 0
-    ):
-        assert time.monotonic() < deadline, "the daemon never counted the request CANCELLED"
-        time.sleep(0.05)
+    _wait_for_timeout(slow_daemon, monkeypatch, "heavy", before.get("CANCELLED", 0), "CANCELLED")
+    assert "Traceback" not in "".join(slow_daemon.log)
+
+
+@pytest.mark.parametrize("when", ["running", "queued"])
+def test_a_lane_client_that_hangs_up_has_its_request_stopped(
+    slow_daemon: Daemon, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """The lane's thread reads nothing while it serves a request, yet sees its client hang
+    up (killed, or closing mid-request): the request is stopped where the engine can if it
+    runs, dropped if it waits, and counted CANCELLED. No deadline is set, so only the
+    hang-up can stop it; the daemon serves on."""
+    from tritonclient.grpc import service_pb2 as pb
+
+    from crossrt.server.lane import HEADER, MAGIC, Frames, send
+
+    request = pb.ModelInferRequest(model_name="heavy")
+    request.inputs.add(name="x", datatype="FP32", shape=[512, 512])
+    request.raw_input_contents.append(np.ones((512, 512), np.float32).tobytes())
+    before = _failures(slow_daemon, monkeypatch, "heavy").get("CANCELLED", 0)
+    clients = []
+    for _ in range(2 if when == "queued" else 1):  # heavy has one instance: one waits
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(WAIT)
+        sock.connect(slow_daemon.socket)
+        sock.sendall(MAGIC + HEADER.pack(0, 0))
+        assert Frames(sock).read() == (0, MAGIC)
+        send(sock, 0, request.SerializeToString())
+        clients.append(sock)
+    time.sleep(0.3)  # running (and queued) by now
+    clients[-1].close()  # the last one hangs up
+    _wait_for_timeout(slow_daemon, monkeypatch, "heavy", before, "CANCELLED")
+    if when == "queued":  # dropped at once, not when the instance it waited for frees up
+        (running,) = clients[:-1]
+        assert not select.select([running], [], [], 0)[0], "the running request ended first"
+        running.close()  # now the running one hangs up too
+        _wait_for_timeout(slow_daemon, monkeypatch, "heavy", before + 1, "CANCELLED")
+    with connect(slow_daemon.url) as remote:  # serves on
+        assert remote.lane
+        assert remote.load("tiny").run({"x": np.ones((4, 8), np.float32)})["y"].shape == (4, 8)
     assert "Traceback" not in "".join(slow_daemon.log)

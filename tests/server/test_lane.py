@@ -414,7 +414,7 @@ def test_the_drain_waits_for_an_answer_to_be_sent_not_only_computed() -> None:
     written must hold the drain (test_sigterm_drains_then_stops lost one to this race)."""
     gate = Gate()
     big = pb.ModelInferResponse(raw_output_contents=[bytes(8 << 20)])  # > the socket buffer
-    server = LaneServer(lambda _request, _peer: big, gate)
+    server = LaneServer(lambda *_: big, gate)
     client, daemon_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     serving = threading.Thread(
         target=server.serve, args=(daemon_end, Peer("test", local=True)), daemon=True

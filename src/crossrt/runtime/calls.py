@@ -85,6 +85,27 @@ def timed(
     return run
 
 
+def stoppable(inst: Instance, cancel: CancelToken) -> Callable[..., dict[str, np.ndarray]]:
+    """``inst.execute`` stopped where the engine can when ``cancel`` is cancelled (its caller
+    went away: ``CancelledError``). Without a time limit there is nothing for the watchdog
+    to do, so the engine is handed the caller's token itself: no token of its own, no
+    watchdog, a few µs less per call than :func:`timed`."""
+
+    def run(feed: dict[str, Any], outputs: Any = None) -> dict[str, np.ndarray]:
+        try:
+            result = inst.execute(feed, outputs, cancel)
+        except DeadlineExceededError:  # the engine stopped
+            if cancel.cancelled:
+                raise CancelledError from None
+            raise
+        if cancel.cancelled:
+            release_made(result, outputs)  # device results nobody will receive
+            raise CancelledError
+        return result
+
+    return run
+
+
 def _gone(cancel: CancelToken | None, stop: float) -> bool:
     """Whether the caller went away before the time limit passed (after it, the limit is
     what stopped the run: a client's gRPC deadline ends its call, which cancels too)."""

@@ -30,7 +30,7 @@ from ..errors import (
 )
 from ..model import TensorSpec
 from .binding import OutputBinder
-from .calls import on_host, recording, timed
+from .calls import on_host, recording, stoppable, timed
 from .inputs import InputChecker
 from .memory.allocator import Allocator, OwnerStats, device_allocator
 from .memory.tensorset import TensorSet
@@ -174,6 +174,9 @@ class LoadedModel:
             execute = unguarded(inst.programs[0].run)  # run() maps what it raises
         elif plain:
             execute = inst.execute
+        elif self._exec_timeout is None and deadline is None:
+            assert cancel is not None
+            execute = stoppable(inst, cancel)
         else:
             execute = timed(self.name, inst, self._exec_timeout, deadline, cancel)
         if self._resident:

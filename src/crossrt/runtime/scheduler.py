@@ -8,7 +8,8 @@
 - ``run_async`` admits at most ``depth`` requests not yet finished (waiting or running);
   past that a request waits in line for room, or gets ``QUEUE_FULL`` when its caller asks
   not to wait (``admission.py``). There is one worker thread per instance, each taking a
-  request, then an idle instance; for a multi-node executable, each instance has one stage
+  request, then an idle instance (the request is queued, and can still be cancelled or
+  expire, until it has one); for a multi-node executable, each instance has one stage
   thread per node with a queue between stages.
 """
 
@@ -435,11 +436,15 @@ class Scheduler:
     def _serve(self) -> None:
         pinned: tuple[int, ...] | None = None
         while (job := self._entry.get()) is not _STOP:
-            if not self._start(job):
-                continue
+            # The instance first: while this waits for one that run() callers hold, the
+            # request is still queued, so its deadline, its caller going away or cancel()
+            # resolve it at once rather than when an instance frees up.
             inst = self._take()
             if inst is None:  # closed while it waited for an instance
-                self._done(job, error=self._closing())
+                self._fail(job, self._closing())
+                continue
+            if not self._start(job):
+                self.give_back(inst)
                 continue
             if inst.pin is not None and inst.pin != pinned:  # it serves any idle instance
                 pinned = _pin_thread(inst.pin)
@@ -460,12 +465,12 @@ class Scheduler:
         last = j == len(inst.programs) - 1
         names = inst.steps[j][0]
         while (job := stages[j].get()) is not _STOP:
-            if j == 0:
-                if not self._start(job):
-                    continue
-                job.values = dict(job.feed)
             try:
                 with inst.locks[j]:
+                    if j == 0:  # started once the node is free: queued until then
+                        if not self._start(job):
+                            continue
+                        job.values = dict(job.feed)
                     start = time.perf_counter_ns()
                     made = run_node(inst.programs[j], {n: job.values[n] for n in names}, job.token)
                     if inst.trace is not None:

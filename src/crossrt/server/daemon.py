@@ -292,5 +292,6 @@ class Daemon:
     def _close_sockets(self) -> None:
         for relay in self.relays:
             relay.close()
+        self.lane.close()
         with contextlib.suppress(OSError):
             shutil.rmtree(self._inner_dir)
