@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import select
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -186,3 +187,40 @@ def test_a_lane_client_that_hangs_up_has_its_request_stopped(
         assert remote.lane
         assert remote.load("tiny").run({"x": np.ones((4, 8), np.float32)})["y"].shape == (4, 8)
     assert "Traceback" not in "".join(slow_daemon.log)
+
+
+@pytest.mark.parametrize("lane", [False, True], ids=["grpc", "lane"])
+def test_a_remote_run_takes_a_deadline_and_a_cancel_token(
+    slow_daemon: Daemon, monkeypatch: pytest.MonkeyPatch, lane: bool
+) -> None:
+    """``RemoteModel.run(deadline=, cancel=)``, as ``LoadedModel.run`` takes them: code
+    written for an in-process model moves to the daemon unchanged. The daemon stops the run
+    either way."""
+    from concurrent.futures import CancelledError
+
+    x = np.ones((512, 512), np.float32)
+    with connect(slow_daemon.url, lane=lane) as remote:
+        assert remote.lane == lane
+        model = remote.load("heavy")
+        before = _failures(slow_daemon, monkeypatch, "heavy")
+        with pytest.raises(crossrt.DeadlineExceededError):
+            model.run({"x": x}, deadline=time.monotonic() + 0.05)
+        _wait_for_timeout(slow_daemon, monkeypatch, "heavy", before.get("TIMEOUT", 0))
+        with pytest.raises(crossrt.DeadlineExceededError, match="before it was sent"):
+            model.run({"x": x}, deadline=time.monotonic() - 1)
+        token = crossrt.CancelToken()
+        threading.Timer(0.3, token.cancel).start()
+        with pytest.raises(CancelledError):
+            model.run({"x": x}, cancel=token)
+        _wait_for_timeout(
+            slow_daemon, monkeypatch, "heavy", before.get("CANCELLED", 0), "CANCELLED"
+        )
+        with pytest.raises(crossrt.DeadlineExceededError):
+            model.run_async({"x": x}, deadline=time.monotonic() + 0.05).result(WAIT)
+        small = remote.load("tiny")  # the client serves on (on the lane: a new connection)
+        y = small.run({"x": np.ones((4, 8), np.float32)}, deadline=time.monotonic() + WAIT)
+        assert y["y"].shape == (4, 8)
+        token = crossrt.CancelToken()
+        assert small.run({"x": np.ones((4, 8), np.float32)}, cancel=token)["y"].shape == (4, 8)
+        token.cancel()  # after the call: nothing to stop, and the next call is not hurt
+        assert small.run({"x": np.ones((4, 8), np.float32)})["y"].shape == (4, 8)

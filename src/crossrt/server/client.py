@@ -37,8 +37,9 @@ import contextlib
 import json
 import os
 import threading
+import time
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,8 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
-from ..errors import ClosedError, CrossrtError
+from ..drivers.base import CancelToken
+from ..errors import ClosedError, CrossrtError, DeadlineExceededError
 from .lane_client import LaneClient, LaneUnavailable
 from .proto import runtime_pb2 as v1
 from .proto import runtime_pb2_grpc as v1_grpc
@@ -190,19 +192,53 @@ class RemoteRuntime:
             return False
         return True
 
-    def infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
-        """One ModelInfer: through the direct lane when there is one, else gRPC. With a
-        ``timeout``, the daemon stops waiting for (or running) the request when it expires:
-        gRPC carries the deadline, and on the lane the request's ``timeout`` parameter does."""
+    def infer(
+        self,
+        request: pb.ModelInferRequest,
+        deadline: float | None = None,
+        cancel: CancelToken | None = None,
+    ) -> pb.ModelInferResponse:
+        """One ModelInfer: through the direct lane when there is one, else gRPC.
+
+        The daemon stops waiting for (or running) the request at the earlier of
+        ``deadline`` (``time.monotonic()``) and the client's ``timeout``: gRPC carries the
+        deadline, and on the lane the request's ``timeout`` parameter does. ``cancel``
+        ends the call at once (``CancelledError``): gRPC cancels it, the lane hangs up; the
+        daemon drops or stops the request either way.
+        """
+        seconds = self._seconds(deadline)
+        if seconds is not None and seconds <= 0:
+            raise DeadlineExceededError(
+                f"model {request.model_name!r}: its deadline passed before it was sent"
+            )
         if self._lane is not None:
-            if self._timeout is not None and "timeout" not in request.parameters:
-                request.parameters["timeout"].int64_param = max(1, int(self._timeout * 1e6))
+            if seconds is not None and "timeout" not in request.parameters:
+                request.parameters["timeout"].int64_param = max(1, int(seconds * 1e6))
             try:
-                return self._lane.infer(request)
+                if deadline is None and cancel is None:
+                    return self._lane.infer(request)
+                return self._lane.infer(request, seconds, cancel)
             except LaneUnavailable:  # a daemon without the lane: gRPC from now on
                 self._lane.close()
                 self._lane = None
-        return self.call("ModelInfer", request)
+        if deadline is None and cancel is None:
+            return self.call("ModelInfer", request)
+        call = self._stub.ModelInfer.future(request, timeout=seconds, metadata=self._metadata)
+        if cancel is not None:
+            cancel.on_cancel(call.cancel)
+        try:
+            return call.result()
+        except grpc.FutureCancelledError:
+            raise CancelledError from None
+        except grpc.RpcError as exc:
+            raise error_of(exc, self.endpoint) from None
+
+    def _seconds(self, deadline: float | None) -> float | None:
+        """Seconds a call may take: to ``deadline`` or the client's timeout, the earlier."""
+        if deadline is None:
+            return self._timeout
+        left = deadline - time.monotonic()
+        return left if self._timeout is None else min(left, self._timeout)
 
     def call(self, method: str, request: Any) -> Any:
         """One unary call (a KServe method, or ``v1.Method`` of crossrt.v1), its errors as
@@ -213,16 +249,27 @@ class RemoteRuntime:
         except grpc.RpcError as exc:
             raise error_of(exc, self.endpoint) from None
 
-    def infer_async(self, request: pb.ModelInferRequest) -> Future[pb.ModelInferResponse]:
+    def infer_async(
+        self, request: pb.ModelInferRequest, deadline: float | None = None
+    ) -> Future[pb.ModelInferResponse]:
         """One ModelInfer, answered in a future (errors crossrt's): on the direct lane from a
-        pool of :data:`ASYNC_LANES` threads, else a gRPC future."""
+        pool of :data:`ASYNC_LANES` threads, else a gRPC future; ``deadline`` as
+        :meth:`infer`'s."""
         if self._lane is not None:
             with self._lock:
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(ASYNC_LANES, thread_name_prefix="crossrt-lane")
-            return self._pool.submit(self.infer, request)
+            return self._pool.submit(self.infer, request, deadline)
         future: Future[pb.ModelInferResponse] = Future()
-        call = self._stub.ModelInfer.future(request, timeout=self._timeout, metadata=self._metadata)
+        seconds = self._seconds(deadline)
+        if seconds is not None and seconds <= 0:
+            future.set_exception(
+                DeadlineExceededError(
+                    f"model {request.model_name!r}: its deadline passed before it was sent"
+                )
+            )
+            return future
+        call = self._stub.ModelInfer.future(request, timeout=seconds, metadata=self._metadata)
 
         def done(call: Any) -> None:
             try:

@@ -7,10 +7,12 @@ import contextlib
 import socket
 import threading
 import time
+from concurrent.futures import CancelledError
 
 import grpc
 from tritonclient.grpc import service_pb2 as pb
 
+from ..drivers.base import CancelToken
 from ..errors import ClosedError, CrossrtError, DeadlineExceededError, OutOfResourcesError
 from .lane import HEADER, MAGIC, REGISTER, FrameError, Frames, send
 from .status import error_from
@@ -31,6 +33,33 @@ def _send(sock: socket.socket, kind: int, body: bytes, fd: int | None) -> None:
         send(sock, kind, body)
     else:
         socket.send_fds(sock, [HEADER.pack(len(body), kind) + body], [fd])
+
+
+class _HangUp:
+    """Shuts one call's connection when its token is cancelled, until :meth:`done` (after
+    which the connection may carry another caller's request: it must not be shut then)."""
+
+    __slots__ = ("_connection", "_lock", "_over", "_shut")
+
+    def __init__(self, connection: _Connection, cancel: CancelToken) -> None:
+        self._connection = connection
+        self._lock = threading.Lock()
+        self._shut = self._over = False
+        cancel.on_cancel(self._cancel)
+
+    def _cancel(self) -> None:
+        with self._lock:
+            if self._over:
+                return
+            self._shut = True
+        with contextlib.suppress(OSError):
+            self._connection.sock.shutdown(socket.SHUT_RDWR)
+
+    def done(self) -> bool:
+        """End the watch; whether the connection was shut (the call was cancelled)."""
+        with self._lock:
+            self._over = True
+            return self._shut
 
 
 class LaneUnavailable(Exception):
@@ -69,15 +98,28 @@ class LaneClient:
         self._waiting = 0  # callers waiting for one of those
         self._closed = False
 
-    def infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+    def infer(
+        self,
+        request: pb.ModelInferRequest,
+        seconds: float | None = None,
+        cancel: CancelToken | None = None,
+    ) -> pb.ModelInferResponse:
         """Serve ``request`` on the daemon.
+
+        Args:
+            seconds: wait this long for the answer (a deadline's), rather than the
+                client's timeout.
+            cancel: when it is cancelled, the connection is shut: the call raises
+                ``CancelledError`` at once, and the daemon, seeing the hang-up, drops or
+                stops the request (:class:`.lane.HangUps`).
 
         Raises:
             LaneUnavailable: the daemon does not speak the lane.
             CrossrtError: the daemon's answer was an error, or it is gone (CLOSED), or the
                 answer took longer than the timeout (TIMEOUT).
+            CancelledError: ``cancel`` was cancelled.
         """
-        answer = self._call(0, request.SerializeToString())
+        answer = self._call(0, request.SerializeToString(), None, seconds, cancel)
         return pb.ModelInferResponse.FromString(answer)
 
     def register(self, name: str, fd: int, byte_size: int) -> None:
@@ -91,14 +133,24 @@ class LaneClient:
         message = pb.SystemSharedMemoryRegisterRequest(name=name, byte_size=byte_size)
         self._call(REGISTER, message.SerializeToString(), fd)
 
-    def _call(self, kind: int, body: bytes, fd: int | None = None) -> bytes | bytearray:
-        """Send one frame (with descriptor ``fd``) and read the answer's body.
+    def _call(
+        self,
+        kind: int,
+        body: bytes,
+        fd: int | None = None,
+        seconds: float | None = None,
+        cancel: CancelToken | None = None,
+    ) -> bytes | bytearray:
+        """Send one frame (with descriptor ``fd``) and read the answer's body, within
+        ``seconds`` when given (else the client's timeout); ``cancel`` shuts the connection.
 
         Raises:
             CrossrtError: the answer was an error, or the daemon is gone (CLOSED), or the
                 answer took longer than the timeout (TIMEOUT).
+            CancelledError: ``cancel`` was cancelled.
         """
         connection, reused = self._take()
+        hang_up = None
         try:
             try:
                 _send(connection.sock, kind, body, fd)
@@ -111,19 +163,35 @@ class LaneClient:
                     connection.sock.close()
                 connection = self._open()
                 _send(connection.sock, kind, body, fd)
+            # The connection that carries it, at last (a reused one may have been replaced).
+            if seconds is not None:
+                connection.sock.settimeout(seconds)
+            if cancel is not None:
+                hang_up = _HangUp(connection, cancel)
             status, answer = connection.frames.read()
         except TimeoutError:
             self._drop(connection)
+            if seconds is not None:
+                raise DeadlineExceededError(
+                    f"no answer from the daemon at {self._endpoint} by the call's deadline"
+                ) from None
             raise DeadlineExceededError(
                 f"no answer from the daemon at {self._endpoint} within {self._timeout} s; "
                 "give connect() a longer timeout"
             ) from None
         except (OSError, EOFError, FrameError) as exc:
             self._drop(connection)
+            if hang_up is not None and hang_up.done():
+                raise CancelledError from None
             raise self._gone(exc) from None
         except BaseException:
             self._drop(connection)  # an interrupted read leaves the stream mid-frame
             raise
+        if hang_up is not None and hang_up.done():  # it came as the answer did
+            self._drop(connection)
+            raise CancelledError
+        if seconds is not None:
+            connection.sock.settimeout(self._timeout)
         self._give_back(connection)
         if status:
             raise error_from(_CODES.get(status, grpc.StatusCode.UNKNOWN), answer.decode(),

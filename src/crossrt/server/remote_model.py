@@ -15,6 +15,7 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
 from .. import dtypes
+from ..drivers.base import CancelToken
 from ..errors import CrossrtError, InvalidInputError
 from ..model import TensorSpec
 from ..runtime import TensorInfo
@@ -31,9 +32,16 @@ class Connection(Protocol):
 
     def call(self, method: str, request: Any) -> Any: ...
 
-    def infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse: ...
+    def infer(
+        self,
+        request: pb.ModelInferRequest,
+        deadline: float | None = None,
+        cancel: CancelToken | None = None,
+    ) -> pb.ModelInferResponse: ...
 
-    def infer_async(self, request: pb.ModelInferRequest) -> Future[pb.ModelInferResponse]: ...
+    def infer_async(
+        self, request: pb.ModelInferRequest, deadline: float | None = None
+    ) -> Future[pb.ModelInferResponse]: ...
 
     def forget(self, model: RemoteModel) -> None: ...
 
@@ -70,20 +78,50 @@ class RemoteModel:
                 rows.append(TensorInfo(s.name, usage, str(s.dtype), s.shape, _nbytes(s)))
         return rows
 
-    def run(self, inputs: Any) -> dict[str, np.ndarray]:
-        """Run once; the outputs by name."""
+    def run(
+        self,
+        inputs: Any,
+        *,
+        deadline: float | None = None,
+        cancel: CancelToken | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Run once; the outputs by name.
+
+        Args:
+            inputs: ``{name: array}``, a list in input order, or one array for a one-input
+                model.
+            deadline: a ``time.monotonic()`` time by which the result is wanted, as
+                :meth:`LoadedModel.run`'s: the daemon does not run a request still queued
+                then and stops a running one where the engine can (TIMEOUT).
+            cancel: a :class:`crossrt.CancelToken` (one per call) whose ``cancel()`` ends
+                the call at once with ``CancelledError``; the daemon drops or stops the
+                request.
+
+        Raises:
+            DeadlineExceededError: (TIMEOUT) the deadline, or the client's timeout, passed.
+            CrossrtError: the daemon's error, with its code.
+        """
         feed = self._feed(inputs)
         try:
-            return self._run(feed)
+            return self._run(feed, deadline, cancel)
         except CrossrtError as exc:
             if not self._forgotten(exc):
                 raise
-        return self._run(feed)  # a daemon started again: the segments registered anew
+        return self._run(feed, deadline, cancel)  # a daemon started again: segments anew
 
-    def _run(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _run(
+        self,
+        feed: dict[str, np.ndarray],
+        deadline: float | None = None,
+        cancel: CancelToken | None = None,
+    ) -> dict[str, np.ndarray]:
         segment = self._segment_for(feed)
         try:
-            response = self._rt.infer(self._request(feed, segment))
+            request = self._request(feed, segment)
+            if deadline is None and cancel is None:
+                response = self._rt.infer(request)
+            else:
+                response = self._rt.infer(request, deadline, cancel)
             return self._results(response, segment)
         finally:
             self._give_back(segment)
@@ -101,11 +139,14 @@ class RemoteModel:
             segment.close()  # the daemon holds no registration of it to undo
         return True
 
-    def run_async(self, inputs: Any) -> Future[dict[str, np.ndarray]]:
-        """Run once; a future of the outputs (``concurrent.futures``)."""
+    def run_async(
+        self, inputs: Any, *, deadline: float | None = None
+    ) -> Future[dict[str, np.ndarray]]:
+        """Run once; a future of the outputs (``concurrent.futures``); ``deadline`` as
+        :meth:`run`'s."""
         feed = self._feed(inputs)
         segment = self._segment_for(feed)
-        answer = self._rt.infer_async(self._request(feed, segment))
+        answer = self._rt.infer_async(self._request(feed, segment), deadline)
         future: Future[dict[str, np.ndarray]] = Future()
 
         def done(answer: Future[pb.ModelInferResponse]) -> None:
@@ -115,7 +156,7 @@ class RemoteModel:
                 except CrossrtError as exc:
                     if segment is None or not self._forgotten(exc):
                         raise
-                    result = self._run(feed)  # in this callback's thread: a rare event
+                    result = self._run(feed, deadline)  # in this callback's thread: rare
                 future.set_result(result)
             except BaseException as exc:
                 future.set_exception(exc)
@@ -125,9 +166,9 @@ class RemoteModel:
         answer.add_done_callback(done)
         return future
 
-    async def infer(self, inputs: Any) -> dict[str, np.ndarray]:
+    async def infer(self, inputs: Any, *, deadline: float | None = None) -> dict[str, np.ndarray]:
         """``await model.infer(inputs)``: :meth:`run_async` for asyncio."""
-        return await asyncio.wrap_future(self.run_async(inputs))
+        return await asyncio.wrap_future(self.run_async(inputs, deadline=deadline))
 
     def start(self) -> None:
         """Run it on its core group (stopping the group's running model)."""
