@@ -23,6 +23,20 @@ def tiny() -> crossrt.Model:
     return b.finish()
 
 
+def batchable(doubled: bool = False) -> crossrt.Model:
+    """y = x @ W + 1 on [N, 8], N dynamic: requests can be batched. ``doubled``: y is
+    Concat(x, x) along the first dimension instead, [2N, 8], an output that does not follow
+    the batch."""
+    b = GraphBuilder("batchable")
+    x = b.input("x", "float32", ["N", 8])
+    if doubled:
+        b.output(b.op("Concat", [x, x], axis=0, outputs=["y"]))
+        return b.finish()
+    w = b.constant(np.arange(64, dtype=np.float32).reshape(8, 8) / 64)
+    b.output(b.op("Add", [b.op("MatMul", [x, w]), b.constant(np.float32(1))], outputs=["y"]))
+    return b.finish()
+
+
 def heavy(chain: int = 24, size: int = 512) -> crossrt.Model:
     """A chain of MatMuls long enough for a timeout to strike mid-run."""
     b = GraphBuilder("heavy")

@@ -29,6 +29,7 @@ from ..errors import (
     OperationForbiddenError,
 )
 from ..model import TensorSpec
+from .batching import Batching, why_not_batchable
 from .binding import OutputBinder
 from .calls import on_host, recording, stoppable, timed
 from .inputs import InputChecker
@@ -97,7 +98,24 @@ class LoadedModel:
         exec_timeout: float | None = None,
         check_numerics: bool = False,
         statistics: Statistics | None = None,
+        batching: Batching | None = None,
     ) -> None:
+        if batching is not None:
+            why = why_not_batchable(
+                executable.inputs,
+                executable.outputs,
+                len(executable.nodes),
+                bool(executable.stages),
+            )
+            if why is not None:
+                raise InvalidArgumentError(
+                    f"model {executable.name!r} cannot be batched: {why}; load it without "
+                    "max_batch_size",
+                    details={"max_batch_size": batching.max_size},
+                )
+        self.batching = batching
+        """How its queued requests are batched (``max_batch_size``); ``None``: they run one
+        by one."""
         self.executable = executable
         self.device = device
         self.cores = cores
@@ -148,12 +166,20 @@ class LoadedModel:
         self._dim_ranges: dict[str, tuple[DimRange, ...]] | None = None
         nodes = len(executable.nodes)
         depth = len(instances) + nodes + 1 if queue_depth is None else queue_depth
+        if batching is not None and queue_depth is None:  # room for a batch per instance
+            depth += batching.max_size * len(instances)
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
             raise InvalidArgumentError(f"queue_depth={queue_depth!r}: give a whole number >= 1")
         # Shape stages share their model's statistics: one model to the user.
         self._statistics = statistics or Statistics(len(instances))
         self._scheduler = Scheduler(
-            executable.name, instances, self._finish, depth, exec_timeout, self._statistics
+            executable.name,
+            instances,
+            self._finish,
+            depth,
+            exec_timeout,
+            self._statistics,
+            batching,
         )
         # A model never unloaded stops its workers when collected; at exit, daemon workers
         # just end (joining them could hold the exit up behind a long run).

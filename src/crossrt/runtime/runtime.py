@@ -29,6 +29,7 @@ from ..errors import (
 )
 from ..host import format_cpus
 from . import observer
+from .batching import batching
 from .cores.groups import CoreGroup, pick_free, split_instances
 from .cores.reservation import reserve_cores
 from .loaded import LoadedModel
@@ -153,6 +154,8 @@ class Runtime:
         exec_timeout: float | None = None,
         check_numerics: bool | None = None,
         mode: str = "shared",
+        max_batch_size: int = 0,
+        batch_delay: float = 0.0,
         **compile_options: Any,
     ) -> LoadedModel:
         """Load a model onto a device (nrt_load). See ``docs/concurrency.md``.
@@ -179,13 +182,20 @@ class Runtime:
                 device, for a list of devices).
             cores_per_instance: cores (engine threads) per instance; default an equal share.
             queue_depth: requests ``run_async`` admits at once (waiting or running); default
-                instances + nodes + 1.
+                instances + nodes + 1, plus ``max_batch_size`` per instance when batching.
             exec_timeout: seconds one run may take before it is stopped with TIMEOUT;
                 default ``CROSSRT_EXEC_TIMEOUT`` (none).
             check_numerics: raise EXEC_COMPLETED_WITH_NUM_ERR when an output holds a NaN or
                 an infinity; default ``CROSSRT_CHECK_NUMERICS`` (off).
             mode: for a multi-node executable, ``"shared"``: its nodes share the instance's
                 cores; ``"normal"``: each node gets cores of its own.
+            max_batch_size: more than 0: queued requests are joined along their first
+                dimension, up to this many rows, and run as one batch (dynamic batching,
+                ``docs/concurrency.md``); the model's inputs and outputs need a dynamic
+                first dimension. 0 (default): each request runs alone.
+            batch_delay: with ``max_batch_size``, seconds a worker waits for more requests
+                before running a smaller batch (Triton's ``max_queue_delay``); default 0:
+                batches form only from requests already waiting.
             **compile_options: for a model that is not compiled yet, the compile options.
 
         Raises:
@@ -194,6 +204,7 @@ class Runtime:
                 instances x cores_per_instance more than the load has.
         """
         self._check_open()
+        batched = batching(max_batch_size, batch_delay)
         observer.watch(self)  # crossrt top, monitor and profile --pid see its models
         # A list of devices: a load across them; checked once the executable is known.
         listed = None if device is None or isinstance(device, str) else [str(d) for d in device]
@@ -274,7 +285,8 @@ class Runtime:
             loaded = LoadedModel(
                 self._forget, exe, runs, info, chosen, home,
                 queue_depth=queue_depth, exec_timeout=timeout, check_numerics=bool(numerics),
-            ) if not exe.stages else StagedModel(
+                batching=batched,
+            ) if not exe.stages or batched else StagedModel(
                 self._forget, exe, runs, info, chosen, home,
                 queue_depth=queue_depth, exec_timeout=timeout, check_numerics=bool(numerics),
                 load=load_all,

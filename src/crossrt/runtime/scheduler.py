@@ -42,6 +42,7 @@ from ..errors import (
 )
 from . import watchdog
 from .admission import Admission
+from .batching import Batching, batch_key, join, split
 from .memory.allocator import count_copy
 from .statistics import Statistics
 
@@ -145,6 +146,7 @@ class Job:
     admitted: bool = False  # it holds a queue slot (handed to the workers)
     slot_back: bool = False  # that slot was given back (once, by whoever comes first)
     stoppable: bool = False  # give it a token when it starts, though no time limit applies
+    batch: tuple[Any, int] | None = None  # what it shares with requests it may join; rows
     # time.perf_counter_ns() when it arrived, its inputs were checked, its run started and
     # the engine was done; the instance that ran it (for the statistics).
     arrived: int = 0
@@ -168,8 +170,10 @@ class Scheduler:
         depth: int,
         exec_timeout: float | None,
         statistics: Statistics | None = None,
+        batching: Batching | None = None,
     ) -> None:
         self.name = name
+        self.batching = batching
         self.statistics = statistics or Statistics(len(instances))
         self.instances = tuple(instances)
         self.depth = depth
@@ -271,6 +275,8 @@ class Scheduler:
         """
         now = time.perf_counter_ns()
         job = Job(Future(), feed, outputs, deadline)
+        if self.batching is not None and outputs is None:
+            job.batch = batch_key(feed)
         job.arrived = arrived or now
         job.checked = checked or job.arrived
         self.statistics.arrived()
@@ -435,7 +441,12 @@ class Scheduler:
 
     def _serve(self) -> None:
         pinned: tuple[int, ...] | None = None
-        while (job := self._entry.get()) is not _STOP:
+        carried: Job | None = None  # taken from the queue by a batch it could not join
+        while True:
+            job = carried if carried is not None else self._entry.get()
+            carried = None
+            if job is _STOP:
+                return
             # The instance first: while this waits for one that run() callers hold, the
             # request is still queued, so its deadline, its caller going away or cancel()
             # resolve it at once rather than when an instance frees up.
@@ -448,16 +459,94 @@ class Scheduler:
                 continue
             if inst.pin is not None and inst.pin != pinned:  # it serves any idle instance
                 pinned = _pin_thread(inst.pin)
+            if job.batch is not None and job.batch[1] < self.batching.max_size:  # type: ignore[union-attr]
+                jobs, carried = self._gather(job)
+                if len(jobs) > 1:
+                    self._run_batch(inst, jobs)
+                    continue
+            self._run(inst, job)
+
+    def _run(self, inst: Instance, job: Job, keep: bool = False) -> None:
+        """Run ``job`` on ``inst`` (held by this worker) and resolve it; the instance is
+        given back first unless ``keep``."""
+        try:
+            execute = partial(_execute_with, inst, job.token)
+            result = self._call(execute, job)
+        except BaseException as exc:  # the caller gets it through the future
+            if not keep:
+                self.give_back(inst)
+            self._done(job, error=exc)
+        else:
+            job.computed, job.instance = time.perf_counter_ns(), inst.index
+            if not keep:
+                self.give_back(inst)
+            self._done(job, result)
+
+    def _gather(self, first: Job) -> tuple[list[Job], Job | None]:
+        """``first`` and the queued requests that can join it, up to the batch's size, for
+        at most the batching delay; and the request taken that could not join (or the
+        stop), for this worker's next turn."""
+        batching = self.batching
+        assert batching is not None and first.batch is not None
+        key, rows = first.batch
+        jobs = [first]
+        until = time.monotonic() + batching.delay
+        while rows < batching.max_size:
             try:
-                execute = partial(_execute_with, inst, job.token)
-                result = self._call(execute, job)
-            except BaseException as exc:  # the caller gets it through the future
-                self.give_back(inst)
+                left = until - time.monotonic()
+                job = self._entry.get(timeout=left) if left > 0 else self._entry.get_nowait()
+            except queue.Empty:
+                break
+            if (
+                job is _STOP
+                or job.batch is None
+                or job.batch[0] != key
+                or rows + job.batch[1] > batching.max_size
+            ):
+                return jobs, job
+            if self._start(job):  # else resolved meanwhile: skipped, its slot given back
+                jobs.append(job)
+                rows += job.batch[1]
+        return jobs, None
+
+    def _run_batch(self, inst: Instance, jobs: list[Job]) -> None:
+        """Run ``jobs`` (started) as one batch on ``inst`` and resolve each with its rows.
+
+        A request's own deadline or cancel does not stop the batch (the others want it):
+        it is judged when the batch ends (``_done``). The execution timeout does."""
+        token = None
+        if self.exec_timeout is not None:
+            token = CancelToken()
+            watchdog.watch(token, time.monotonic() + self.exec_timeout)
+        execute = partial(_execute_with, inst, token)
+        try:
+            finish = self._finish()
+            if finish is None:
+                raise self._closing()
+            result = finish(execute, join([job.feed for job in jobs]), None)
+        except BaseException as exc:
+            self.give_back(inst)
+            for job in jobs:
                 self._done(job, error=exc)
+            return
+        finally:
+            expired = token is not None and watchdog.finish(token)
+        parts = split(result, [job.batch[1] for job in jobs])  # type: ignore[index]
+        if parts is None:  # an output that does not follow the batch: each runs alone
+            for job in jobs:
+                self._run(inst, job, keep=True)
+            self.give_back(inst)
+            return
+        computed = time.perf_counter_ns()
+        self.give_back(inst)
+        for i, (job, part) in enumerate(zip(jobs, parts, strict=True)):
+            # The instance's run is counted once, with the first request: its busy time and
+            # execution count are the batch's.
+            job.computed, job.instance = computed, inst.index if i == 0 else -1
+            if expired:
+                self._done(job, error=late(self.name, "its batch ran past the execution timeout"))
             else:
-                job.computed, job.instance = time.perf_counter_ns(), inst.index
-                self.give_back(inst)
-                self._done(job, result)
+                self._done(job, part)
 
     def _stage(self, inst: Instance, j: int, stages: list[queue.SimpleQueue[Job | None]]) -> None:
         if inst.pin is not None:
