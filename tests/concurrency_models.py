@@ -37,6 +37,19 @@ def batchable(doubled: bool = False) -> crossrt.Model:
     return b.finish()
 
 
+def slow_rows(chain: int = 400, size: int = 512) -> crossrt.Model:
+    """A chain of MatMuls on [N, size] rows, N dynamic: batchable, and slow enough (tens of
+    ms a row) for requests to queue behind a run."""
+    b = GraphBuilder("slow_rows")
+    x = b.input("x", "float32", ["N", size])
+    w = b.constant(np.eye(size, dtype=np.float32))
+    h = x
+    for _ in range(chain):
+        h = b.op("MatMul", [h, w])
+    b.output(b.op("Identity", [h], outputs=["y"]))
+    return b.finish()
+
+
 def heavy(chain: int = 24, size: int = 512) -> crossrt.Model:
     """A chain of MatMuls long enough for a timeout to strike mid-run."""
     b = GraphBuilder("heavy")

@@ -166,6 +166,15 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
             ],
             default_model_filename=entry.path.name if entry.path else "",
         )
+        if model.batching is not None:
+            # max_batch_size stays 0: the shapes above keep their batch dimension (-1), and
+            # clients send it, as with any model; the batcher joins requests along it.
+            config.dynamic_batching.CopyFrom(
+                mc.ModelDynamicBatching(
+                    preferred_batch_size=[model.batching.max_size],
+                    max_queue_delay_microseconds=round(model.batching.delay * 1e6),
+                )
+            )
         return pb.ModelConfigResponse(config=config)
 
     # -- inference -----------------------------------------------------------------------

@@ -39,6 +39,8 @@ class LoadOptions:
     queue_depth: int | None = None
     timeout: float | None = None
     precision: str | None = None
+    max_batch_size: int = 0
+    batch_delay: float = 0.0
 
     def with_values(self, values: Mapping[str, Any]) -> LoadOptions:
         """These options with ``values`` (parameter name -> value) applied, checked."""
@@ -55,7 +57,16 @@ class LoadOptions:
         return replace(self, **changes)
 
 
-LOAD_PARAMETERS = ("device", "instances", "cores", "queue_depth", "timeout", "precision")
+LOAD_PARAMETERS = (
+    "device",
+    "instances",
+    "cores",
+    "queue_depth",
+    "timeout",
+    "precision",
+    "max_batch_size",
+    "batch_delay",
+)
 
 
 def _parse(name: str, value: Any) -> Any:
@@ -74,6 +85,16 @@ def _parse(name: str, value: Any) -> Any:
             if isinstance(value, bool) or not seconds > 0:
                 raise ValueError
             return seconds
+        if name == "max_batch_size":
+            number = int(value)
+            if isinstance(value, bool | float) or number < 0:
+                raise ValueError
+            return number
+        if name == "batch_delay":
+            seconds = float(value)
+            if isinstance(value, bool) or not 0 <= seconds < float("inf"):
+                raise ValueError
+            return seconds
         # cores: a count (4) or host core indices ("0-3", "0,2")
         if isinstance(value, int) and not isinstance(value, bool):
             return value
@@ -90,6 +111,8 @@ def _parse(name: str, value: Any) -> Any:
                 "instances": "give a whole number >= 1",
                 "queue_depth": "give a whole number >= 1",
                 "timeout": "give seconds, more than 0",
+                "max_batch_size": "give a whole number >= 0 (0: no batching)",
+                "batch_delay": "give seconds >= 0",
                 "cores": "give a count (4) or core indices ('0-3', '0,2')",
             }[name]
         ) from None
@@ -243,6 +266,8 @@ class Repository:
             "cores": options.cores,
             "queue_depth": options.queue_depth,
             "exec_timeout": options.timeout,
+            "max_batch_size": options.max_batch_size,
+            "batch_delay": options.batch_delay,
         }
         if path.suffix == ".crm":
             if options.precision is not None:

@@ -147,7 +147,8 @@ def _model(table: Any, file: str | None) -> Entry:
     if not isinstance(table, dict) or "name" not in table or "path" not in table:
         raise InvalidOptionError(
             f"each [[models]] table of {file} needs name and path (and may give "
-            "device, instances, cores, queue_depth, timeout, precision)"
+            "device, instances, cores, queue_depth, timeout, precision, max_batch_size, "
+            "batch_delay)"
         )
     rest = {k: v for k, v in table.items() if k not in ("name", "path")}
     path = Path(table["path"])
