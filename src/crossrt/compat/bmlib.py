@@ -1,6 +1,6 @@
 """A device's memory the BMLib way: :class:`Device` (``bm_handle_t``) with ``malloc``,
-``free``, ``memcpy_s2d`` / ``d2s`` / ``d2d``, ``memset`` and ``mmap`` with ``flush`` /
-``invalidate``.
+``free``, ``memcpy_s2d`` / ``d2s`` / ``d2d``, copies to another device, ``memset`` and
+``mmap`` with ``flush`` / ``invalidate``.
 
 On a host-coherent device (every CPU driver) device memory is host memory: ``mmap`` returns
 a view of the bytes themselves and ``flush`` / ``invalidate`` do nothing. On a device whose
@@ -183,6 +183,21 @@ class Device:
         _range(frm, src_offset, n, "memcpy_d2d (source)")
         _range(to, dst_offset, n, "memcpy_d2d (destination)")
         to.copy_from(frm, n, dst_offset, src_offset)
+
+    def memcpy_to(self, other: Device, dst: DeviceMemory, src: DeviceMemory, size: int) -> None:
+        """Copy the first ``size`` bytes of this device's ``src`` to the start of ``dst`` on
+        device ``other`` (``bm_memcpy_p2p`` / ``bm_memcpy_c2c``); through host memory when
+        the devices differ, as :meth:`memcpy_d2d` when they are the same."""
+        frm, to = self._own(src, "memcpy_to"), other._own(dst, "memcpy_to")
+        _range(frm, 0, size, "memcpy_to (source)")
+        _range(to, 0, size, "memcpy_to (destination)")
+        to.copy_from(frm, size, 0, 0)
+
+    def check_range(self, mem: DeviceMemory, offset: int, size: int, what: str) -> None:
+        """Raise as a copy would when ``size`` bytes at ``offset`` are not all in ``mem``
+        (or ``mem`` is not this device's, or was freed): for calls that check every
+        operation before moving a byte."""
+        _range(self._own(mem, what), offset, size, what)
 
     def memset(
         self, mem: DeviceMemory, value: int, size: int | None = None, offset: int = 0

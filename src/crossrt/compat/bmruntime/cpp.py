@@ -13,10 +13,11 @@ from typing import Any
 
 from ...errors import CrossrtError, InvalidArgumentError, OperationForbiddenError
 from ..bmlib import DeviceMemory
-from .device import bm_dev_free, bm_dev_request, bm_handle_t, bm_thread_sync
+from .device import bm_dev_free, bm_dev_request, bm_handle_t
 from .launch import launch
 from .runtime import Bmruntime, bmrt_destroy, bmrt_trace
 from .status import BM_SUCCESS, bm_status_t, failed
+from .sync import bm_thread_sync
 from .types import (
     BM_STORE_1N,
     bm_data_type_t,

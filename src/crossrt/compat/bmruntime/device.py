@@ -1,5 +1,6 @@
 """BMLIB: devices (``bm_handle_t``), device memory (``bm_device_mem_t``), copies, mmap with
-flush / invalidate, and ``bm_thread_sync``, over :class:`crossrt.compat.bmlib.Device`.
+flush / invalidate, over :class:`crossrt.compat.bmlib.Device` (the synchronisation calls are
+sync.py's, the strided, scattered and cross-device copies copies.py's).
 
 ``devid`` is an index into :func:`bm_devices` (the accelerators first: ``sim:0``...; the CPU
 when there is none) or a crossrt device name (``"cpu:0"``, ``"sim:3"``). Host buffers are any
@@ -10,16 +11,15 @@ Python buffer (bytes, bytearray, memoryview, NumPy array). Out-parameters come b
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from ...drivers import DeviceKind, available_drivers
 from ...errors import (
     ClosedError,
     CrossrtError,
-    DeadlineExceededError,
     InvalidArgumentError,
     StatusCode,
 )
@@ -34,7 +34,6 @@ __all__ = [
     "bm_devices",
     "bm_free_device",
     "bm_get_devid",
-    "bm_handle_sync",
     "bm_handle_t",
     "bm_malloc_device_byte",
     "bm_malloc_device_dword",
@@ -55,9 +54,6 @@ __all__ = [
     "bm_memcpy_s2d_partial_offset",
     "bm_memset_device",
     "bm_memset_device_ext",
-    "bm_set_sync_timeout",
-    "bm_thread_sync",
-    "bm_thread_sync_from_core",
 ]
 
 bm_device_mem_t = DeviceMemory
@@ -74,10 +70,11 @@ def bm_devices() -> list[str]:
 
 
 class Launch:
-    """A launch through a handle: its future, and what to do once (the outputs' mappings
-    become stale) when a sync sees it end."""
+    """A launch through a handle (``owner``): its future, and what to do once (the outputs'
+    mappings become stale) when a sync sees it end."""
 
-    def __init__(self, future: Future[Any], done: Callable[[], None]) -> None:
+    def __init__(self, owner: bm_handle_t, future: Future[Any], done: Callable[[], None]) -> None:
+        self.owner = owner
         self.future = future
         self._done: Callable[[], None] | None = done
         self._lock = threading.Lock()
@@ -88,6 +85,18 @@ class Launch:
             done, self._done = self._done, None
         if done is not None:
             done()
+
+
+_HANDLES: weakref.WeakSet[bm_handle_t] = weakref.WeakSet()
+"""Every handle alive, freed or not: ``bm_device_sync`` waits for the launches of each on its
+device (a freed handle's launches still run there)."""
+_HANDLES_LOCK = threading.Lock()
+
+
+def handles_on(device_id: str) -> list[bm_handle_t]:
+    """The handles alive on the device ``device_id``."""
+    with _HANDLES_LOCK:
+        return [h for h in _HANDLES if h.device.id == device_id]
 
 
 class bm_handle_t:
@@ -103,6 +112,8 @@ class bm_handle_t:
         self._mappings: dict[int, tuple[memoryview, DeviceMemory]] = {}
         self._launches: list[Launch] = []  # every thread's, for bm_handle_sync
         self._lock = threading.Lock()
+        with _HANDLES_LOCK:
+            _HANDLES.add(self)
 
     def pending(self) -> list[Launch]:
         """This thread's launches not synchronised yet."""
@@ -114,12 +125,18 @@ class bm_handle_t:
 
     def launched(self, future: Future[Any], done: Callable[[], None]) -> None:
         """Record a launch this thread made: ``done`` runs once, when a sync sees it end."""
-        launch = Launch(future, done)
+        launch = Launch(self, future, done)
         self.pending().append(launch)
         with self._lock:
             self._launches.append(launch)
 
-    def _forget(self, launch: Launch) -> None:
+    def outstanding(self) -> list[Launch]:
+        """Every thread's launches through this handle not synchronised yet."""
+        with self._lock:
+            return list(self._launches)
+
+    def forget(self, launch: Launch) -> None:
+        """Drop a launch a sync saw end from the handle's list."""
         with self._lock:
             if launch in self._launches:
                 self._launches.remove(launch)
@@ -136,7 +153,8 @@ class bm_handle_t:
         return f"bm_handle_t({self.devid!r} = {self.device.id}{', freed' if self.freed else ''})"
 
 
-def _call(what: str, action: Callable[[], Any]) -> bm_status_t:
+def call(what: str, action: Callable[[], Any]) -> bm_status_t:
+    """BM_SUCCESS when ``action()`` returns, else its error's status, logged as ``what``."""
     try:
         action()
     except (CrossrtError, TypeError, ValueError, MemoryError) as exc:
@@ -208,7 +226,7 @@ def bm_malloc_device_dword(
 
 def bm_free_device(handle: bm_handle_t, mem: DeviceMemory) -> None:
     """Free device memory (twice is harmless)."""
-    _call("bm_free_device", lambda: handle.device.free(mem))
+    call("bm_free_device", lambda: handle.device.free(mem))
 
 
 def bm_mem_get_device_size(mem: DeviceMemory) -> int:
@@ -218,14 +236,14 @@ def bm_mem_get_device_size(mem: DeviceMemory) -> int:
 
 def bm_memcpy_s2d(handle: bm_handle_t, dst: DeviceMemory, src: Any) -> bm_status_t:
     """Copy the whole of ``dst`` (its size in bytes) from host buffer ``src``."""
-    return _call("bm_memcpy_s2d", lambda: handle.check().memcpy_s2d(dst, src, dst.size))
+    return call("bm_memcpy_s2d", lambda: handle.check().memcpy_s2d(dst, src, dst.size))
 
 
 def bm_memcpy_s2d_partial(
     handle: bm_handle_t, dst: DeviceMemory, src: Any, size: int
 ) -> bm_status_t:
     """Copy ``size`` bytes from ``src`` to the start of ``dst``."""
-    return _call("bm_memcpy_s2d_partial", lambda: handle.check().memcpy_s2d(dst, src, size))
+    return call("bm_memcpy_s2d_partial", lambda: handle.check().memcpy_s2d(dst, src, size))
 
 
 def bm_memcpy_s2d_partial_offset(
@@ -233,7 +251,7 @@ def bm_memcpy_s2d_partial_offset(
 ) -> bm_status_t:
     """Copy ``size`` bytes from ``src`` to ``dst`` at byte ``offset`` of the device memory
     (as libbmlib does; the seed's prose says "from src's offset")."""
-    return _call(
+    return call(
         "bm_memcpy_s2d_partial_offset",
         lambda: handle.check().memcpy_s2d(dst, src, size, offset),
     )
@@ -241,21 +259,21 @@ def bm_memcpy_s2d_partial_offset(
 
 def bm_memcpy_d2s(handle: bm_handle_t, dst: Any, src: DeviceMemory) -> bm_status_t:
     """Copy all of ``src`` to host buffer ``dst``."""
-    return _call("bm_memcpy_d2s", lambda: handle.check().memcpy_d2s(dst, src, src.size))
+    return call("bm_memcpy_d2s", lambda: handle.check().memcpy_d2s(dst, src, src.size))
 
 
 def bm_memcpy_d2s_partial(
     handle: bm_handle_t, dst: Any, src: DeviceMemory, size: int
 ) -> bm_status_t:
     """Copy the first ``size`` bytes of ``src`` to ``dst``."""
-    return _call("bm_memcpy_d2s_partial", lambda: handle.check().memcpy_d2s(dst, src, size))
+    return call("bm_memcpy_d2s_partial", lambda: handle.check().memcpy_d2s(dst, src, size))
 
 
 def bm_memcpy_d2s_partial_offset(
     handle: bm_handle_t, dst: Any, src: DeviceMemory, size: int, offset: int
 ) -> bm_status_t:
     """Copy ``size`` bytes of ``src`` from byte ``offset`` to ``dst``."""
-    return _call(
+    return call(
         "bm_memcpy_d2s_partial_offset",
         lambda: handle.check().memcpy_d2s(dst, src, size, offset),
     )
@@ -277,7 +295,7 @@ def bm_memcpy_d2d(
             raise InvalidArgumentError(f"len={len!r}: give a count of dwords >= 0")
         handle.check().memcpy_d2d(dst, src, 4 * len, dst_offset, src_offset)
 
-    return _call("bm_memcpy_d2d", copy)
+    return call("bm_memcpy_d2d", copy)
 
 
 def bm_memcpy_d2d_byte(
@@ -289,7 +307,7 @@ def bm_memcpy_d2d_byte(
     size: int,
 ) -> bm_status_t:
     """:func:`bm_memcpy_d2d` with the length in bytes."""
-    return _call(
+    return call(
         "bm_memcpy_d2d_byte",
         lambda: handle.check().memcpy_d2d(dst, src, size, dst_offset, src_offset),
     )
@@ -311,7 +329,7 @@ def bm_memset_device_ext(
         reps = -(-mem.size // mode)
         device.memcpy_s2d(mem, (pattern * reps)[: mem.size])
 
-    return _call("bm_memset_device_ext", fill)
+    return call("bm_memset_device_ext", fill)
 
 
 def bm_memset_device(handle: bm_handle_t, value: int, mem: DeviceMemory) -> bm_status_t:
@@ -366,19 +384,19 @@ def bm_mem_unmap_device_mem(handle: bm_handle_t, vmem: Any, size: int) -> bm_sta
         with handle._lock:
             del handle._mappings[id(vmem)]
 
-    return _call("bm_mem_unmap_device_mem", unmap)
+    return call("bm_mem_unmap_device_mem", unmap)
 
 
 def bm_mem_invalidate_device_mem(handle: bm_handle_t, dmem: DeviceMemory) -> bm_status_t:
     """Fetch what the device wrote into the mapping."""
-    return _call("bm_mem_invalidate_device_mem", lambda: handle.check().invalidate(dmem))
+    return call("bm_mem_invalidate_device_mem", lambda: handle.check().invalidate(dmem))
 
 
 def bm_mem_invalidate_partial_device_mem(
     handle: bm_handle_t, dmem: DeviceMemory, offset: int, len: int
 ) -> bm_status_t:
     """:func:`bm_mem_invalidate_device_mem` for ``len`` bytes from ``offset``."""
-    return _call(
+    return call(
         "bm_mem_invalidate_partial_device_mem",
         lambda: handle.check().invalidate(dmem, offset, len),
     )
@@ -386,80 +404,11 @@ def bm_mem_invalidate_partial_device_mem(
 
 def bm_mem_flush_device_mem(handle: bm_handle_t, dmem: DeviceMemory) -> bm_status_t:
     """Write the host's writes through the mapping to the device."""
-    return _call("bm_mem_flush_device_mem", lambda: handle.check().flush(dmem))
+    return call("bm_mem_flush_device_mem", lambda: handle.check().flush(dmem))
 
 
 def bm_mem_flush_partial_device_mem(
     handle: bm_handle_t, dmem: DeviceMemory, offset: int, len: int
 ) -> bm_status_t:
     """:func:`bm_mem_flush_device_mem` for ``len`` bytes from ``offset``."""
-    return _call("bm_mem_flush_partial_device_mem", lambda: handle.check().flush(dmem, offset, len))
-
-
-# -- synchronisation -------------------------------------------------------------------------
-
-
-def bm_set_sync_timeout(handle: bm_handle_t, timeout: int) -> bm_status_t:
-    """The most milliseconds :func:`bm_thread_sync` waits (0: no limit)."""
-
-    def set_timeout() -> None:
-        handle.check()
-        if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0:
-            raise InvalidArgumentError(f"timeout={timeout!r}: give milliseconds >= 0")
-        handle.sync_timeout_ms = timeout
-
-    return _call("bm_set_sync_timeout", set_timeout)
-
-
-def bm_thread_sync(handle: bm_handle_t) -> bm_status_t:
-    """Wait for every launch this thread made through ``handle``; the first failure's status.
-
-    A launch still running after the ``bm_set_sync_timeout`` limit gives BM_ERR_TIMEOUT and
-    stays pending: a later call waits for it again.
-    """
-    return _sync(handle, handle.pending() if not handle.freed else [], "bm_thread_sync")
-
-
-def bm_thread_sync_from_core(handle: bm_handle_t, core_id: int) -> bm_status_t:
-    """:func:`bm_thread_sync` (this thread's launches on every core: crossrt does not keep
-    them apart by core)."""
-    return bm_thread_sync(handle)
-
-
-def bm_handle_sync(handle: bm_handle_t) -> bm_status_t:
-    """Wait for every launch made through ``handle``, by any thread."""
-    with handle._lock:
-        launches = list(handle._launches)
-    return _sync(handle, launches, "bm_handle_sync")
-
-
-def _sync(handle: bm_handle_t, pending: list[Launch], what: str) -> bm_status_t:
-    try:
-        handle.check()
-    except CrossrtError as exc:
-        return failed(what, exc)
-    limit = handle.sync_timeout_ms / 1000 or None
-    status = BM_SUCCESS
-    while pending:
-        launch = pending[0]
-        try:
-            launch.future.result(timeout=limit)
-        except FutureTimeout:
-            return failed(
-                what,
-                DeadlineExceededError(
-                    f"a launch is still running after {handle.sync_timeout_ms} ms; call "
-                    f"{what} again, or raise bm_set_sync_timeout"
-                ),
-            )
-        except Exception as exc:
-            if status == BM_SUCCESS:
-                status = failed(f"{what} (the launch)", exc)
-        pending.pop(0)
-        handle._forget(launch)
-        try:
-            launch.finish()  # the outputs' store modes laid out: copies that may fail
-        except (CrossrtError, ValueError, MemoryError) as exc:
-            if status == BM_SUCCESS:
-                status = failed(f"{what} (the launch's outputs)", exc)
-    return status
+    return call("bm_mem_flush_partial_device_mem", lambda: handle.check().flush(dmem, offset, len))

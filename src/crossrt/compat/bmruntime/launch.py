@@ -1,6 +1,7 @@
 """The BMRuntime launches: ``bmrt_launch_tensor`` / ``_ex`` / ``_multi_cores`` (queued on
 the caller's device memory, completed by ``bm_thread_sync``) and ``bmrt_launch_data``
-(synchronous, on host memory)."""
+(synchronous, on host memory); :func:`launch` and :func:`launch_data` also serve
+multicore.py's thread-slot and core-list variants."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ __all__ = [
     "bmrt_launch_tensor_ex",
     "bmrt_launch_tensor_multi_cores",
     "launch",
+    "launch_data",
 ]
 
 
@@ -86,14 +88,15 @@ def launch(
     user_mem: bool,
     user_stmode: bool,
     cores: Sequence[int] = (),
+    slot: int | None = None,
 ) -> None:
-    """Queue one run of ``net_name`` (on ``cores`` of the device when given); raises the
-    CrossrtError of what is wrong."""
+    """Queue one run of ``net_name`` (on ``cores`` of the device when given, in thread slot
+    ``slot`` when given); raises the CrossrtError of what is wrong."""
     net = p_bmrt.network(net_name)
     exe = net.executable
     first = input_tensors[0] if input_num and input_tensors else None
     handle = p_bmrt.handle_of(first.device_mem if isinstance(first, bm_tensor_t) else None)
-    model = p_bmrt.model(net_name, handle, cores)
+    model = p_bmrt.model(net_name, handle, cores, slot)
     device = handle.check()
     if input_num != len(exe.inputs) or output_num != len(exe.outputs):
         raise InvalidArgumentError(
@@ -276,38 +279,69 @@ def bmrt_launch_data(
     is set to each output's shape.
     """
     try:
-        net = p_bmrt.network(net_name)
-        exe = net.executable
-        if input_num != len(exe.inputs) or output_num != len(exe.outputs):
-            raise InvalidArgumentError(
-                f"network {net_name!r} has {len(exe.inputs)} inputs and {len(exe.outputs)} "
-                f"outputs; got input_num={input_num}, output_num={output_num}"
-            )
-        feed = {}
-        for spec, data, shape in zip(exe.inputs, input_datas, input_shapes, strict=False):
-            assert spec.dtype is not None
-            count = bmrt_shape_count(shape)
-            array = np.frombuffer(data, dtype=spec.dtype.numpy, count=count)
-            feed[spec.name] = array.reshape(shape.shape)
-        result = net.model.run(feed)
-        for i, spec in enumerate(exe.outputs):
-            value = np.ascontiguousarray(result[spec.name])
-            if user_mem:
-                out = np.frombuffer(output_datas[i], dtype=np.uint8)
-                if out.nbytes < value.nbytes:
-                    raise InvalidArgumentError(
-                        f"output {spec.name!r} needs {value.nbytes} bytes; output_datas[{i}] "
-                        f"holds {out.nbytes}"
-                    )
-                out[: value.nbytes] = value.reshape(-1).view(np.uint8)
-            else:
-                output_datas[i] = value
-            shape = output_shapes[i]
-            shape.num_dims, shape.dims = value.ndim, bm_shape_t.of(value.shape).dims
+        launch_data(
+            p_bmrt, net_name, input_datas, input_shapes, input_num,
+            output_datas, output_shapes, output_num, user_mem,
+        )  # fmt: skip
     except (CrossrtError, TypeError, ValueError) as exc:
         failed("bmrt_launch_data", exc)
         return False
     return True
+
+
+def launch_data(
+    p_bmrt: Bmruntime,
+    net_name: str,
+    input_datas: Sequence[Any],
+    input_shapes: Sequence[bm_shape_t],
+    input_num: int,
+    output_datas: list[Any],
+    output_shapes: Sequence[bm_shape_t],
+    output_num: int,
+    user_mem: bool,
+    cores: Sequence[int] = (),
+    slot: int | None = None,
+) -> None:
+    """:func:`bmrt_launch_data` (on ``cores`` of the runtime's first device when given, in
+    thread slot ``slot`` when given); raises the CrossrtError of what is wrong."""
+    exe = p_bmrt.network(net_name).executable
+    if input_num != len(exe.inputs) or output_num != len(exe.outputs):
+        raise InvalidArgumentError(
+            f"network {net_name!r} has {len(exe.inputs)} inputs and {len(exe.outputs)} "
+            f"outputs; got input_num={input_num}, output_num={output_num}"
+        )
+    model = p_bmrt.model(net_name, p_bmrt.handle, cores, slot)
+    feed = {}
+    for spec, data, shape in zip(exe.inputs, input_datas, input_shapes, strict=False):
+        assert spec.dtype is not None
+        count = bmrt_shape_count(shape)
+        array = np.frombuffer(data, dtype=spec.dtype.numpy, count=count)
+        feed[spec.name] = array.reshape(shape.shape)
+    result = model.run(feed)
+    for i, spec in enumerate(exe.outputs):
+        value = np.ascontiguousarray(result[spec.name])
+        if user_mem:
+            out = np.frombuffer(output_datas[i], dtype=np.uint8)
+            if out.nbytes < value.nbytes:
+                raise InvalidArgumentError(
+                    f"output {spec.name!r} needs {value.nbytes} bytes; output_datas[{i}] "
+                    f"holds {out.nbytes}"
+                )
+            out[: value.nbytes] = value.reshape(-1).view(np.uint8)
+        else:
+            output_datas[i] = value
+        shape = output_shapes[i]
+        shape.num_dims, shape.dims = value.ndim, bm_shape_t.of(value.shape).dims
+
+
+def core_tuple(core_list: Sequence[int] | None, core_num: int) -> tuple[int, ...]:
+    """``core_list[:core_num]``; () for core_num 0 (the cores the network was loaded on)."""
+    if isinstance(core_num, bool) or not isinstance(core_num, int) or core_num < 0:
+        raise InvalidArgumentError(f"core_num={core_num!r}: give a count of cores >= 0")
+    cores = tuple(core_list[:core_num]) if core_list is not None else ()
+    if len(cores) != core_num:
+        raise InvalidArgumentError(f"core_num={core_num} but core_list has {len(cores)}")
+    return cores
 
 
 def bmrt_launch_tensor_multi_cores(
@@ -319,16 +353,14 @@ def bmrt_launch_tensor_multi_cores(
     output_num: int,
     user_mem: bool,
     user_stmode: bool,
-    core_list: Sequence[int],
+    core_list: Sequence[int] | None,
     core_num: int,
 ) -> bool:
     """:func:`bmrt_launch_tensor_ex` on the device's cores ``core_list[:core_num]`` (0: the
     cores the network was loaded on). The first launch on a core list loads the network
     there (as bmruntime allocates its compute memory then); ``bm_thread_sync`` completes it."""
     try:
-        cores = tuple(core_list[:core_num])
-        if len(cores) != core_num:
-            raise InvalidArgumentError(f"core_num={core_num} but core_list has {len(cores)}")
+        cores = core_tuple(core_list, core_num)
         launch(
             p_bmrt, net_name, input_tensors, input_num, output_tensors, output_num,
             user_mem, user_stmode, cores,

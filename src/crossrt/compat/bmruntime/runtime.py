@@ -26,6 +26,8 @@ from ..bmlib import DeviceMemory
 from .device import bm_handle_t
 from .status import failed
 from .types import (
+    BM_RUNTIME_AUTO,
+    BM_RUNTIME_CHECK_MEM,
     BM_STORE_1N,
     bm_data_type_t,
     bm_dtype,
@@ -35,6 +37,7 @@ from .types import (
     bm_tensor_t,
     bmrt_shape_count,
     crossrt_dtype,
+    mem_info_t,
     shape_dims,
 )
 
@@ -66,6 +69,9 @@ class _Network:
     models: dict[str, LoadedModel]  # by device id: one load on each device of the runtime
     info: bm_net_info_t
     on_cores: dict[tuple[str, tuple[int, ...]], LoadedModel] = field(default_factory=dict)
+    # by (device, cores, thread_idx): a load of its own per bmrt_*_multi_thread slot
+    in_slots: dict[tuple[str, tuple[int, ...], int], LoadedModel] = field(default_factory=dict)
+    memory: tuple[DeviceMemory, ...] = ()  # the caller's, for a bmrt_load_bmodel_with_mem
 
     @property
     def model(self) -> LoadedModel:
@@ -80,6 +86,8 @@ class Bmruntime:
         self.handles = list(handles)
         self.runtime = Runtime()
         self.networks: dict[str, _Network] = {}
+        self.flags = int(BM_RUNTIME_AUTO)  # bmrt_set_flags
+        self.slots: dict[int, mem_info_t] = {}  # bmrt_pre_alloc_mem_multi_thread
         self._lock = threading.Lock()
 
     @property
@@ -97,6 +105,13 @@ class Bmruntime:
                 f"no network {name!r} is loaded; loaded: {sorted(self.networks)}",
                 details={"network": name},
             )
+        freed = [mem for mem in net.memory if mem.freed]
+        if freed:
+            raise InvalidArgumentError(
+                f"network {name!r} was loaded with bmrt_load_bmodel_with_mem into {freed[0]!r}, "
+                "which was freed since; keep that memory until bmrt_destroy",
+                details={"network": name},
+            )
         return net
 
     def handle_of(self, mem: DeviceMemory | None) -> bm_handle_t:
@@ -111,25 +126,38 @@ class Bmruntime:
             f"{[h.device.id for h in self.handles]}; copy it to one of them"
         )
 
-    def model(self, name: str, handle: bm_handle_t, cores: Sequence[int] = ()) -> LoadedModel:
-        """Network ``name`` on the handle's device; on these core indices of it when given
-        (loaded at the first call for that list, unloaded with the runtime)."""
+    def model(
+        self, name: str, handle: bm_handle_t, cores: Sequence[int] = (), slot: int | None = None
+    ) -> LoadedModel:
+        """Network ``name`` on the handle's device; on these core indices of it when given;
+        a load of its own for thread slot ``slot`` (each loaded at the first call for that
+        list and slot, unloaded with the runtime)."""
         net = self.network(name)
         device = handle.check().id
-        if not cores:
+        if not cores and slot is None:
             return net.models[device]
-        key = (device, tuple(cores))
+        chosen = tuple(cores)
         with self._lock:
-            model = net.on_cores.get(key)
+            if slot is None:
+                model = net.on_cores.get((device, chosen))
+            else:
+                model = net.in_slots.get((device, chosen, slot))
             if model is None:
-                model = self.runtime.load(net.executable, device, cores=list(key[1]))
-                net.on_cores[key] = model
+                model = self.runtime.load(net.executable, device, cores=list(chosen) or None)
+                if slot is None:
+                    net.on_cores[(device, chosen)] = model
+                else:
+                    net.in_slots[(device, chosen, slot)] = model
         return model
 
-    def load(self, source: Any) -> None:
-        """Load every network of a ``.crm`` (path or bytes); none if one fails."""
+    def load(self, source: Any, memory: Sequence[DeviceMemory] = ()) -> None:
+        """Load every network of a ``.crm`` (path or bytes); none if one fails. ``memory``:
+        the caller's device memory the networks live in (``bmrt_load_bmodel_with_mem``),
+        checked at each launch. With BM_RUNTIME_CHECK_MEM every section's SHA-256 is
+        checked, whatever ``CROSSRT_VALIDATE_HASH`` says."""
         names = list_networks(source)
-        exes = [load_executable(source, name) for name in names]
+        check = True if self.flags & BM_RUNTIME_CHECK_MEM else None
+        exes = [load_executable(source, name, validate_hash=check) for name in names]
         with self._lock:
             clash = [n for n in names if n in self.networks]
             if clash:
@@ -151,7 +179,9 @@ class Bmruntime:
                         model.unload()
                 raise
             for exe, models in zip(exes, loaded, strict=True):
-                self.networks[exe.name] = _Network(exe, models, _net_info(exe))
+                self.networks[exe.name] = _Network(
+                    exe, models, _net_info(exe), memory=tuple(memory)
+                )
 
 
 def _stage_list(exe: Executable) -> list[Executable]:

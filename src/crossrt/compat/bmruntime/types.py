@@ -1,13 +1,14 @@
 """The BMRuntime structs as Python classes: ``bm_shape_t``, ``bm_tensor_t``,
-``bm_stage_info_t``, ``bm_net_info_t``, and the ``bm_data_type_t`` / ``bm_store_mode_t``
-enums, with the shape helpers of the C API (``bmrt_shape``, ``bmrt_shape_count``...)."""
+``bm_stage_info_t``, ``bm_net_info_t``, ``memory_t`` / ``mem_info_t``, and the
+``bm_data_type_t`` / ``bm_store_mode_t`` / ``bm_runtime_flag_t`` enums, with the shape helpers
+of the C API (``bmrt_shape``, ``bmrt_shape_count``...)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import IntEnum
+from enum import IntEnum, IntFlag
 from typing import Any
 
 from ... import dtypes
@@ -23,6 +24,9 @@ __all__ = [
     "BM_INT16",
     "BM_INT32",
     "BM_MAX_DIMS_NUM",
+    "BM_RUNTIME_AUTO",
+    "BM_RUNTIME_CHECK_MEM",
+    "BM_RUNTIME_SHARE_MEM",
     "BM_STORE_1N",
     "BM_STORE_2N",
     "BM_STORE_4N",
@@ -33,6 +37,7 @@ __all__ = [
     "bm_data_type_t",
     "bm_dtype",
     "bm_net_info_t",
+    "bm_runtime_flag_t",
     "bm_shape_t",
     "bm_stage_info_t",
     "bm_store_mode_t",
@@ -44,6 +49,8 @@ __all__ = [
     "bmrt_tensor_bytesize",
     "bmrt_tensor_device_size",
     "crossrt_dtype",
+    "mem_info_t",
+    "memory_t",
     "shape_dims",
 ]
 
@@ -74,6 +81,17 @@ class bm_store_mode_t(IntEnum):
     BM_STORE_4N = 2
 
 
+class bm_runtime_flag_t(IntFlag):
+    """``bmrt_set_flags`` bits (``bmdef.h``)."""
+
+    BM_RUNTIME_AUTO = 0
+    BM_RUNTIME_SHARE_MEM = 1 << 0
+    BM_RUNTIME_CHECK_MEM = 1 << 1
+
+
+BM_RUNTIME_AUTO = bm_runtime_flag_t.BM_RUNTIME_AUTO
+BM_RUNTIME_SHARE_MEM = bm_runtime_flag_t.BM_RUNTIME_SHARE_MEM
+BM_RUNTIME_CHECK_MEM = bm_runtime_flag_t.BM_RUNTIME_CHECK_MEM
 BM_FLOAT32 = bm_data_type_t.BM_FLOAT32
 BM_FLOAT16 = bm_data_type_t.BM_FLOAT16
 BM_INT8 = bm_data_type_t.BM_INT8
@@ -184,6 +202,41 @@ class bm_net_info_t:
     output_loc_devices: list[int]
     core_num: int = 1
     addr_mode: int = 0
+
+
+@dataclass
+class memory_t:
+    """One device memory of a :class:`mem_info_t`: ``addr`` is the caller's
+    ``bm_device_mem_t`` (C: its device address; ``None`` where C has -1, none yet), ``size``
+    the bytes it must hold."""
+
+    addr: DeviceMemory | None = None
+    size: int = 0
+    type: int = 0
+    number: int = 1
+
+
+@dataclass
+class mem_info_t:
+    """The device memory a bmodel needs, by use (``bmrt_get_bmodel_info`` fills the sizes;
+    the caller allocates each and sets ``addr`` for ``bmrt_load_bmodel_with_mem`` and
+    ``bmrt_pre_alloc_mem_multi_thread``)."""
+
+    instruction_mem: memory_t = field(default_factory=memory_t)
+    variable_instruction_mem: memory_t = field(default_factory=memory_t)
+    coeff_mem: memory_t = field(default_factory=memory_t)
+    neuron_mem: memory_t = field(default_factory=memory_t)
+    io_mem: memory_t = field(default_factory=memory_t)
+
+    def memories(self) -> dict[str, memory_t]:
+        """Each memory by its field name."""
+        return {
+            "instruction_mem": self.instruction_mem,
+            "variable_instruction_mem": self.variable_instruction_mem,
+            "coeff_mem": self.coeff_mem,
+            "neuron_mem": self.neuron_mem,
+            "io_mem": self.io_mem,
+        }
 
 
 def bmrt_shape(shape: bm_shape_t, dims: Sequence[int], num_dims: int) -> None:
