@@ -96,3 +96,26 @@ def test_the_command_is_listed_and_runs_as_a_process(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "latency ms" in done.stdout
+
+
+def test_bench_loads_with_instances_and_dynamic_batching(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "rows",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])],
+    )
+    source = tmp_path / "rows.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), source)
+    out = tmp_path / "bench.json"
+    argv = [str(source), "--seconds", "0.2", "--clients", "3", "--json", str(out)]
+    assert bench.main([*argv, "--max-batch-size", "4", "--batch-delay", "0.001"]) == 0
+    assert "batches of" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["max_batch_size"] == 4 and report["mean_batch"] >= 1
+    assert bench.main([*argv, "--instances", "2"]) == 0
+    assert json.loads(out.read_text())["instances"] == 2
+    assert bench.main([str(source), "--batch-delay", "1"]) == 1
+    assert "without batching" in capsys.readouterr().err

@@ -33,6 +33,8 @@ from ..runtime.probe import random_tensor
 from .common import fail, parse_shapes, say
 
 WARMUP = 3
+LOAD_FLAGS = frozenset({"instances", "max_batch_size", "batch_delay"})
+"""``crossrt bench``'s options that go to ``Runtime.load`` as they are named."""
 """Untimed runs before the clock starts (first runs allocate and tune)."""
 
 
@@ -50,6 +52,26 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seconds", type=float, default=3.0, help="how long to time (default 3)")
     p.add_argument("--clients", type=int, default=1, help="threads calling at once (default 1)")
     p.add_argument("--json", metavar="FILE", help="also write the numbers to FILE as JSON")
+    p.add_argument(
+        "--instances",
+        type=int,
+        default=None,
+        help="copies of the model run in parallel (default 1)",
+    )
+    p.add_argument(
+        "--max-batch-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="batch the requests that queue, up to N rows (dynamic batching; with --clients)",
+    )
+    p.add_argument(
+        "--batch-delay",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="with --max-batch-size: how long to wait for more requests (default 0)",
+    )
     p.add_argument(
         "--endpoint",
         metavar="ENDPOINT",
@@ -80,16 +102,36 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         shapes = parse_shapes(args.shape, "--shape")
         if args.endpoint is not None:
+            if LOAD_FLAGS & {k for k, v in vars(args).items() if v is not None}:
+                raise InvalidArgumentError(
+                    "--instances, --max-batch-size and --batch-delay choose how MODEL loads "
+                    "here; with --endpoint the daemon has loaded it (its load parameters "
+                    "instances, max_batch_size, batch_delay)"
+                )
             report, feed, where = remote(args, shapes)
         else:
             if args.grpc or args.shm:
                 raise InvalidArgumentError("--grpc and --shm apply with --endpoint only")
             with Runtime() as rt:
                 model, feed = load_warm(rt, args, shapes)
+                before = model.statistics()
                 report = measure(model, feed, args.seconds, args.clients)
+                after = model.statistics()
             drivers = ", ".join(dict.fromkeys(n.driver for n in model.executable.nodes))
-            report |= {"model": model.name, "device": model.device.id, "drivers": drivers}
+            report |= {
+                "model": model.name,
+                "device": model.device.id,
+                "drivers": drivers,
+                "instances": model.instance_count,
+            }
             where = f"{model.name!r} on {model.device.id} ({drivers})"
+            if model.batching is not None:
+                runs = sum(d.count for d in after.instances) - sum(
+                    d.count for d in before.instances
+                )
+                report["max_batch_size"] = model.batching.max_size
+                report["mean_batch"] = (after.success - before.success) / max(1, runs)
+                where += f", batches of {report['mean_batch']:.2f} on average"
     except CrossrtError as exc:
         return fail("bench", exc)
     shapes_text = ", ".join(f"{n} {list(a.shape)}" for n, a in feed.items()) or "no inputs"
@@ -169,11 +211,12 @@ def load_warm(
 ) -> tuple[LoadedModel, dict[str, np.ndarray]]:
     """Load ``args.model`` as :func:`add_model_arguments` describes it, make its random
     inputs and run it :data:`WARMUP` times."""
+    options = {k: v for k in LOAD_FLAGS if (v := getattr(args, k, None)) is not None}
     if args.model.endswith(".crm"):
         exe = load_executable(args.model, args.network)
-        model = rt.load(exe, args.device, driver=args.driver)
+        model = rt.load(exe, args.device, driver=args.driver, **options)
     else:
-        model = rt.load(args.model, args.device, driver=args.driver)
+        model = rt.load(args.model, args.device, driver=args.driver, **options)
     feed = random_inputs(model.inputs, shapes)
     for _ in range(WARMUP):
         model.run(feed)
