@@ -597,7 +597,7 @@ def test_tensor_sets() -> None:
 _FUNCTIONS = sorted(
     name
     for name in nrt.__all__
-    if name.startswith("nrt_") and inspect.isfunction(getattr(nrt, name))
+    if name.startswith(("nrt_", "nrta_")) and inspect.isfunction(getattr(nrt, name))
 )
 
 

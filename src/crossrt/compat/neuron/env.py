@@ -16,6 +16,10 @@ that call fail with ``NRT_INVALID``, naming the variable.
   NRT_EXEC_COMPLETED_WITH_NUM_ERR (1003), its outputs written.
 - NEURON_RT_DEBUG_MEMLOG_MAX_SIZE (1048576): entries of the allocation log, dumped as CSV
   when memory runs out.
+- NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS (0): above 0, nrt_execute queues its run and
+  returns, that many runs in flight per model at most (more than 63: 63, as libnrt clamps).
+- NEURON_RT_INSPECT_* (inspect.py): the inspect session nrt_init and nrt_inspect_begin
+  begin.
 - NEURON_RT_STOCHASTIC_ROUNDING_EN / _SEED, NEURON_RT_ROOT_COMM_ID: accepted, no effect
   (crossrt's engines round to nearest, as inf1 does; collectives run on one host here).
 """
@@ -30,7 +34,7 @@ from dataclasses import dataclass
 
 from ...config import parse_core_list
 from ...errors import CrossrtError
-from .status import NRT_STATUS, NrtError
+from .status import NRT_STATUS, NrtError, log
 
 __all__ = [
     "InitSettings",
@@ -52,6 +56,9 @@ _LEVELS = {
     "TRACE": TRACE,
     "QUIET": logging.CRITICAL + 10,  # above every message: nothing is logged
 }
+MAX_INFLIGHT = 63
+"""libnrt's most NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS (a larger value is clamped)."""
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
 
@@ -65,6 +72,7 @@ class InitSettings:
     log_level: int
     log_location: str
     memlog_max_entries: int
+    async_inflight: int = 0
 
 
 @dataclass(frozen=True)
@@ -99,12 +107,19 @@ def init_settings(environ: Mapping[str, str] | None = None) -> InitSettings:
             NRT_STATUS.NRT_INVALID,
             f"NEURON_RT_LOG_LOCATION={location!r}: use console or syslog",
         )
+    inflight = _integer(env, "NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS", 0)
+    if inflight > MAX_INFLIGHT:
+        log.warning(
+            "NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS=%d is more than %d; using %d",
+            inflight, MAX_INFLIGHT, MAX_INFLIGHT,
+        )  # fmt: skip
     return InitSettings(
         visible_cores=cores,
         num_cores=num or None,  # 0 means all cores, as when unset
         log_level=_LEVELS[level],
         log_location=location,
         memlog_max_entries=_integer(env, "NEURON_RT_DEBUG_MEMLOG_MAX_SIZE", 1 << 20),
+        async_inflight=min(inflight, MAX_INFLIGHT),
     )
 
 

@@ -1,5 +1,6 @@
 """``nrt.h``'s runtime and model API over crossrt: init and close, load and unload,
-execution, profiling, versions and core counts.
+execution (waited for, or queued in the async execution mode), model and memory information,
+versions and core counts.
 
 The process has one Neuron runtime, as libnrt has: ``nrt_init`` makes a
 :class:`crossrt.Runtime` on the cores ``NEURON_RT_VISIBLE_CORES`` / ``NEURON_RT_NUM_CORES``
@@ -9,32 +10,36 @@ closes it. Core index 0 is the first core the process holds. A "NEFF" is a ``.cr
 
 from __future__ import annotations
 
+import logging
 import os
-import threading
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from ... import __version__
 from ...compiler.container import load_executable
-from ...errors import ExecutionError, StatusCode
+from ...config import default_device
 from ...runtime.loaded import LoadedModel
+from ...runtime.memory.allocator import allocator_for
 from ...runtime.memory.memlog import reset_memory_log
 from ...runtime.memory.tensorset import TensorSet
-from ...runtime.profiler import Profile
 from ...runtime.runtime import Runtime
+from . import completion, recording
 from .env import apply_logging, init_settings, load_settings
-from .status import NRT_STATUS, NrtError, guarded
+from .profiling import timed
+from .state import _model, _state, nrt_model_t
+from .status import NRT_STATUS, NrtError, guarded, log
 from .types import (
     dtype_code,
     nrt_framework_type_t,
+    nrt_model_info_t,
     nrt_tensor_info_array_t,
     nrt_tensor_info_t,
     nrt_tensor_usage_t,
     nrt_version_t,
+    nrt_vnc_memory_stats_t,
+    versioned,
 )
 
 __all__ = [
@@ -42,6 +47,7 @@ __all__ = [
     "nrt_execute",
     "nrt_execute_repeat",
     "nrt_free_model_tensor_info",
+    "nrt_get_model_info",
     "nrt_get_model_instance_count",
     "nrt_get_model_nc_count",
     "nrt_get_model_tensor_info",
@@ -51,59 +57,14 @@ __all__ = [
     "nrt_get_version",
     "nrt_get_visible_nc_count",
     "nrt_get_visible_vnc_count",
+    "nrt_get_vnc_memory_stats",
     "nrt_init",
     "nrt_load",
     "nrt_load_collectives",
     "nrt_model_t",
-    "nrt_profile_start",
-    "nrt_profile_stop",
     "nrt_unload",
     "runtime",
 ]
-
-
-@dataclass(eq=False)
-class nrt_model_t:
-    """A loaded model: the crossrt :class:`LoadedModel` and the cores it was staged on.
-
-    Attributes:
-        model: the crossrt model (its whole API is there: ``run_async``, ``stats``...).
-        start_nc: the first core (an index among the process's cores).
-        nc_count: how many cores, one copy of the model on each.
-        rank: for ``nrt_load_collectives``, ``(g_device_id, g_device_count)``.
-    """
-
-    model: LoadedModel
-    start_nc: int
-    nc_count: int
-    rank: tuple[int, int] | None = None
-
-
-class _State:
-    """The process's runtime, as libnrt keeps it."""
-
-    def __init__(self) -> None:
-        self.lock = threading.RLock()
-        self.runtime: Runtime | None = None
-        self.closed = False
-        self.framework = nrt_framework_type_t.NRT_FRAMEWORK_TYPE_INVALID
-        self.log_handler: Any = None
-        self.models: list[nrt_model_t] = []
-        # File name -> (model, its Profile): the runtime's, with each API call marked in it.
-        self.profiles: dict[str, tuple[nrt_model_t, Profile]] = {}
-
-    def require(self) -> Runtime:
-        """The runtime, or the status the seed gives before ``nrt_init`` or after
-        ``nrt_close``."""
-        runtime = self.runtime
-        if runtime is not None:
-            return runtime
-        if self.closed:
-            raise NrtError(NRT_STATUS.NRT_CLOSED, "nrt_close() was called; call nrt_init again")
-        raise NrtError(NRT_STATUS.NRT_UNINITIALIZED, "call nrt_init first")
-
-
-_state = _State()
 
 
 def runtime() -> Runtime:
@@ -117,7 +78,10 @@ def runtime() -> Runtime:
 @guarded()
 def nrt_init(framework: int, fw_version: str = "", fal_version: str = "") -> NRT_STATUS:
     """Initialize the runtime: reserve the cores the ``NEURON_RT_*`` variables name, set up
-    logging and the allocation log. ``fw_version`` and ``fal_version`` are only recorded."""
+    logging and the allocation log, the async execution mode
+    (``NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS``) and an inspect session when the
+    ``NEURON_RT_INSPECT_*`` variables ask for one. ``fw_version`` and ``fal_version`` are
+    only recorded."""
     with _state.lock:
         if _state.runtime is not None:
             raise NrtError(NRT_STATUS.NRT_FAILURE, "nrt_init was called already; nrt_close first")
@@ -135,25 +99,46 @@ def nrt_init(framework: int, fw_version: str = "", fal_version: str = "") -> NRT
         _state.log_handler = apply_logging(settings)
         reset_memory_log(settings.memlog_max_entries)
         _state.framework, _state.closed = kind, False
-        return NRT_STATUS.NRT_SUCCESS
+        _state.inflight = settings.async_inflight
+    try:
+        # Outside the lock: a family's start takes its own lock, then this one.
+        for start in list(_state.on_init):
+            start()
+    except BaseException:
+        _close()
+        _state.closed = False  # as if nrt_init had never run
+        raise
+    return NRT_STATUS.NRT_SUCCESS
 
 
 @guarded()
 def nrt_close() -> NRT_STATUS:
-    """Unload every model, release the cores; later calls return NRT_CLOSED."""
+    """End the async queues and profiling sessions (an inspect session is written), unload
+    every model, release the cores; later calls return NRT_CLOSED."""
+    _close()
+    return NRT_STATUS.NRT_SUCCESS
+
+
+def _close() -> None:
     with _state.lock:
-        runtime = _state.require()
+        _state.require()
+    # Outside the lock: the async queues' workers take it to start each operation.
+    for stop in list(_state.on_close):
+        try:
+            stop()
+        except Exception:  # the cores are released whatever a family failed to finish
+            log.exception("nrt_close: %s did not end cleanly; closing anyway", stop.__module__)
+    with _state.lock:
+        runtime = _state.require()  # another thread may have closed it meanwhile
         for model in list(_state.models):
             _unload(model)
         runtime.close()
         if _state.log_handler is not None:
-            import logging
-
             logging.getLogger("crossrt").removeHandler(_state.log_handler)
             _state.log_handler.close()
         _state.runtime, _state.log_handler, _state.closed = None, None, True
         _state.profiles.clear()
-        return NRT_STATUS.NRT_SUCCESS
+        _state.inflight = 0
 
 
 # -- models ------------------------------------------------------------------------------------
@@ -227,9 +212,13 @@ def _load(neff_bytes: Any, size: int, start_nc: int, nc_count: int) -> nrt_model
             cores_per_instance=1,
             exec_timeout=settings.exec_timeout,
             check_numerics=settings.check_numerics,
+            # The async mode's in-flight limit is the model's queue: nrt_execute waits for
+            # room past it, as libnrt's submitter waits on its in-flight semaphore.
+            queue_depth=_state.inflight or None,
         )
         model = nrt_model_t(loaded, start, count)
         _state.models.append(model)
+        recording.loaded(model)
         return model
 
 
@@ -257,14 +246,6 @@ def _unload(model: nrt_model_t) -> None:
     _state.models.remove(model)
 
 
-def _model(model: Any) -> nrt_model_t:
-    if not isinstance(model, nrt_model_t):
-        raise NrtError(NRT_STATUS.NRT_INVALID_HANDLE, f"{model!r} is not an nrt_model_t")
-    if model not in _state.models:
-        raise NrtError(NRT_STATUS.NRT_INVALID_HANDLE, "the model was unloaded")
-    return model
-
-
 @guarded("pair")
 def nrt_get_model_nc_count(model: nrt_model_t) -> tuple[NRT_STATUS, int | None]:
     """The number of cores ``model`` is staged on."""
@@ -279,6 +260,15 @@ nrt_get_model_vnc_count = nrt_get_model_nc_count
 def nrt_get_model_instance_count(model: nrt_model_t) -> tuple[NRT_STATUS, int | None]:
     """How many copies of ``model`` are staged: threads that may call nrt_execute at once."""
     return NRT_STATUS.NRT_SUCCESS, _model(model).model.instance_count
+
+
+@guarded("pair")
+def nrt_get_model_info(
+    model: nrt_model_t, info_size_in: int = nrt_model_info_t.SIZE
+) -> tuple[NRT_STATUS, tuple[nrt_model_info_t, int] | None]:
+    """``(info, info_size_out)``: where ``model`` runs (``vnc``: its first core), filled up
+    to ``info_size_in`` bytes."""
+    return NRT_STATUS.NRT_SUCCESS, versioned(nrt_model_info_t(_model(model).start_nc), info_size_in)
 
 
 @guarded("pair")
@@ -316,9 +306,20 @@ def nrt_execute(model: nrt_model_t, input_set: TensorSet, output_set: TensorSet)
     """Run ``model`` once: inputs from ``input_set``, outputs written into the tensors of
     ``output_set`` (one it lacks is allocated and added). An execution that produced NaN
     while numerical error checks are on returns NRT_EXEC_COMPLETED_WITH_NUM_ERR, its outputs
-    written."""
+    written. Each tensor of ``output_set`` counts one more completion.
+
+    In the async execution mode (``NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS`` > 0) it
+    queues the run and returns (after waiting for room when that many are in flight); a bad
+    input is still refused at once. The run's status goes to the callback
+    (``nrt_register_async_exec_callback``)."""
     handle = _model(model)
-    return _timed(handle, "nrt_execute", lambda: handle.model.run(input_set, outputs=output_set))
+    if _state.inflight:
+        return timed(
+            handle, "nrt_execute", partial(completion.submit, handle, input_set, output_set)
+        )
+    status = timed(handle, "nrt_execute", lambda: handle.model.run(input_set, outputs=output_set))
+    completion.written(output_set)
+    return status
 
 
 @guarded()
@@ -326,12 +327,14 @@ def nrt_execute_repeat(
     model: nrt_model_t, input_set: TensorSet, output_set: TensorSet, repeat_count: int
 ) -> NRT_STATUS:
     """Run ``model`` ``repeat_count`` times, each run's outputs the next run's inputs of the
-    same name; the last run's outputs go to ``output_set``."""
+    same name; the last run's outputs go to ``output_set``. It waits for its run in the async
+    execution mode too."""
     handle = _model(model)
     if repeat_count < 1:
         raise NrtError(NRT_STATUS.NRT_INVALID, f"repeat_count {repeat_count}: give 1 or more")
 
     def run() -> None:
+        completion.settle(input_set, output_set)
         results = handle.model.run_repeat(input_set, repeat_count, _feedback(handle.model))
         for name, value in results.items():
             if name in output_set:
@@ -339,7 +342,9 @@ def nrt_execute_repeat(
             else:
                 output_set.add(name, np.ascontiguousarray(value))
 
-    return _timed(handle, "nrt_execute_repeat", run)
+    status = timed(handle, "nrt_execute_repeat", run)
+    completion.written(output_set)
+    return status
 
 
 def _feedback(model: LoadedModel) -> dict[str, str]:
@@ -355,56 +360,6 @@ def _feedback(model: LoadedModel) -> dict[str, str]:
         for i, o in zip(ins, outs, strict=True)
         if (i.dtype, i.shape) == (o.dtype, o.shape)
     }
-
-
-def _timed(model: nrt_model_t, what: str, run: Callable[[], Any]) -> NRT_STATUS:
-    started = time.perf_counter_ns()
-    status = NRT_STATUS.NRT_SUCCESS
-    try:
-        run()
-    except ExecutionError as exc:
-        if exc.code is not StatusCode.EXEC_COMPLETED_WITH_NUM_ERR:
-            raise
-        status = NRT_STATUS.NRT_EXEC_COMPLETED_WITH_NUM_ERR  # the outputs are written
-    finally:
-        _record(model, what, started, time.perf_counter_ns())
-    return status
-
-
-# -- profiling ---------------------------------------------------------------------------------
-
-
-@guarded()
-def nrt_profile_start(model: nrt_model_t, filename: str) -> NRT_STATUS:
-    """Record ``model``'s executions until :func:`nrt_profile_stop` with the same file: a
-    :class:`crossrt.Profile` (each request's phases, docs/observability.md) with every
-    ``nrt_execute`` call, tensor-set copies included, marked on a track of its own."""
-    handle = _model(model)
-    with _state.lock:
-        profile = Profile(handle.model, os.fspath(filename)).start()
-        _state.profiles[os.fspath(filename)] = (handle, profile)
-    return NRT_STATUS.NRT_SUCCESS
-
-
-@guarded()
-def nrt_profile_stop(filename: str) -> NRT_STATUS:
-    """Write the executions recorded since :func:`nrt_profile_start` to ``filename`` as a
-    Chrome trace (``chrome://tracing``, Perfetto), truncating the file."""
-    with _state.lock:
-        found = _state.profiles.pop(os.fspath(filename), None)
-    if found is None:
-        raise NrtError(NRT_STATUS.NRT_INVALID, f"no profile was started for {filename!r}")
-    found[1].stop()  # writes the file, whole or not at all
-    return NRT_STATUS.NRT_SUCCESS
-
-
-def _record(model: nrt_model_t, what: str, started: int, ended: int) -> None:
-    with _state.lock:
-        profiles = [p for m, p in _state.profiles.values() if m is model]
-    for profile in profiles:
-        profile.mark(
-            what, started, ended, "nrt API", start_nc=model.start_nc, nc_count=model.nc_count
-        )
 
 
 # -- versions and counts -----------------------------------------------------------------------
@@ -434,3 +389,19 @@ def nrt_get_visible_nc_count() -> tuple[NRT_STATUS, int | None]:
 
 nrt_get_total_vnc_count = nrt_get_total_nc_count
 nrt_get_visible_vnc_count = nrt_get_visible_nc_count
+
+
+@guarded("pair")
+def nrt_get_vnc_memory_stats(
+    vnc: int, stats_size_in: int = nrt_vnc_memory_stats_t.SIZE
+) -> tuple[NRT_STATUS, tuple[nrt_vnc_memory_stats_t, int] | None]:
+    """``(stats, stats_size_out)``: the memory of NeuronCore ``vnc``'s device from
+    :meth:`crossrt.Runtime.memory_stats` (its DEVICE tensors' device, crossrt's default
+    device: every core of it shares that memory). The struct is filled up to
+    ``stats_size_in`` bytes, as libnrt does for a caller built with an older header."""
+    runtime = _state.require()
+    _state.require_nc(vnc)
+    device = allocator_for(default_device()).device.id
+    stats = runtime.memory_stats()[device]
+    full = nrt_vnc_memory_stats_t(bytes_used=stats.bytes_in_use, bytes_limit=stats.limit_bytes)
+    return NRT_STATUS.NRT_SUCCESS, versioned(full, stats_size_in)

@@ -4,6 +4,9 @@
 Data arguments take any Python buffer (bytes, bytearray, memoryview, a NumPy array).
 DEVICE tensors live on crossrt's default device (``CROSSRT_DEFAULT_DEVICE``: host memory on
 the CPU device, device memory on ``sim``), HOST and VIRTUAL ones in host memory.
+
+In the async execution mode a read, write, copy, memset or free of a tensor that a queued
+execution uses waits for that execution first, as libnrt's do.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from typing import Any
 from ...runtime.memory.tensor import Tensor
 from ...runtime.memory.tensordesc import Placement
 from ...runtime.memory.tensorset import TensorSet, read_batch, write_batch
-from .runtime import _state
+from . import completion
+from .state import _state, set_tensor_nc, tensor_nc
 from .status import NRT_STATUS, NrtError, guarded
 from .types import HOST_PLACEMENT_MAX, nrt_tensor_placement_t
 
@@ -78,6 +82,7 @@ def nrt_tensor_allocate(
             "NRT_TENSOR_PLACEMENT_DEVICE or NRT_TENSOR_PLACEMENT_VIRTUAL",
         )
     tensor = Tensor.allocate(size, placement=Placement(int(placement)), name=name or "")
+    set_tensor_nc(tensor, logical_nc_id)
     return NRT_STATUS.NRT_SUCCESS, tensor
 
 
@@ -86,7 +91,8 @@ def nrt_tensor_free(tensor: Tensor | None) -> None:
     """Free ``tensor`` (a slice keeps the memory it shares); ``None`` is ignored, as
     ``nrt_tensor_free`` of a NULL pointer is."""
     if tensor is not None:
-        _tensor(tensor).free()
+        completion.settle(_tensor(tensor))
+        tensor.free()
 
 
 @guarded("pair")
@@ -111,20 +117,25 @@ def nrt_tensor_allocate_slice(
 ) -> tuple[NRT_STATUS, Tensor | None]:
     """A tensor over ``size`` bytes of ``tensor_source`` from ``offset``, no copy; the memory
     lives until the last tensor using it is freed."""
-    return NRT_STATUS.NRT_SUCCESS, _tensor(tensor_source).slice(offset, size, name or None)
+    source = _tensor(tensor_source)
+    part = source.slice(offset, size, name or None)
+    set_tensor_nc(part, tensor_nc(source))
+    return NRT_STATUS.NRT_SUCCESS, part
 
 
 @guarded()
 def nrt_tensor_read(tensor: Tensor, buf: Any, offset: int, size: int) -> NRT_STATUS:
     """Copy ``size`` bytes from ``offset`` of ``tensor`` into the writable buffer ``buf``."""
-    _tensor(tensor).read(buf, offset, size)
+    completion.settle(_tensor(tensor))
+    tensor.read(buf, offset, size)
     return NRT_STATUS.NRT_SUCCESS
 
 
 @guarded()
 def nrt_tensor_write(tensor: Tensor, buf: Any, offset: int, size: int) -> NRT_STATUS:
     """Copy ``size`` bytes of ``buf`` into ``tensor`` at ``offset``."""
-    _tensor(tensor).write(buf, offset, size)
+    completion.settle(_tensor(tensor))
+    tensor.write(buf, offset, size)
     return NRT_STATUS.NRT_SUCCESS
 
 
@@ -133,14 +144,16 @@ def nrt_tensor_copy(
     src: Tensor, src_offset: int, dst: Tensor, dst_offset: int, size: int
 ) -> NRT_STATUS:
     """Copy ``size`` bytes between tensors (overlap within one memory is handled)."""
-    _tensor(src).copy_to(_tensor(dst), src_offset, dst_offset, size)
+    completion.settle(_tensor(src), _tensor(dst))
+    src.copy_to(dst, src_offset, dst_offset, size)
     return NRT_STATUS.NRT_SUCCESS
 
 
 @guarded()
 def nrt_tensor_memset(tensor: Tensor, offset: int, value: int, size: int) -> NRT_STATUS:
     """Set ``size`` bytes of ``tensor`` from ``offset`` to ``value``."""
-    _tensor(tensor).memset(value, offset, size)
+    completion.settle(_tensor(tensor))
+    tensor.memset(value, offset, size)
     return NRT_STATUS.NRT_SUCCESS
 
 
@@ -186,15 +199,22 @@ def _batch_ops(batches: Any, num_batches: int) -> list[tuple[Tensor, int, int, A
 @guarded()
 def nrt_tensor_read_batch(batches: Any, num_batches: int, unsafe: bool = False) -> NRT_STATUS:
     """Many reads in one call; every operation is checked before any byte moves. ``unsafe``
-    is accepted (crossrt's reads never wait on an execution)."""
-    read_batch(_batch_ops(batches, num_batches))
+    skips the wait for queued executions using the tensors (async execution mode)."""
+    ops = _batch_ops(batches, num_batches)
+    if not unsafe:
+        completion.settle(*(op[0] for op in ops))
+    read_batch(ops)
     return NRT_STATUS.NRT_SUCCESS
 
 
 @guarded()
 def nrt_tensor_write_batch(batches: Any, num_batches: int, unsafe: bool = False) -> NRT_STATUS:
-    """Many writes in one call; a bad operation leaves every tensor unchanged."""
-    write_batch(_batch_ops(batches, num_batches))
+    """Many writes in one call; a bad operation leaves every tensor unchanged. ``unsafe``
+    skips the wait for queued executions using the tensors (async execution mode)."""
+    ops = _batch_ops(batches, num_batches)
+    if not unsafe:
+        completion.settle(*(op[0] for op in ops))
+    write_batch(ops)
     return NRT_STATUS.NRT_SUCCESS
 
 

@@ -8,13 +8,16 @@ Structs are dataclasses with the C field names; arrays are lists (``tensor_array
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import ClassVar, TypeVar
 
 from ...dtypes import DType, from_name
 from ...errors import CrossrtError
 from ...runtime.memory.tensor import Tensor
 from ...runtime.memory.tensorset import TensorSet
+from .status import NRT_STATUS, NrtError
 
 __all__ = [
     "GIT_HASH_LEN",
@@ -48,6 +51,7 @@ __all__ = [
     "dtype_code",
     "nrt_dtype_t",
     "nrt_framework_type_t",
+    "nrt_model_info_t",
     "nrt_tensor_info_array_t",
     "nrt_tensor_info_t",
     "nrt_tensor_placement_t",
@@ -55,6 +59,7 @@ __all__ = [
     "nrt_tensor_t",
     "nrt_tensor_usage_t",
     "nrt_version_t",
+    "nrt_vnc_memory_stats_t",
 ]
 
 
@@ -194,3 +199,37 @@ nrt_tensor_t = Tensor
 
 nrt_tensor_set_t = TensorSet
 """A tensor set handle is a :class:`crossrt.TensorSet`."""
+
+
+@dataclass
+class nrt_vnc_memory_stats_t:
+    """What ``nrt_get_vnc_memory_stats`` fills in: two ``size_t``."""
+
+    bytes_used: int = 0
+    bytes_limit: int = 0
+    SIZE: ClassVar[int] = 16
+    """``sizeof`` in the seed's header: the size a current caller passes."""
+
+
+@dataclass
+class nrt_model_info_t:
+    """What ``nrt_get_model_info`` fills in: one ``uint32_t``."""
+
+    vnc: int = 0
+    SIZE: ClassVar[int] = 4
+    """``sizeof`` in the seed's header."""
+
+
+_Struct = TypeVar("_Struct", nrt_vnc_memory_stats_t, nrt_model_info_t)
+
+
+def versioned(full: _Struct, size_in: int) -> tuple[_Struct, int]:
+    """``full`` as libnrt fills it for a caller whose header's struct has ``size_in`` bytes:
+    the fields that fit, the rest 0, and the bytes written (``size_out``). Fields are added
+    at the end only, so an older caller gets the ones it knows."""
+    if isinstance(size_in, bool) or not isinstance(size_in, int) or size_in < 0:
+        raise NrtError(NRT_STATUS.NRT_INVALID, f"struct size {size_in!r}: give a size in bytes")
+    names = [f.name for f in dataclasses.fields(full)]
+    width = full.SIZE // len(names)
+    kept = {n: getattr(full, n) if (i + 1) * width <= size_in else 0 for i, n in enumerate(names)}
+    return type(full)(**kept), min(size_in, full.SIZE)
