@@ -77,7 +77,8 @@ class LoadedModel:
     """An :class:`Executable` loaded on a device's cores, ready to run.
 
     Created by :meth:`Runtime.load`. ``run`` may be called from several threads at once: it
-    runs in the caller's thread on an idle instance, or waits in the model's queue. For
+    runs in the caller's thread on an idle instance, waiting in line for one when all are
+    busy. For
     queued runs see :meth:`run_async` and :meth:`infer`; for instances, the queue, core
     groups (:meth:`start`, :meth:`stop`), timeouts and pipelining, ``docs/concurrency.md``.
 
@@ -343,8 +344,21 @@ class LoadedModel:
                 # waited 2-3 s, the whole run, with 2 callers on one instance).
                 raise IndexError
             inst = self._take()
-        except IndexError:  # every instance busy: wait in the queue like run_async
-            return self._queued(feed, outputs, arrived, ready, deadline, cancel)  # counted there
+            started = ready
+        except IndexError:  # every instance busy
+            if deadline is not None or cancel is not None or self.batching is not None:
+                # In the queue like run_async: there its deadline or token resolve it while
+                # it waits, and batches form.
+                return self._queued(feed, outputs, arrived, ready, deadline, cancel)
+            # In line for an instance, to run in this thread: the thread giving one back
+            # hands it over, one hand-off instead of two through a worker (8 threads on the
+            # tiny model: p99 0.17 ms against 2.3 ms through the queue).
+            waited = self._scheduler.take_in_turn()
+            if waited is None:  # the model closed meanwhile
+                error = self._scheduler.closing_error()
+                statistics.failed(error)
+                raise error from None
+            inst, started = waited, perf_counter_ns()
         except BaseException as exc:
             statistics.failed(exc)
             raise
@@ -375,10 +389,12 @@ class LoadedModel:
             raise
         finally:
             self._give(inst)
-            if self._scheduler.waiting:  # a worker took a request and waits for an instance
-                self._scheduler.wake()
+            if self._scheduler.waiting:  # others are in line for an instance: the first gets it
+                self._scheduler.hand_over()
         done = perf_counter_ns()  # Statistics.succeeded, inlined: this is the hottest path
-        statistics.record((done, arrived, 0, ready - arrived, done - ready, inst.index))
+        statistics.record(
+            (done, arrived, started - ready, ready - arrived, done - started, inst.index)
+        )
         if len(statistics.pending) > SUM_AT:
             statistics.sum()
         return result

@@ -4,7 +4,9 @@
   at a time; for a multi-node executable, one request per node at a time (each node has a
   lock, taken hand over hand, so requests pass through the nodes in a pipeline).
 - ``run()`` pops an idle instance without blocking and runs in the caller's thread; with
-  none idle it queues like ``run_async`` and waits.
+  none idle it waits in line for one (:meth:`Scheduler.take_in_turn`, the workers' line
+  too, first come first served), or, with a deadline, a cancel token or batching, queues
+  like ``run_async`` and waits.
 - ``run_async`` admits at most ``depth`` requests not yet finished (waiting or running);
   past that a request waits in line for room, or gets ``QUEUE_FULL`` when its caller asks
   not to wait (``admission.py``). There is one worker thread per instance, each taking a
@@ -159,6 +161,18 @@ class Job:
 _STOP = None
 
 
+class _Waiter:
+    """One thread in line for an instance: ``wake`` is released when it is handed one
+    (``instance``), or when the model closes (``instance`` stays ``None``)."""
+
+    __slots__ = ("instance", "wake")
+
+    def __init__(self) -> None:
+        self.instance: Instance | None = None
+        self.wake = threading.Lock()
+        self.wake.acquire()
+
+
 class Scheduler:
     """The queue and workers of one loaded model (see the module docstring)."""
 
@@ -190,8 +204,9 @@ class Scheduler:
         # Instances no caller or worker holds. deque.pop/append are atomic and cost a third
         # of a lock's acquire/release, on the path every synchronous run() takes.
         self.idle: deque[Instance] = deque(self.instances)
-        self.waiting = 0  # workers waiting for an idle instance
-        self._returned = threading.Condition()
+        self.waiting = 0  # in line for an idle instance: workers, and run() callers
+        self._line: deque[_Waiter] = deque()
+        self._line_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         for inst in self.instances:
             nodes = len(inst.programs)
@@ -209,36 +224,62 @@ class Scheduler:
     # -- instances ------------------------------------------------------------------------
 
     def give_back(self, inst: Instance) -> None:
-        """Return an instance taken from :attr:`idle`, waking a worker waiting for one."""
+        """Return an instance taken from :attr:`idle`: to the first in line for one, if any."""
         self.idle.append(inst)
         if self.waiting:
-            self.wake()
+            self.hand_over()
 
-    def wake(self) -> None:
-        """Wake one worker waiting in ``_take`` (call after appending to :attr:`idle`)."""
-        with self._returned:
-            self._returned.notify()
-
-    def _take(self) -> Instance | None:
-        """An idle instance, waiting for one while ``run()`` callers hold them all; ``None``
-        once the model closes (its request must not wait for a run that may be long)."""
-        try:
-            return self.idle.pop()
-        except IndexError:
-            pass
-        with self._returned:
-            # Counted before looking again: give_back appends first, then reads the count,
-            # so either this pop sees its instance or it sees this waiter and notifies.
-            self.waiting += 1
-            try:
-                while not self._closed:  # close() sets it, then notifies under this lock
-                    try:
-                        return self.idle.pop()
-                    except IndexError:
-                        self._returned.wait()
-                return None
-            finally:
+    def hand_over(self) -> None:
+        """Give the idle instances to those in line for one, first come first served (call
+        after appending to :attr:`idle` when :attr:`waiting`)."""
+        with self._line_lock:
+            while self._line:
+                try:
+                    inst = self.idle.pop()
+                except IndexError:
+                    return
+                waiter = self._line.popleft()
                 self.waiting -= 1
+                waiter.instance = inst
+                waiter.wake.release()
+
+    def closing_error(self) -> BaseException:
+        """What a request that will not run fails with: the model's reason for closing."""
+        return self._closing()
+
+    def take_in_turn(self) -> Instance | None:
+        """An idle instance, or the next one given back, in the order asked for (the
+        workers, and ``run()`` callers that found every instance busy, share one line: the
+        one given back goes to whoever has waited longest, so a caller in a loop cannot
+        keep an instance for good); ``None`` once the model closes (a request must not
+        wait for a run that may be long)."""
+        if not self.waiting:
+            try:
+                return self.idle.pop()
+            except IndexError:
+                pass
+        waiter = _Waiter()
+        with self._line_lock:
+            if self._closed:
+                return None
+            self._line.append(waiter)
+            self.waiting += 1
+        # Given back before this joined the line, by a thread that saw no one waiting: the
+        # append came first, so it is seen here.
+        if self.idle:
+            self.hand_over()
+        try:
+            waiter.wake.acquire()
+        except BaseException:  # interrupted (Ctrl-C): leave the line, or pass the instance on
+            with self._line_lock:
+                if waiter in self._line:
+                    self._line.remove(waiter)
+                    self.waiting -= 1
+                    raise
+            if waiter.instance is not None:
+                self.give_back(waiter.instance)
+            raise
+        return waiter.instance
 
     # -- admission ------------------------------------------------------------------------
 
@@ -450,7 +491,7 @@ class Scheduler:
             # The instance first: while this waits for one that run() callers hold, the
             # request is still queued, so its deadline, its caller going away or cancel()
             # resolve it at once rather than when an instance frees up.
-            inst = self._take()
+            inst = self.take_in_turn()
             if inst is None:  # closed while it waited for an instance
                 self._fail(job, self._closing())
                 continue
@@ -599,8 +640,11 @@ class Scheduler:
         if error is not None:
             self._closing = error
         self._closed = True
-        with self._returned:  # wake the workers waiting for an instance: _take sees _closed
-            self._returned.notify_all()
+        with self._line_lock:  # those in line for an instance get none: they see the close
+            line, self._line = list(self._line), deque()
+            self.waiting = 0
+        for waiter in line:
+            waiter.wake.release()
         self._admission.close(self._closing)
         pending: list[Job] = []
         try:
