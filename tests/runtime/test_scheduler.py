@@ -501,3 +501,40 @@ def test_a_request_resolved_while_queued_gives_its_slot_back_at_once(
     cancelled.result(WAIT)
     assert model.statistics().failures == {"TIMEOUT": 1, "CANCELLED": 1}
     assert gated.calls == 2  # the late and the cancelled requests never ran
+
+
+def test_run_callers_in_line_for_an_instance_fail_at_once_on_unload(
+    rt: crossrt.Runtime, tiny_exe: crossrt.Executable
+) -> None:
+    """run() callers waiting in line for the instance another caller holds get the model's
+    reason as soon as it is unloaded, not after the run holding it; the one holding it
+    finishes."""
+    model = rt.load(tiny_exe)
+    gated = gate(model)
+    results: list[object] = []
+
+    def call(seed: int) -> None:
+        try:
+            results.append(model.run({"x": x(seed)})["y"].shape)
+        except crossrt.CrossrtError as exc:
+            results.append(exc.code)
+
+    holder = threading.Thread(target=call, args=(1,))
+    holder.start()
+    assert gated.started.wait(WAIT)
+    waiting = [threading.Thread(target=call, args=(s,)) for s in (2, 3)]
+    for t in waiting:
+        t.start()
+    deadline = time.monotonic() + WAIT
+    while model._scheduler.waiting < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert model._scheduler.waiting == 2
+    unloading = threading.Thread(target=model.unload)
+    unloading.start()
+    for t in waiting:
+        t.join(WAIT)
+    assert results == [StatusCode.INVALID_HANDLE] * 2  # the run holding it has not ended
+    gated.gate.set()
+    holder.join(WAIT)
+    unloading.join(WAIT)
+    assert len(results) == 3
