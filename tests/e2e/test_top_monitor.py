@@ -393,3 +393,21 @@ def test_top_puts_the_busiest_first() -> None:
     assert pids == ["22", "11", "22", "11", "22"]  # processes, then models busy, quiet, idle
     names = [line.split()[1] for line in lines if line.split()[:1] in (["11"], ["22"])][2:]
     assert names == ["busy", "quiet", "idle"]
+
+
+def test_mean_batch_is_requests_per_run_over_the_period() -> None:
+    old, new = _model("m", 10, _counts(b1=10), 0), _model("m", 30, _counts(b1=30), 0)
+    for snapshot in (old, new):
+        snapshot["max_batch_size"] = 8
+    old["statistics"]["instances"] = [{"count": 10, "ns": 0}]
+    new["statistics"]["instances"] = [{"count": 15, "ns": 10**9}]  # 20 requests in 5 runs
+    (process,) = diff_processes(
+        [_process(1, 10.0, 1.0, [old])], [_process(1, 12.0, 1.0, [new])], 2.0
+    )
+    (model,) = process["models"]
+    assert (model["max_batch_size"], model["mean_batch"]) == (8, 4.0)
+    plain = _model("p", 10, _counts(b1=10), 0)  # a snapshot without batching
+    (process,) = diff_processes(
+        [_process(1, 10.0, 1.0, [plain])], [_process(1, 12.0, 1.0, [plain])], 2.0
+    )
+    assert (process["models"][0]["max_batch_size"], process["models"][0]["mean_batch"]) == (0, None)

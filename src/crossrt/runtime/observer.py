@@ -211,6 +211,7 @@ def describe(model: LoadedModel) -> dict[str, Any]:
         "devices": model.instance_devices,
         "running": model.running,
         "queue_depth": model.queue_depth,
+        "max_batch_size": model.batching.max_size if model.batching is not None else 0,
         "statistics": model.statistics().to_dict(),
         "memory": memory,
     }

@@ -440,6 +440,8 @@ def diff_model(
         "queue_us": None,
         "infer_us": None,
         "busy_percent": None,
+        "max_batch_size": after.get("max_batch_size", 0),
+        "mean_batch": None,
     }
     if old is None or seconds <= 0:
         return row
@@ -452,6 +454,9 @@ def diff_model(
         ]
     successes = stats["success"] - old["success"]
     row["throughput"] = successes / seconds
+    runs = sum(a["count"] for a in stats["instances"]) - sum(b["count"] for b in old["instances"])
+    if row["max_batch_size"] and runs > 0:  # a batch is one run of its instance
+        row["mean_batch"] = round(successes / runs, 2)
     counts = [
         a - b for a, b in zip(stats["histogram"]["counts"], old["histogram"]["counts"], strict=True)
     ]
