@@ -92,3 +92,29 @@ def test_strings_through_connect(daemon: Daemon) -> None:
     with connect(daemon.url, shm_threshold=0) as remote:  # strings stay in the message
         got = remote.load("text").run({"text": words})
     assert got["same"].tolist() == list(words) and got["first"].tolist() == ["héllo"]
+
+
+@pytest.mark.parametrize("shm_threshold", [None, 1], ids=["in-message", "shared-memory"])
+@pytest.mark.parametrize("lane", [True, False], ids=["lane", "grpc"])
+def test_outputs_are_written_into_the_arrays_given(
+    daemon: Daemon, lane: bool, shm_threshold: int | None
+) -> None:
+    """``run(x, outputs={name: array})`` as ``LoadedModel.run`` takes it: the output lands
+    in the caller's array, which the result holds; a wrong name, dtype or shape is refused
+    with a message, and the model serves on."""
+    x = np.random.default_rng(5).random((4, 8), dtype=np.float32)
+    kwargs = {} if shm_threshold is None else {"shm_threshold": shm_threshold}
+    with connect(daemon.url, lane=lane, **kwargs) as remote:
+        model = remote.load("tiny")
+        expected = model.run({"x": x})["y"]
+        out = np.empty((4, 8), np.float32)
+        got = model.run({"x": x}, {"y": out})
+        assert got["y"] is out
+        np.testing.assert_array_equal(out, expected)
+        with pytest.raises(crossrt.InvalidArgumentError, match="no output 'z'"):
+            model.run({"x": x}, {"z": out})
+        with pytest.raises(crossrt.InvalidArgumentError, match="writable NumPy array"):
+            model.run({"x": x}, {"y": out.tolist()})  # type: ignore[dict-item]
+        with pytest.raises(crossrt.ExecutionError, match="buffer given"):
+            model.run({"x": x}, {"y": np.empty((4, 8), np.float64)})
+        np.testing.assert_array_equal(model.run({"x": x})["y"], expected)

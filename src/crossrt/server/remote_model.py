@@ -15,8 +15,8 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
 from .. import dtypes
-from ..drivers.base import CancelToken
-from ..errors import CrossrtError, InvalidInputError
+from ..drivers.base import CancelToken, copy_into
+from ..errors import CrossrtError, InvalidArgumentError, InvalidInputError
 from ..model import TensorSpec
 from ..runtime import TensorInfo
 from ..runtime.memory.shm import SharedMemorySegment
@@ -81,6 +81,7 @@ class RemoteModel:
     def run(
         self,
         inputs: Any,
+        outputs: Mapping[str, np.ndarray] | None = None,
         *,
         deadline: float | None = None,
         cancel: CancelToken | None = None,
@@ -90,6 +91,9 @@ class RemoteModel:
         Args:
             inputs: ``{name: array}``, a list in input order, or one array for a one-input
                 model.
+            outputs: ``{name: NumPy array}``: those outputs are written into the arrays
+                given (of the output's dtype and shape), which the result holds, as
+                :meth:`LoadedModel.run` does; the others are new arrays.
             deadline: a ``time.monotonic()`` time by which the result is wanted, as
                 :meth:`LoadedModel.run`'s: the daemon does not run a request still queued
                 then and stops a running one where the engine can (TIMEOUT).
@@ -102,18 +106,20 @@ class RemoteModel:
             CrossrtError: the daemon's error, with its code.
         """
         feed = self._feed(inputs)
+        into = self._buffers(outputs)
         try:
-            return self._run(feed, deadline, cancel)
+            return self._run(feed, deadline, cancel, into)
         except CrossrtError as exc:
             if not self._forgotten(exc):
                 raise
-        return self._run(feed, deadline, cancel)  # a daemon started again: segments anew
+        return self._run(feed, deadline, cancel, into)  # a daemon started again: segments anew
 
     def _run(
         self,
         feed: dict[str, np.ndarray],
         deadline: float | None = None,
         cancel: CancelToken | None = None,
+        into: dict[str, np.ndarray] | None = None,
     ) -> dict[str, np.ndarray]:
         segment = self._segment_for(feed)
         try:
@@ -122,9 +128,30 @@ class RemoteModel:
                 response = self._rt.infer(request)
             else:
                 response = self._rt.infer(request, deadline, cancel)
-            return self._results(response, segment)
+            return self._results(response, segment, into)
         finally:
             self._give_back(segment)
+
+    def _buffers(self, outputs: Any) -> dict[str, np.ndarray] | None:
+        """``outputs=`` checked before anything is sent: output names, writable arrays."""
+        if outputs is None:
+            return None
+        if not isinstance(outputs, Mapping):
+            raise InvalidArgumentError(
+                f"outputs= is a dict of output name to NumPy array, not {type(outputs).__name__}"
+            )
+        names = [s.name for s in self.outputs]
+        for name, buffer in outputs.items():
+            if name not in names:
+                raise InvalidArgumentError(
+                    f"model {self.name!r} has no output {name!r}; its outputs: {', '.join(names)}"
+                )
+            if type(buffer) is not np.ndarray or not buffer.flags.writeable:
+                raise InvalidArgumentError(
+                    f"outputs[{name!r}] is a {type(buffer).__name__}; give a writable NumPy array "
+                    "(the daemon's answer is copied into it)"
+                )
+        return dict(outputs)
 
     def _forgotten(self, exc: CrossrtError) -> bool:
         """Whether ``exc`` says the daemon knows none of this model's segments (it was
@@ -258,9 +285,15 @@ class RemoteModel:
         return request
 
     def _results(
-        self, response: pb.ModelInferResponse, segment: SharedMemorySegment | None
+        self,
+        response: pb.ModelInferResponse,
+        segment: SharedMemorySegment | None,
+        into: dict[str, np.ndarray] | None = None,
     ) -> dict[str, np.ndarray]:
+        """The outputs of ``response`` (read from ``segment`` where the daemon wrote them
+        there), copied into the arrays of ``into`` for those it names."""
         results = {}
+        given: dict[str, np.ndarray] = {}
         for i, out in enumerate(response.outputs):
             shape = tuple(out.shape)
             if out.datatype == "BYTES":  # strings come inside the message (see _request)
@@ -277,7 +310,14 @@ class RemoteModel:
                 ]
             else:
                 raw = response.raw_output_contents[i]
-            results[out.name] = np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
+            value = np.frombuffer(raw, dtype=dtype).reshape(shape)
+            if into is not None and out.name in into:
+                given[out.name] = value  # copied once, into the caller's array
+            else:
+                results[out.name] = value.copy()
+        if given:
+            assert into is not None
+            results |= copy_into(given, {n: into[n] for n in given})
         return results
 
     # -- shared memory -------------------------------------------------------------------
