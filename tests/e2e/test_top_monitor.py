@@ -393,6 +393,11 @@ def test_top_puts_the_busiest_first() -> None:
     assert pids == ["22", "11", "22", "11", "22"]  # processes, then models busy, quiet, idle
     names = [line.split()[1] for line in lines if line.split()[:1] in (["11"], ["22"])][2:]
     assert names == ["busy", "quiet", "idle"]
+    batched = model("rows", 9.0) | {"max_batch_size": 8, "mean_batch": 2.5}
+    document["processes"] = [process(33, 1.0, [batched])]
+    out = io.StringIO()
+    Console(file=out, width=200).print(view(document, Path("/x"), 1.0))
+    assert "batch 2.5/8" in out.getvalue()  # under the model's name
 
 
 def test_mean_batch_is_requests_per_run_over_the_period() -> None:

@@ -221,7 +221,7 @@ def view(document: Mapping[str, Any], directory: Path, period: float) -> Group:
         failed = Text(str(m["failure"]), style="red" if m["failure"] else "")
         models.add_row(
             str(p["pid"]),
-            Text(printable(shown_name(m))),
+            Text(printable(shown_name(m)) + _batching(m)),
             Text(printable(m["device"])),
             Text(printable(", ".join(m["drivers"]))),
             str(m["instances"]),
@@ -250,6 +250,15 @@ def _table(title: str) -> Table:
         pad_edge=False,
         collapse_padding=True,
     )
+
+
+def _batching(model: dict[str, Any]) -> str:
+    """A second line under a batched model's name: its mean batch over the period, of at
+    most ``max_batch_size``."""
+    most = model.get("max_batch_size") or 0
+    if not most:
+        return ""
+    return f"\nbatch {_number(model.get('mean_batch'), '.1f')}/{most}"
 
 
 def _ms(us: float | None) -> float | None:
