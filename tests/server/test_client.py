@@ -118,3 +118,9 @@ def test_outputs_are_written_into_the_arrays_given(
         with pytest.raises(crossrt.ExecutionError, match="buffer given"):
             model.run({"x": x}, {"y": np.empty((4, 8), np.float64)})
         np.testing.assert_array_equal(model.run({"x": x})["y"], expected)
+        later = np.empty((4, 8), np.float32)
+        assert model.run_async({"x": x}, {"y": later}).result()["y"] is later
+        awaited = np.empty((4, 8), np.float32)
+        assert asyncio.run(model.infer({"x": x}, {"y": awaited}))["y"] is awaited
+        np.testing.assert_array_equal(later, expected)
+        np.testing.assert_array_equal(awaited, expected)

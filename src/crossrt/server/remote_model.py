@@ -167,11 +167,16 @@ class RemoteModel:
         return True
 
     def run_async(
-        self, inputs: Any, *, deadline: float | None = None
+        self,
+        inputs: Any,
+        outputs: Mapping[str, np.ndarray] | None = None,
+        *,
+        deadline: float | None = None,
     ) -> Future[dict[str, np.ndarray]]:
-        """Run once; a future of the outputs (``concurrent.futures``); ``deadline`` as
-        :meth:`run`'s."""
+        """Run once; a future of the outputs (``concurrent.futures``); ``outputs`` and
+        ``deadline`` as :meth:`run`'s (keep the arrays of ``outputs`` until it is done)."""
         feed = self._feed(inputs)
+        into = self._buffers(outputs)
         segment = self._segment_for(feed)
         answer = self._rt.infer_async(self._request(feed, segment), deadline)
         future: Future[dict[str, np.ndarray]] = Future()
@@ -179,11 +184,11 @@ class RemoteModel:
         def done(answer: Future[pb.ModelInferResponse]) -> None:
             try:
                 try:
-                    result = self._results(answer.result(), segment)
+                    result = self._results(answer.result(), segment, into)
                 except CrossrtError as exc:
                     if segment is None or not self._forgotten(exc):
                         raise
-                    result = self._run(feed, deadline)  # in this callback's thread: rare
+                    result = self._run(feed, deadline, None, into)  # in this thread: rare
                 future.set_result(result)
             except BaseException as exc:
                 future.set_exception(exc)
@@ -193,9 +198,15 @@ class RemoteModel:
         answer.add_done_callback(done)
         return future
 
-    async def infer(self, inputs: Any, *, deadline: float | None = None) -> dict[str, np.ndarray]:
+    async def infer(
+        self,
+        inputs: Any,
+        outputs: Mapping[str, np.ndarray] | None = None,
+        *,
+        deadline: float | None = None,
+    ) -> dict[str, np.ndarray]:
         """``await model.infer(inputs)``: :meth:`run_async` for asyncio."""
-        return await asyncio.wrap_future(self.run_async(inputs, deadline=deadline))
+        return await asyncio.wrap_future(self.run_async(inputs, outputs, deadline=deadline))
 
     def start(self) -> None:
         """Run it on its core group (stopping the group's running model)."""
