@@ -39,6 +39,7 @@ from .proto import runtime_pb2_grpc as v1_grpc
 from .regions import Regions
 from .relay import UnixRelay
 from .repository import LoadOptions, Repository
+from .response_cache import CacheCounts, ResponseCache, with_cache_hits
 from .settings import ServeOptions
 
 log = logging.getLogger("crossrt.serve")
@@ -114,7 +115,11 @@ class Daemon:
                 ("grpc.max_send_message_length", -1),
             ],
         )
-        service = InferenceService(self.repository, self.regions, self.identify, self.ready)
+        cache = (
+            ResponseCache(options.response_cache_bytes) if options.response_cache_bytes else None
+        )
+        self.repository.caches = cache is not None
+        service = InferenceService(self.repository, self.regions, self.identify, self.ready, cache)
         self.lane = LaneServer(service.infer, self.gate, self.regions.register_sealed)
         pbg.add_GRPCInferenceServiceServicer_to_server(service, self.server)
         self.extension = RuntimeService(self.runtime, self.repository, self.regions, self.identify)
@@ -178,11 +183,25 @@ class Daemon:
 
     def statistics(self) -> list[tuple[dict[str, str], ModelStatistics, int]]:
         """(its model and version labels, statistics, requests refused before the model) of
-        every loaded model."""
+        every loaded model; the requests its response cache answered are successes too, as
+        ModelStatistics counts them."""
         return [
-            ({"model": e.name, "version": e.version}, e.model.statistics(), e.refused)
+            (
+                {"model": e.name, "version": e.version},
+                with_cache_hits(e.model.statistics(), e.cache),
+                e.refused,
+            )
             for e in self.repository.loaded()
             if e.model is not None
+        ]
+
+    def response_caches(self) -> list[tuple[dict[str, str], CacheCounts]]:
+        """(its model and version labels, its response cache counts) of every loaded model
+        that uses the response cache."""
+        return [
+            ({"model": e.name, "version": e.version}, e.cache)
+            for e in self.repository.loaded()
+            if e.model is not None and e.options.response_cache
         ]
 
     def connections(self) -> list[tuple[str, int, int]]:
@@ -198,7 +217,13 @@ class Daemon:
             lane = " and the direct lane" if address.startswith("unix:") else ""
             log.info("serving KServe v2 gRPC%s on %s", lane, address)
         if self.options.metrics:
-            from .metrics import CacheCollector, ConnectionCollector, ModelCollector, serve_metrics
+            from .metrics import (
+                CacheCollector,
+                ConnectionCollector,
+                ModelCollector,
+                ResponseCacheCollector,
+                serve_metrics,
+            )
 
             try:
                 self._metrics = serve_metrics(
@@ -206,6 +231,7 @@ class Daemon:
                     ModelCollector(self.statistics),
                     ConnectionCollector(self.connections),
                     CacheCollector(lambda: [({}, cache_stats())]),
+                    ResponseCacheCollector(self.response_caches),
                 )
             except OSError as exc:
                 raise OutOfResourcesError(

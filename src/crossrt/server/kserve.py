@@ -25,6 +25,7 @@ from ..runtime.statistics import ModelStatistics
 from .peers import Peer
 from .regions import Regions
 from .repository import Repository
+from .response_cache import CacheCounts, ResponseCache, with_cache_hits
 from .status import ServiceError, status_of
 from .tensors import (
     bound_outputs,
@@ -51,17 +52,26 @@ except PackageNotFoundError:  # a source tree
 
 
 def model_statistics(
-    name: str, model_version: str, s: ModelStatistics, refused: int = 0
+    name: str,
+    model_version: str,
+    s: ModelStatistics,
+    refused: int = 0,
+    cache: CacheCounts | None = None,
 ) -> pb.ModelStatistics:
     """One model's statistics in Triton's fields (the runtime keeps them:
     ``LoadedModel.statistics()``, docs/statistics.md), with the ``refused`` requests the
-    daemon turned away before they reached the model counted as failures."""
+    daemon turned away before they reached the model counted as failures, and the requests
+    its response cache answered (``cache``) as successes and cache hits."""
 
     def duration(count: int, ns: int) -> pb.StatisticDuration:
         return pb.StatisticDuration(count=count, ns=ns)
 
+    cache = cache or CacheCounts()
+    s = with_cache_hits(s, cache)
     infer = pb.InferStatistics(
         success=duration(s.success, s.latency.ns),
+        cache_hit=duration(cache.hits, cache.hit_ns),
+        cache_miss=duration(cache.misses, cache.miss_ns),
         fail=duration(s.failure + refused, 0),
         queue=duration(s.queue.count, s.queue.ns),
         compute_input=duration(s.compute_input.count, s.compute_input.ns),
@@ -91,6 +101,7 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
         regions: the registered system shared-memory regions.
         identify: who is behind ``context.peer()`` (asked only when shared memory is used).
         ready: whether the daemon takes requests (false while it drains).
+        cache: the daemon's response cache, if it has one (:mod:`.response_cache`).
     """
 
     def __init__(
@@ -99,11 +110,15 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
         regions: Regions,
         identify: Callable[[str], Peer],
         ready: Callable[[], bool],
+        cache: ResponseCache | None = None,
     ) -> None:
         self.repository = repository
         self.regions = regions
         self._identify = identify
         self._ready = ready
+        self.cache = cache
+        """The response cache (``response_cache_bytes``), for models loaded with
+        ``response_cache``."""
 
     # -- health and metadata ---------------------------------------------------------
 
@@ -254,6 +269,20 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
             raise
         # Static outputs asked for in a mapped region are written there by the model itself.
         bound = bound_outputs(request, chosen, lambda n, o, s: self.regions.mapped(n, o, s, who()))
+        key = None
+        if (
+            self.cache is not None
+            and entry.options.response_cache
+            and all(region is None for _, region in chosen)  # else written there, not carried
+        ):
+            began = time.perf_counter_ns()
+            key = self.cache.key(model.memory_owner, feed, [spec.name for spec, _ in chosen])
+            cached = None if key is None else self.cache.get(key)
+            if cached is not None:
+                hit = pb.ModelInferResponse.FromString(cached)
+                hit.id = request.id
+                entry.count_cache(True, time.perf_counter_ns() - began)
+                return hit
         if deadline is None and gone is None:
             results = model.run(feed, bound) if bound else model.run(feed)
         else:
@@ -264,6 +293,10 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
         encode_outputs(
             response, results, chosen, lambda n, o, a: self.regions.write(n, o, a, who()), bound
         )
+        if key is not None and self.cache is not None:
+            began = time.perf_counter_ns()
+            self.cache.put(key, response.SerializeToString())
+            entry.count_cache(False, time.perf_counter_ns() - began)
         return response
 
     # -- statistics and the repository ---------------------------------------------------
@@ -274,7 +307,7 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
         else:
             entries = self.repository.loaded()
         stats = [
-            model_statistics(e.name, e.version, e.model.statistics(), e.refused)
+            model_statistics(e.name, e.version, e.model.statistics(), e.refused, e.cache)
             for e in entries
             if e.model is not None
         ]

@@ -25,6 +25,11 @@ the cache or were compiled, and for how long.
 each model labelled ``pid`` and ``tag`` too, with ``crossrt_process_cpu_seconds_total``
 (``mode`` user or system) and ``crossrt_process_resident_memory_bytes`` per process.
 
+The response cache's counters per model (``--response-cache-bytes``, models loaded with
+``response_cache``): ``crossrt_response_cache_hits_total``, ``_misses_total``,
+``_hit_duration_us_total``, ``_miss_duration_us_total`` (Triton's
+``nv_cache_num_hits_per_model`` and the like); a hit counts as a successful request too.
+
 And the daemon's own, labelled ``socket`` (each Unix socket's path), which Triton has not:
 ``crossrt_connections`` (a gauge: open now) and ``crossrt_connections_refused_total``
 (refused at ``max_connections``).
@@ -41,6 +46,7 @@ from prometheus_client.core import Metric
 
 from ..compiler.cache import CacheStats
 from ..runtime.statistics import ModelStatistics
+from .response_cache import CacheCounts
 
 ConnectionSource = Callable[[], list[tuple[str, int, int]]]
 """``() -> [(socket path, open connections, connections refused)]`` of the Unix sockets."""
@@ -167,6 +173,33 @@ class CacheCollector(_Collector):
 
     def collect(self) -> Iterator[Metric]:
         return _counters(self._prefix, _CACHE, self._source())
+
+
+ResponseCacheSource = Callable[[], list[tuple[dict[str, str], CacheCounts]]]
+"""``() -> [(labels, counts)]`` of the models that use the daemon's response cache."""
+
+_RESPONSE_CACHE: tuple[tuple[str, str, Callable[[CacheCounts], float]], ...] = (
+    ("response_cache_hits", "requests the response cache answered", lambda c: c.hits),
+    ("response_cache_misses", "requests the response cache could not answer", lambda c: c.misses),
+    (
+        "response_cache_hit_duration_us",
+        "cumulative time of the lookups that answered (us)",
+        lambda c: c.hit_ns / 1e3,
+    ),
+    (
+        "response_cache_miss_duration_us",
+        "cumulative time the cache took on the requests it could not answer (us)",
+        lambda c: c.miss_ns / 1e3,
+    ),
+)
+
+
+class ResponseCacheCollector(_Collector):
+    """A Prometheus collector over the daemon's response cache, per model (a
+    :data:`ResponseCacheSource`; Triton's ``nv_cache_num_hits_per_model`` and the like)."""
+
+    def collect(self) -> Iterator[Metric]:
+        return _counters(self._prefix, _RESPONSE_CACHE, self._source())
 
 
 ProcessSource = Callable[[], list[tuple[dict[str, str], float, float, int | None]]]

@@ -21,6 +21,7 @@ from ..compiler import load_executable
 from ..errors import InvalidArgumentError
 from ..host import parse_cpu_set, process_alive
 from ..runtime import LoadedModel, Runtime
+from .response_cache import CacheCounts
 from .status import ServiceError
 
 log = logging.getLogger("crossrt.serve")
@@ -41,6 +42,7 @@ class LoadOptions:
     precision: str | None = None
     max_batch_size: int = 0
     batch_delay: float = 0.0
+    response_cache: bool = False
 
     def with_values(self, values: Mapping[str, Any]) -> LoadOptions:
         """These options with ``values`` (parameter name -> value) applied, checked."""
@@ -66,6 +68,7 @@ LOAD_PARAMETERS = (
     "precision",
     "max_batch_size",
     "batch_delay",
+    "response_cache",
 )
 
 
@@ -85,6 +88,13 @@ def _parse(name: str, value: Any) -> Any:
             if isinstance(value, bool) or not seconds > 0:
                 raise ValueError
             return seconds
+        if name == "response_cache":
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text not in ("true", "false", "1", "0"):
+                raise ValueError
+            return text in ("true", "1")
         if name == "max_batch_size":
             number = int(value)
             if isinstance(value, bool | float) or number < 0:
@@ -113,6 +123,7 @@ def _parse(name: str, value: Any) -> Any:
                 "timeout": "give seconds, more than 0",
                 "max_batch_size": "give a whole number >= 0 (0: no batching)",
                 "batch_delay": "give seconds >= 0",
+                "response_cache": "give true or false",
                 "cores": "give a count (4) or core indices ('0-3', '0,2')",
             }[name]
         ) from None
@@ -132,12 +143,24 @@ class Entry:
     stamp: tuple[int, int] = (0, 0)  # the file's (mtime_ns, size) when loaded
     owner: int = 0  # the process that sent it (crossrt.v1 Load): unloaded when it dies
     refused: int = 0  # requests the daemon refused before they reached the model
+    cache: CacheCounts = field(default_factory=CacheCounts)  # its response cache's use
 
     def count_refused(self) -> None:
         """One more request refused before it reached the model (its runtime statistics
         never saw it); a failure in ModelStatistics and the metrics."""
         with _refusals:
             self.refused += 1
+
+    def count_cache(self, hit: bool, ns: int) -> None:
+        """One request looked up in the response cache: answered from it (``hit``), or run
+        and its answer kept; ``ns`` the time the cache took."""
+        with _refusals:
+            if hit:
+                self.cache.hits += 1
+                self.cache.hit_ns += ns
+            else:
+                self.cache.misses += 1
+                self.cache.miss_ns += ns
 
 
 _refusals = threading.Lock()
@@ -184,6 +207,9 @@ class Repository:
         self._lock = threading.RLock()  # loads and unloads one at a time
         self._entries: dict[str, Entry] = {e.name: e for e in pinned}
         self._pinned = set(self._entries)
+        self.caches = False
+        """Whether the daemon has a response cache: a model loaded with ``response_cache``
+        needs one."""
         self.scan()
 
     def scan(self) -> dict[str, Entry]:
@@ -254,6 +280,7 @@ class Repository:
                 raise
             model.served_as = f"{name}:{entry.version}"  # how crossrt top and profile name it
             old, entry.model, entry.options, entry.refused = entry.model, model, options, 0
+            entry.cache = CacheCounts()
             entry.state, entry.reason, entry.stamp = "READY", "", _stamp(entry.path)
             log.info("loaded model %s version %s from %s", name, entry.version, entry.path)
         if old is not None:
@@ -261,6 +288,12 @@ class Repository:
         return entry
 
     def _load(self, path: Path, options: LoadOptions) -> LoadedModel:
+        if options.response_cache and not self.caches:
+            raise InvalidArgumentError(
+                "response_cache asks for the daemon's response cache, which is off; start "
+                "crossrt serve with --response-cache-bytes N (or response_cache_bytes in its "
+                "config file)"
+            )
         kwargs: dict[str, Any] = {
             "instances": options.instances,
             "cores": options.cores,

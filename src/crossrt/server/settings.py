@@ -94,6 +94,7 @@ class ServeOptions:
     drain_seconds: float = 30.0
     threads: int = 16
     max_connections: int = 1024
+    response_cache_bytes: int = 0
     socket_mode: int = 0o660
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -148,7 +149,7 @@ def _model(table: Any, file: str | None) -> Entry:
         raise InvalidOptionError(
             f"each [[models]] table of {file} needs name and path (and may give "
             "device, instances, cores, queue_depth, timeout, precision, max_batch_size, "
-            "batch_delay)"
+            "batch_delay, response_cache)"
         )
     rest = {k: v for k, v in table.items() if k not in ("name", "path")}
     path = Path(table["path"])
@@ -187,5 +188,11 @@ def _check(options: ServeOptions) -> None:
         raise InvalidOptionError(
             f"max_connections {options.max_connections!r}: give the number of connections a "
             "Unix socket may keep open at once, 1 or more (default 1024)"
+        )
+    cache = options.response_cache_bytes
+    if isinstance(cache, bool) or not isinstance(cache, int) or cache < 0:
+        raise InvalidOptionError(
+            f"response_cache_bytes {cache!r}: give the bytes of answers the response cache "
+            "may keep, 0 (the default) for none"
         )
     options.endpoints()  # each one checked now

@@ -57,6 +57,11 @@ def parser() -> argparse.ArgumentParser:
         "refused, and logged",
     )  # fmt: skip
     p.add_argument(
+        "--response-cache-bytes", type=int, metavar="N",
+        help="keep up to N bytes of answers for the models loaded with response_cache "
+        "(default 0: no response cache)",
+    )  # fmt: skip
+    p.add_argument(
         "--token", metavar="T",
         help="require the metadata 'authorization: Bearer T' on every call (or set "
         "CROSSRT_SERVE_TOKEN, which keeps it out of the process list)",
@@ -102,6 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "model_control": args.model_control,
         "metrics": args.metrics,
         "max_connections": args.max_connections,
+        "response_cache_bytes": args.response_cache_bytes,
         "token": args.token or os.environ.get("CROSSRT_SERVE_TOKEN") or None,
     }
     try:
