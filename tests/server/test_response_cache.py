@@ -137,3 +137,14 @@ def test_a_config_file_model_and_the_metrics(caching: Daemon) -> None:
     assert f"crossrt_response_cache_misses_total{labels} 1.0" in text
     assert f"crossrt_inference_request_success_total{labels} 3.0" in text  # hits included
     assert f"crossrt_inference_exec_count_total{labels} 1.0" in text
+
+
+def test_the_cache_size_is_checked() -> None:
+    import crossrt
+    from crossrt.server.settings import build
+
+    assert build(None, {"response_cache_bytes": 1024}).response_cache_bytes == 1024
+    assert build(None, {}).response_cache_bytes == 0
+    for bad in (-1, True, "64MB"):
+        with pytest.raises(crossrt.InvalidOptionError, match="response_cache_bytes"):
+            build(None, {"response_cache_bytes": bad})
