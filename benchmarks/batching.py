@@ -24,7 +24,6 @@ Writes ``results/batching.json`` (``--out``) and a Markdown table next to it.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -43,6 +42,7 @@ from crossrt.host import cpu_model, usable_cores
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import models  # benchmarks/ is not a package: found through sys.path
+import reporting
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CASES = {  # model: (clients, max_batch_size)
@@ -184,11 +184,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "rounds": args.rounds,
         "cases": [measure(m, args.seconds, args.rounds) for m in args.models],
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
     table = markdown(report)
-    args.out.with_suffix(".md").write_text(table)
-    print(table)
+    reporting.save(args.out, report, table)
     return 0
 
 

@@ -13,7 +13,6 @@ Writes ``results/cuda.json`` (``--out``) and a Markdown table next to it.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import sys
@@ -31,6 +30,7 @@ from crossrt.drivers import get_driver
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import models  # benchmarks/ is not a package: found through sys.path
+import reporting
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -131,8 +131,6 @@ def main(argv: list[str] | None = None) -> int:
         "onnxruntime": ort.__version__,
         "rows": rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=2) + "\n")
     lines = [
         f"crossrt on {gpus[0].name} against raw ONNX Runtime CUDA ({doc['date']})",
         "",
@@ -150,8 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['fp16_speedup_vs_raw_fp32']:.2f} | {r['max_abs_error']['crossrt cuda fp16']:.1e} |"
         )
     table = "\n".join(lines) + "\n"
-    args.out.with_suffix(".md").write_text(table)
-    print(table)
+    reporting.save(args.out, doc, table)
     return 0
 
 

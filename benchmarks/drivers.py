@@ -37,7 +37,6 @@ import argparse
 import contextlib
 import importlib.metadata
 import io
-import json
 import os
 import platform
 import random
@@ -59,6 +58,7 @@ from crossrt.drivers import get_driver
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import models  # benchmarks/ is not a package: found through sys.path
+import reporting
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODELS = ("tiny", "resnet50", "bert", "det", "rec", "silero")
@@ -341,11 +341,8 @@ def main(argv: list[str] | None = None) -> int:
         "models": results,
     }
     out = args.out or RESULTS / ("drivers-quick.json" if args.quick else "drivers.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=2) + "\n")
     text = table(doc)
-    out.with_suffix(".md").write_text(text)
-    print(text)
+    reporting.save(out, doc, text)
     return 0
 
 

@@ -48,6 +48,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import reporting  # benchmarks/ is not a package: found through sys.path
+
 RESULTS = Path(__file__).resolve().parent / "results"
 VARIANTS = ("cold", "hit", "crm", "raw", "crm_unhashed", "hash", "zero_copy")
 TARGET_SPEEDUP = 2.0  # a hit or a .crm load at least this much faster than a cold compile
@@ -363,11 +366,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             report["models"][name] = bench_model(name, args.rounds, args.profile, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
     text = markdown(report)
-    args.out.with_suffix(".md").write_text(text)
-    print(text)
+    reporting.save(args.out, report, text)
     return 0
 
 

@@ -42,6 +42,7 @@ import crossrt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import models  # benchmarks/ is not a package: found through sys.path
+import reporting
 
 RESULTS = Path(__file__).resolve().parent / "results"
 VARIANTS = ("raw", "crm", "crm_portable", "memory")
@@ -172,8 +173,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         "versions": {"python": platform.python_version(), "onnxruntime": ort.__version__},
         "command": "python benchmarks/memory.py " + " ".join(argv or sys.argv[1:]),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     text = (
         f"# Memory of {args.instances} instances: crossrt vs raw ONNX Runtime\n\n"
         f"{when} on {meta['machine']}; Python {meta['versions']['python']}, onnxruntime "
@@ -185,8 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         + table(rows)
         + "\n"
     )
-    args.out.with_suffix(".md").write_text(text)
-    print(text)
+    reporting.save(args.out, {"meta": meta, "rows": rows}, text, indent=1)
     return 0
 
 

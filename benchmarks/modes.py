@@ -15,7 +15,6 @@ Writes ``results/modes.json`` (``--out``) and a Markdown table next to it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -31,6 +30,7 @@ from crossrt import PerformanceMode, host
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import models  # benchmarks/ is not a package: found through sys.path
+import reporting
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODES = (PerformanceMode.NONE, PerformanceMode.LOW, PerformanceMode.MEDIUM)
@@ -103,8 +103,6 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
     }
     out = args.out or RESULTS / ("modes-quick.json" if args.quick else "modes.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=2) + "\n")
     lines = [
         f"Performance modes, {threads} cores, {doc['machine']['cpu']} ({doc['date']})",
         "",
@@ -118,8 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['cpu_vs_none'] if r['cpu_vs_none'] is not None else '-'} |"
         )
     table = "\n".join(lines) + "\n"
-    out.with_suffix(".md").write_text(table)
-    print(table)
+    reporting.save(out, doc, table)
     return 0
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import platform
 import statistics
@@ -36,6 +35,7 @@ import crossrt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import models  # benchmarks/ is not a package: found through sys.path
+import reporting
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -369,10 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     report["total_s"] = round(time.perf_counter() - started, 1)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown(report))
-    print(table(report))
+    reporting.save(out, report, markdown(report), printed=table(report))
     for name, r in report["models"].items():
         diffs = ", ".join(f"{k} {v:.2e}" for k, v in r["max_abs_diff"].items())
         print(f"{name}: max abs diff {diffs}")

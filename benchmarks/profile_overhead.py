@@ -14,7 +14,6 @@ Writes ``results/profile_overhead.json`` (``--out``) and a Markdown table next t
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -31,6 +30,7 @@ from crossrt.runtime import observer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import models  # benchmarks/ is not a package: found through sys.path
+import reporting
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CALLS, ROUNDS = 2_000, 15
@@ -108,10 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "machine": f"{' '.join(cpu_model()).strip()}, {len(usable_cores())} CPUs",
         **measure(),
     }
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
     table = markdown(report)
-    args.out.with_suffix(".md").write_text(table)
-    print(table)
+    reporting.save(args.out, report, table)
     return 0
 
 

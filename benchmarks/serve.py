@@ -33,7 +33,6 @@ over in-process on tiny; daemon throughput with N clients >= 0.9x in-process on 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import signal
@@ -55,6 +54,7 @@ from crossrt.server.client import connect
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import models  # benchmarks/ is not a package: found through sys.path
+import reporting
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BIG = 4 * 2**20  # floats: 16 MB
@@ -362,10 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("perf_analyzer: not found (make perf-analyzer fetches it): left out", flush=True)
     report = run_all(names, args.clients, args.seconds, analyzer)
     text = markdown(report)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    args.out.with_suffix(".md").write_text(text)
-    print(text)
+    reporting.save(args.out, report, text)
     return 0
 
 

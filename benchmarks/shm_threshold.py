@@ -17,7 +17,6 @@ was faster.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from crossrt.host import cpu_model, usable_cores
 from crossrt.server.client import SHM_THRESHOLD, connect
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import reporting
 from serve import start_daemon  # benchmarks/ is not a package: found through sys.path
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -124,10 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "rows": run(lane=not args.grpc),
     }
     out = args.out or RESULTS / ("shm_threshold-grpc.json" if args.grpc else "shm_threshold.json")
-    out.write_text(json.dumps(report, indent=2) + "\n")
     table = markdown(report)
-    out.with_suffix(".md").write_text(table)
-    print(table)
+    reporting.save(out, report, table)
     return 0
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import platform
 import statistics
@@ -29,6 +28,9 @@ from typing import Any
 import numpy as np
 
 import crossrt
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import reporting  # benchmarks/ is not a package: found through sys.path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGET_US = 5.0
@@ -99,8 +101,6 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": round(time.perf_counter() - started, 1),
     }
     out = args.out or RESULTS / ("tensor-quick.json" if args.quick else "tensor.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=2) + "\n")
     lines = [
         f"Tensor creation and release, {calls} calls x {rounds} alternating rounds "
         f"({doc['date']}, {doc['machine']['cores']} cores)",
@@ -117,8 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{'met' if doc['target_met'] else 'MISSED'} ({headline['median_us']:.2f} µs).",
     ]
     table = "\n".join(lines) + "\n"
-    out.with_suffix(".md").write_text(table)
-    print(table)
+    reporting.save(out, doc, table)
     return 0
 
 

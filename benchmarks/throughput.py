@@ -23,7 +23,6 @@ Writes ``results/throughput.json`` and ``results/throughput.md`` and prints the 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import resource
@@ -42,6 +41,7 @@ import crossrt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import models  # benchmarks/ is not a package: found through sys.path
+import reporting
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -189,15 +189,12 @@ def main(argv: list[str] | None = None) -> int:
         "seconds_per_variant": seconds,
         "command": "python benchmarks/throughput.py" + (" --quick" if args.quick else ""),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     text = table(rows)
     header = (
         f"Throughput ({meta['command']}, {meta['date']}, {meta['cpus']} CPUs, "
         f"ORT {meta['onnxruntime']})\n\n"
     )
-    args.out.with_suffix(".md").write_text(header + text + "\n")
-    print(text)
+    reporting.save(args.out, {"meta": meta, "rows": rows}, header + text + "\n", printed=text)
     return 0
 
 

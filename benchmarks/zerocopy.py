@@ -44,7 +44,6 @@ table.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import sys
@@ -60,6 +59,7 @@ import crossrt
 from crossrt.runtime.memory.allocator import copied_bytes
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import reporting
 from overhead import fmt_time, machine_info  # benchmarks/ is not a package
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -353,10 +353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"[{label}] timing ...", file=sys.stderr, flush=True)
         pairs = SAME_SESSION_PAIRS[label] // (10 if args.quick else 1)
         report["sizes"][label] = bench(label, n, plans[label], SETTLE[label], pairs, args.threads)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown(report))
-    print(table(report))
+    reporting.save(out, report, markdown(report), printed=table(report))
     print(f"wrote {out} and {out.with_suffix('.md')}")
     wrong = [
         f"{k}/{v}"
