@@ -112,6 +112,14 @@ def _why_refused(target: str, token: str | None, timeout: float | None) -> None:
         lane.close()
 
 
+def _unsent(request: pb.ModelInferRequest) -> DeadlineExceededError:
+    """TIMEOUT for a request whose deadline passed before it could be sent."""
+    return DeadlineExceededError(
+        f"model {request.model_name!r}: its deadline passed before it was sent; give a "
+        "later deadline"
+    )
+
+
 class RemoteRuntime:
     """The daemon's models with :class:`crossrt.Runtime`'s calls (made by :func:`connect`)."""
 
@@ -208,9 +216,7 @@ class RemoteRuntime:
         """
         seconds = self._seconds(deadline)
         if seconds is not None and seconds <= 0:
-            raise DeadlineExceededError(
-                f"model {request.model_name!r}: its deadline passed before it was sent"
-            )
+            raise _unsent(request)
         if self._lane is not None:
             if seconds is not None and "timeout" not in request.parameters:
                 request.parameters["timeout"].int64_param = max(1, int(seconds * 1e6))
@@ -263,11 +269,7 @@ class RemoteRuntime:
         future: Future[pb.ModelInferResponse] = Future()
         seconds = self._seconds(deadline)
         if seconds is not None and seconds <= 0:
-            future.set_exception(
-                DeadlineExceededError(
-                    f"model {request.model_name!r}: its deadline passed before it was sent"
-                )
-            )
+            future.set_exception(_unsent(request))
             return future
         call = self._stub.ModelInfer.future(request, timeout=seconds, metadata=self._metadata)
 
