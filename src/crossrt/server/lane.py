@@ -7,7 +7,8 @@ the very same ``ModelInferRequest`` messages, length-prefixed, on a plain connec
 daemon's socket; the relay (:mod:`.relay`) sees the lane's greeting instead of HTTP/2's
 preface and hands the connection to :class:`LaneServer`. The request is served by the same
 code as gRPC's ModelInfer (:meth:`kserve.InferenceService.infer`): the same checks, errors,
-statistics, shared-memory regions and drain. Everything else (metadata, the repository,
+statistics, shared-memory regions and drain, and, as on gRPC, a client that hangs up has its
+request dropped or stopped (:class:`HangUps`). Everything else (metadata, the repository,
 regions, crossrt.v1) stays on gRPC, and gRPC clients (tritonclient, perf_analyzer) are
 untouched. This module holds the wire format and the daemon's end; the client's is
 :mod:`.lane_client`.
