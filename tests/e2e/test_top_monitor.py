@@ -416,3 +416,19 @@ def test_mean_batch_is_requests_per_run_over_the_period() -> None:
         [_process(1, 10.0, 1.0, [plain])], [_process(1, 12.0, 1.0, [plain])], 2.0
     )
     assert (process["models"][0]["max_batch_size"], process["models"][0]["mean_batch"]) == (0, None)
+
+
+def test_a_model_loaded_again_starts_its_rates_anew() -> None:
+    """Reloaded between two snapshots and busier since: seen by its load, not only when its
+    counters drop."""
+    old, new = _model("m", 10, _counts(b1=10), 0), _model("m", 30, _counts(b1=30), 0)
+    old["load"], new["load"] = "m#1", "m#2"
+    (process,) = diff_processes(
+        [_process(1, 10.0, 1.0, [old])], [_process(1, 12.0, 1.0, [new])], 2.0
+    )
+    assert process["models"][0]["throughput"] is None
+    new["load"] = "m#1"  # the same load: rates as usual
+    (process,) = diff_processes(
+        [_process(1, 10.0, 1.0, [old])], [_process(1, 12.0, 1.0, [new])], 2.0
+    )
+    assert process["models"][0]["throughput"] == 10.0

@@ -203,6 +203,7 @@ def describe(model: LoadedModel) -> dict[str, Any]:
         memory = dataclasses.asdict(model.memory_stats())
     return {
         "name": model.name,
+        "load": model.memory_owner,  # one per load: a model loaded again is another
         "served_as": model.served_as,
         "device": model.device.id,
         "drivers": sorted({node.driver for node in model.executable.nodes}),

@@ -414,10 +414,13 @@ def diff_model(
     before: Mapping[str, Any] | None, after: Mapping[str, Any], seconds: float
 ) -> dict[str, Any]:
     """One model of a snapshot (``observer.describe``'s form) with its rates since
-    ``before`` over ``seconds``: all ``None`` when ``before`` is ``None``, or when its
-    counters are ahead of ``after``'s (the model was unloaded and loaded again)."""
+    ``before`` over ``seconds``: all ``None`` when ``before`` is ``None``, or is another
+    load of the model (unloaded and loaded again: its ``load`` differs, or, from a process
+    whose snapshots have none, its counters are ahead of ``after``'s)."""
     stats = after["statistics"]
     old = before["statistics"] if before is not None else None
+    if before is not None and before.get("load", after.get("load")) != after.get("load"):
+        old = None
     if old is not None and (
         old["success"] > stats["success"] or old["requests"] > stats["requests"]
     ):
