@@ -40,6 +40,7 @@ from .regions import Regions
 from .relay import UnixRelay
 from .repository import LoadOptions, Repository
 from .response_cache import CacheCounts, ResponseCache, with_cache_hits
+from .rest import HttpFront
 from .settings import ServeOptions
 
 log = logging.getLogger("crossrt.serve")
@@ -120,6 +121,8 @@ class Daemon:
         )
         self.repository.caches = cache is not None
         service = InferenceService(self.repository, self.regions, self.identify, self.ready, cache)
+        self.service = service
+        self._http: HttpFront | None = None
         self.lane = LaneServer(service.infer, self.gate, self.regions.register_sealed)
         pbg.add_GRPCInferenceServiceServicer_to_server(service, self.server)
         self.extension = RuntimeService(self.runtime, self.repository, self.regions, self.identify)
@@ -239,6 +242,18 @@ class Daemon:
                     "another --metrics HOST:PORT"
                 ) from None
             log.info("serving Prometheus metrics on http://%s/metrics", self.options.metrics)
+        if self.options.http is not None:
+            host, _, port = self.options.http.rpartition(":")
+            try:
+                self._http = HttpFront(
+                    (host.strip("[]") or "127.0.0.1", int(port)), self.service, self.gate
+                )
+            except OSError as exc:
+                raise OutOfResourcesError(
+                    f"cannot serve HTTP on {self.options.http}: {exc.strerror}; choose another "
+                    "--http HOST:PORT"
+                ) from None
+            log.info("serving KServe v2 HTTP/REST on http://%s/v2", self.options.http)
         # Explicit model control loads only the config file's [[models]] at start.
         self.repository.load_all(pinned_only=self.options.model_control == "explicit")
         for entry in self.repository.loaded():
@@ -300,6 +315,8 @@ class Daemon:
             log.warning("%d calls still running after %.0f s; cutting them", left,
                         self.options.drain_seconds)  # fmt: skip
         self.server.stop(grace=1.0).wait()
+        if self._http is not None:
+            self._http.close()
         self._close_sockets()
         if self._metrics is not None:
             server, _ = self._metrics

@@ -90,6 +90,7 @@ class ServeOptions:
     model_repository: str | None = None
     model_control: str = "none"
     metrics: str | None = None
+    http: str | None = None
     token: str | None = None
     drain_seconds: float = 30.0
     threads: int = 16
@@ -172,10 +173,11 @@ def _check(options: ServeOptions) -> None:
             f"model control {options.model_control!r}: give 'none' (load the repository at "
             "start) or 'explicit' (load with RepositoryModelLoad)"
         )
-    if options.metrics is not None:
-        _, sep, port = options.metrics.rpartition(":")
-        if not sep or not port.isdigit():
-            raise InvalidOptionError(f"--metrics {options.metrics!r}: give HOST:PORT")
+    for flag, value in (("--metrics", options.metrics), ("--http", options.http)):
+        if value is not None:
+            _, sep, port = value.rpartition(":")
+            if not sep or not port.isdigit():
+                raise InvalidOptionError(f"{flag} {value!r}: give HOST:PORT")
     if (options.tls_cert is None) != (options.tls_key is None) or (
         options.tls_client_ca and not options.tls_cert
     ):

@@ -52,6 +52,11 @@ def parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics here")
     p.add_argument(
+        "--http", metavar="HOST:PORT",
+        help="serve KServe v2 HTTP/REST here too (health, metadata, infer; PORT alone: "
+        "127.0.0.1)",
+    )  # fmt: skip
+    p.add_argument(
         "--max-connections", type=int, metavar="N",
         help="connections a Unix socket keeps open at once (default 1024); one more is "
         "refused, and logged",
@@ -106,6 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "model_repository": args.model_repository,
         "model_control": args.model_control,
         "metrics": args.metrics,
+        "http": args.http,
         "max_connections": args.max_connections,
         "response_cache_bytes": args.response_cache_bytes,
         "token": args.token or os.environ.get("CROSSRT_SERVE_TOKEN") or None,

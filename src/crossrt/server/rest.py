@@ -1,0 +1,337 @@
+"""KServe v2 over HTTP/REST (``crossrt serve --http HOST:PORT``), as Triton serves it beside
+gRPC: health, server and model metadata, model readiness and inference, in JSON, with the
+binary tensor data extension. Requests go to the same service as gRPC's and the lane's
+(:class:`kserve.InferenceService`): the same checks, errors, statistics, token and drain.
+
+- ``GET /v2/health/live``, ``GET /v2/health/ready``: 200, or 400 when not ready (draining).
+- ``GET /v2``: the server's name, version and extensions.
+- ``GET /v2/models/NAME[/versions/V]``: the model's metadata; ``.../ready``: 200 or 400.
+- ``POST /v2/models/NAME[/versions/V]/infer``: a JSON request
+  (``{"id", "parameters", "inputs": [{"name", "shape", "datatype", "data"}], "outputs":
+  [{"name", "parameters": {"binary_data": bool}}]}``). Binary extension: with the header
+  ``Inference-Header-Content-Length: N`` the body is N bytes of JSON, then each input whose
+  ``parameters.binary_data_size`` is given, in order; outputs asked for with
+  ``binary_data`` (or ``parameters.binary_data_output`` for all) come back the same way.
+
+Shared-memory regions are not named over HTTP (use gRPC or the lane): a request that does is
+refused. The repository, statistics and the shared-memory extension stay on gRPC. Errors
+are ``{"error": message}`` with the HTTP status for their gRPC code.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import unquote
+
+import grpc
+import numpy as np
+from tritonclient.grpc import service_pb2 as pb
+
+from .. import dtypes
+from .gate import UNAUTHENTICATED, Gate
+from .kserve import InferenceService
+from .peers import Peer
+from .status import ServiceError, status_of
+from .tensors import decode_bytes, encode_bytes
+
+log = logging.getLogger("crossrt.serve")
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+MAX_BODY = 2**31 - 1
+
+_HTTP_STATUS = {
+    grpc.StatusCode.INVALID_ARGUMENT: HTTPStatus.BAD_REQUEST,
+    grpc.StatusCode.OUT_OF_RANGE: HTTPStatus.BAD_REQUEST,
+    grpc.StatusCode.FAILED_PRECONDITION: HTTPStatus.BAD_REQUEST,
+    grpc.StatusCode.NOT_FOUND: HTTPStatus.NOT_FOUND,
+    grpc.StatusCode.UNAUTHENTICATED: HTTPStatus.UNAUTHORIZED,
+    grpc.StatusCode.PERMISSION_DENIED: HTTPStatus.FORBIDDEN,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: HTTPStatus.TOO_MANY_REQUESTS,
+    grpc.StatusCode.UNAVAILABLE: HTTPStatus.SERVICE_UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED: HTTPStatus.GATEWAY_TIMEOUT,
+    grpc.StatusCode.CANCELLED: HTTPStatus.BAD_REQUEST,
+    grpc.StatusCode.UNIMPLEMENTED: HTTPStatus.NOT_IMPLEMENTED,
+}
+
+
+def _bad(message: str) -> ServiceError:
+    return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+class HttpFront:
+    """The HTTP/REST endpoint of a daemon.
+
+    Args:
+        address: ``(host, port)`` to listen on (port 0: any free one, see :attr:`port`).
+        service: the daemon's KServe service.
+        gate: the daemon's token and drain.
+    """
+
+    def __init__(self, address: tuple[str, int], service: InferenceService, gate: Gate) -> None:
+        front = self
+
+        class Handler(_Handler):
+            owner = front
+
+        self.service = service
+        self.gate = gate
+        self._server = ThreadingHTTPServer(address, Handler)
+        self._server.daemon_threads = True
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="crossrt-http", daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop listening (the drain has waited for the requests under way)."""
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+    # -- the requests ----------------------------------------------------------------------
+
+    def get(self, path: list[str]) -> tuple[int, Any]:
+        """A GET's status and JSON answer."""
+        ready = self.service.ServerReady(pb.ServerReadyRequest(), None).ready
+        if path == ["health", "live"]:
+            return HTTPStatus.OK, {}
+        if path == ["health", "ready"]:
+            return (HTTPStatus.OK if ready else HTTPStatus.BAD_REQUEST), {}
+        if not path:
+            meta = self.service.ServerMetadata(pb.ServerMetadataRequest(), None)
+            return HTTPStatus.OK, {
+                "name": meta.name,
+                "version": meta.version,
+                "extensions": list(meta.extensions),
+            }
+        name, version, rest = _model_path(path)
+        if rest == ["ready"]:
+            answer = self.service.ModelReady(pb.ModelReadyRequest(name=name, version=version), None)
+            return (HTTPStatus.OK if answer.ready else HTTPStatus.BAD_REQUEST), {}
+        if rest:
+            raise ServiceError(grpc.StatusCode.NOT_FOUND, f"no such path: /v2/{'/'.join(path)}")
+        meta = self.service.ModelMetadata(pb.ModelMetadataRequest(name=name, version=version), None)
+        return HTTPStatus.OK, {
+            "name": meta.name,
+            "versions": list(meta.versions),
+            "platform": meta.platform,
+            "inputs": [_tensor_meta(t) for t in meta.inputs],
+            "outputs": [_tensor_meta(t) for t in meta.outputs],
+        }
+
+    def infer(
+        self, path: list[str], body: bytes, header_length: int | None, peer: Peer
+    ) -> tuple[bytes, int | None]:
+        """A POST .../infer: the answer's body, and its JSON part's length when binary
+        data follows it."""
+        name, version, rest = _model_path(path)
+        if rest != ["infer"]:
+            raise ServiceError(grpc.StatusCode.NOT_FOUND, f"no such path: /v2/{'/'.join(path)}")
+        length = len(body) if header_length is None else header_length
+        if not 0 <= length <= len(body):
+            raise _bad(f"{HEADER_LENGTH} {length} is beyond the body's {len(body)} bytes")
+        try:
+            doc = json.loads(body[:length])
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise _bad(f"the request is not JSON ({exc})") from None
+        if not isinstance(doc, dict):
+            raise _bad("the request is a JSON object with 'inputs'")
+        request = _request(doc, name, version, memoryview(body)[length:])
+        return _response(self.service.infer(request, lambda: peer), doc)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    owner: HttpFront
+    protocol_version = "HTTP/1.1"
+    server_version = "crossrt"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("http %s " + format, self.client_address[0], *args)
+
+    def do_GET(self) -> None:
+        self._handle(lambda path: self._json(*self.owner.get(path)))
+
+    def do_POST(self) -> None:
+        def post(path: list[str]) -> None:
+            size = int(self.headers.get("Content-Length") or 0)
+            if not 0 <= size <= MAX_BODY:
+                raise _bad(f"Content-Length {size} is not a body this daemon takes")
+            body = self.rfile.read(size)
+            given = self.headers.get(HEADER_LENGTH)
+            try:
+                header_length = None if given is None else int(given)
+            except ValueError:
+                raise _bad(f"{HEADER_LENGTH} {given!r} is not a number of bytes") from None
+            self.owner.gate.enter()
+            try:
+                peer = Peer(f"ipv4:{self.client_address[0]}", local=False)
+                answer, json_length = self.owner.infer(path, body, header_length, peer)
+            finally:
+                self.owner.gate.leave()
+            extra = {} if json_length is None else {HEADER_LENGTH: str(json_length)}
+            content = "application/json" if json_length is None else "application/octet-stream"
+            self._send(HTTPStatus.OK, answer, content, extra)
+
+        self._handle(post)
+
+    def _handle(self, action: Callable[[list[str]], None]) -> None:
+        try:
+            parts = [unquote(p) for p in self.path.split("?")[0].split("/") if p]
+            if parts[:1] != ["v2"]:
+                raise ServiceError(grpc.StatusCode.NOT_FOUND, f"no such path: {self.path}")
+            token = self.headers.get("Authorization", "")
+            if parts[1:3] not in (["health", "live"], ["health", "ready"]) and not (
+                self.owner.gate.token_matches(token.removeprefix("Bearer ").encode())
+            ):
+                raise ServiceError(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED)
+            action(parts[1:])
+        except Exception as exc:
+            code, message = status_of(exc)
+            if code is grpc.StatusCode.INTERNAL:
+                log.exception("an HTTP request failed")
+            self._json(_HTTP_STATUS.get(code, HTTPStatus.INTERNAL_SERVER_ERROR), {"error": message})
+
+    def _json(self, status: int, doc: Any) -> None:
+        self._send(status, json.dumps(doc).encode(), "application/json", {})
+
+    def _send(self, status: int, body: bytes, content: str, extra: dict[str, str]) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content)
+        self.send_header("Content-Length", str(len(body)))
+        for key, value in extra.items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def _model_path(path: list[str]) -> tuple[str, str, list[str]]:
+    """``models/NAME[/versions/V]/REST...``: (name, version, rest)."""
+    if len(path) < 2 or path[0] != "models":
+        raise ServiceError(grpc.StatusCode.NOT_FOUND, f"no such path: /v2/{'/'.join(path)}")
+    name, rest = path[1], path[2:]
+    version = ""
+    if rest[:1] == ["versions"]:
+        if len(rest) < 2:
+            raise ServiceError(grpc.StatusCode.NOT_FOUND, "a version is named after /versions/")
+        version, rest = rest[1], rest[2:]
+    return name, version, rest
+
+
+def _tensor_meta(t: Any) -> dict[str, Any]:
+    return {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
+
+
+def _request(
+    doc: dict[str, Any], name: str, version: str, binary: memoryview
+) -> pb.ModelInferRequest:
+    """The ModelInferRequest of a JSON request (binary inputs taken from ``binary`` in
+    order)."""
+    request = pb.ModelInferRequest(model_name=name, model_version=version)
+    request.id = str(doc.get("id", ""))
+    parameters = doc.get("parameters") or {}
+    if "timeout" in parameters:
+        request.parameters["timeout"].int64_param = int(parameters["timeout"])
+    inputs = doc.get("inputs")
+    if not isinstance(inputs, list) or not inputs:
+        raise _bad("the request names its inputs: 'inputs': [{name, shape, datatype, data}]")
+    offset = 0
+    for item in inputs:
+        if not isinstance(item, dict) or not {"name", "shape", "datatype"} <= item.keys():
+            raise _bad("each input has 'name', 'shape', 'datatype' and 'data'")
+        params = item.get("parameters") or {}
+        if "shared_memory_region" in params:
+            raise _bad("shared-memory regions are named over gRPC or the lane, not HTTP")
+        tensor = request.inputs.add(
+            name=str(item["name"]), datatype=str(item["datatype"]), shape=list(item["shape"])
+        )
+        if "binary_data_size" in params:
+            size = int(params["binary_data_size"])
+            if size < 0 or offset + size > len(binary):
+                raise _bad(
+                    f"input {tensor.name!r}: binary_data_size {size} goes beyond the "
+                    f"{len(binary)} bytes after the JSON"
+                )
+            request.raw_input_contents.append(bytes(binary[offset : offset + size]))
+            offset += size
+            continue
+        if "data" not in item:
+            raise _bad(f"input {tensor.name!r} has no 'data' (nor binary_data_size)")
+        request.raw_input_contents.append(_raw(tensor.name, tensor.datatype, item["data"]))
+    for item in doc.get("outputs") or []:
+        if not isinstance(item, dict) or "name" not in item:
+            raise _bad("each output asked for has a 'name'")
+        if "shared_memory_region" in (item.get("parameters") or {}):
+            raise _bad("shared-memory regions are named over gRPC or the lane, not HTTP")
+        request.outputs.add(name=str(item["name"]))
+    return request
+
+
+def _raw(name: str, datatype: str, data: Any) -> bytes:
+    """A JSON input's data (nested or flat, row-major) as KServe raw contents."""
+    if datatype == "BYTES":
+        return encode_bytes(np.asarray(_flat(data), dtype=object))
+    try:
+        dtype = dtypes.from_kserve(datatype).numpy
+    except Exception:
+        raise _bad(f"input {name!r}: unknown datatype {datatype!r}") from None
+    try:
+        return np.asarray(_flat(data), dtype=dtype).tobytes()
+    except (TypeError, ValueError) as exc:
+        raise _bad(f"input {name!r}: its data are not {datatype} values ({exc})") from None
+
+
+def _flat(data: Any) -> list[Any]:
+    if not isinstance(data, list):
+        return [data]
+    out: list[Any] = []
+    for item in data:
+        out.extend(_flat(item) if isinstance(item, list) else [item])
+    return out
+
+
+def _response(response: pb.ModelInferResponse, doc: dict[str, Any]) -> tuple[bytes, int | None]:
+    """The JSON (and binary) body of an answer: outputs asked for with ``binary_data``
+    (or all, with the request's ``binary_data_output``) after the JSON."""
+    everything = bool((doc.get("parameters") or {}).get("binary_data_output"))
+    wanted = {
+        str(o["name"]): bool((o.get("parameters") or {}).get("binary_data", everything))
+        for o in doc.get("outputs") or []
+        if isinstance(o, dict) and "name" in o
+    }
+    outputs = []
+    tail: list[bytes] = []
+    for i, out in enumerate(response.outputs):
+        raw = response.raw_output_contents[i]
+        item: dict[str, Any] = {
+            "name": out.name,
+            "datatype": out.datatype,
+            "shape": list(out.shape),
+        }
+        if wanted.get(out.name, everything):
+            item["parameters"] = {"binary_data_size": len(raw)}
+            tail.append(raw)
+        elif out.datatype == "BYTES":
+            count = int(np.prod(out.shape)) if out.shape else 1
+            item["data"] = decode_bytes(raw, count, f"output {out.name!r}").tolist()
+        else:
+            dtype = dtypes.from_kserve(out.datatype).numpy
+            item["data"] = np.frombuffer(raw, dtype=dtype).tolist()
+        outputs.append(item)
+    head = json.dumps(
+        {
+            "model_name": response.model_name,
+            "model_version": response.model_version,
+            "id": response.id,
+            "outputs": outputs,
+        }
+    ).encode()
+    if not tail:
+        return head, None
+    return head + b"".join(tail), len(head)
