@@ -181,3 +181,28 @@ def test_a_token_is_asked_for(tmp_path: Any) -> None:
         assert call(f"{base}/models/tiny", headers=good)[0] == 200
     finally:
         assert daemon.stop() == 0
+
+
+def test_statistics_and_the_repository_over_http(rest: tuple[Daemon, str]) -> None:
+    _, base = rest
+    infer(base, "tiny", _x(data=[1] * 32))
+    status, body, _ = call(f"{base}/models/tiny/stats")
+    assert status == 200
+    (stats,) = json.loads(body)["model_stats"]
+    assert stats["name"] == "tiny" and stats["inference_stats"]["success"]["count"] >= 1
+    assert isinstance(stats["execution_count"], int)  # numbers, as Triton's HTTP gives them
+    status, body, _ = call(f"{base}/models/stats")
+    assert {s["name"] for s in json.loads(body)["model_stats"]} >= {"tiny", "relu"}
+    status, body, _ = call(f"{base}/repository/index", b"{}")
+    assert status == 200
+    assert {m["name"]: m["state"] for m in json.loads(body)}["adder"] == "READY"
+    assert call(f"{base}/repository/models/adder/unload", b"")[0] == 200
+    assert call(f"{base}/models/adder/ready")[0] == 400
+    load = json.dumps({"parameters": {"instances": 1}}).encode()
+    assert call(f"{base}/repository/models/adder/load", load)[0] == 200
+    assert call(f"{base}/models/adder/ready")[0] == 200
+    status, body, _ = call(
+        f"{base}/repository/models/adder/load",
+        json.dumps({"parameters": {"instances": "zero"}}).encode(),
+    )
+    assert status == 400 and "whole number" in json.loads(body)["error"]

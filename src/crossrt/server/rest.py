@@ -13,9 +13,15 @@ binary tensor data extension. Requests go to the same service as gRPC's and the 
   ``parameters.binary_data_size`` is given, in order; outputs asked for with
   ``binary_data`` (or ``parameters.binary_data_output`` for all) come back the same way.
 
+- ``GET /v2/models/stats``, ``GET /v2/models/NAME[/versions/V]/stats``: the statistics
+  extension (``{"model_stats": [...]}``, Triton's fields).
+- ``POST /v2/repository/index`` (``{"ready": bool}``), ``POST
+  /v2/repository/models/NAME/load`` (``{"parameters": {...}}``: the load parameters) and
+  ``.../unload``: the repository extension.
+
 Shared-memory regions are not named over HTTP (use gRPC or the lane): a request that does is
-refused. The repository, statistics and the shared-memory extension stay on gRPC. Errors
-are ``{"error": message}`` with the HTTP status for their gRPC code.
+refused, and the shared-memory extension stays on gRPC. Errors are ``{"error": message}``
+with the HTTP status for their gRPC code.
 """
 
 from __future__ import annotations
@@ -111,7 +117,11 @@ class HttpFront:
                 "version": meta.version,
                 "extensions": list(meta.extensions),
             }
+        if path == ["models", "stats"]:
+            return HTTPStatus.OK, self._statistics("", "")
         name, version, rest = _model_path(path)
+        if rest == ["stats"]:
+            return HTTPStatus.OK, self._statistics(name, version)
         if rest == ["ready"]:
             answer = self.service.ModelReady(pb.ModelReadyRequest(name=name, version=version), None)
             return (HTTPStatus.OK if answer.ready else HTTPStatus.BAD_REQUEST), {}
@@ -126,6 +136,38 @@ class HttpFront:
             "outputs": [_tensor_meta(t) for t in meta.outputs],
         }
 
+    def _statistics(self, name: str, version: str) -> Any:
+        request = pb.ModelStatisticsRequest(name=name, version=version)
+        return plain(self.service.ModelStatistics(request, None))
+
+    def repository(self, path: list[str], body: bytes) -> Any:
+        """A POST under ``/v2/repository``: the index, or a model's load or unload (Triton's
+        HTTP paths); its JSON answer."""
+        doc = _json(body) if body.strip() else {}
+        if path == ["index"]:
+            request = pb.RepositoryIndexRequest(ready=bool(doc.get("ready", False)))
+            return plain(self.service.RepositoryIndex(request, None))["models"]
+        if len(path) == 3 and path[0] == "models" and path[2] in ("load", "unload"):
+            if path[2] == "unload":
+                self.service.RepositoryModelUnload(
+                    pb.RepositoryModelUnloadRequest(model_name=path[1]), None
+                )
+                return {}
+            load = pb.RepositoryModelLoadRequest(model_name=path[1])
+            for key, value in (doc.get("parameters") or {}).items():
+                param = load.parameters[str(key)]
+                if isinstance(value, bool):
+                    param.bool_param = value
+                elif isinstance(value, int):
+                    param.int64_param = value
+                else:
+                    param.string_param = str(value)
+            self.service.RepositoryModelLoad(load, None)
+            return {}
+        raise ServiceError(
+            grpc.StatusCode.NOT_FOUND, f"no such path: /v2/repository/{'/'.join(path)}"
+        )
+
     def infer(
         self, path: list[str], body: bytes, header_length: int | None, peer: Peer
     ) -> tuple[bytes, int | None]:
@@ -137,12 +179,7 @@ class HttpFront:
         length = len(body) if header_length is None else header_length
         if not 0 <= length <= len(body):
             raise _bad(f"{HEADER_LENGTH} {length} is beyond the body's {len(body)} bytes")
-        try:
-            doc = json.loads(body[:length])
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise _bad(f"the request is not JSON ({exc})") from None
-        if not isinstance(doc, dict):
-            raise _bad("the request is a JSON object with 'inputs'")
+        doc = _json(body[:length])
         request = _request(doc, name, version, memoryview(body)[length:])
         return _response(self.service.infer(request, lambda: peer), doc)
 
@@ -169,15 +206,21 @@ class _Handler(BaseHTTPRequestHandler):
                 header_length = None if given is None else int(given)
             except ValueError:
                 raise _bad(f"{HEADER_LENGTH} {given!r} is not a number of bytes") from None
+            # Counted by the drain until the answer is sent, not only computed: the daemon
+            # stops once the drain ends.
             self.owner.gate.enter()
             try:
+                if path[:1] == ["repository"]:
+                    self._json(HTTPStatus.OK, self.owner.repository(path[1:], body))
+                    return
                 peer = Peer(f"ipv4:{self.client_address[0]}", local=False)
                 answer, json_length = self.owner.infer(path, body, header_length, peer)
+                extra = {} if json_length is None else {HEADER_LENGTH: str(json_length)}
+                binary = json_length is not None
+                content = "application/octet-stream" if binary else "application/json"
+                self._send(HTTPStatus.OK, answer, content, extra)
             finally:
                 self.owner.gate.leave()
-            extra = {} if json_length is None else {HEADER_LENGTH: str(json_length)}
-            content = "application/json" if json_length is None else "application/octet-stream"
-            self._send(HTTPStatus.OK, answer, content, extra)
 
         self._handle(post)
 
@@ -209,6 +252,36 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(key, value)
         self.end_headers()
         self.wfile.write(body)
+
+
+def _json(body: bytes) -> dict[str, Any]:
+    """A request body's JSON object."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _bad(f"the request is not JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise _bad("the request is a JSON object")
+    return doc
+
+
+def plain(message: Any) -> Any:
+    """A protobuf message as JSON values, every field present (zeros too), 64-bit integers
+    as numbers, as Triton's HTTP answers carry them."""
+    out: dict[str, Any] = {}
+    for field in message.DESCRIPTOR.fields:
+        value = getattr(message, field.name)
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            out[field.name] = {k: _scalar(v) for k, v in value.items()}
+        elif field.label == field.LABEL_REPEATED:
+            out[field.name] = [_scalar(v) for v in value]
+        else:
+            out[field.name] = _scalar(value)
+    return out
+
+
+def _scalar(value: Any) -> Any:
+    return plain(value) if hasattr(value, "DESCRIPTOR") else value
 
 
 def _model_path(path: list[str]) -> tuple[str, str, list[str]]:
