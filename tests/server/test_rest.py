@@ -179,6 +179,19 @@ def test_a_token_is_asked_for(tmp_path: Any) -> None:
         assert call(f"{base}/models/tiny")[0] == 401
         good = {"Authorization": f"Bearer {TOKEN}"}
         assert call(f"{base}/models/tiny", headers=good)[0] == 200
+        # Refused before its body was read, on a connection kept alive: the next request on
+        # it must not be read from that body.
+        import http.client
+
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        body = json.dumps(_x(data=[0] * 32)).encode()
+        connection.request("POST", "/v2/models/tiny/infer", body)
+        refused = connection.getresponse()
+        assert refused.status == 401
+        refused.read()
+        connection.request("GET", "/v2/models/tiny", headers=good)
+        assert connection.getresponse().status == 200
+        connection.close()
     finally:
         assert daemon.stop() == 0
 

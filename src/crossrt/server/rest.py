@@ -197,9 +197,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         def post(path: list[str]) -> None:
-            size = int(self.headers.get("Content-Length") or 0)
+            given_size = self.headers.get("Content-Length") or "0"
+            size = int(given_size) if given_size.isdigit() else -1
             if not 0 <= size <= MAX_BODY:
-                raise _bad(f"Content-Length {size} is not a body this daemon takes")
+                raise _bad(f"Content-Length {given_size!r} is not a body this daemon takes")
             body = self.rfile.read(size)
             given = self.headers.get(HEADER_LENGTH)
             try:
@@ -239,6 +240,8 @@ class _Handler(BaseHTTPRequestHandler):
             code, message = status_of(exc)
             if code is grpc.StatusCode.INTERNAL:
                 log.exception("an HTTP request failed")
+            # The body may not have been read: the connection cannot carry another request.
+            self.close_connection = True
             self._json(_HTTP_STATUS.get(code, HTTPStatus.INTERNAL_SERVER_ERROR), {"error": message})
 
     def _json(self, status: int, doc: Any) -> None:
@@ -250,6 +253,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         for key, value in extra.items():
             self.send_header(key, value)
+        if self.close_connection:
+            self.send_header("Connection", "close")  # the client opens another
         self.end_headers()
         self.wfile.write(body)
 
