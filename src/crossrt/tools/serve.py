@@ -24,8 +24,9 @@ def parser() -> argparse.ArgumentParser:
         prog="crossrt serve",
         description="Serve models over gRPC (KServe v2 inference protocol, with Triton's "
         "model repository, statistics and system shared-memory extensions), so tritonclient "
-        "works unchanged. Default endpoint: crossrt.sock in the runtime "
-        "directory. SIGTERM drains and stops; SIGHUP rescans the model repository.",
+        "works unchanged, and with --http over HTTP/REST too. Default endpoint: crossrt.sock "
+        "in the runtime directory. SIGTERM drains and stops; SIGHUP rescans the model "
+        "repository.",
     )
     p.add_argument(
         "-g", dest="endpoint", action="append", metavar="ENDPOINT",
@@ -53,8 +54,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics here")
     p.add_argument(
         "--http", metavar="HOST:PORT",
-        help="serve KServe v2 HTTP/REST here too (health, metadata, infer; PORT alone: "
-        "127.0.0.1)",
+        help="serve KServe v2 HTTP/REST here too (health, metadata, infer, statistics, "
+        "repository; :PORT listens on 127.0.0.1)",
     )  # fmt: skip
     p.add_argument(
         "--max-connections", type=int, metavar="N",
