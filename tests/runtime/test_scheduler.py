@@ -526,9 +526,9 @@ def test_run_callers_in_line_for_an_instance_fail_at_once_on_unload(
     for t in waiting:
         t.start()
     deadline = time.monotonic() + WAIT
-    while model._scheduler.waiting < 2 and time.monotonic() < deadline:
+    while len(model._scheduler.waiting) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert model._scheduler.waiting == 2
+    assert len(model._scheduler.waiting) == 2
     unloading = threading.Thread(target=model.unload)
     unloading.start()
     for t in waiting:

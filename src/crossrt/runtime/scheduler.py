@@ -204,8 +204,9 @@ class Scheduler:
         # Instances no caller or worker holds. deque.pop/append are atomic and cost a third
         # of a lock's acquire/release, on the path every synchronous run() takes.
         self.idle: deque[Instance] = deque(self.instances)
-        self.waiting = 0  # in line for an idle instance: workers, and run() callers
-        self._line: deque[_Waiter] = deque()
+        # In line for an idle instance, first come first served: workers, and run() callers
+        # that found every instance busy (truthy while anyone waits: run() reads it).
+        self.waiting: deque[_Waiter] = deque()
         self._line_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         for inst in self.instances:
@@ -233,13 +234,12 @@ class Scheduler:
         """Give the idle instances to those in line for one, first come first served (call
         after appending to :attr:`idle` when :attr:`waiting`)."""
         with self._line_lock:
-            while self._line:
+            while self.waiting:
                 try:
                     inst = self.idle.pop()
                 except IndexError:
                     return
-                waiter = self._line.popleft()
-                self.waiting -= 1
+                waiter = self.waiting.popleft()
                 waiter.instance = inst
                 waiter.wake.release()
 
@@ -262,8 +262,7 @@ class Scheduler:
         with self._line_lock:
             if self._closed:
                 return None
-            self._line.append(waiter)
-            self.waiting += 1
+            self.waiting.append(waiter)
         # Given back before this joined the line, by a thread that saw no one waiting: the
         # append came first, so it is seen here.
         if self.idle:
@@ -272,9 +271,8 @@ class Scheduler:
             waiter.wake.acquire()
         except BaseException:  # interrupted (Ctrl-C): leave the line, or pass the instance on
             with self._line_lock:
-                if waiter in self._line:
-                    self._line.remove(waiter)
-                    self.waiting -= 1
+                if waiter in self.waiting:
+                    self.waiting.remove(waiter)
                     raise
             if waiter.instance is not None:
                 self.give_back(waiter.instance)
@@ -512,7 +510,7 @@ class Scheduler:
         given back first unless ``keep``."""
         try:
             execute = partial(_execute_with, inst, job.token)
-            result = self._call(execute, job)
+            result = self._call(execute, job.feed, job.outputs)
         except BaseException as exc:  # the caller gets it through the future
             if not keep:
                 self.give_back(inst)
@@ -561,10 +559,7 @@ class Scheduler:
             watchdog.watch(token, time.monotonic() + self.exec_timeout)
         execute = partial(_execute_with, inst, token)
         try:
-            finish = self._finish()
-            if finish is None:
-                raise self._closing()
-            result = finish(execute, join([job.feed for job in jobs]), None)
+            result = self._call(execute, join([job.feed for job in jobs]), None)
         except BaseException as exc:
             self.give_back(inst)
             for job in jobs:
@@ -609,7 +604,7 @@ class Scheduler:
                 job.values.update(made)
                 if last:
                     execute = partial(_assemble_with, job.values, inst.output_names)
-                    result = self._call(execute, job)
+                    result = self._call(execute, job.feed, job.outputs)
             except BaseException as exc:
                 self._done(job, error=exc)
                 continue
@@ -621,11 +616,15 @@ class Scheduler:
         if not last:
             stages[j + 1].put(_STOP)
 
-    def _call(self, execute: Callable[..., dict[str, Any]], job: Job) -> Any:
+    def _call(
+        self, execute: Callable[..., dict[str, Any]], feed: dict[str, Any], outputs: Any
+    ) -> Any:
+        """``execute`` on ``feed`` through the model's ``finish`` (outputs bound, results
+        checked); the model's reason when it is gone."""
         finish = self._finish()
         if finish is None:
             raise self._closing()
-        return finish(execute, job.feed, job.outputs)
+        return finish(execute, feed, outputs)
 
     def close(self, error: Callable[[], BaseException] | None = None, timeout: float = 5.0) -> None:
         """Stop the workers: every request not running yet fails with ``error()`` (default
@@ -641,8 +640,8 @@ class Scheduler:
             self._closing = error
         self._closed = True
         with self._line_lock:  # those in line for an instance get none: they see the close
-            line, self._line = list(self._line), deque()
-            self.waiting = 0
+            line = list(self.waiting)
+            self.waiting.clear()
         for waiter in line:
             waiter.wake.release()
         self._admission.close(self._closing)
