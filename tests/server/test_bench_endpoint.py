@@ -39,6 +39,7 @@ def test_bench_times_a_served_model(
     ("args", "message"),
     [
         (["--device", "cpu"], "the daemon has loaded it"),
+        (["--max-batch-size", "4", "--instances", "2"], "--instances, --max-batch-size choose"),
         (["--shape", "nope=1"], "has no input 'nope'"),
     ],
 )

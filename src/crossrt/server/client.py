@@ -221,14 +221,13 @@ class RemoteRuntime:
             if seconds is not None and "timeout" not in request.parameters:
                 request.parameters["timeout"].int64_param = max(1, int(seconds * 1e6))
             try:
-                if deadline is None and cancel is None:
-                    return self._lane.infer(request)
-                return self._lane.infer(request, seconds, cancel)
+                # The socket waits the client's own timeout unless a deadline comes first.
+                return self._lane.infer(request, None if deadline is None else seconds, cancel)
             except LaneUnavailable:  # a daemon without the lane: gRPC from now on
                 self._lane.close()
                 self._lane = None
-        if deadline is None and cancel is None:
-            return self.call("ModelInfer", request)
+        if cancel is None:
+            return self._unary(self._stub.ModelInfer, request, seconds)
         call = self._stub.ModelInfer.future(request, timeout=seconds, metadata=self._metadata)
         if cancel is not None:
             cancel.on_cancel(call.cancel)
@@ -250,8 +249,12 @@ class RemoteRuntime:
         """One unary call (a KServe method, or ``v1.Method`` of crossrt.v1), its errors as
         crossrt's."""
         stub, name = (self._v1, method[3:]) if method.startswith("v1.") else (self._stub, method)
+        return self._unary(getattr(stub, name), request, self._timeout)
+
+    def _unary(self, rpc: Any, request: Any, seconds: float | None) -> Any:
+        """``rpc(request)`` within ``seconds``, its errors as crossrt's."""
         try:
-            return getattr(stub, name)(request, timeout=self._timeout, metadata=self._metadata)
+            return rpc(request, timeout=seconds, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise error_of(exc, self.endpoint) from None
 

@@ -123,11 +123,7 @@ class RemoteModel:
     ) -> dict[str, np.ndarray]:
         segment = self._segment_for(feed)
         try:
-            request = self._request(feed, segment)
-            if deadline is None and cancel is None:
-                response = self._rt.infer(request)
-            else:
-                response = self._rt.infer(request, deadline, cancel)
+            response = self._rt.infer(self._request(feed, segment), deadline, cancel)
             return self._results(response, segment, into)
         finally:
             self._give_back(segment)

@@ -148,13 +148,13 @@ class Entry:
     def count_refused(self) -> None:
         """One more request refused before it reached the model (its runtime statistics
         never saw it); a failure in ModelStatistics and the metrics."""
-        with _refusals:
+        with _counting:
             self.refused += 1
 
     def count_cache(self, hit: bool, ns: int) -> None:
         """One request looked up in the response cache: answered from it (``hit``), or run
         and its answer kept; ``ns`` the time the cache took."""
-        with _refusals:
+        with _counting:
             if hit:
                 self.cache.hits += 1
                 self.cache.hit_ns += ns
@@ -163,7 +163,7 @@ class Entry:
                 self.cache.miss_ns += ns
 
 
-_refusals = threading.Lock()
+_counting = threading.Lock()  # an entry's counts of refused and cached requests
 
 
 def discover(directory: Path) -> dict[str, tuple[str, Path]]:

@@ -33,9 +33,9 @@ from ..runtime.probe import random_tensor
 from .common import fail, parse_shapes, say
 
 WARMUP = 3
-LOAD_FLAGS = frozenset({"instances", "max_batch_size", "batch_delay"})
-"""``crossrt bench``'s options that go to ``Runtime.load`` as they are named."""
 """Untimed runs before the clock starts (first runs allocate and tune)."""
+LOAD_FLAGS = ("instances", "max_batch_size", "batch_delay")
+"""``crossrt bench``'s options that go to ``Runtime.load`` as they are named."""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -102,12 +102,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         shapes = parse_shapes(args.shape, "--shape")
         if args.endpoint is not None:
-            if LOAD_FLAGS & {k for k, v in vars(args).items() if v is not None}:
-                raise InvalidArgumentError(
-                    "--instances, --max-batch-size and --batch-delay choose how MODEL loads "
-                    "here; with --endpoint the daemon has loaded it (its load parameters "
-                    "instances, max_batch_size, batch_delay)"
-                )
             report, feed, where = remote(args, shapes)
         else:
             if args.grpc or args.shm:
@@ -159,10 +153,16 @@ def remote(
 ) -> tuple[dict[str, Any], dict[str, np.ndarray], str]:
     """``--endpoint``: the report, the inputs and what was timed, for the daemon's model
     ``args.model`` called as a client of ``crossrt.connect`` calls it."""
-    if args.device or args.driver or args.network:
+    loading = [
+        "--" + name.replace("_", "-")
+        for name in ("device", "driver", "network", *LOAD_FLAGS)
+        if getattr(args, name) is not None
+    ]
+    if loading:
         raise InvalidArgumentError(
-            "--device, --driver and --network choose how MODEL loads here; with --endpoint "
-            "the daemon has loaded it (crossrt serve's repository or load parameters)"
+            f"{', '.join(loading)} choose how MODEL loads here; with --endpoint the daemon "
+            "has loaded it (crossrt serve's repository, or its load parameters of the same "
+            "names)"
         )
     try:
         from ..server.client import SHM_THRESHOLD, connect
