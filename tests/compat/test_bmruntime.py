@@ -7,8 +7,6 @@ from __future__ import annotations
 import dataclasses
 import struct
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -91,36 +89,6 @@ from crossrt.drivers import get_driver
 from crossrt.model import GraphBuilder
 
 pytestmark = pytest.mark.usefixtures("runtime_dir")
-
-
-def double() -> crossrt.Model:
-    b = GraphBuilder("double")
-    x = b.input("x", "float32", [2, 4])
-    b.output(b.op("Add", [x, x], outputs=["y"]))
-    return b.finish()
-
-
-@pytest.fixture(scope="module")
-def bmodel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("bm") / "double.crm"
-    crossrt.compile(double(), "sim:0").save(path)
-    return path
-
-
-@pytest.fixture
-def handle() -> Iterator:
-    status, h = bm_dev_request(0)
-    assert status == BM_SUCCESS
-    yield h
-    bm_dev_free(h)
-
-
-@pytest.fixture
-def p_bmrt(handle, bmodel) -> Iterator:
-    p = bmrt_create(handle)
-    assert bmrt_load_bmodel(p, bmodel)
-    yield p
-    bmrt_destroy(p)
 
 
 def _x() -> np.ndarray:

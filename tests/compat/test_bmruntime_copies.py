@@ -7,13 +7,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-import crossrt
 from crossrt.compat.bmlib import POISON
 from crossrt.compat.bmruntime import (
     BM_ERR_DEVNOTREADY,
@@ -48,19 +45,10 @@ from crossrt.compat.bmruntime import (
     bmrt_tensor,
 )
 from crossrt.drivers import get_driver
-from crossrt.model import GraphBuilder
 
 pytestmark = pytest.mark.usefixtures("runtime_dir")
 
 LOGGER = "crossrt.compat.bmruntime"
-
-
-@pytest.fixture
-def handle() -> Iterator:
-    status, h = bm_dev_request(0)
-    assert status == BM_SUCCESS
-    yield h
-    bm_dev_free(h)
 
 
 def _mem(handle, data: bytes) -> object:
@@ -226,20 +214,6 @@ def test_c2c_copies_between_linked_devices_only() -> None:
 
 
 # -- device-wide syncs -----------------------------------------------------------------------
-
-
-def double() -> crossrt.Model:
-    b = GraphBuilder("double")
-    x = b.input("x", "float32", [2, 4])
-    b.output(b.op("Add", [x, x], outputs=["y"]))
-    return b.finish()
-
-
-@pytest.fixture(scope="module")
-def bmodel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("bm") / "double.crm"
-    crossrt.compile(double(), "sim:0").save(path)
-    return path
 
 
 @pytest.fixture

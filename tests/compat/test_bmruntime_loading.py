@@ -87,14 +87,6 @@ def encrypted(bmodel: Path) -> Path:
 
 
 @pytest.fixture
-def handle() -> Iterator:
-    status, h = bm_dev_request(0)
-    assert status == BM_SUCCESS
-    yield h
-    bm_dev_free(h)
-
-
-@pytest.fixture
 def p_bmrt(handle) -> Iterator:
     p = bmrt_create(handle)
     yield p

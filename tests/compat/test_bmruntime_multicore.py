@@ -26,7 +26,6 @@ from crossrt.compat.bmruntime import (
     bm_shape_t,
     bm_tensor_t,
     bm_thread_sync,
-    bmrt_create,
     bmrt_create_ex,
     bmrt_destroy,
     bmrt_free_api_info,
@@ -34,7 +33,6 @@ from crossrt.compat.bmruntime import (
     bmrt_launch_data_multi_thread,
     bmrt_launch_tensor_multi_cores,
     bmrt_launch_tensor_multi_thread,
-    bmrt_load_bmodel,
     bmrt_memcpy_d2d_byte_parallel,
     bmrt_memcpy_d2d_stride_ex_parallel,
     bmrt_memcpy_d2s_parallel,
@@ -79,22 +77,6 @@ def bmodel(exe: crossrt.Executable, tmp_path_factory: pytest.TempPathFactory) ->
     path = tmp_path_factory.mktemp("bm") / "affine.crm"
     exe.save(path)
     return path
-
-
-@pytest.fixture
-def handle() -> Iterator:
-    status, h = bm_dev_request("sim:0")
-    assert status == BM_SUCCESS
-    yield h
-    bm_dev_free(h)
-
-
-@pytest.fixture
-def p_bmrt(handle, bmodel: Path) -> Iterator:
-    p = bmrt_create(handle)
-    assert bmrt_load_bmodel(p, bmodel)
-    yield p
-    bmrt_destroy(p)
 
 
 def _data_launch(launch, p, *extra) -> np.ndarray | None:

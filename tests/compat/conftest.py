@@ -1,0 +1,52 @@
+"""Fixtures the BMRuntime layer's tests share: a device handle (``bm_dev_request(0)``, the
+first accelerator), the ``double`` bmodel (y = x + x on float32 [2, 4], compiled for sim:0)
+and a runtime that has loaded it. A test module may give its own ``bmodel``: ``p_bmrt``
+then loads that one."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import crossrt
+from crossrt.compat.bmruntime import (
+    BM_SUCCESS,
+    bm_dev_free,
+    bm_dev_request,
+    bmrt_create,
+    bmrt_destroy,
+    bmrt_load_bmodel,
+)
+from crossrt.model import GraphBuilder
+
+
+def double() -> crossrt.Model:
+    b = GraphBuilder("double")
+    x = b.input("x", "float32", [2, 4])
+    b.output(b.op("Add", [x, x], outputs=["y"]))
+    return b.finish()
+
+
+@pytest.fixture
+def handle() -> Iterator:
+    status, h = bm_dev_request(0)
+    assert status == BM_SUCCESS
+    yield h
+    bm_dev_free(h)
+
+
+@pytest.fixture(scope="module")
+def bmodel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("bm") / "double.crm"
+    crossrt.compile(double(), "sim:0").save(path)
+    return path
+
+
+@pytest.fixture
+def p_bmrt(handle, bmodel: Path) -> Iterator:
+    p = bmrt_create(handle)
+    assert bmrt_load_bmodel(p, bmodel)
+    yield p
+    bmrt_destroy(p)
