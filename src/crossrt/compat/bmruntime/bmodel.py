@@ -22,7 +22,7 @@ from ...compiler.container import list_networks
 from ...errors import CrossrtError, InvalidArgumentError, InvalidModelError
 from ..bmlib import DeviceMemory
 from .runtime import Bmruntime
-from .status import failed
+from .status import ERRORS, failed
 from .types import BM_RUNTIME_CHECK_MEM, BM_RUNTIME_SHARE_MEM, mem_info_t, memory_t
 
 __all__ = [
@@ -40,7 +40,6 @@ log = logging.getLogger("crossrt.compat.bmruntime")
 
 _ALIGN = 128  # bmruntime rounds each memory of a mem_info_t up to 128 bytes
 _KNOWN_FLAGS = int(BM_RUNTIME_SHARE_MEM | BM_RUNTIME_CHECK_MEM)
-_LOAD_ERRORS = (CrossrtError, TypeError, ValueError)
 
 # -- flags -----------------------------------------------------------------------------------
 
@@ -75,7 +74,7 @@ def bmrt_get_bmodel_info(bmodel_path: str | os.PathLike[str], mem_info: mem_info
     (logged) when the file cannot be read or is no bmodel."""
     try:
         _fill(mem_info, _requirements(_read(bmodel_path)))
-    except _LOAD_ERRORS as exc:
+    except ERRORS as exc:
         failed("bmrt_get_bmodel_info", exc)
         return False
     return True
@@ -85,7 +84,7 @@ def bmrt_get_bmodel_data_info(bmodel_data: Any, size: int, mem_info: mem_info_t)
     """:func:`bmrt_get_bmodel_info` of the first ``size`` bytes of a buffer."""
     try:
         _fill(mem_info, _requirements(_data(bmodel_data, size)))
-    except _LOAD_ERRORS as exc:
+    except ERRORS as exc:
         failed("bmrt_get_bmodel_data_info", exc)
         return False
     return True
@@ -100,7 +99,7 @@ def bmrt_load_bmodel_with_mem(
     :func:`~crossrt.compat.bmruntime.bmrt_destroy` (a launch after it is freed is refused)."""
     try:
         _load_with_mem(p_bmrt, _read(bmodel_path), mem_info)
-    except _LOAD_ERRORS as exc:
+    except ERRORS as exc:
         failed("bmrt_load_bmodel_with_mem", exc)
         return False
     return True
@@ -112,7 +111,7 @@ def bmrt_load_bmodel_data_with_mem(
     """:func:`bmrt_load_bmodel_with_mem` of the first ``size`` bytes of a buffer."""
     try:
         _load_with_mem(p_bmrt, _data(bmodel_data, size), mem_info)
-    except _LOAD_ERRORS as exc:
+    except ERRORS as exc:
         failed("bmrt_load_bmodel_data_with_mem", exc)
         return False
     return True
@@ -183,7 +182,7 @@ def bmrt_load_bmodel_with_decrypt(
                 "that the file is the encrypted bmodel"
             ) from exc
         p_bmrt.load(_decrypted(plain, "the decrypt function"))
-    except _LOAD_ERRORS as exc:
+    except ERRORS as exc:
         failed("bmrt_load_bmodel_with_decrypt", exc)
         return False
     return True
@@ -199,7 +198,7 @@ def bmrt_load_bmodel_with_decrypt_lib(
     try:
         data = _read(bmodel_path)
         p_bmrt.load(_decrypted(_call_library(decrypt_lib, data), f"decrypt of {decrypt_lib}"))
-    except _LOAD_ERRORS as exc:
+    except ERRORS as exc:
         failed("bmrt_load_bmodel_with_decrypt_lib", exc)
         return False
     return True

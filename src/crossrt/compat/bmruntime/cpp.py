@@ -11,12 +11,12 @@ import os
 from types import TracebackType
 from typing import Any
 
-from ...errors import CrossrtError, InvalidArgumentError, OperationForbiddenError
+from ...errors import InvalidArgumentError, OperationForbiddenError
 from ..bmlib import DeviceMemory
 from .device import bm_dev_free, bm_dev_request, bm_handle_t
 from .launch import launch
 from .runtime import Bmruntime, bmrt_destroy, bmrt_trace
-from .status import BM_SUCCESS, bm_status_t, failed
+from .status import BM_SUCCESS, ERRORS, bm_status_t, failed
 from .sync import bm_thread_sync
 from .types import (
     BM_STORE_1N,
@@ -62,7 +62,7 @@ class Context:
             else:
                 data = memoryview(bmodel).cast("B")
                 self._bmrt.load(bytes(data if size is None else data[:size]))
-        except (CrossrtError, TypeError, ValueError) as exc:
+        except ERRORS as exc:
             return failed("Context.load_bmodel", exc)
         return BM_SUCCESS
 
@@ -130,7 +130,7 @@ class Tensor:
             n = self.ByteSize() if size is None else size
             self._within(n, offset)
             self._device().memcpy_d2s(data, self._mem(), n, offset)
-        except (CrossrtError, TypeError, ValueError) as exc:
+        except ERRORS as exc:
             return failed("Tensor.CopyTo", exc)
         return BM_SUCCESS
 
@@ -141,7 +141,7 @@ class Tensor:
             n = self.ByteSize() if size is None else size
             self._within(n, offset)
             self._device().memcpy_s2d(self._mem(), data, n, offset)
-        except (CrossrtError, TypeError, ValueError) as exc:
+        except ERRORS as exc:
             return failed("Tensor.CopyFrom", exc)
         return BM_SUCCESS
 
@@ -284,7 +284,7 @@ class Network:
                 user_mem,
                 True,
             )
-        except (CrossrtError, TypeError, ValueError) as exc:
+        except ERRORS as exc:
             return failed("Network.Forward", exc)
         if not user_mem:
             self._per_run = [t.device_mem for t in outs if t.device_mem is not None]

@@ -24,7 +24,7 @@ from ...errors import (
     StatusCode,
 )
 from ..bmlib import Device, DeviceMemory
-from .status import BM_SUCCESS, bm_status_t, failed
+from .status import BM_SUCCESS, ERRORS, bm_status_t, failed
 
 __all__ = [
     "bm_dev_free",
@@ -355,7 +355,7 @@ def bm_mem_mmap_device_mem(
     """
     try:
         view = handle.check().mmap(dmem)
-    except (CrossrtError, TypeError, ValueError) as exc:
+    except ERRORS as exc:
         return failed("bm_mem_mmap_device_mem", exc), None
     with handle._lock:
         handle._mappings[id(view)] = (view, dmem)

@@ -13,13 +13,13 @@ from typing import Any
 import numpy as np
 
 from ... import Executable, LoadedModel
-from ...errors import CrossrtError, InvalidArgumentError, InvalidInputError
+from ...errors import InvalidArgumentError, InvalidInputError
 from ...model import TensorSpec
 from ...runtime.memory.tensor import Tensor as CrossrtTensor
 from ..bmlib import Device, DeviceMemory
 from .device import bm_handle_t
 from .runtime import Bmruntime, _Network
-from .status import failed
+from .status import ERRORS, failed
 from .storemode import batches_per_word, from_1n, stored_bytes, to_1n
 from .types import (
     BM_STORE_1N,
@@ -254,7 +254,7 @@ def bmrt_launch_tensor_ex(
             p_bmrt, net_name, input_tensors, input_num, output_tensors, output_num,
             user_mem, user_stmode,
         )  # fmt: skip
-    except (CrossrtError, TypeError, ValueError) as exc:
+    except ERRORS as exc:
         failed("bmrt_launch_tensor", exc)
         return False
     return True
@@ -283,7 +283,7 @@ def bmrt_launch_data(
             p_bmrt, net_name, input_datas, input_shapes, input_num,
             output_datas, output_shapes, output_num, user_mem,
         )  # fmt: skip
-    except (CrossrtError, TypeError, ValueError) as exc:
+    except ERRORS as exc:
         failed("bmrt_launch_data", exc)
         return False
     return True
@@ -365,7 +365,7 @@ def bmrt_launch_tensor_multi_cores(
             p_bmrt, net_name, input_tensors, input_num, output_tensors, output_num,
             user_mem, user_stmode, cores,
         )  # fmt: skip
-    except (CrossrtError, TypeError, ValueError) as exc:
+    except ERRORS as exc:
         failed("bmrt_launch_tensor_multi_cores", exc)
         return False
     return True

@@ -15,11 +15,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ...errors import CrossrtError, InvalidArgumentError, UnsupportedError
+from ...errors import InvalidArgumentError, UnsupportedError
 from ..bmlib import DeviceMemory
 from .launch import core_tuple, launch, launch_data
 from .runtime import Bmruntime
-from .status import failed
+from .status import ERRORS, failed
 from .types import bm_shape_t, bm_tensor_t, mem_info_t, memory_t
 
 __all__ = [
@@ -31,8 +31,6 @@ __all__ = [
     "bmrt_pre_alloc_neuron_multi_cores",
     "get_bmodel_api_info_c",
 ]
-
-_ERRORS = (CrossrtError, TypeError, ValueError)
 
 
 def bmrt_launch_data_multi_cores(
@@ -56,7 +54,7 @@ def bmrt_launch_data_multi_cores(
             p_bmrt, net_name, input_datas, input_shapes, input_num,
             output_datas, output_shapes, output_num, user_mem, core_tuple(core_list, core_num),
         )  # fmt: skip
-    except _ERRORS as exc:
+    except ERRORS as exc:
         failed("bmrt_launch_data_multi_cores", exc)
         return False
     return True
@@ -84,7 +82,7 @@ def bmrt_launch_tensor_multi_thread(
             p_bmrt, net_name, input_tensors, input_num, output_tensors, output_num,
             user_mem, user_stmode, core_tuple(core_list, core_num), slot,
         )  # fmt: skip
-    except _ERRORS as exc:
+    except ERRORS as exc:
         failed("bmrt_launch_tensor_multi_thread", exc)
         return False
     return True
@@ -113,7 +111,7 @@ def bmrt_launch_data_multi_thread(
             output_datas, output_shapes, output_num, user_mem,
             core_tuple(core_list, core_num), slot,
         )  # fmt: skip
-    except _ERRORS as exc:
+    except ERRORS as exc:
         failed("bmrt_launch_data_multi_thread", exc)
         return False
     return True
@@ -142,7 +140,7 @@ def bmrt_pre_alloc_neuron_multi_cores(
         cores = core_tuple(core_list, core_num)
         for handle in p_bmrt.handles:
             p_bmrt.model(net_name, handle, cores)
-    except _ERRORS as exc:
+    except ERRORS as exc:
         failed("bmrt_pre_alloc_neuron_multi_cores", exc)
         return False
     return True
@@ -173,7 +171,7 @@ def bmrt_pre_alloc_mem_multi_thread(
                     )
                 device.check_range(memory.addr, 0, memory.size, f"mem_info.{name}")
         p_bmrt.slots[thread_idx] = mem_info
-    except _ERRORS as exc:
+    except ERRORS as exc:
         failed("bmrt_pre_alloc_mem_multi_thread", exc)
         return False
     return True

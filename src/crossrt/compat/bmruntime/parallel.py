@@ -15,11 +15,11 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ...errors import CrossrtError, InvalidArgumentError
+from ...errors import InvalidArgumentError
 from ...runtime.memory.storage import byte_view
 from ..bmlib import Device, DeviceMemory
 from .runtime import Bmruntime
-from .status import failed
+from .status import ERRORS, failed
 from .strided import StridedCopy
 from .types import bm_shape_t, bm_tensor_t, bmrt_data_type_size
 
@@ -30,7 +30,6 @@ __all__ = [
     "bmrt_memcpy_s2d_parallel",
 ]
 
-_ERRORS = (CrossrtError, TypeError, ValueError)
 _Plan = list[list[Callable[[], None]]]  # per device, its copies in order
 
 
@@ -154,7 +153,7 @@ def _copy(
     except IndexError as exc:
         failed(what, InvalidArgumentError(f"an array is shorter than tensor_num says: {exc}"))
         return False
-    except _ERRORS as exc:
+    except ERRORS as exc:
         failed(what, exc)
         return False
     return True

@@ -24,7 +24,7 @@ from ...errors import CrossrtError, InvalidArgumentError, OperationForbiddenErro
 from ...model import TensorSpec
 from ..bmlib import DeviceMemory
 from .device import bm_handle_t
-from .status import failed
+from .status import ERRORS, failed
 from .types import (
     BM_RUNTIME_AUTO,
     BM_RUNTIME_CHECK_MEM,
@@ -266,7 +266,7 @@ def bmrt_load_bmodel(p_bmrt: Bmruntime, bmodel_path: str | os.PathLike[str]) -> 
     """Load every network of a ``.crm`` file; False (nothing loaded) when one fails."""
     try:
         p_bmrt.load(os.fspath(bmodel_path))
-    except (CrossrtError, TypeError, ValueError) as exc:
+    except ERRORS as exc:
         failed("bmrt_load_bmodel", exc)
         return False
     return True
@@ -280,7 +280,7 @@ def bmrt_load_bmodel_data(p_bmrt: Bmruntime, bmodel_data: Any, size: int) -> boo
         if len(data) != size:
             raise InvalidArgumentError(f"size {size} is more than the buffer's {len(data)} bytes")
         p_bmrt.load(data)
-    except (CrossrtError, TypeError, ValueError) as exc:
+    except ERRORS as exc:
         failed("bmrt_load_bmodel_data", exc)
         return False
     return True

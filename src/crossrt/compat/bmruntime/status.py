@@ -126,6 +126,11 @@ def status_of(exc: BaseException) -> bm_status_t:
     return BM_ERR_FAILURE
 
 
+ERRORS = (CrossrtError, TypeError, ValueError)
+"""What a translated call turns into its status (:func:`failed`); anything else is a bug and
+propagates."""
+
+
 def failed(what: str, exc: BaseException) -> bm_status_t:
     """Log why ``what`` failed and return its status."""
     status = status_of(exc)
