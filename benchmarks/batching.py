@@ -1,9 +1,9 @@
 """What dynamic batching (``Runtime.load(max_batch_size=)``) gives many callers of one model.
 
 ``clients`` threads each call ``model.run`` on a batch-1 input in a loop, as the daemon's
-request threads do, for ``seconds``; requests per second and each request's latency. Three
-variants of the same model in the same process, in alternating rounds (paired: this machine
-is shared and noisy):
+request threads do, for ``seconds`` (``crossrt bench``'s timing loop): requests per second
+and each request's latency. Four variants of the same model in the same process, in
+alternating rounds (paired: this machine is shared and noisy):
 
 - ``raw onnxruntime``: one ``InferenceSession`` the threads share (ORT's own thread safety);
 - ``crossrt``: ``Runtime.load(path)``, one instance, requests run one by one;
@@ -24,12 +24,9 @@ Writes ``results/batching.json`` (``--out``) and a Markdown table next to it.
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
-import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -39,6 +36,7 @@ import onnxruntime as ort
 
 import crossrt
 from crossrt.host import cpu_model, usable_cores
+from crossrt.tools.bench import measure as timed  # clients calling run(), every call timed
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import models  # benchmarks/ is not a package: found through sys.path
@@ -71,35 +69,14 @@ def model_path(name: str) -> Path:
     return models.get(name)  # resnet50's batch is dynamic already
 
 
-def drive(run: Callable[[], object], clients: int, seconds: float) -> dict[str, float]:
-    """``clients`` threads calling ``run`` for ``seconds``: requests/s, latency p50/p99."""
-    latencies: list[list[float]] = [[] for _ in range(clients)]
-    start = threading.Barrier(clients + 1)
-    stop = threading.Event()
+class _Raw:
+    """An ONNX Runtime session with ``run(feed)``, as ``crossrt bench`` times a model."""
 
-    def client(mine: list[float]) -> None:
-        start.wait()
-        while not stop.is_set():
-            began = time.perf_counter()
-            run()
-            mine.append(time.perf_counter() - began)
+    def __init__(self, session: ort.InferenceSession) -> None:
+        self._session = session
 
-    threads = [threading.Thread(target=client, args=(m,)) for m in latencies]
-    for t in threads:
-        t.start()
-    start.wait()
-    began = time.perf_counter()
-    time.sleep(seconds)
-    stop.set()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - began
-    every = sorted(v for m in latencies for v in m)
-    return {
-        "per_s": len(every) / elapsed,
-        "p50_ms": every[len(every) // 2] * 1e3,
-        "p99_ms": every[min(len(every) - 1, math.ceil(len(every) * 0.99) - 1)] * 1e3,
-    }
+    def run(self, feed: dict[str, Any]) -> object:
+        return self._session.run(None, feed)
 
 
 def measure(name: str, seconds: float, rounds: int) -> dict[str, Any]:
@@ -112,28 +89,31 @@ def measure(name: str, seconds: float, rounds: int) -> dict[str, Any]:
         batched = rt.load(str(path), max_batch_size=batch)
         copies = min(clients, len(rt.cores))
         spread = rt.load(str(path), instances=copies)
-        variants: dict[str, Callable[[], object]] = {
-            "raw onnxruntime": lambda: session.run(None, feed),
-            "crossrt": lambda: plain.run(feed),
-            "crossrt batched": lambda: batched.run(feed),
-            f"crossrt {copies} instances": lambda: spread.run(feed),
+        variants: dict[str, Any] = {
+            "raw onnxruntime": _Raw(session),
+            "crossrt": plain,
+            "crossrt batched": batched,
+            f"crossrt {copies} instances": spread,
         }
-        for run in variants.values():  # warm-up
-            drive(run, clients, min(seconds, 1.0))
-        results: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
+        for model in variants.values():  # warm-up
+            timed(model, feed, min(seconds, 1.0), clients)
+        results: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
         for _ in range(rounds):
-            for variant, run in variants.items():
-                results[variant].append(drive(run, clients, seconds))
+            for variant, model in variants.items():
+                results[variant].append(timed(model, feed, seconds, clients))
         runs = batched.statistics()
         executions = sum(d.count for d in runs.instances)
     raw = results["raw onnxruntime"]
     rows = []
     for variant, measured in results.items():
-        ratios = [m["per_s"] / r["per_s"] for m, r in zip(measured, raw, strict=True)]
+        ratios = [
+            m["throughput_per_s"] / r["throughput_per_s"]
+            for m, r in zip(measured, raw, strict=True)
+        ]
         rows.append(
             {
                 "variant": variant,
-                "per_s": round(statistics.median(m["per_s"] for m in measured), 1),
+                "per_s": round(statistics.median(m["throughput_per_s"] for m in measured), 1),
                 "p50_ms": round(statistics.median(m["p50_ms"] for m in measured), 3),
                 "p99_ms": round(statistics.median(m["p99_ms"] for m in measured), 3),
                 "vs_raw_paired": round(statistics.median(ratios), 3),
