@@ -36,6 +36,7 @@ $(STAMP): $(LOCK) pyproject.toml Makefile
 demo: $(STAMP)
 	$(VENV)/bin/crossrt ls
 	$(PY) examples/digits/demo.py
+	@echo "crossrt is installed in $(VENV): 'source $(VENV)/bin/activate' puts 'crossrt' and its python on your PATH"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks examples

@@ -236,6 +236,12 @@ def default_device(environ: Mapping[str, str] | None = None) -> str:
 _DEFAULT_DEVICE_KEY = os.environ.encodekey("CROSSRT_DEFAULT_DEVICE")
 
 
+def simulated_devices_asked(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``CROSSRT_SIM`` is set: the user asked for simulated devices, so listings show
+    them (they are left out otherwise: a test and template device, not hardware)."""
+    return bool((os.environ if environ is None else environ).get("CROSSRT_SIM", "").strip())
+
+
 def settings(environ: Mapping[str, str] | None = None) -> Settings:
     """The settings of ``environ`` (default: ``os.environ``), each parsed when first read.
 

@@ -496,7 +496,7 @@ def test_runs_take_at_least_op_us_per_operator_and_stop_when_cancelled() -> None
 def test_ls_draws_the_torus_as_neuron_ls_does(monkeypatch, capsys) -> None:
     monkeypatch.setattr(registry, "_statuses", None)
     monkeypatch.delenv("CROSSRT_SIM", raising=False)
-    assert ls_tool.main(["--topology"]) == 0
+    assert ls_tool.main(["--topology", "--all"]) == 0
     out = capsys.readouterr().out
     assert "TOPOLOGY of sim: 16 devices, a 4x4 torus" in out
     assert "sim:5        2   32.0 GiB  sim:1, sim:4, sim:9, sim:6" in out
@@ -505,6 +505,42 @@ def test_ls_draws_the_torus_as_neuron_ls_does(monkeypatch, capsys) -> None:
     assert "  *––►[12 ]◄––►[13 ]◄––►[14 ]◄––►[15 ]◄––*" in drawing
     assert drawing[-1].split() == ["*"] * 4
     assert next(line for line in out.splitlines() if line.strip().startswith("sim:15"))
+
+
+def test_ls_lists_simulated_devices_only_when_asked(monkeypatch, capsys) -> None:
+    """A newcomer's ``crossrt ls`` shows the machine's devices; the 16 default ``sim:N`` are
+    one line saying how to see them (``--all``, or ``CROSSRT_SIM`` set), in natural order."""
+    monkeypatch.setattr(registry, "_statuses", None)
+    monkeypatch.delenv("CROSSRT_SIM", raising=False)
+    assert ls_tool.main([]) == 0
+    out = capsys.readouterr().out
+    assert not any(line.strip().startswith("sim:") for line in out.splitlines())
+    assert "simulated devices sim:0-15 not shown: crossrt ls --all" in out
+    assert ls_tool.main(["--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert all(d["driver"] != "sim" for d in doc["devices"])
+    assert doc["hidden_devices"] == "sim:0-15"
+    assert ls_tool.main(["--all", "--json"]) == 0
+    ids = [d["id"] for d in json.loads(capsys.readouterr().out)["devices"] if d["driver"] == "sim"]
+    assert ids == [f"sim:{i}" for i in range(16)]
+    monkeypatch.setenv("CROSSRT_SIM", "devices=12")
+    monkeypatch.setattr(registry, "_statuses", None)  # the sim driver reads it when made
+    assert ls_tool.main([]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines() if "sim:" in line]
+    assert listed == [f"sim:{i}" for i in range(12)]
+    with crossrt.Runtime() as rt:
+        assert [d.id for d in rt.devices(simulated=True) if d.driver == "sim"] == listed
+        assert all(d.driver != "sim" for d in rt.devices(simulated=False))
+
+
+def test_a_missing_device_names_the_others_in_natural_order(monkeypatch) -> None:
+    monkeypatch.setattr(registry, "_statuses", None)
+    monkeypatch.delenv("CROSSRT_SIM", raising=False)
+    with pytest.raises(crossrt.DeviceUnavailableError, match=r"devices: cpu:0, sim:0-15 \("):
+        registry.resolve_device("sim:99")
+    assert registry.describe_devices(["sim:10", "sim:2", "cpu:0", "sim:3", "x"]) == (
+        "cpu:0, sim:2-3, sim:10, x"
+    )
 
 
 @pytest.mark.parametrize(

@@ -163,7 +163,8 @@ def test_ls_json(capsys):
 def test_ls_shows_a_disabled_driver_as_fail(capsys, monkeypatch):
     monkeypatch.setattr(registry, "_statuses", None)
     monkeypatch.setenv("CROSSRT_DISABLE_DRIVERS", "reference")
-    assert ls_tool.main(["--json"]) == 0
+    monkeypatch.delenv("CROSSRT_SIM", raising=False)
+    assert ls_tool.main(["--all", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     reference = next(d for d in doc["drivers"] if d["name"] == "reference")
     assert reference["status"] == "FAIL"

@@ -29,6 +29,8 @@ from .boundary import program_error, unguarded
 from .registry import (
     DriverStatus,
     available_drivers,
+    describe_devices,
+    device_order,
     driver_statuses,
     get_driver,
     parse_device,
@@ -53,6 +55,8 @@ __all__ = [
     "available_drivers",
     "check_range",
     "copy_into",
+    "describe_devices",
+    "device_order",
     "driver_statuses",
     "get_driver",
     "host_cpu",

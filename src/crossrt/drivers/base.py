@@ -465,6 +465,10 @@ class Driver(ABC):
     preference: int = 50
     """When several drivers serve a device kind, the highest preference is the default."""
 
+    simulated: bool = False
+    """Whether its devices are simulated (a test and template device, not hardware): tools list
+    them only when asked (``crossrt ls --all``, or the driver's own setting is given)."""
+
     install_hint: str = ""
     """What to install for this driver's engine (``"pip install 'crossrt[openvino]'"``), said
     when its engine is missing or a compiled model needs it."""

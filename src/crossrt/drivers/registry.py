@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 
@@ -202,6 +203,28 @@ def parse_device(device: str) -> tuple[str, int | None]:
     return kind, int(index) if sep else None
 
 
+def device_order(device: str) -> tuple[str, int]:
+    """A sort key that orders device ids naturally: ``sim:2`` before ``sim:10``."""
+    kind, _, index = device.partition(":")
+    return kind, int(index) if index.isdigit() else -1
+
+
+def describe_devices(ids: Iterable[str]) -> str:
+    """Device ids in natural order, runs of one kind collapsed: ``"cpu:0, sim:0-15"``."""
+    runs: list[tuple[str, int, int]] = []
+    others: list[str] = []
+    for device in sorted(set(ids), key=device_order):
+        kind, index = device_order(device)
+        if index < 0:
+            others.append(device)
+        elif runs and runs[-1][0] == kind and runs[-1][2] == index - 1:
+            runs[-1] = (kind, runs[-1][1], index)
+        else:
+            runs.append((kind, index, index))
+    spans = [f"{k}:{a}" if a == b else f"{k}:{a}-{b}" for k, a, b in runs]
+    return ", ".join(spans + others)
+
+
 def resolve_device(device: str, driver: str | None = None) -> tuple[Driver, DeviceInfo]:
     """Find the driver and device for a device string such as ``"cpu"`` or ``"cpu:0"``.
 
@@ -219,11 +242,11 @@ def resolve_device(device: str, driver: str | None = None) -> tuple[Driver, Devi
             info_kind, info_index = parse_device(info.id)
             if info_kind == kind and (index is None or index == info_index):
                 return drv, info
-    served = sorted({d.id for drv in candidates for d in drv.devices()})
+    served = describe_devices(d.id for drv in candidates for d in drv.devices())
     who = f"driver {driver!r}" if driver else "the available drivers"
     hint = _INSTALL_HINTS.get(kind, "")
     raise DeviceUnavailableError(
-        f"no device {device!r} on {who}; devices: {', '.join(served) or 'none'} "
+        f"no device {device!r} on {who}; devices: {served or 'none'} "
         f"(run `crossrt ls` to see drivers and why some are unavailable){hint}",
         details={"device": device, "driver": driver},
     )

@@ -77,6 +77,7 @@ class SimDriver(Driver):
     # Below onnxruntime (100) and above reference (0): it serves only sim:N devices, so it is
     # never a CPU's default; the number matters only against other accelerator drivers.
     preference = 10
+    simulated = True
     install_hint = (
         "nothing to install for the devices; their arithmetic runs on onnxruntime "
         "(pip install onnxruntime) or, without it, on onnx's reference evaluator"

@@ -11,11 +11,12 @@ from types import TracebackType
 from typing import Any
 
 from ..compiler import Executable, compile
-from ..config import settings
+from ..config import settings, simulated_devices_asked
 from ..drivers import (
     DeviceInfo,
     DeviceKind,
     available_drivers,
+    device_order,
     parse_device,
     resolve_device,
 )
@@ -135,10 +136,25 @@ class Runtime:
             model.memory_stats()  # so each model's device appears, even with nothing in use
         return all_stats()
 
-    def devices(self) -> list[DeviceInfo]:
-        """Every device of every available driver (a device served by two drivers twice)."""
+    def devices(self, *, simulated: bool | None = None) -> list[DeviceInfo]:
+        """Every device of every available driver (a device served by two drivers twice), in
+        natural order (``sim:2`` before ``sim:10``).
+
+        Args:
+            simulated: include the devices of simulated drivers (``sim:N``, a test and
+                template device); ``None``: only when ``CROSSRT_SIM`` is set. Loading onto a
+                simulated device works either way.
+        """
         self._check_open()
-        return [info for drv in available_drivers() for info in drv.devices()]
+        if simulated is None:
+            simulated = simulated_devices_asked()
+        found = [
+            info
+            for drv in available_drivers()
+            if simulated or not drv.simulated
+            for info in drv.devices()
+        ]
+        return sorted(found, key=lambda info: device_order(info.id))
 
     def load(
         self,

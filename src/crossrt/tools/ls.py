@@ -11,8 +11,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ..config import problems, settings
-from ..drivers import driver_statuses, parse_device
+from ..config import problems, settings, simulated_devices_asked
+from ..drivers import describe_devices, device_order, driver_statuses, parse_device
 from ..errors import CrossrtError
 from ..host import format_cpus, host_cpus
 from ..runtime.cores.reservation import core_owners
@@ -35,12 +35,23 @@ def parser() -> argparse.ArgumentParser:
         help="also show which devices link to which, and draw the links of each driver whose "
         "devices form a grid, a torus or a ring",
     )
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="also list simulated devices (the sim driver's sim:N, a test and template device; "
+        "listed without --all when CROSSRT_SIM is set)",
+    )
     return p
 
 
-def collect() -> dict[str, Any]:
-    """Drivers and devices as one JSON-friendly document."""
-    drivers, devices = [], []
+def collect(show_simulated: bool = True) -> dict[str, Any]:
+    """Drivers and devices as one JSON-friendly document.
+
+    Args:
+        show_simulated: list the devices of simulated drivers too; when false they are left
+            out and their ids summed up under ``"hidden_devices"``.
+    """
+    drivers, devices, hidden = [], [], []
     for status in driver_statuses():
         entry: dict[str, Any] = {
             "name": status.name,
@@ -52,13 +63,19 @@ def collect() -> dict[str, Any]:
         if status.driver is not None:
             try:
                 entry["version"] = status.driver.version
-                devices += [d.to_dict() for d in status.driver.devices()]
+                served = [d.to_dict() for d in status.driver.devices()]
+                if status.driver.simulated and not show_simulated:
+                    hidden += [d["id"] for d in served]
+                else:
+                    devices += served
             except CrossrtError as exc:
                 entry.update(status="FAIL", reason=str(exc))
         drivers.append(entry)
+    devices.sort(key=lambda d: device_order(d["id"]))  # stable: drivers keep their order
     return {
         "drivers": drivers,
         "devices": devices,
+        "hidden_devices": describe_devices(hidden),
         "cores": core_table(),
         "processes": process_table(),
     }
@@ -229,7 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for exc in bad:
         fail("ls", exc)
     try:
-        info = collect()
+        info = collect(show_simulated=args.all or bool(simulated_devices_asked()))
     except CrossrtError as exc:
         return fail("ls", exc)
     status = 1 if bad else 0
@@ -252,6 +269,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"  {d['id']:<8} {d['driver']:<13} {d['kind']:<11} {d['cores']:>5} "
             f"{human_bytes(d['memory_bytes']):>10}  {d['name']}"
         )
+    if info["hidden_devices"]:
+        say(f"  (simulated devices {info['hidden_devices']} not shown: crossrt ls --all)")
     cores = info["cores"]
     usable = [row["host_cpu"] for row in cores["host_cpus"] if row["usable"]]
     say(
