@@ -16,6 +16,7 @@ from ..errors import DeviceUnavailableError, InvalidOptionError, UnsupportedErro
 from ..model import Model, load_model
 from .cache import shared_cache
 from .executable import Executable, ExecutableNode
+from .io_quant import io_quantization
 from .options import parse_options
 from .partition import assign, region_model, regions
 from .stages import parse_stages, stage_model, staged
@@ -161,7 +162,7 @@ def build(
         outputs=tuple(model.outputs),
         nodes=tuple(nodes),
         options=opts,
-        metadata={p.key: p.value for p in model.proto.metadata_props},
+        metadata={**{p.key: p.value for p in model.proto.metadata_props}, **io_quantization(model)},
     )
     log.info("compiled %r for %s: %s", model.name, dev.id, exe.placement_summary())
     return exe

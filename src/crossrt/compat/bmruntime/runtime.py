@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ... import Executable, LoadedModel, Runtime, list_networks, load_executable
+from ...compiler.io_quant import read_io_quantization
 from ...errors import CrossrtError, InvalidArgumentError, OperationForbiddenError
 from ...model import TensorSpec
 from ..bmlib import DeviceMemory
@@ -199,6 +200,10 @@ def _bytes(spec: TensorSpec) -> int:
 def _net_info(exe: Executable) -> bm_net_info_t:
     stages = _stage_list(exe)
     n_in, n_out = len(exe.inputs), len(exe.outputs)
+    # The scales and zero points of quantized inputs and outputs (compiler/io_quant.py).
+    q_in, q_out = read_io_quantization(exe.metadata)
+    ins = [q_in.get(s.name, (1.0, 0)) for s in exe.inputs]
+    outs = [q_out.get(s.name, (1.0, 0)) for s in exe.outputs]
     dynamic = not all(s.is_static for s in (*exe.inputs, *exe.outputs)) and not exe.stages
     return bm_net_info_t(
         name=exe.name,
@@ -206,11 +211,11 @@ def _net_info(exe: Executable) -> bm_net_info_t:
         input_num=n_in,
         input_names=[s.name for s in exe.inputs],
         input_dtypes=[bm_dtype(s.dtype) for s in exe.inputs],
-        input_scales=[1.0] * n_in,
+        input_scales=[scale for scale, _ in ins],
         output_num=n_out,
         output_names=[s.name for s in exe.outputs],
         output_dtypes=[bm_dtype(s.dtype) for s in exe.outputs],
-        output_scales=[1.0] * n_out,
+        output_scales=[scale for scale, _ in outs],
         stage_num=len(stages),
         stages=[
             bm_stage_info_t(
@@ -221,8 +226,8 @@ def _net_info(exe: Executable) -> bm_net_info_t:
         ],
         max_input_bytes=[max(_bytes(st.inputs[i]) for st in stages) for i in range(n_in)],
         max_output_bytes=[max(_bytes(st.outputs[i]) for st in stages) for i in range(n_out)],
-        input_zero_point=[0] * n_in,
-        output_zero_point=[0] * n_out,
+        input_zero_point=[zero for _, zero in ins],
+        output_zero_point=[zero for _, zero in outs],
         input_loc_devices=[0] * n_in,
         output_loc_devices=[0] * n_out,
         core_num=exe.cores_required,
