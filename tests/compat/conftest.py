@@ -1,7 +1,8 @@
-"""Fixtures the BMRuntime layer's tests share: a device handle (``bm_dev_request(0)``, the
-first accelerator), the ``double`` bmodel (y = x + x on float32 [2, 4], compiled for sim:0)
-and a runtime that has loaded it. A test module may give its own ``bmodel``: ``p_bmrt``
-then loads that one."""
+"""Fixtures the BMRuntime layer's tests share: ``sim:0`` as device 0 (the default device,
+``CROSSRT_DEFAULT_DEVICE``: a device whose memory is not the host's, as on a PCIe card), a
+device handle (``bm_dev_request(0)``), the ``double`` bmodel (y = x + x on float32 [2, 4],
+compiled for sim:0) and a runtime that has loaded it. A test module may give its own
+``bmodel``: ``p_bmrt`` then loads that one."""
 
 from __future__ import annotations
 
@@ -27,6 +28,14 @@ def double() -> crossrt.Model:
     x = b.input("x", "float32", [2, 4])
     b.output(b.op("Add", [x, x], outputs=["y"]))
     return b.finish()
+
+
+@pytest.fixture(autouse=True)
+def sim_is_device_0(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Device 0 of every layer is the default device (docs/compat.md): the BMRuntime tests
+    make it the simulated accelerator, as the seed's programs expect a Sophgo chip there."""
+    if request.module.__name__.rpartition(".")[2].startswith("test_bmruntime"):
+        monkeypatch.setenv("CROSSRT_DEFAULT_DEVICE", "sim:0")
 
 
 @pytest.fixture

@@ -26,6 +26,7 @@ from ...errors import (
 from ...runtime.memory.storage import byte_view
 from ...runtime.memory.tensordesc import byte_index
 from ..bmlib import Device, DeviceMemory
+from ..device0 import default_device_info
 from .contract import seed_call
 from .status import BM_SUCCESS, ERRORS, bm_status_t, failed
 
@@ -65,12 +66,15 @@ bm_device_mem_t = DeviceMemory
 
 @seed_call
 def bm_devices() -> list[str]:
-    """The devices ``devid`` numbers: accelerators (the ``sim`` devices here) in driver order,
-    else the other non-CPU devices, else the CPUs."""
+    """The devices ``devid`` numbers: 0 is the machine's default device (crossrt's
+    ``CROSSRT_DEFAULT_DEVICE``, ``cpu:0`` when unset: compat/device0.py), then the
+    accelerators (the ``sim`` devices here) in driver order, then the other devices."""
     infos = [info for drv in available_drivers() for info in drv.devices()]
-    accelerators = [i.id for i in infos if i.kind is DeviceKind.ACCELERATOR]
-    others = [i.id for i in infos if i.kind is not DeviceKind.CPU]
-    return accelerators or others or [i.id for i in infos]
+    rank = {DeviceKind.ACCELERATOR: 0, DeviceKind.GPU: 1, DeviceKind.OTHER: 2, DeviceKind.CPU: 3}
+    kinds = {i.id: i.kind for i in infos}  # a device two drivers serve is listed once
+    ordered = sorted(kinds, key=lambda d: rank[kinds[d]])
+    first = default_device_info().id
+    return [first, *(d for d in ordered if d != first)]
 
 
 class Launch:
