@@ -181,3 +181,29 @@ def test_nnrt_returns_statuses_for_bad_arguments(name: str, data: st.DataObject)
 
 def test_every_layer_is_covered() -> None:
     assert (len(NRT_FUNCTIONS), len(NN_FUNCTIONS)) >= (80, 60)
+
+
+def test_bmruntime_cpp_methods_raise_only_crossrt_errors(bmodel: Any) -> None:
+    """The C++ classes: a method returning bm_status_t returns it; the others (void, a
+    pointer) raise a CrossrtError naming the argument, never an AttributeError."""
+    from crossrt.errors import CrossrtError
+
+    with bm.Context("sim:0") as ctx:
+        assert ctx.load_bmodel(bmodel) == bm.BM_SUCCESS
+        net = bm.Network(ctx, "double")
+        objects = [ctx, net, net.Inputs()[0], net.Outputs()[0]]
+        called, escaped = 0, []
+        for obj in objects:
+            for name, method in inspect.getmembers(obj, inspect.ismethod):
+                if name.startswith("_") or name in ("close", "Forward"):
+                    continue
+                for value in (None, "x", -1, object()):
+                    try:
+                        method(*[value] * _arity(method))
+                    except CrossrtError:
+                        pass
+                    except Exception as exc:
+                        escaped.append(f"{type(obj).__name__}.{name}({value!r}): {exc!r}")
+                    called += 1
+        assert not escaped, escaped
+        assert called > 40
