@@ -1,10 +1,11 @@
 """Quantized NNRt graphs compute on real values: a tensor with OH_NN_QuantParam holds
 q = round(x / scale) + zero_point, saturated to its bits. Checked against the quantized
 arithmetic computed by hand, on the reference driver and on onnxruntime (where the
-QuantizeLinear / DequantizeLinear pairs become int8 kernels)."""
+QuantizeLinear / DequantizeLinear pairs become int8 kernels) and OpenVINO where installed."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,7 +16,18 @@ from crossrt.compat import nnrt as nn
 
 pytestmark = pytest.mark.usefixtures("runtime_dir")
 R = nn.OH_NN_ReturnCode
-DEVICES = [nn.device_id("reference"), nn.device_id("onnxruntime")]
+
+
+def _devices() -> list[Any]:
+    """The reference driver and every int8 engine installed here (OpenVINO is optional)."""
+    found = []
+    for driver in ("reference", "onnxruntime", "openvino"):
+        with contextlib.suppress(KeyError):
+            found.append(pytest.param(nn.device_id(driver), id=driver))
+    return found
+
+
+DEVICES = _devices()
 _NN = {np.dtype(v): k for k, v in nn.types._NUMPY.items()}
 
 
@@ -148,7 +160,7 @@ def test_quant_params_on_a_float_tensor_change_nothing() -> None:
     model = add_model(quant([0.5]), None, None, np.float32)
     assert nn.OH_NNModel_Finish(model) == R.OH_NN_SUCCESS
     a, b = np.array([1, 2, 3, 4], np.float32), np.array([1, 1, 1, 1], np.float32)
-    assert run(model, DEVICES[0], [a, b]).tolist() == [2, 3, 4, 5]
+    assert run(model, nn.device_id("reference"), [a, b]).tolist() == [2, 3, 4, 5]
 
 
 def test_onnxruntime_runs_the_add_as_an_int8_kernel(tmp_path: Any) -> None:
