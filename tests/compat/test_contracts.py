@@ -132,13 +132,6 @@ def test_bmruntime_memcpy_s2d_checks_the_source_size() -> None:
 # -- the other two layers, with the same kinds of argument -------------------------------------
 
 
-@pytest.fixture
-def neuron() -> Iterator[None]:
-    assert nrt.nrt_init(nrt.NRT_FRAMEWORK_TYPE_NO_FW, "", "") == nrt.NRT_SUCCESS
-    yield
-    nrt.nrt_close()
-
-
 def _freed_nrt() -> list[Any]:
     _, tensor = nrt.nrt_tensor_allocate(nrt.NRT_TENSOR_PLACEMENT_HOST, 0, 8, "t")
     nrt.nrt_tensor_free(tensor)

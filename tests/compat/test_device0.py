@@ -4,7 +4,6 @@ loads on device 0 of each."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -22,13 +21,6 @@ def _model() -> crossrt.Model:
     x = b.input("x", "float32", [2, 4])
     b.output(b.op("Add", [x, x], outputs=["y"]))
     return b.finish()
-
-
-@pytest.fixture
-def neuron() -> Iterator[None]:
-    assert nrt.nrt_init(nrt.NRT_FRAMEWORK_TYPE_NO_FW, "", "") == nrt.NRT_SUCCESS
-    yield
-    nrt.nrt_close()
 
 
 def _device_0_of_each_layer() -> tuple[str, str, str]:

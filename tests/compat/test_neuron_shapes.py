@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +30,6 @@ def batched() -> crossrt.Model:
     x = b.input("x", "float32", ["N", 16])
     b.output(b.op("Relu", [b.op("MatMul", [x, b.constant(W)])], outputs=["y"]))
     return b.finish()
-
-
-@pytest.fixture
-def neuron() -> Iterator[None]:
-    assert nrt.nrt_init(nrt.NRT_FRAMEWORK_TYPE_NO_FW, "", "") == nrt.NRT_SUCCESS
-    yield
-    nrt.nrt_close()
 
 
 def _load(data: bytes) -> tuple[nrt.NRT_STATUS, Any]:
