@@ -76,10 +76,12 @@ def translate_quantized(
     view = list(tensors)
     for i in quantized:
         t = tensors[i]
-        data = None if t.data is None else _real(quantized[i], t.data)
+        values = None if t.data is None else _real(quantized[i], t.data)
         desc = t.desc.copy()
         desc.data_type = OH_NN_DataType.OH_NN_FLOAT32
-        view[i] = ModelTensor(desc, t.type, data, None)
+        # No data: the translator takes the constant as a value (int8 + DequantizeLinear),
+        # the form engines fold into int8 kernels (QLinearConv); const() reads ``real``.
+        view[i] = ModelTensor(desc, t.type, None, None, values)
 
     def real(i: int) -> str:
         q = quantized.get(i)
@@ -91,7 +93,19 @@ def translate_quantized(
         if dtype not in _QUANTIZES_TO and dtype != np.int32:
             raise forbidden(f"{op.name}: tensor {i} is quantized {dtype}; use int8 to int32")
         scale, zero = _params(b, q, dtype)
-        return node("DequantizeLinear", [value(i), scale, zero], axis=_AXIS)
+        if dtype != np.int8:
+            return node("DequantizeLinear", [value(i), scale, zero], axis=_AXIS)
+        # ONNX Runtime 1.32's transpose optimizer (opset 21) breaks on an int8
+        # DequantizeLinear given a zero point when a Transpose follows (the NHWC ops):
+        # "output_dtype INT8 does not match y_zero_point type UINT8". Without one it is 0 of
+        # x's type; a zero point that is not 0 becomes x * scale - zero_point * scale.
+        x = node("DequantizeLinear", [value(i), scale], axis=_AXIS)
+        if not any(q.zero_points):
+            return x
+        rank = len(tensors[i].desc.shape)
+        zs = np.asarray(q.zero_points, np.float64) * np.asarray(q.scales, np.float64)
+        shift = zs.astype(np.float32).reshape((-1,) + (1,) * (rank - 1) if zs.size > 1 else ())
+        return node("Sub", [x, b.constant(shift)])
 
     results = translate(Ctx(b, view, real, op))
     out = []
