@@ -4,8 +4,8 @@ An operation that reads or writes a tensor with quantization parameters (quant.p
 translated on real values: each quantized input goes through ``DequantizeLinear``, the
 operation's own translator runs on float32, and each quantized output comes out of
 ``QuantizeLinear`` (then ``Clip`` when its bit width is narrower than its type). This is the
-form ONNX Runtime and OpenVINO fuse into int8 kernels (``QLinearAdd``, ``QLinearConv``...),
-and what the reference driver computes step by step.
+form ONNX Runtime and OpenVINO fuse into int8 kernels where they have one (an int8 ADD
+becomes ONNX Runtime's ``QLinearAdd``), and what the reference driver computes step by step.
 
 ONNX rounds half to even when it quantizes and saturates to the type. It quantizes to 8 and
 16 bits only (int32 is dequantized, for biases, with a zero point of 0): another quantized
@@ -48,15 +48,16 @@ def _real(q: NN_QuantParam, data: np.ndarray) -> np.ndarray:
     return ((data.astype(np.float64) - zero) * scale).astype(np.float32)
 
 
-def _params(b: GraphBuilder, q: NN_QuantParam, dtype: np.dtype[Any]) -> tuple[str, str]:
+def _scale(b: GraphBuilder, q: NN_QuantParam) -> str:
     scales = np.asarray(q.scales, np.float32)
+    return b.constant(scales if len(scales) > 1 else scales[0])
+
+
+def _zero(b: GraphBuilder, q: NN_QuantParam, dtype: np.dtype[Any]) -> str:
     zeros = np.asarray(q.zero_points or [0], dtype)
-    if len(scales) > 1 and len(zeros) == 1:
-        zeros = np.repeat(zeros, len(scales))
-    return (
-        b.constant(scales if len(scales) > 1 else scales[0]),
-        b.constant(zeros if len(scales) > 1 else zeros[0]),
-    )
+    if len(q.scales) > 1 and len(zeros) == 1:
+        zeros = np.repeat(zeros, len(q.scales))
+    return b.constant(zeros if len(q.scales) > 1 else zeros[0])
 
 
 def translate_quantized(
@@ -79,8 +80,8 @@ def translate_quantized(
         values = None if t.data is None else _real(quantized[i], t.data)
         desc = t.desc.copy()
         desc.data_type = OH_NN_DataType.OH_NN_FLOAT32
-        # No data: the translator takes the constant as a value (int8 + DequantizeLinear),
-        # the form engines fold into int8 kernels (QLinearConv); const() reads ``real``.
+        # No data: the translator takes the constant as a value (integers + DequantizeLinear:
+        # the QDQ form of weights); Ctx.const() reads the real values.
         view[i] = ModelTensor(desc, t.type, None, None, values)
 
     def real(i: int) -> str:
@@ -91,15 +92,19 @@ def translate_quantized(
         if dtype == np.int32 and any(q.zero_points):
             raise forbidden(f"{op.name}: int32 tensor {i} with a zero point; ONNX takes 0 only")
         if dtype not in _QUANTIZES_TO and dtype != np.int32:
-            raise forbidden(f"{op.name}: tensor {i} is quantized {dtype}; use int8 to int32")
-        scale, zero = _params(b, q, dtype)
+            raise forbidden(
+                f"{op.name}: tensor {i} is quantized {dtype}; ONNX dequantizes int8, uint8, "
+                "int16, uint16 and int32"
+            )
         if dtype != np.int8:
-            return node("DequantizeLinear", [value(i), scale, zero], axis=_AXIS)
+            return node(
+                "DequantizeLinear", [value(i), _scale(b, q), _zero(b, q, dtype)], axis=_AXIS
+            )
         # ONNX Runtime 1.32's transpose optimizer (opset 21) breaks on an int8
         # DequantizeLinear given a zero point when a Transpose follows (the NHWC ops):
         # "output_dtype INT8 does not match y_zero_point type UINT8". Without one it is 0 of
         # x's type; a zero point that is not 0 becomes x * scale - zero_point * scale.
-        x = node("DequantizeLinear", [value(i), scale], axis=_AXIS)
+        x = node("DequantizeLinear", [value(i), _scale(b, q)], axis=_AXIS)
         if not any(q.zero_points):
             return x
         rank = len(tensors[i].desc.shape)
@@ -120,8 +125,7 @@ def translate_quantized(
                 f"{op.name}: output tensor {i} is quantized {dtype}; ONNX quantizes to int8, "
                 "uint8, int16 or uint16: declare one of those, or leave the output float"
             )
-        scale, zero = _params(b, q, dtype)
-        y = node("QuantizeLinear", [result, scale, zero], axis=_AXIS)
+        y = node("QuantizeLinear", [result, _scale(b, q), _zero(b, q, dtype)], axis=_AXIS)
         bits = q.num_bits[0] if q.num_bits else dtype.itemsize * 8
         if bits < dtype.itemsize * 8:
             lo, hi = quant_range(dtype, bits)
