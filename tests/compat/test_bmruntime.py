@@ -282,19 +282,24 @@ def test_the_mapping_both_ways() -> None:
 # -- bmlib -----------------------------------------------------------------------------------
 
 
-def test_offsets_are_in_device_memory_and_d2d_counts_dwords(handle) -> None:
+def test_offsets_and_d2d_counts_dwords(handle) -> None:
+    # s2d_partial_offset: the offset is in the source (seed 004); d2s_partial_offset: in the
+    # device memory.
     _, a = bm_malloc_device_byte(handle, 16)
     _, b = bm_malloc_device_byte(handle, 16)
     assert bm_memcpy_s2d(handle, a, bytes(range(16))) == BM_SUCCESS
     assert bm_memcpy_s2d(handle, b, bytes(16)) == BM_SUCCESS
-    assert bm_memcpy_s2d_partial_offset(handle, a, b"\xff\xff", 2, 14) == BM_SUCCESS
+    assert bm_memcpy_s2d_partial_offset(handle, a, bytes(range(100, 116)), 2, 14) == BM_SUCCESS
+    assert bm_memcpy_s2d_partial_offset(handle, a, bytes(4), 2, 3) == BM_ERR_PARAM  # 1 left
     assert bm_memcpy_d2d(handle, b, 4, a, 8, 2) == BM_SUCCESS  # 2 dwords: 8 bytes
     out = bytearray(16)
     assert bm_memcpy_d2s(handle, out, b) == BM_SUCCESS
-    assert out == bytes(4) + bytes([8, 9, 10, 11, 12, 13, 0xFF, 0xFF]) + bytes(4)
+    assert out == bytes(4) + bytes(range(8, 16)) + bytes(4)
+    assert bm_memcpy_d2s(handle, out, a) == BM_SUCCESS
+    assert out[:3] == bytes([114, 115, 2])
     part = bytearray(3)
     assert bm_memcpy_d2s_partial_offset(handle, part, a, 3, 1) == BM_SUCCESS
-    assert part == bytes([1, 2, 3])
+    assert part == bytes([115, 2, 3])
     bm_free_device(handle, a)
     bm_free_device(handle, b)
 

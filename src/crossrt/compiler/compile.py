@@ -16,9 +16,10 @@ from ..errors import DeviceUnavailableError, InvalidOptionError, UnsupportedErro
 from ..model import Model, load_model
 from .cache import shared_cache
 from .executable import Executable, ExecutableNode
+from .io_quant import io_quantization
 from .options import parse_options
 from .partition import assign, region_model, regions
-from .stages import parse_stages, stage_model, staged
+from .stages import fixed_shapes, parse_stages, stage_model, staged
 
 log = logging.getLogger("crossrt")
 
@@ -34,6 +35,7 @@ def compile(
     cache_dir: str | os.PathLike[str] | None = None,
     cache_version: int = 0,
     stages: Sequence[Mapping[str, Sequence[int]]] | None = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
     **options: Any,
 ) -> Executable:
     """Compile a model for a device.
@@ -55,6 +57,9 @@ def compile(
         stages: compile for these static input shapes instead (bmodel stages), one
             ``{input name: shape}`` per stage, e.g. ``[{"x": [1, 3, 224, 224]},
             {"x": [8, 3, 224, 224]}]``: a run then takes exactly one of those shapes.
+        shapes: compile the model with these static input shapes (``{"x": [1, 2048]}``), as a
+            NEFF has: the executable's inputs and outputs are concrete, and a run takes those
+            shapes only. Inputs not named must be static already. Not with ``stages``.
         **options: ``performance_mode``, ``priority``, ``fp16``, ``portable``, ``extensions``.
 
     Returns:
@@ -69,6 +74,8 @@ def compile(
         UnsupportedError: the driver cannot run some nodes (listed by name and op type).
         CompileError: the engine failed to compile.
     """
+    if shapes is not None:
+        model = fixed_shapes(load_model(model), shapes, stages, load_model)
     cache = shared_cache(cache_dir, cache_version)
     if cache is None:
         model = load_model(model)
@@ -161,7 +168,7 @@ def build(
         outputs=tuple(model.outputs),
         nodes=tuple(nodes),
         options=opts,
-        metadata={p.key: p.value for p in model.proto.metadata_props},
+        metadata={**{p.key: p.value for p in model.proto.metadata_props}, **io_quantization(model)},
     )
     log.info("compiled %r for %s: %s", model.name, dev.id, exe.placement_summary())
     return exe

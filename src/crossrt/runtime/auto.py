@@ -34,6 +34,7 @@ from ..compiler import compile as compile_for_device
 from ..compiler.cache import shared_cache
 from ..compiler.cache_keys import fallback_material, fingerprint
 from ..compiler.options import parse_options
+from ..compiler.stages import fixed_shapes
 from ..config import settings
 from ..drivers.base import CompileOptions, DeviceInfo, Driver
 from ..drivers.registry import available_drivers
@@ -73,6 +74,7 @@ def compile(
     cache_dir: Any = None,
     cache_version: int = 0,
     stages: Sequence[Mapping[str, Sequence[int]]] | None = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
     probe: Mapping[str, Any] | None = None,
     probe_shapes: Mapping[str, Sequence[int]] | None = None,
     auto_seconds: float | None = None,
@@ -122,6 +124,7 @@ def compile(
             cache_dir=cache_dir,
             cache_version=cache_version,
             stages=stages,
+            shapes=shapes,
             **options,
         )
     if driver is not None:
@@ -136,6 +139,8 @@ def compile(
             f"auto_seconds={auto_seconds!r}: give a number of seconds > 0",
             details={"option": "auto_seconds"},
         )
+    if shapes is not None:  # every candidate compiles the model with those shapes
+        model = fixed_shapes(load_model(model), shapes, stages, load_model)
     chooser = _Chooser(
         load_model(model),
         options,

@@ -41,6 +41,7 @@ def parser() -> argparse.ArgumentParser:
         "and options comes from the cache.",
         epilog="examples:\n"
         "  crossrt compile model.onnx -d cpu -o model.crm\n"
+        "  crossrt compile model.onnx --shape x=1x2048 -o model.crm   # concrete shapes\n"
         "  crossrt compile model.onnx -d cuda --fallback cpu --fp16 -o model.crm\n"
         "  crossrt compile model.onnx -d auto -o model.crm   # measure every engine, keep the "
         "fastest\n"
@@ -94,6 +95,15 @@ def parser() -> argparse.ArgumentParser:
         "its dynamic dimensions would otherwise be 1; repeat for several inputs",
     )
     p.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        metavar="NAME=DxD...",
+        help="compile with this static shape of input NAME (1x2048), as a NEFF or a bmodel "
+        "stage has: the .crm's inputs and outputs are concrete and a run takes that shape "
+        "only; repeat for several inputs (the others must be static already)",
+    )
+    p.add_argument(
         "--portable",
         action="store_true",
         help="compile for any CPU of this architecture, not only this one (slower loads)",
@@ -138,6 +148,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.probe_shape:
         try:
             options["probe_shapes"] = parse_shapes(args.probe_shape, "--probe-shape")
+        except CrossrtError as exc:
+            return fail("compile", exc)
+    if args.shape:
+        try:
+            options["shapes"] = parse_shapes(args.shape, "--shape")
         except CrossrtError as exc:
             return fail("compile", exc)
     if args.perf is not None:

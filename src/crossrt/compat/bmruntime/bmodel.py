@@ -21,6 +21,7 @@ from typing import Any
 from ...compiler.container import list_networks
 from ...errors import CrossrtError, InvalidArgumentError, InvalidModelError
 from ..bmlib import DeviceMemory
+from .contract import seed_call
 from .runtime import Bmruntime
 from .status import ERRORS, failed
 from .types import BM_RUNTIME_CHECK_MEM, BM_RUNTIME_SHARE_MEM, mem_info_t, memory_t
@@ -44,6 +45,7 @@ _KNOWN_FLAGS = int(BM_RUNTIME_SHARE_MEM | BM_RUNTIME_CHECK_MEM)
 # -- flags -----------------------------------------------------------------------------------
 
 
+@seed_call
 def bmrt_set_flags(p_bmrt: Bmruntime, flags: int) -> None:
     """Set the runtime's ``bm_runtime_flag_t`` bits. BM_RUNTIME_CHECK_MEM: later loads check
     every section's SHA-256 whatever ``CROSSRT_VALIDATE_HASH`` says. BM_RUNTIME_SHARE_MEM
@@ -60,6 +62,7 @@ def bmrt_set_flags(p_bmrt: Bmruntime, flags: int) -> None:
     p_bmrt.flags = flags
 
 
+@seed_call
 def bmrt_get_flags(p_bmrt: Bmruntime) -> int:
     """The flags :func:`bmrt_set_flags` set (BM_RUNTIME_AUTO, 0, until then)."""
     return p_bmrt.flags
@@ -68,6 +71,7 @@ def bmrt_get_flags(p_bmrt: Bmruntime) -> int:
 # -- device memory the caller gives ----------------------------------------------------------
 
 
+@seed_call
 def bmrt_get_bmodel_info(bmodel_path: str | os.PathLike[str], mem_info: mem_info_t) -> bool:
     """Fill ``mem_info`` with the device memory the bmodel file needs, without loading it:
     ``coeff_mem.size`` bytes for the bmodel, every other size 0, no ``addr`` yet. False
@@ -80,6 +84,7 @@ def bmrt_get_bmodel_info(bmodel_path: str | os.PathLike[str], mem_info: mem_info
     return True
 
 
+@seed_call
 def bmrt_get_bmodel_data_info(bmodel_data: Any, size: int, mem_info: mem_info_t) -> bool:
     """:func:`bmrt_get_bmodel_info` of the first ``size`` bytes of a buffer."""
     try:
@@ -90,6 +95,7 @@ def bmrt_get_bmodel_data_info(bmodel_data: Any, size: int, mem_info: mem_info_t)
     return True
 
 
+@seed_call
 def bmrt_load_bmodel_with_mem(
     p_bmrt: Bmruntime, bmodel_path: str | os.PathLike[str], mem_info: mem_info_t
 ) -> bool:
@@ -105,6 +111,7 @@ def bmrt_load_bmodel_with_mem(
     return True
 
 
+@seed_call
 def bmrt_load_bmodel_data_with_mem(
     p_bmrt: Bmruntime, bmodel_data: Any, size: int, mem_info: mem_info_t
 ) -> bool:
@@ -159,6 +166,7 @@ def _load_with_mem(p_bmrt: Bmruntime, data: bytes, mem_info: mem_info_t) -> None
 # -- encrypted bmodels -----------------------------------------------------------------------
 
 
+@seed_call
 def bmrt_load_bmodel_with_decrypt(
     p_bmrt: Bmruntime,
     bmodel_path: str | os.PathLike[str],
@@ -188,6 +196,7 @@ def bmrt_load_bmodel_with_decrypt(
     return True
 
 
+@seed_call
 def bmrt_load_bmodel_with_decrypt_lib(
     p_bmrt: Bmruntime, bmodel_path: str | os.PathLike[str], decrypt_lib: str | os.PathLike[str]
 ) -> bool:

@@ -15,6 +15,7 @@ from ...errors import InvalidArgumentError, OperationForbiddenError
 from ...runtime.memory.storage import byte_view
 from ...runtime.memory.tensordesc import byte_index
 from ..bmlib import Device, DeviceMemory
+from .contract import seed_call
 from .device import bm_handle_t, call
 from .status import bm_status_t
 from .strided import StridedCopy
@@ -28,6 +29,7 @@ __all__ = [
 ]
 
 
+@seed_call
 def bm_memcpy_d2d_stride(
     handle: bm_handle_t,
     dst: DeviceMemory,
@@ -68,6 +70,7 @@ def bm_memcpy_d2d_stride(
     return call("bm_memcpy_d2d_stride", strided)
 
 
+@seed_call
 def bm_memcpy_s2d_gather(
     handle: bm_handle_t, dst: DeviceMemory, argc: int, *args: Any
 ) -> bm_status_t:
@@ -83,6 +86,7 @@ def bm_memcpy_s2d_gather(
     return call("bm_memcpy_s2d_gather", gather)
 
 
+@seed_call
 def bm_memcpy_d2s_scatter(
     handle: bm_handle_t, src: DeviceMemory, argc: int, *args: Any
 ) -> bm_status_t:
@@ -97,6 +101,7 @@ def bm_memcpy_d2s_scatter(
     return call("bm_memcpy_d2s_scatter", scatter)
 
 
+@seed_call
 def bm_memcpy_p2p(
     handle_src: bm_handle_t, src: DeviceMemory, handle_dst: bm_handle_t, dst: DeviceMemory
 ) -> bm_status_t:
@@ -116,6 +121,7 @@ def bm_memcpy_p2p(
     return call("bm_memcpy_p2p", copy)
 
 
+@seed_call
 def bm_memcpy_c2c(
     src_handle: bm_handle_t,
     dst_handle: bm_handle_t,

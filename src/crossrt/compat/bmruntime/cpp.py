@@ -71,7 +71,15 @@ class Context:
         return len(self._bmrt.networks)
 
     def get_network_names(self, names: list[str]) -> None:
-        """Clear ``names`` and append every loaded network's name (as the C++ vector)."""
+        """Clear ``names`` and append every loaded network's name (as the C++ vector).
+
+        Raises:
+            InvalidArgumentError: ``names`` is not a list (C++ would crash on a NULL vector).
+        """
+        if not isinstance(names, list):
+            raise InvalidArgumentError(
+                f"Context.get_network_names: names is {names!r}; give a list to fill"
+            )
         names.clear()
         names.extend(self._bmrt.networks)
 
@@ -180,8 +188,18 @@ class Tensor:
 
     def set_store_mode(self, mode: bm_store_mode_t) -> None:
         """Set the store mode: how the tensor lies in its device memory (BM_STORE_2N for
-        16-bit types, BM_STORE_4N for 8-bit ones; the run sees BM_STORE_1N)."""
-        self._tensor.st_mode = bm_store_mode_t(mode)
+        16-bit types, BM_STORE_4N for 8-bit ones; the run sees BM_STORE_1N).
+
+        Raises:
+            InvalidArgumentError: ``mode`` is no bm_store_mode_t.
+        """
+        try:
+            self._tensor.st_mode = bm_store_mode_t(mode)
+        except ValueError:
+            raise InvalidArgumentError(
+                f"Tensor.set_store_mode: {mode!r} is no store mode; give BM_STORE_1N, "
+                "BM_STORE_2N or BM_STORE_4N"
+            ) from None
 
     def set_device_mem(self, device_mem: DeviceMemory) -> bm_status_t:
         """Use ``device_mem`` for this tensor; it must hold ``ByteSize()`` bytes."""

@@ -23,7 +23,11 @@ from ...errors import (
     InvalidArgumentError,
     StatusCode,
 )
+from ...runtime.memory.storage import byte_view
+from ...runtime.memory.tensordesc import byte_index
 from ..bmlib import Device, DeviceMemory
+from ..device0 import default_device_info
+from .contract import seed_call
 from .status import BM_SUCCESS, ERRORS, bm_status_t, failed
 
 __all__ = [
@@ -60,13 +64,17 @@ bm_device_mem_t = DeviceMemory
 """A block of device memory, as :func:`bm_malloc_device_byte` returns it."""
 
 
+@seed_call
 def bm_devices() -> list[str]:
-    """The devices ``devid`` numbers: accelerators (the ``sim`` devices here) in driver order,
-    else the other non-CPU devices, else the CPUs."""
+    """The devices ``devid`` numbers: 0 is the machine's default device (crossrt's
+    ``CROSSRT_DEFAULT_DEVICE``, ``cpu:0`` when unset: compat/device0.py), then the
+    accelerators (the ``sim`` devices here) in driver order, then the other devices."""
     infos = [info for drv in available_drivers() for info in drv.devices()]
-    accelerators = [i.id for i in infos if i.kind is DeviceKind.ACCELERATOR]
-    others = [i.id for i in infos if i.kind is not DeviceKind.CPU]
-    return accelerators or others or [i.id for i in infos]
+    rank = {DeviceKind.ACCELERATOR: 0, DeviceKind.GPU: 1, DeviceKind.OTHER: 2, DeviceKind.CPU: 3}
+    kinds = {i.id: i.kind for i in infos}  # a device two drivers serve is listed once
+    ordered = sorted(kinds, key=lambda d: rank[kinds[d]])
+    first = default_device_info().id
+    return [first, *(d for d in ordered if d != first)]
 
 
 class Launch:
@@ -165,6 +173,7 @@ def call(what: str, action: Callable[[], Any]) -> bm_status_t:
 # -- devices ---------------------------------------------------------------------------------
 
 
+@seed_call
 def bm_dev_getcount() -> tuple[bm_status_t, int]:
     """How many devices ``devid`` numbers."""
     try:
@@ -173,6 +182,7 @@ def bm_dev_getcount() -> tuple[bm_status_t, int]:
         return failed("bm_dev_getcount", exc), 0
 
 
+@seed_call
 def bm_dev_request(devid: int | str = 0) -> tuple[bm_status_t, bm_handle_t | None]:
     """Open device ``devid``; BM_ERR_DEVNOTREADY when there is no such device."""
     try:
@@ -192,11 +202,13 @@ def bm_dev_request(devid: int | str = 0) -> tuple[bm_status_t, bm_handle_t | Non
         return failed("bm_dev_request", exc), None
 
 
+@seed_call
 def bm_dev_free(handle: bm_handle_t) -> None:
     """Release the handle; later calls with it return BM_ERR_DEVNOTREADY."""
     handle.freed = True
 
 
+@seed_call
 def bm_get_devid(handle: bm_handle_t) -> int | str:
     """The ``devid`` the handle was requested with."""
     return handle.devid
@@ -205,6 +217,7 @@ def bm_get_devid(handle: bm_handle_t) -> int | str:
 # -- memory ----------------------------------------------------------------------------------
 
 
+@seed_call
 def bm_malloc_device_byte(
     handle: bm_handle_t, size: int
 ) -> tuple[bm_status_t, DeviceMemory | None]:
@@ -215,6 +228,7 @@ def bm_malloc_device_byte(
         return failed("bm_malloc_device_byte", exc), None
 
 
+@seed_call
 def bm_malloc_device_dword(
     handle: bm_handle_t, count: int
 ) -> tuple[bm_status_t, DeviceMemory | None]:
@@ -224,21 +238,38 @@ def bm_malloc_device_dword(
     return bm_malloc_device_byte(handle, 4 * count)
 
 
+@seed_call
 def bm_free_device(handle: bm_handle_t, mem: DeviceMemory) -> None:
     """Free device memory (twice is harmless)."""
     call("bm_free_device", lambda: handle.device.free(mem))
 
 
+@seed_call
 def bm_mem_get_device_size(mem: DeviceMemory) -> int:
     """The memory's size in bytes."""
     return mem.size
 
 
+@seed_call
 def bm_memcpy_s2d(handle: bm_handle_t, dst: DeviceMemory, src: Any) -> bm_status_t:
-    """Copy the whole of ``dst`` (its size in bytes) from host buffer ``src``."""
-    return call("bm_memcpy_s2d", lambda: handle.check().memcpy_s2d(dst, src, dst.size))
+    """Copy the whole of ``dst`` (its size in bytes) from host buffer ``src``, which must hold
+    exactly that many bytes (a larger one is BM_ERR_PARAM too: its tail would be lost)."""
+
+    def copy() -> None:
+        device = handle.check()
+        size = byte_view(src, writable=False, what="bm_memcpy_s2d source").size
+        if size != dst.size:
+            raise InvalidArgumentError(
+                f"bm_memcpy_s2d: the source holds {size} bytes, the device memory {dst.size}; "
+                "give a source of bm_mem_get_device_size(dst) bytes, or copy part of it with "
+                "bm_memcpy_s2d_partial"
+            )
+        device.memcpy_s2d(dst, src, size)
+
+    return call("bm_memcpy_s2d", copy)
 
 
+@seed_call
 def bm_memcpy_s2d_partial(
     handle: bm_handle_t, dst: DeviceMemory, src: Any, size: int
 ) -> bm_status_t:
@@ -246,22 +277,34 @@ def bm_memcpy_s2d_partial(
     return call("bm_memcpy_s2d_partial", lambda: handle.check().memcpy_s2d(dst, src, size))
 
 
+@seed_call
 def bm_memcpy_s2d_partial_offset(
     handle: bm_handle_t, dst: DeviceMemory, src: Any, size: int, offset: int
 ) -> bm_status_t:
-    """Copy ``size`` bytes from ``src`` to ``dst`` at byte ``offset`` of the device memory
-    (as libbmlib does; the seed's prose says "from src's offset")."""
-    return call(
-        "bm_memcpy_s2d_partial_offset",
-        lambda: handle.check().memcpy_s2d(dst, src, size, offset),
-    )
+    """Copy ``size`` bytes of ``src`` from its byte ``offset`` to the start of ``dst``, as the
+    seed says ("从src的offset偏移开始拷贝"; docs/compat-bmruntime.md)."""
+
+    def copy() -> None:
+        device = handle.check()
+        data = byte_view(src, writable=False, what="bm_memcpy_s2d_partial_offset source")
+        start = byte_index(offset, "offset")
+        if start > data.size:
+            raise InvalidArgumentError(
+                f"bm_memcpy_s2d_partial_offset: offset {start} is past the source's "
+                f"{data.size} bytes; give an offset into src"
+            )
+        device.memcpy_s2d(dst, data[start:], size)
+
+    return call("bm_memcpy_s2d_partial_offset", copy)
 
 
+@seed_call
 def bm_memcpy_d2s(handle: bm_handle_t, dst: Any, src: DeviceMemory) -> bm_status_t:
     """Copy all of ``src`` to host buffer ``dst``."""
     return call("bm_memcpy_d2s", lambda: handle.check().memcpy_d2s(dst, src, src.size))
 
 
+@seed_call
 def bm_memcpy_d2s_partial(
     handle: bm_handle_t, dst: Any, src: DeviceMemory, size: int
 ) -> bm_status_t:
@@ -269,6 +312,7 @@ def bm_memcpy_d2s_partial(
     return call("bm_memcpy_d2s_partial", lambda: handle.check().memcpy_d2s(dst, src, size))
 
 
+@seed_call
 def bm_memcpy_d2s_partial_offset(
     handle: bm_handle_t, dst: Any, src: DeviceMemory, size: int, offset: int
 ) -> bm_status_t:
@@ -279,6 +323,7 @@ def bm_memcpy_d2s_partial_offset(
     )
 
 
+@seed_call
 def bm_memcpy_d2d(
     handle: bm_handle_t,
     dst: DeviceMemory,
@@ -298,6 +343,7 @@ def bm_memcpy_d2d(
     return call("bm_memcpy_d2d", copy)
 
 
+@seed_call
 def bm_memcpy_d2d_byte(
     handle: bm_handle_t,
     dst: DeviceMemory,
@@ -313,6 +359,7 @@ def bm_memcpy_d2d_byte(
     )
 
 
+@seed_call
 def bm_memset_device_ext(
     handle: bm_handle_t, value: Any, mode: int, mem: DeviceMemory
 ) -> bm_status_t:
@@ -332,6 +379,7 @@ def bm_memset_device_ext(
     return call("bm_memset_device_ext", fill)
 
 
+@seed_call
 def bm_memset_device(handle: bm_handle_t, value: int, mem: DeviceMemory) -> bm_status_t:
     """Fill ``mem`` with the 32-bit ``value`` (little-endian) repeated."""
     try:
@@ -344,6 +392,7 @@ def bm_memset_device(handle: bm_handle_t, value: int, mem: DeviceMemory) -> bm_s
 # -- mmap ------------------------------------------------------------------------------------
 
 
+@seed_call
 def bm_mem_mmap_device_mem(
     handle: bm_handle_t, dmem: DeviceMemory
 ) -> tuple[bm_status_t, memoryview | None]:
@@ -362,6 +411,7 @@ def bm_mem_mmap_device_mem(
     return BM_SUCCESS, view
 
 
+@seed_call
 def bm_mem_unmap_device_mem(handle: bm_handle_t, vmem: Any, size: int) -> bm_status_t:
     """Unmap ``vmem`` from :func:`bm_mem_mmap_device_mem`; ``size`` is the memory's size."""
 
@@ -387,11 +437,13 @@ def bm_mem_unmap_device_mem(handle: bm_handle_t, vmem: Any, size: int) -> bm_sta
     return call("bm_mem_unmap_device_mem", unmap)
 
 
+@seed_call
 def bm_mem_invalidate_device_mem(handle: bm_handle_t, dmem: DeviceMemory) -> bm_status_t:
     """Fetch what the device wrote into the mapping."""
     return call("bm_mem_invalidate_device_mem", lambda: handle.check().invalidate(dmem))
 
 
+@seed_call
 def bm_mem_invalidate_partial_device_mem(
     handle: bm_handle_t, dmem: DeviceMemory, offset: int, len: int
 ) -> bm_status_t:
@@ -402,11 +454,13 @@ def bm_mem_invalidate_partial_device_mem(
     )
 
 
+@seed_call
 def bm_mem_flush_device_mem(handle: bm_handle_t, dmem: DeviceMemory) -> bm_status_t:
     """Write the host's writes through the mapping to the device."""
     return call("bm_mem_flush_device_mem", lambda: handle.check().flush(dmem))
 
 
+@seed_call
 def bm_mem_flush_partial_device_mem(
     handle: bm_handle_t, dmem: DeviceMemory, offset: int, len: int
 ) -> bm_status_t:

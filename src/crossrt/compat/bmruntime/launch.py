@@ -17,6 +17,7 @@ from ...errors import InvalidArgumentError, InvalidInputError
 from ...model import TensorSpec
 from ...runtime.memory.tensor import Tensor as CrossrtTensor
 from ..bmlib import Device, DeviceMemory
+from .contract import seed_call
 from .device import bm_handle_t
 from .runtime import Bmruntime, _Network
 from .status import ERRORS, failed
@@ -65,6 +66,7 @@ def _as_tensor(
     return device.tensor(temp, dt, shape, name=spec.name)
 
 
+@seed_call
 def bm_store_name(mode: int) -> str:
     """``BM_STORE_2N`` for 1..."""
     return {0: "BM_STORE_1N", 1: "BM_STORE_2N", 2: "BM_STORE_4N"}.get(int(mode), str(mode))
@@ -221,6 +223,7 @@ def _run_now(
         t.dtype, t.shape, t.device_mem, t.st_mode = dtype, bm_shape_t.of(shape), mem, BM_STORE_1N
 
 
+@seed_call
 def bmrt_launch_tensor(
     p_bmrt: Bmruntime,
     net_name: str,
@@ -236,6 +239,7 @@ def bmrt_launch_tensor(
     )
 
 
+@seed_call
 def bmrt_launch_tensor_ex(
     p_bmrt: Bmruntime,
     net_name: str,
@@ -260,6 +264,7 @@ def bmrt_launch_tensor_ex(
     return True
 
 
+@seed_call
 def bmrt_launch_data(
     p_bmrt: Bmruntime,
     net_name: str,
@@ -344,6 +349,7 @@ def core_tuple(core_list: Sequence[int] | None, core_num: int) -> tuple[int, ...
     return cores
 
 
+@seed_call
 def bmrt_launch_tensor_multi_cores(
     p_bmrt: Bmruntime,
     net_name: str,

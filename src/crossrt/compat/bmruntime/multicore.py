@@ -17,6 +17,7 @@ from typing import Any
 
 from ...errors import InvalidArgumentError, UnsupportedError
 from ..bmlib import DeviceMemory
+from .contract import seed_call
 from .launch import core_tuple, launch, launch_data
 from .runtime import Bmruntime
 from .status import ERRORS, failed
@@ -33,6 +34,7 @@ __all__ = [
 ]
 
 
+@seed_call
 def bmrt_launch_data_multi_cores(
     p_bmrt: Bmruntime,
     net_name: str,
@@ -60,6 +62,7 @@ def bmrt_launch_data_multi_cores(
     return True
 
 
+@seed_call
 def bmrt_launch_tensor_multi_thread(
     p_bmrt: Bmruntime,
     net_name: str,
@@ -88,6 +91,7 @@ def bmrt_launch_tensor_multi_thread(
     return True
 
 
+@seed_call
 def bmrt_launch_data_multi_thread(
     p_bmrt: Bmruntime,
     net_name: str,
@@ -117,6 +121,7 @@ def bmrt_launch_data_multi_thread(
     return True
 
 
+@seed_call
 def bmrt_pre_alloc_neuron_multi_cores(
     p_bmrt: Bmruntime,
     net_name: str,
@@ -146,6 +151,7 @@ def bmrt_pre_alloc_neuron_multi_cores(
     return True
 
 
+@seed_call
 def bmrt_pre_alloc_mem_multi_thread(
     p_bmrt: Bmruntime, thread_idx: int, mem_info: mem_info_t
 ) -> bool:
@@ -197,6 +203,7 @@ def _slot(p_bmrt: Bmruntime, thread_idx: int) -> int:
     return thread_idx
 
 
+@seed_call
 def get_bmodel_api_info_c(
     p_bmrt: Bmruntime,
     net_name: str,
@@ -221,6 +228,7 @@ def get_bmodel_api_info_c(
     )
 
 
+@seed_call
 def bmrt_free_api_info(api_info: Any) -> None:
     """Free what :func:`get_bmodel_api_info_c` returned: always None, so nothing to free
     (as ``free(NULL)``); anything else is logged and left alone."""

@@ -18,6 +18,7 @@ from typing import Any
 from ...errors import InvalidArgumentError
 from ...runtime.memory.storage import byte_view
 from ..bmlib import Device, DeviceMemory
+from .contract import seed_call
 from .runtime import Bmruntime
 from .status import ERRORS, failed
 from .strided import StridedCopy
@@ -33,6 +34,7 @@ __all__ = [
 _Plan = list[list[Callable[[], None]]]  # per device, its copies in order
 
 
+@seed_call
 def bmrt_memcpy_s2d_parallel(
     p_bmrt: Bmruntime,
     tensors: Sequence[bm_tensor_t],
@@ -51,6 +53,7 @@ def bmrt_memcpy_s2d_parallel(
     return _copy(p_bmrt, "bmrt_memcpy_s2d_parallel", tensor_num, device_num, plan)
 
 
+@seed_call
 def bmrt_memcpy_d2s_parallel(
     p_bmrt: Bmruntime,
     datas: Sequence[Any],
@@ -68,6 +71,7 @@ def bmrt_memcpy_d2s_parallel(
     return _copy(p_bmrt, "bmrt_memcpy_d2s_parallel", tensor_num, device_num, plan)
 
 
+@seed_call
 def bmrt_memcpy_d2d_byte_parallel(
     p_bmrt: Bmruntime,
     dst_tensors: Sequence[bm_tensor_t],
@@ -91,6 +95,7 @@ def bmrt_memcpy_d2d_byte_parallel(
     return _copy(p_bmrt, "bmrt_memcpy_d2d_byte_parallel", tensor_num, device_num, plan)
 
 
+@seed_call
 def bmrt_memcpy_d2d_stride_ex_parallel(
     p_bmrt: Bmruntime,
     dst_tensors: Sequence[bm_tensor_t],

@@ -20,9 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ... import Executable, LoadedModel, Runtime, list_networks, load_executable
+from ...compiler.io_quant import read_io_quantization
 from ...errors import CrossrtError, InvalidArgumentError, OperationForbiddenError
 from ...model import TensorSpec
 from ..bmlib import DeviceMemory
+from .contract import seed_call
 from .device import bm_handle_t
 from .status import ERRORS, failed
 from .types import (
@@ -198,6 +200,10 @@ def _bytes(spec: TensorSpec) -> int:
 def _net_info(exe: Executable) -> bm_net_info_t:
     stages = _stage_list(exe)
     n_in, n_out = len(exe.inputs), len(exe.outputs)
+    # The scales and zero points of quantized inputs and outputs (compiler/io_quant.py).
+    q_in, q_out = read_io_quantization(exe.metadata)
+    ins = [q_in.get(s.name, (1.0, 0)) for s in exe.inputs]
+    outs = [q_out.get(s.name, (1.0, 0)) for s in exe.outputs]
     dynamic = not all(s.is_static for s in (*exe.inputs, *exe.outputs)) and not exe.stages
     return bm_net_info_t(
         name=exe.name,
@@ -205,11 +211,11 @@ def _net_info(exe: Executable) -> bm_net_info_t:
         input_num=n_in,
         input_names=[s.name for s in exe.inputs],
         input_dtypes=[bm_dtype(s.dtype) for s in exe.inputs],
-        input_scales=[1.0] * n_in,
+        input_scales=[scale for scale, _ in ins],
         output_num=n_out,
         output_names=[s.name for s in exe.outputs],
         output_dtypes=[bm_dtype(s.dtype) for s in exe.outputs],
-        output_scales=[1.0] * n_out,
+        output_scales=[scale for scale, _ in outs],
         stage_num=len(stages),
         stages=[
             bm_stage_info_t(
@@ -220,8 +226,8 @@ def _net_info(exe: Executable) -> bm_net_info_t:
         ],
         max_input_bytes=[max(_bytes(st.inputs[i]) for st in stages) for i in range(n_in)],
         max_output_bytes=[max(_bytes(st.outputs[i]) for st in stages) for i in range(n_out)],
-        input_zero_point=[0] * n_in,
-        output_zero_point=[0] * n_out,
+        input_zero_point=[zero for _, zero in ins],
+        output_zero_point=[zero for _, zero in outs],
         input_loc_devices=[0] * n_in,
         output_loc_devices=[0] * n_out,
         core_num=exe.cores_required,
@@ -231,11 +237,13 @@ def _net_info(exe: Executable) -> bm_net_info_t:
 # -- lifecycle and loading -------------------------------------------------------------------
 
 
+@seed_call
 def bmrt_create(bm_handle: bm_handle_t) -> Bmruntime | None:
     """A runtime on the handle's device (None, logged, when it cannot be made)."""
     return bmrt_create_ex([bm_handle], 1)
 
 
+@seed_call
 def bmrt_create_ex(bm_handles: Sequence[bm_handle_t], num_handles: int) -> Bmruntime | None:
     """A runtime over several devices: each network is loaded on each of them, and a launch
     runs on the device its inputs lie on (``bmrt_tensor_ex`` allocates there)."""
@@ -251,17 +259,20 @@ def bmrt_create_ex(bm_handles: Sequence[bm_handle_t], num_handles: int) -> Bmrun
         return None
 
 
+@seed_call
 def bmrt_destroy(p_bmrt: Bmruntime) -> None:
     """Unload every network and close the runtime."""
     p_bmrt.runtime.close()
     p_bmrt.networks.clear()
 
 
+@seed_call
 def bmrt_get_bm_handle(p_bmrt: Bmruntime) -> bm_handle_t:
     """The handle the runtime was created with."""
     return p_bmrt.handle
 
 
+@seed_call
 def bmrt_load_bmodel(p_bmrt: Bmruntime, bmodel_path: str | os.PathLike[str]) -> bool:
     """Load every network of a ``.crm`` file; False (nothing loaded) when one fails."""
     try:
@@ -272,6 +283,7 @@ def bmrt_load_bmodel(p_bmrt: Bmruntime, bmodel_path: str | os.PathLike[str]) -> 
     return True
 
 
+@seed_call
 def bmrt_load_bmodel_data(p_bmrt: Bmruntime, bmodel_data: Any, size: int) -> bool:
     """:func:`bmrt_load_bmodel` from the first ``size`` bytes of a buffer (copied: the
     caller may reuse it)."""
@@ -289,28 +301,33 @@ def bmrt_load_bmodel_data(p_bmrt: Bmruntime, bmodel_data: Any, size: int) -> boo
 # -- queries ---------------------------------------------------------------------------------
 
 
+@seed_call
 def bmrt_get_network_number(p_bmrt: Bmruntime) -> int:
     """How many networks are loaded."""
     return len(p_bmrt.networks)
 
 
+@seed_call
 def bmrt_get_network_names(p_bmrt: Bmruntime) -> list[str]:
     """The loaded networks' names, in load order (the C out-array, returned)."""
     return list(p_bmrt.networks)
 
 
+@seed_call
 def bmrt_get_network_info(p_bmrt: Bmruntime, net_name: str) -> bm_net_info_t | None:
     """The network's ``bm_net_info_t``; None when it is not loaded."""
     net = p_bmrt.networks.get(net_name)
     return None if net is None else net.info
 
 
+@seed_call
 def bmrt_get_network_name(p_bmrt: Bmruntime, index: int) -> str | None:
     """The name of the ``index``-th loaded network; None when there is none."""
     names = list(p_bmrt.networks)
     return names[index] if 0 <= index < len(names) else None
 
 
+@seed_call
 def bmrt_get_stage_index(
     p_bmrt: Bmruntime, net_name: str, input_tensors: Sequence[bm_tensor_t]
 ) -> int:
@@ -325,12 +342,14 @@ def bmrt_get_stage_index(
     return -1
 
 
+@seed_call
 def bmrt_show_neuron_network(p_bmrt: Bmruntime) -> None:
     """Print the loaded networks' names."""
     for name in p_bmrt.networks:
         print(name)
 
 
+@seed_call
 def bmrt_print_network_info(net_info: bm_net_info_t) -> None:
     """Print a network's inputs, outputs and stages (a debugging aid)."""
     kind = "dynamic" if net_info.is_dynamic else "static"
@@ -344,6 +363,7 @@ def bmrt_print_network_info(net_info: bm_net_info_t) -> None:
                 print(f"  stage[{i}] {usage}: {name}, {list(shape.shape)}, {dt.name}")
 
 
+@seed_call
 def bmrt_trace(p_bmrt: Bmruntime) -> None:
     """Print the runtime's devices, networks and device memory (a debugging aid)."""
     print(f"bmruntime on {[h.device.id for h in p_bmrt.handles]}")
@@ -356,6 +376,7 @@ def bmrt_trace(p_bmrt: Bmruntime) -> None:
 # -- tensors ---------------------------------------------------------------------------------
 
 
+@seed_call
 def bmrt_tensor(
     tensor: bm_tensor_t, p_bmrt: Bmruntime, dtype: bm_data_type_t, shape: bm_shape_t
 ) -> None:
@@ -364,6 +385,7 @@ def bmrt_tensor(
     bmrt_tensor_ex(tensor, p_bmrt, 0, dtype, shape)
 
 
+@seed_call
 def bmrt_tensor_ex(
     tensor: bm_tensor_t, p_bmrt: Bmruntime, devid: int, dtype: bm_data_type_t, shape: bm_shape_t
 ) -> None:
@@ -384,6 +406,7 @@ def bmrt_tensor_ex(
         failed("bmrt_tensor_ex", exc)
 
 
+@seed_call
 def bmrt_tensor_with_device(
     tensor: bm_tensor_t, device_mem: DeviceMemory, dtype: bm_data_type_t, shape: bm_shape_t
 ) -> None:

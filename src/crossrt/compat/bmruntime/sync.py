@@ -12,6 +12,7 @@ from __future__ import annotations
 from concurrent.futures import TimeoutError as FutureTimeout
 
 from ...errors import CrossrtError, DeadlineExceededError, InvalidArgumentError
+from .contract import seed_call
 from .device import Launch, bm_handle_t, call, handles_on
 from .status import BM_SUCCESS, bm_status_t, failed
 
@@ -25,6 +26,7 @@ __all__ = [
 ]
 
 
+@seed_call
 def bm_set_sync_timeout(handle: bm_handle_t, timeout: int) -> bm_status_t:
     """The most milliseconds :func:`bm_thread_sync` waits (0: no limit)."""
 
@@ -37,6 +39,7 @@ def bm_set_sync_timeout(handle: bm_handle_t, timeout: int) -> bm_status_t:
     return call("bm_set_sync_timeout", set_timeout)
 
 
+@seed_call
 def bm_thread_sync(handle: bm_handle_t) -> bm_status_t:
     """Wait for every launch this thread made through ``handle``; the first failure's status.
 
@@ -46,17 +49,20 @@ def bm_thread_sync(handle: bm_handle_t) -> bm_status_t:
     return _sync(handle, handle.pending() if not handle.freed else [], "bm_thread_sync")
 
 
+@seed_call
 def bm_thread_sync_from_core(handle: bm_handle_t, core_id: int) -> bm_status_t:
     """:func:`bm_thread_sync` (this thread's launches on every core: crossrt does not keep
     them apart by core)."""
     return bm_thread_sync(handle)
 
 
+@seed_call
 def bm_handle_sync(handle: bm_handle_t) -> bm_status_t:
     """Wait for every launch made through ``handle``, by any thread."""
     return _sync(handle, handle.outstanding(), "bm_handle_sync")
 
 
+@seed_call
 def bm_device_sync(handle: bm_handle_t) -> bm_status_t:
     """Wait for every launch on the handle's device: through any handle of that device (freed
     ones too: their launches still run there), by any thread."""
@@ -65,6 +71,7 @@ def bm_device_sync(handle: bm_handle_t) -> bm_status_t:
     return _sync(handle, launches, "bm_device_sync")
 
 
+@seed_call
 def bm_flush(handle: bm_handle_t) -> None:
     """Wait for every launch made through ``handle``, as libbmlib's ``bm_flush`` does
     (``bm_handle_sync``); it returns nothing, so a failure is only logged."""

@@ -14,6 +14,7 @@ from typing import Any
 from ... import dtypes
 from ...errors import InvalidArgumentError
 from ..bmlib import DeviceMemory
+from .contract import seed_call
 
 __all__ = [
     "BM_BFLOAT16",
@@ -118,6 +119,7 @@ def crossrt_dtype(dtype: int) -> dtypes.DType:
     return row
 
 
+@seed_call
 def bm_dtype(dtype: dtypes.DType | None) -> bm_data_type_t:
     """The ``bm_data_type_t`` of a crossrt dtype."""
     if dtype is None or dtype.bm is None:
@@ -126,6 +128,7 @@ def bm_dtype(dtype: dtypes.DType | None) -> bm_data_type_t:
     return bm_data_type_t(dtype.bm)
 
 
+@seed_call
 def bmrt_data_type_size(dtype: int) -> int:
     """Bytes per element of a ``bm_data_type_t`` (4-bit types: 1, as bmruntime counts them)."""
     return max(1, crossrt_dtype(dtype).itemsize)
@@ -239,27 +242,32 @@ class mem_info_t:
         }
 
 
+@seed_call
 def bmrt_shape(shape: bm_shape_t, dims: Sequence[int], num_dims: int) -> None:
     """Set ``shape`` to the first ``num_dims`` of ``dims``."""
     new = bm_shape_t(num_dims, list(dims[:num_dims]))
     shape.num_dims, shape.dims = new.num_dims, new.dims
 
 
+@seed_call
 def bmrt_shape_count(shape: bm_shape_t) -> int:
     """The number of elements; 1 for ``num_dims`` 0."""
     return math.prod(shape.shape)
 
 
+@seed_call
 def bmrt_shape_is_same(left: bm_shape_t, right: bm_shape_t) -> bool:
     """Whether the two shapes have the same ``num_dims`` and the same first dims."""
     return left.shape == right.shape
 
 
+@seed_call
 def bmrt_tensor_bytesize(tensor: bm_tensor_t) -> int:
     """Elements times bytes per element."""
     return bmrt_shape_count(tensor.shape) * bmrt_data_type_size(tensor.dtype)
 
 
+@seed_call
 def bmrt_tensor_device_size(tensor: bm_tensor_t) -> int:
     """The size of the tensor's device memory (0 when it has none)."""
     return 0 if tensor.device_mem is None else tensor.device_mem.size

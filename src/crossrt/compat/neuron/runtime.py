@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ... import __version__
+from ...compiler import Executable
 from ...compiler.container import load_executable
 from ...config import default_device
 from ...runtime.loaded import LoadedModel
@@ -193,7 +194,7 @@ def _load(neff_bytes: Any, size: int, start_nc: int, nc_count: int) -> nrt_model
                 f"size {size} is not within the {data.nbytes} bytes given",
             )
         settings = load_settings()
-        exe = load_executable(bytes(data[:size]), validate_hash=settings.validate_hash)
+        exe = concrete(load_executable(bytes(data[:size]), validate_hash=settings.validate_hash))
         count = 1 if nc_count == -1 else nc_count
         visible = len(runtime.cores)
         if count < 1:
@@ -220,6 +221,32 @@ def _load(neff_bytes: Any, size: int, start_nc: int, nc_count: int) -> nrt_model
         _state.models.append(model)
         recording.loaded(model)
         return model
+
+
+def concrete(exe: Executable) -> Executable:
+    """``exe`` as a NEFF is: every input and output of a concrete shape. A network of one
+    stage is that stage; a dynamic one (or one of several stages) is NRT_INVALID, saying how
+    to compile it with concrete shapes."""
+    if len(exe.stages) == 1:
+        exe = exe.stages[0]
+    dynamic = [s for s in (*exe.inputs, *exe.outputs) if not s.is_static]
+    if not dynamic and not exe.stages:
+        return exe
+    example = {
+        s.name: [d if isinstance(d, int) else 1 for d in s.shape or (1,)] for s in exe.inputs
+    }
+    flags = " ".join(f"--shape {n}={'x'.join(map(str, d))}" for n, d in example.items())
+    what = (
+        f"{len(exe.stages)} shape stages"
+        if exe.stages
+        else "dynamic dimensions (" + ", ".join(f"{s.name} {s.shape_str()}" for s in dynamic) + ")"
+    )
+    raise NrtError(
+        NRT_STATUS.NRT_INVALID,
+        f"model {exe.name!r} has {what}; a NEFF has one concrete shape per tensor: compile it "
+        f"with them, e.g. `crossrt compile model.onnx {flags}` or crossrt.compile(model, "
+        f"shapes={example})",
+    )
 
 
 def _free_start(count: int, visible: int) -> int:

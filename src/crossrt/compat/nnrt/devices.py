@@ -1,14 +1,17 @@
 """``OH_NNDevice_*``: the devices of every available crossrt driver, by ``size_t`` ID.
 
-A device's ID is its position in the list (drivers most preferred first, each driver's
-devices in order), so ID 0 is the first device, as NNRt's "0 means the first device" says.
-A device two drivers serve (``cpu:0`` of onnxruntime and of reference) has one ID per
-driver: the ID chooses the driver too. Its name is ``"<driver>/<device id>"``.
+A device's ID is its position in the list. ID 0 is the machine's default device with the
+driver crossrt prefers for it (``CROSSRT_DEFAULT_DEVICE``, ``onnxruntime/cpu:0`` when unset:
+compat/device0.py), as NNRt's "0 means the first device" says and as the other seed layers
+number it; then every driver's devices, drivers most preferred first. A device two drivers
+serve (``cpu:0`` of onnxruntime and of reference) has one ID per driver: the ID chooses the
+driver too. Its name is ``"<driver>/<device id>"``.
 """
 
 from __future__ import annotations
 
 from ...drivers import DeviceInfo, DeviceKind, available_drivers
+from ..device0 import default_device_info
 from .status import OH_NN_ReturnCode, guarded, invalid
 from .types import OH_NN_DeviceType
 
@@ -28,7 +31,9 @@ _KINDS = {
 
 def _devices() -> list[DeviceInfo]:
     # Asked each time: a driver's devices can change (a sim device count, a GPU lost).
-    return [info for drv in available_drivers() for info in drv.devices()]
+    first = default_device_info()
+    rest = [info for drv in available_drivers() for info in drv.devices()]
+    return [first, *(i for i in rest if (i.driver, i.id) != (first.driver, first.id))]
 
 
 def device(device_id: int) -> DeviceInfo:

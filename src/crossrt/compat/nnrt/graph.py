@@ -28,6 +28,9 @@ class ModelTensor:
     type: OH_NN_TensorType = OH_NN_TensorType.OH_NN_TENSOR
     data: np.ndarray | None = None
     quant: NN_QuantParam | None = None
+    real: np.ndarray | None = None
+    """A quantized constant's real values, for a translator that needs a constant
+    (:meth:`Ctx.const`); its ``data`` stays in the graph as integers + DequantizeLinear."""
 
 
 @dataclass(eq=False)
@@ -75,6 +78,8 @@ class Ctx:
     def const(self, k: int) -> np.ndarray:
         """The data of input ``k``, which must be a constant (SetTensorData)."""
         data = self.tensor(k).data
+        if data is None:
+            data = self.tensor(k).real
         if data is None:
             raise invalid(
                 f"{self.op.name}: input {k} must be constant; give it data with "

@@ -22,7 +22,8 @@ from .ops_basic import BASIC_OPS
 from .ops_extra import EXTRA_OPS
 from .ops_nn import LAYER_OPS
 from .optypes import OH_NN_OperationType, OH_NN_TensorType
-from .quant import NN_QuantParam
+from .qdq import RAW_OPS, translate_quantized
+from .quant import NN_QuantParam, check_quant
 from .status import NNError, OH_NN_ReturnCode, forbidden, guarded, invalid
 from .tensors import NN_TensorDesc, desc_of
 from .types import indices, numpy_dtype
@@ -163,9 +164,11 @@ def OH_NNModel_SetTensorQuantParams(
         raise invalid(f"{quantParam!r} is not a live NN_QuantParam")
     if not quantParam.scales:
         raise invalid("the quantization parameters have no scales")
-    tensor.quant = NN_QuantParam(
+    quant = NN_QuantParam(
         list(quantParam.scales), list(quantParam.zero_points), list(quantParam.num_bits)
     )
+    check_quant(quant, numpy_dtype(tensor.desc.data_type), tensor.desc.shape, f"tensor {index}")
+    tensor.quant = quant
     return _OK
 
 
@@ -278,7 +281,12 @@ def _translate(handle: OH_NNModel) -> Model:
 
     for op in handle.operations:
         translate = OPS[op.type][0]
-        results = translate(Ctx(b, handle.tensors, value, op))
+        if op.type.name in RAW_OPS or not any(
+            handle.tensors[i].quant for i in op.inputs + op.outputs
+        ):
+            results = translate(Ctx(b, handle.tensors, value, op))
+        else:
+            results = translate_quantized(b, handle.tensors, value, op, translate)
         for i, result in zip(op.outputs, results, strict=True):
             bound[i] = result
     for i in handle.outputs:
