@@ -85,7 +85,8 @@ def tcp_address(text: str, option: str) -> str:
 
 def default_endpoint() -> Endpoint:
     """``crossrt.sock`` in the runtime directory (``CROSSRT_RUNTIME_DIR``, else
-    ``$XDG_RUNTIME_DIR/crossrt``, ``/run/crossrt`` for root, ``/tmp/crossrt-<uid>``)."""
+    ``$XDG_RUNTIME_DIR/crossrt``, ``/run/crossrt`` for root, ``/tmp/crossrt-<uid>``, or
+    ``~/.cache/crossrt/run`` when another user made that one first)."""
     config = settings()
     folder = runtime_directory(Path(config.runtime_dir), config.runtime_dir_is_default)
     return Endpoint("unix", str(folder / "crossrt.sock"))
