@@ -230,12 +230,17 @@ class _Handler(BaseHTTPRequestHandler):
         self._handle(lambda path: self._json(*self.owner.get(path, self._peer)))
 
     def _peer(self) -> Peer:
-        """Who sent this request, told as gRPC tells a TCP peer (looked up only when asked:
-        it reads the kernel's tables)."""
-        host, port = self.client_address[:2]
-        family = "ipv6" if ":" in host else "ipv4"
-        shown = f"[{host}]" if family == "ipv6" else host
-        return self.owner.identify(f"{family}:{shown}:{port}")
+        """Who sent this request, told as gRPC tells a TCP peer: looked up only when asked
+        (it reads the kernel's tables), once per connection (this handler serves one), as
+        the connection's peer stays who it is. Per request, perf_analyzer's shared-memory
+        run over HTTP made 47 requests/s against 4,300 without shared memory."""
+        known: Peer | None = getattr(self, "_known_peer", None)
+        if known is None:
+            host, port = self.client_address[:2]
+            family = "ipv6" if ":" in host else "ipv4"
+            shown = f"[{host}]" if family == "ipv6" else host
+            known = self._known_peer = self.owner.identify(f"{family}:{shown}:{port}")
+        return known
 
     def do_POST(self) -> None:
         def post(path: list[str]) -> None:
