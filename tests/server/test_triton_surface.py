@@ -77,9 +77,9 @@ def rest(daemon: Daemon, path: str, doc: object = None) -> tuple[int, Any]:
 
 def test_every_endpoint_option_takes_one_address_form() -> None:
     for given in ("8000", ":8000", "127.0.0.1:8000"):
-        options = build(None, {"http": given, "metrics": given, "endpoint": (given,)})
+        options = build(None, {"http": given, "metrics": given, "endpoint": ("unix:/s", given)})
         assert options.http == options.metrics == "127.0.0.1:8000"
-        assert str(options.endpoints()[-1]) == "127.0.0.1:8000"
+        assert [str(e) for e in options.endpoints()] == ["unix:/s", "127.0.0.1:8000"]
     assert build(None, {"http": "[::1]:8000"}).http == "[::1]:8000"
     for bad in ("http", "host:port", "99999", "example.org:80"):
         with pytest.raises(crossrt.InvalidOptionError, match=r"HOST:PORT|IP address"):
