@@ -311,6 +311,19 @@ def test_not_found_lists_a_few_models_only(tmp_path: Path) -> None:
         assert daemon.stop() == 0, "".join(daemon.log)
 
 
+def test_errors_stay_short_whatever_the_client_sent(served: Daemon) -> None:
+    """An error that echoes what the client sent (here a 100,000-character input name) is
+    cut: whole, it passed gRPC's 16 KiB metadata limit, and the client saw
+    RESOURCE_EXHAUSTED instead of what it did wrong."""
+    client = tc.InferenceServerClient(served.url)
+    given = tc.InferInput("x" * 100_000, [4, 8], "FP32")
+    given.set_data_from_numpy(np.ones((4, 8), np.float32))
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("tiny", [given])
+    assert info.value.status() == "StatusCode.INVALID_ARGUMENT", info.value.message()[:300]
+    assert "has no input" in info.value.message() and len(info.value.message()) < 5000
+
+
 DEEP = b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
 
 
