@@ -43,7 +43,10 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check src tests benchmarks examples
 	$(VENV)/bin/mypy
 
+# perf_analyzer for tests/server/test_triton_surface.py, fetched once; without PyPI the test
+# skips, saying so.
 test: lint
+	-test -x benchmarks/.perf_analyzer/perf_analyzer || $(MAKE) perf-analyzer
 	$(PY) -m pytest -n $(TEST_WORKERS)
 
 # The inner loop: unit/, drivers/ and runtime/ (tests/README.md), no lint, no slow tests, stop at

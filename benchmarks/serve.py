@@ -17,10 +17,11 @@ For each model (tiny, the ResNet-50-like model of models.py with its 600 KB inpu
 Each with 1 client and with N client threads (``--clients``, default 4), for ``--seconds``
 each (every request's latency recorded): p50/p99 latency and throughput. Outputs are checked
 against in-process ones once per variant. With Triton's ``perf_analyzer`` (``make
-perf-analyzer`` fetches it), the same daemon driven by it too, protobuf and system shared
-memory, at concurrency 1 and N. Before all that, the floors of this machine: a Unix-socket
-round trip to another process, and an empty gRPC call (ServerReady) to the daemon; then the
-daemon's RSS over three windows of 10,000 tiny requests after a warm-up.
+perf-analyzer`` fetches it), the same daemon driven by it too, over gRPC and HTTP
+(``--http``), protobuf and system shared memory, at concurrency 1 and N. Before all that,
+the floors of this machine: a Unix-socket round trip to another process, and an empty gRPC
+call (ServerReady) to the daemon; then the daemon's RSS over three windows of 10,000 tiny
+requests after a warm-up.
 
     python benchmarks/serve.py                       # ~3 min on 2 cores
     python benchmarks/serve.py --models tiny --seconds 1
@@ -110,14 +111,22 @@ PERF_ANALYZER = Path(__file__).resolve().parent / ".perf_analyzer" / "perf_analy
 
 
 def perf_analyzer(
-    binary: Path, socket: str, name: str, clients: int, shm: bool, seconds: float
+    binary: Path,
+    socket: str,
+    name: str,
+    clients: int,
+    shm: bool,
+    seconds: float,
+    http: str | None = None,
 ) -> list[dict[str, Any]]:
     """Triton's ``perf_analyzer`` against the daemon: one row per concurrency (1 and
     ``clients``), with its throughput, latency percentiles and the server-side times it reads
-    from ModelStatistics (us). ``shm``: inputs and outputs through system shared memory."""
+    from ModelStatistics (us). ``shm``: inputs and outputs through system shared memory.
+    ``http``: the daemon's HOST:PORT, driven over HTTP instead of gRPC on ``socket``."""
     with tempfile.TemporaryDirectory(prefix="crossrt-pa-") as tmp:
         csv_path = Path(tmp) / "pa.csv"
-        command = [str(binary), "-m", name, "-i", "grpc", "-u", f"unix:{socket}"]
+        where = ["-i", "http", "-u", http] if http else ["-i", "grpc", "-u", f"unix:{socket}"]
+        command = [str(binary), "-m", name, *where]
         command += ["--concurrency-range", f"1:{max(clients, 1)}:{max(clients - 1, 1)}"]
         command += ["--measurement-interval", str(int(seconds * 1000))]
         command += ["--stability-percentage", "50", "--max-trials", "6", "-f", str(csv_path)]
@@ -135,7 +144,7 @@ def perf_analyzer(
         values = dict(zip(keys, line.split(","), strict=False))
         rows.append({
             "model": name,
-            "variant": "perf_analyzer shm" if shm else "perf_analyzer protobuf",
+            "variant": f"perf_analyzer{' HTTP' if http else ''} {'shm' if shm else 'protobuf'}",
             "clients": int(values["Concurrency"]),
             "p50_us": float(values["p50 latency"]),
             "p99_us": float(values["p99 latency"]),
@@ -176,10 +185,11 @@ def rss_kib(pid: int) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS"))
 
 
-def start_daemon(folder: Path) -> subprocess.Popen[str]:
-    """``crossrt serve`` on ``folder/d.sock`` serving ``folder/models``; once it is ready."""
+def start_daemon(folder: Path, http: str) -> subprocess.Popen[str]:
+    """``crossrt serve`` on ``folder/d.sock`` (and HTTP on ``http``) serving
+    ``folder/models``; once it is ready."""
     command = [sys.executable, "-m", "crossrt", "serve", "-x", "-g", f"unix:{folder}/d.sock"]
-    command += ["--model-repository", str(folder / "models")]
+    command += ["--model-repository", str(folder / "models"), "--http", http]
     env = dict(os.environ, CROSSRT_RUNTIME_DIR=str(folder / "run"))
     proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
     assert proc.stderr is not None
@@ -221,7 +231,10 @@ def run_all(
             build, shape = MODELS[name]
             crossrt.compile(build(), "cpu").save(folder / "models" / f"{name}.crm")
             inputs[name] = np.random.default_rng(0).random(shape, dtype=np.float32)
-        daemon = start_daemon(folder)
+        with socket.socket() as probe:  # a free loopback port for --http
+            probe.bind(("127.0.0.1", 0))
+            http = f"127.0.0.1:{probe.getsockname()[1]}"
+        daemon = start_daemon(folder, http)
         try:
             sock = f"unix:{folder}/d.sock"
             clients_by_variant = {  # the default client (the direct lane), and gRPC's
@@ -263,10 +276,11 @@ def run_all(
                             rows.append({"model": name, "variant": variant, "clients": n, **result})
                             print(_row(rows[-1]), flush=True)
                     local.unload()
-                    for shm in (False, True) if analyzer is not None else ():
-                        assert analyzer is not None
+                    for over, shm in ((None, False), (None, True), (http, False), (http, True)):
+                        if analyzer is None:
+                            break
                         for row in perf_analyzer(
-                            analyzer, f"{folder}/d.sock", name, clients, shm, seconds
+                            analyzer, f"{folder}/d.sock", name, clients, shm, seconds, over
                         ):
                             rows.append(row)
                             print(_row(row), flush=True)

@@ -12,6 +12,7 @@ import itertools
 import logging
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -80,7 +81,8 @@ class Settings:
             every free one); ``None``: not set. ``visible_cores`` wins when both are set.
         runtime_dir: where the core lock files live (``CROSSRT_RUNTIME_DIR``, else
             ``$XDG_RUNTIME_DIR/crossrt``, else ``/run/crossrt`` for root, else
-            ``crossrt-<uid>`` in the temporary directory).
+            ``crossrt-<uid>`` in the temporary directory, or ``~/.cache/crossrt/run`` when
+            another user made that one first).
         runtime_dir_is_default: ``runtime_dir`` was not named by ``CROSSRT_RUNTIME_DIR``.
         memlog_max_entries: how many memory events the allocation log keeps, dumped as CSV
             when an allocation fails (``CROSSRT_MEMLOG_MAX_SIZE``, like Neuron's
@@ -466,7 +468,25 @@ def _default_runtime_dir(env: Mapping[str, str]) -> str:
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         return "/run/crossrt"
     uid = os.getuid() if hasattr(os, "getuid") else 0
-    return os.path.join(tempfile.gettempdir(), f"crossrt-{uid}")
+    shared = os.path.join(tempfile.gettempdir(), f"crossrt-{uid}")
+    if _own_or_free(shared):
+        return shared
+    # Anyone may make /tmp/crossrt-<uid> first, and its owner's crossrt could then never
+    # start: the user's home is a place no other user can take.
+    home = env.get("HOME", "").strip() or os.path.expanduser("~")
+    return os.path.join(home, ".cache", "crossrt", "run")
+
+
+def _own_or_free(path: str) -> bool:
+    """Whether ``path`` is missing or a folder of this user's that only it may write (not a
+    link): a runtime directory whose core locks can be trusted."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
 
 
 def apply_log_level(environ: Mapping[str, str] | None = None) -> None:

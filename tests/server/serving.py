@@ -96,11 +96,14 @@ def start_daemon(
     args: Sequence[str] = (),
     env: dict[str, str] | None = None,
     files: int | None = None,
+    default_socket: bool = False,
 ) -> Daemon:
     """``python -m crossrt serve -x`` on ``folder/d.sock``; returns once it logs ``ready``.
-    ``files``: its limit on open files, soft and hard."""
-    sock = str(folder / "d.sock")
-    command = [sys.executable, "-m", "crossrt", "serve", "-x", "-g", f"unix:{sock}"]
+    ``files``: its limit on open files, soft and hard. ``default_socket``: no ``-g unix:``,
+    the daemon's default socket (``folder/run/crossrt.sock``) instead."""
+    sock = str(folder / ("run/crossrt.sock" if default_socket else "d.sock"))
+    command = [sys.executable, "-m", "crossrt", "serve", "-x"]
+    command += [] if default_socket else ["-g", f"unix:{sock}"]
     command += ["--model-repository", str(repository), *args]
     environ = dict(os.environ, CROSSRT_RUNTIME_DIR=str(folder / "run"), **(env or {}))
 

@@ -40,7 +40,8 @@ def test_concurrent_clients_are_served_in_batches(batching_daemon: Daemon) -> No
     config = client.get_model_config("rows").config
     assert config.dynamic_batching.preferred_batch_size == [8]
     assert config.dynamic_batching.max_queue_delay_microseconds == 1000
-    assert config.max_batch_size == 0  # shapes keep their batch dimension (-1)
+    # Triton's convention: max_batch_size > 0 and dims without the batch dimension
+    assert config.max_batch_size == 8 and list(config.input[0].dims) == [512]
     before = client.get_inference_statistics("rows").model_stats[0]
     xs = [np.random.default_rng(k).random((1 + k % 2, 512), dtype=np.float32) for k in range(8)]
     got: dict[int, np.ndarray] = {}

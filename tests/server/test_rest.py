@@ -144,7 +144,7 @@ def _x(datatype: str = "FP32", **fields: Any) -> dict[str, Any]:
         ("tiny", _x(data=[0] * 3), 400, "x"),
         ("tiny", {"inputs": []}, 400, "inputs"),
         ("nothing", _x(data=[0] * 32), 404, "nothing"),
-        ("tiny", _x(parameters={"shared_memory_region": "r"}), 400, "gRPC or the lane"),
+        ("tiny", _x(parameters={"shared_memory_region": "r"}), 400, "shared_memory_byte_size"),
     ],
 )
 def test_errors_have_a_status_and_a_message(

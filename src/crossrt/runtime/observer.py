@@ -2,9 +2,10 @@
 other processes: each process that loads a model answers on a Unix socket of its own.
 
 The first model a process loads starts one daemon thread listening on
-``<runtime dir>/observe/<pid>.sock`` (the runtime directory is the user's, mode 0700; the
-socket is 0600: only the same user, and root, connect). Nothing is measured or sent until
-someone asks: a connection sends one JSON line and gets one JSON line back.
+``<runtime dir>/observe/<pid>.sock`` (the runtime directory is the user's, mode 0700, or
+shared: :func:`observe_directory`; the socket is 0600: only the same user, and root,
+connect). Nothing is measured or sent until someone asks: a connection sends one JSON line
+and gets one JSON line back.
 
 - ``{"op": "snapshot"}``: the process (pid, tag, command, CPU seconds, its compile caches'
   counters) and each loaded model with its request statistics (``docs/statistics.md``),
@@ -29,6 +30,7 @@ import logging
 import os
 import resource
 import socket
+import stat
 import sys
 import threading
 import time
@@ -67,13 +69,35 @@ DRAWN_REQUESTS = 5_000
 
 
 def observe_directory() -> Path:
-    """``observe/`` in the runtime directory, created (0700) when missing."""
+    """``observe/`` in the runtime directory, created when missing: 0700 in a user's own
+    runtime directory; in one shared with a group or with everyone (``CROSSRT_RUNTIME_DIR``
+    of mode 0750 or 1777, say), writable by them too and sticky, as ``/tmp`` is, so each
+    user's processes can put their sockets in it and remove only their own. (Made 0700 by
+    the first user, it hid every other user's processes from ``crossrt top``.)"""
     config = settings()
     folder = runtime_directory(Path(config.runtime_dir), config.runtime_dir_is_default)
     path = folder / "observe"
-    with contextlib.suppress(FileExistsError):
+    mode = observe_mode(os.stat(folder).st_mode)
+    try:
         path.mkdir(mode=0o700)
+        os.chmod(path, mode)  # mkdir's mode is filtered by the umask
+    except FileExistsError:
+        with contextlib.suppress(OSError):
+            st = os.lstat(path)
+            if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != mode:
+                os.chmod(path, mode)  # made before the runtime directory was shared
     return path
+
+
+def observe_mode(runtime_mode: int) -> int:
+    """The mode of ``observe/`` in a runtime directory of mode ``runtime_mode``: the users
+    who may enter the runtime directory may add their sockets."""
+    mode = 0o700
+    if runtime_mode & 0o010:
+        mode |= 0o070
+    if runtime_mode & 0o001:
+        mode |= 0o007
+    return mode | 0o1000 if mode != 0o700 else mode
 
 
 # -- the process's side ------------------------------------------------------------------------

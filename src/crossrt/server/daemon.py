@@ -246,7 +246,10 @@ class Daemon:
             host, _, port = self.options.http.rpartition(":")
             try:
                 self._http = HttpFront(
-                    (host.strip("[]") or "127.0.0.1", int(port)), self.service, self.gate
+                    (host.strip("[]") or "127.0.0.1", int(port)),
+                    self.service,
+                    self.gate,
+                    self.identify,
                 )
             except OSError as exc:
                 raise OutOfResourcesError(

@@ -155,21 +155,26 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
     def ModelConfig(self, request: Any, context: Any) -> pb.ModelConfigResponse:
         entry, model = self.repository.get(request.name, request.version)
 
-        def io(spec: Any, kind: Any) -> Any:
+        def io(spec: Any, kind: Any, batch: int) -> Any:
             meta = metadata_tensor(spec)
             name = "TYPE_STRING" if meta["datatype"] == "BYTES" else f"TYPE_{meta['datatype']}"
             known = name in mc.DataType.DESCRIPTOR.values_by_name
             data_type = mc.DataType.Value(name if known else "TYPE_INVALID")
-            return kind(name=spec.name, data_type=data_type, dims=meta["shape"])
+            dims = meta["shape"][1:] if batch else meta["shape"]
+            return kind(name=spec.name, data_type=data_type, dims=dims)
 
         cpu = model.device.kind.name == "CPU"
+        # Triton's convention: with batching on, max_batch_size > 0 and the config's dims
+        # leave out the batch dimension (dynamic: batching needs it), which ModelMetadata
+        # keeps as -1 and clients send; without batching, dims are the whole shapes.
+        batch = model.batching.max_size if model.batching is not None else 0
         config = mc.ModelConfig(
             name=entry.name,
             platform="crossrt",
             backend="crossrt",
-            max_batch_size=0,
-            input=[io(s, mc.ModelInput) for s in model.inputs],
-            output=[io(s, mc.ModelOutput) for s in model.outputs],
+            max_batch_size=batch,
+            input=[io(s, mc.ModelInput, batch) for s in model.inputs],
+            output=[io(s, mc.ModelOutput, batch) for s in model.outputs],
             instance_group=[
                 mc.ModelInstanceGroup(
                     name=model.device.id,
@@ -182,8 +187,6 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
             default_model_filename=entry.path.name if entry.path else "",
         )
         if model.batching is not None:
-            # max_batch_size stays 0: the shapes above keep their batch dimension (-1), and
-            # clients send it, as with any model; the batcher joins requests along it.
             config.dynamic_batching.CopyFrom(
                 mc.ModelDynamicBatching(
                     preferred_batch_size=[model.batching.max_size],
@@ -374,21 +377,26 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
         self.regions.unregister(request.name, self._identify(context.peer()))
         return pb.SystemSharedMemoryUnregisterResponse()
 
+    # No CUDA region is ever registered here: the status lists none and unregistering finds
+    # nothing to do, as Triton answers when there are none (perf_analyzer unregisters every
+    # CUDA region at the end of each run, and reported UNIMPLEMENTED as a failure).
+
     def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
-        raise _no_cuda()
+        if request.name:
+            raise ServiceError(grpc.StatusCode.NOT_FOUND, NO_CUDA_REGIONS)
+        return pb.CudaSharedMemoryStatusResponse()
 
     def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
-        raise _no_cuda()
+        raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION, NO_CUDA_REGIONS)
 
     def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
-        raise _no_cuda()
+        return pb.CudaSharedMemoryUnregisterResponse()
 
 
-def _no_cuda() -> ServiceError:
-    return ServiceError(
-        grpc.StatusCode.UNIMPLEMENTED,
-        "CUDA shared memory is not served; use system shared memory",
-    )
+NO_CUDA_REGIONS = (
+    "this daemon registers no CUDA shared-memory regions (none is registered); use system "
+    "shared memory (/dev/shm) instead"
+)
 
 
 NO_DEADLINE_S = 1e7

@@ -7,7 +7,8 @@ written as Prometheus and OpenMetrics want them, with ``_total`` after the famil
 | metric | Triton's | from ``ModelStatistics`` |
 | --- | --- | --- |
 | ``crossrt_inference_request_success`` | ``nv_inference_request_success`` | ``success`` |
-| ``crossrt_inference_request_failure`` | ``nv_inference_request_failure`` | ``failure`` |
+| ``crossrt_inference_request_failure`` (``reason``) | same, its ``reason`` | ``failures`` |
+| ``crossrt_inference_request_failure_code`` (``code``) | (none) | ``failures`` |
 | ``crossrt_inference_count`` | ``nv_inference_count`` | ``success`` (batch 1) |
 | ``crossrt_inference_exec_count`` | ``nv_inference_exec_count`` | runs of every instance |
 | ``crossrt_inference_request_duration_us`` | same | ``latency`` |
@@ -16,6 +17,17 @@ written as Prometheus and OpenMetrics want them, with ``_total`` after the famil
 | ``crossrt_inference_compute_infer_duration_us`` | same | ``compute_infer`` |
 | ``crossrt_inference_compute_output_duration_us`` | same | ``compute_output`` |
 | ``crossrt_inference_pending_request_count`` | same (a gauge) | ``in_flight`` |
+| ``crossrt_inference_request_summary_us`` | same (a summary) | ``latency``, ``histogram`` |
+| ``crossrt_inference_request_duration_histogram_us`` | see below | ``histogram`` |
+
+Failures carry Triton's ``reason`` (every one of the four, zeros included): ``REJECTED``
+(``QUEUE_FULL``, ``TIMEOUT``: turned away or out of time before an answer), ``CANCELED``
+(``CANCELLED``), ``OTHER`` (the request was wrong: ``REFUSED`` by the daemon before the model,
+``INVALID``, ``EXEC_BAD_INPUT``) and ``BACKEND`` (the rest: the engine failed); the
+``_code`` family counts them by crossrt's status name, one sample per code seen. The
+summary's quantiles (0.5, 0.9, 0.99) and the histogram's buckets (``le``, microseconds:
+10 us to 10 s) are of successful requests' end-to-end time, as Triton's are (its histogram
+is ``nv_inference_first_response_histogram_ms``: one answer per request here, in us).
 
 The compile cache's counters (``crossrt_cache_hits_total``, ``_misses_total``,
 ``_evictions_total``, ``crossrt_cache_compile_seconds_total``) say whether models came from
@@ -59,7 +71,6 @@ failures."""
 
 _COUNTERS: tuple[tuple[str, str, Callable[[ModelStatistics], float]], ...] = (
     ("inference_request_success", "successful inference requests", lambda s: s.success),
-    ("inference_request_failure", "failed inference requests", lambda s: s.failure),  # + refused
     ("inference_count", "inferences performed (batch 1: one per request)", lambda s: s.success),
     (
         "inference_exec_count",
@@ -116,6 +127,27 @@ def _counters(
         yield metric
 
 
+REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+"""Triton's failure reasons (``nv_inference_request_failure{reason=...}``)."""
+
+_REASON_OF = {
+    "QUEUE_FULL": "REJECTED",
+    "TIMEOUT": "REJECTED",
+    "CANCELLED": "CANCELED",
+    "REFUSED": "OTHER",
+    "INVALID": "OTHER",
+    "EXEC_BAD_INPUT": "OTHER",
+}
+"""crossrt's status names that are not the engine's failure (``BACKEND``)."""
+
+QUANTILES = (0.5, 0.9, 0.99)
+
+
+def reason(code: str) -> str:
+    """Triton's failure reason for a crossrt status name."""
+    return _REASON_OF.get(code, "BACKEND")
+
+
 class ModelCollector(_Collector):
     """A Prometheus collector over the loaded models' statistics (a :data:`StatisticsSource`)."""
 
@@ -126,11 +158,54 @@ class ModelCollector(_Collector):
                 stats = replace(stats, failures={**stats.failures, "REFUSED": refused})
             rows.append((labels, stats))
         yield from _counters(self._prefix, _COUNTERS, rows)
+        yield from self._failures(rows)
+        yield from self._latency(rows)
         name = self._prefix + "inference_pending_request_count"
         gauge = Metric(name, "requests received and not finished (queued or running)", "gauge")
         for labels, stats in rows:
             gauge.add_sample(name, labels, float(stats.in_flight))
         yield gauge
+
+    def _failures(self, rows: list[tuple[dict[str, str], ModelStatistics]]) -> Iterator[Metric]:
+        name = self._prefix + "inference_request_failure"
+        by_reason = Metric(name, "failed inference requests, by Triton's reason", "counter")
+        by_code = Metric(name + "_code", "failed inference requests, by status name", "counter")
+        for labels, stats in rows:
+            counts = dict.fromkeys(REASONS, 0)
+            for code, count in sorted(stats.failures.items()):
+                counts[reason(code)] += count
+                by_code.add_sample(name + "_code_total", {**labels, "code": code}, float(count))
+            for why, count in counts.items():
+                by_reason.add_sample(name + "_total", {**labels, "reason": why}, float(count))
+        yield by_reason
+        yield by_code
+
+    def _latency(self, rows: list[tuple[dict[str, str], ModelStatistics]]) -> Iterator[Metric]:
+        name = self._prefix + "inference_request_summary_us"
+        summary = Metric(name, "end-to-end time of successful requests (us)", "summary")
+        hname = self._prefix + "inference_request_duration_histogram_us"
+        histogram = Metric(hname, "end-to-end time of successful requests (us)", "histogram")
+        for labels, stats in rows:
+            total_us = stats.latency.ns / 1e3
+            for q in QUANTILES:
+                value = stats.percentile_us(q * 100)
+                summary.add_sample(
+                    name,
+                    {**labels, "quantile": str(q)},
+                    float("nan") if value is None else value,
+                )
+            summary.add_sample(name + "_count", labels, float(stats.latency.count))
+            summary.add_sample(name + "_sum", labels, total_us)
+            seen = 0
+            for bound, count in zip(stats.buckets_us, stats.histogram, strict=False):
+                seen += count
+                histogram.add_sample(hname + "_bucket", {**labels, "le": str(bound)}, float(seen))
+            everything = float(sum(stats.histogram))
+            histogram.add_sample(hname + "_bucket", {**labels, "le": "+Inf"}, everything)
+            histogram.add_sample(hname + "_count", labels, everything)
+            histogram.add_sample(hname + "_sum", labels, total_us)
+        yield summary
+        yield histogram
 
 
 class ConnectionCollector(_Collector):

@@ -369,25 +369,43 @@ class Repository:
         entry = self._entries.get(name)
         model = entry.model if entry is not None else None
         if entry is None or model is None:
-            known = ", ".join(e.name for e in self.loaded()) or "none"
             why = f" ({entry.reason})" if entry is not None and entry.reason else ""
             raise ServiceError(
                 grpc.StatusCode.NOT_FOUND if entry is None else grpc.StatusCode.UNAVAILABLE,
-                f"model {name!r} is not loaded{why}; loaded models: {known}"
+                f"model {short(name)} is not loaded{why}; loaded models: {self._some_loaded()}"
                 + ("" if entry is None else "; load it with RepositoryModelLoad"),
             )
         if version and version != entry.version:
             raise ServiceError(
                 grpc.StatusCode.NOT_FOUND,
-                f"model {name!r} has no version {version!r} loaded; it serves version "
+                f"model {name!r} has no version {short(version)} loaded; it serves version "
                 f"{entry.version} (leave the version empty for it)",
             )
         return entry, model
+
+    def _some_loaded(self) -> str:
+        """The first :data:`NAMES_IN_ERRORS` loaded models' names: an error carries no more
+        (gRPC refuses metadata over 16 KiB, and 400 names passed it), RepositoryIndex lists
+        them all."""
+        names = [e.name for e in self.loaded()]
+        shown = ", ".join(short(n) for n in names[:NAMES_IN_ERRORS]) or "none"
+        more = len(names) - NAMES_IN_ERRORS
+        return shown + (f" and {more} more (RepositoryIndex lists them all)" if more > 0 else "")
 
     def close(self) -> None:
         """Unload everything."""
         for entry in self.entries():
             self.unload(entry.name)
+
+
+NAMES_IN_ERRORS = 10
+"""How many loaded models' names a NOT_FOUND error lists."""
+
+
+def short(name: str, limit: int = 64) -> str:
+    """``name`` quoted for an error, cut to ``limit`` characters: a client's name is echoed,
+    and a long one must not make the error too long to send."""
+    return repr(name) if len(name) <= limit else repr(name[:limit]) + f"... ({len(name)} chars)"
 
 
 def _stamp(path: Path | None) -> tuple[int, int]:

@@ -42,8 +42,7 @@ class Endpoint:
 
 def parse_endpoint(text: str) -> Endpoint:
     """``unix:/path``, ``unix:///path`` (tritonclient's spelling), ``/path``: a Unix socket;
-    ``host:port``, ``[::1]:port``: TCP; ``port`` or ``:port``: TCP on 127.0.0.1 (loopback
-    unless an address is named)."""
+    else a TCP address as :func:`tcp_address` reads it."""
     text = text.strip()
     if text.startswith("unix:") or text.startswith(("/", "./", "../")):
         path = text.removeprefix("unix://") if text.startswith("unix://") else text
@@ -51,12 +50,25 @@ def parse_endpoint(text: str) -> Endpoint:
         if not path:
             raise InvalidOptionError("-g unix: needs a path: -g unix:/run/crossrt/crossrt.sock")
         return Endpoint("unix", str(Path(path).absolute()))
+    return Endpoint("tcp", tcp_address(text, "endpoint"))
+
+
+def tcp_address(text: str, option: str) -> str:
+    """The one form of every TCP option (``-g``, ``--http``, ``--metrics``): ``HOST:PORT``,
+    ``[::1]:PORT``, or ``PORT`` / ``:PORT`` for 127.0.0.1 (loopback unless an address is
+    named); returned as ``HOST:PORT`` (``[HOST]:PORT`` for IPv6).
+
+    Raises:
+        InvalidOptionError: neither a port nor an IP address and port.
+    """
+    text = str(text).strip()
     host, sep, port = text.rpartition(":")
     if not sep:
         host, port = "", text
     if not port.isdigit() or int(port) > 65535:
         raise InvalidOptionError(
-            f"endpoint {text!r}: give HOST:PORT (TCP), a port, or a socket path (unix:/path)"
+            f"{option} {text!r}: give HOST:PORT, :PORT or PORT (127.0.0.1)"
+            + (", or a socket path (unix:/path)" if option == "endpoint" else "")
         )
     host = host.strip("[]") or "127.0.0.1"
     if host != "localhost":
@@ -64,16 +76,17 @@ def parse_endpoint(text: str) -> Endpoint:
             ipaddress.ip_address(host)
         except ValueError:
             raise InvalidOptionError(
-                f"endpoint {text!r}: {host!r} is not an IP address; give one (0.0.0.0 for "
+                f"{option} {text!r}: {host!r} is not an IP address; give one (0.0.0.0 for "
                 "every interface, 127.0.0.1 for this host only)"
             ) from None
     shown = f"[{host}]" if ":" in host else host
-    return Endpoint("tcp", f"{shown}:{port}")
+    return f"{shown}:{int(port)}"
 
 
 def default_endpoint() -> Endpoint:
     """``crossrt.sock`` in the runtime directory (``CROSSRT_RUNTIME_DIR``, else
-    ``$XDG_RUNTIME_DIR/crossrt``, ``/run/crossrt`` for root, ``/tmp/crossrt-<uid>``)."""
+    ``$XDG_RUNTIME_DIR/crossrt``, ``/run/crossrt`` for root, ``/tmp/crossrt-<uid>``, or
+    ``~/.cache/crossrt/run`` when another user made that one first)."""
     config = settings()
     folder = runtime_directory(Path(config.runtime_dir), config.runtime_dir_is_default)
     return Endpoint("unix", str(folder / "crossrt.sock"))
@@ -103,8 +116,12 @@ class ServeOptions:
     models: tuple[Entry, ...] = field(default_factory=tuple)
 
     def endpoints(self) -> list[Endpoint]:
-        """The endpoints, the default Unix socket when none is named."""
-        return [parse_endpoint(e) for e in self.endpoint] or [default_endpoint()]
+        """The endpoints: those named, and the default Unix socket unless one of them is a
+        Unix socket (TCP endpoints are added to it, as docs/cli.md says)."""
+        named = [parse_endpoint(e) for e in self.endpoint]
+        if any(e.kind == "unix" for e in named):
+            return named
+        return [default_endpoint(), *named]
 
     @property
     def level(self) -> int:
@@ -138,6 +155,9 @@ def build(file: str | None, given: Mapping[str, Any]) -> ServeOptions:
     values["models"] = tuple(_model(m, file) for m in values.get("models", ()))
     if isinstance(values.get("socket_mode"), str):
         values["socket_mode"] = int(values["socket_mode"], 8)
+    for key in ("metrics", "http"):  # one form for every TCP option, as -g takes it
+        if values.get(key) is not None:
+            values[key] = tcp_address(values[key], f"--{key}")
     if values.get("cores") is not None:
         values["cores"] = str(values["cores"])
     options = ServeOptions(**values)
@@ -173,11 +193,6 @@ def _check(options: ServeOptions) -> None:
             f"model control {options.model_control!r}: give 'none' (load the repository at "
             "start) or 'explicit' (load with RepositoryModelLoad)"
         )
-    for flag, value in (("--metrics", options.metrics), ("--http", options.http)):
-        if value is not None:
-            _, sep, port = value.rpartition(":")
-            if not sep or not port.isdigit():
-                raise InvalidOptionError(f"{flag} {value!r}: give HOST:PORT")
     if (options.tls_cert is None) != (options.tls_key is None) or (
         options.tls_client_ca and not options.tls_cert
     ):

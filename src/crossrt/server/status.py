@@ -59,8 +59,22 @@ class ServiceError(Exception):
         self.message = message
 
 
+MAX_MESSAGE = 4096
+"""Characters of an error message a client gets; the rest is cut. Messages echo what the
+client sent (names, shapes): whole, a long one passed gRPC's 16 KiB limit on metadata, and
+the client saw RESOURCE_EXHAUSTED instead of its error."""
+
+
 def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
-    """The gRPC status and message a client gets for ``exc``."""
+    """The gRPC status and message a client gets for ``exc`` (at most :data:`MAX_MESSAGE`
+    characters)."""
+    code, message = _status_of(exc)
+    if len(message) > MAX_MESSAGE:
+        message = f"{message[:MAX_MESSAGE]}... ({len(message) - MAX_MESSAGE} characters cut)"
+    return code, message
+
+
+def _status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     if isinstance(exc, ServiceError):
         return exc.status, exc.message
     if isinstance(exc, CrossrtError):

@@ -30,8 +30,8 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "-g", dest="endpoint", action="append", metavar="ENDPOINT",
-        help="listen here: unix:/path (or /path) for a Unix socket, HOST:PORT for TCP "
-        "(PORT alone: 127.0.0.1); repeat for several",
+        help="listen here: unix:/path (or /path) for a Unix socket in place of the default "
+        "one, HOST:PORT for TCP besides it (PORT or :PORT: 127.0.0.1); repeat for several",
     )  # fmt: skip
     p.add_argument("-c", dest="config", metavar="CONFIG.toml", help="config file (TOML)")
     p.add_argument(
@@ -51,11 +51,14 @@ def parser() -> argparse.ArgumentParser:
         help="none (default): load every model of the repository at start; explicit: only "
         "those RepositoryModelLoad asks for",
     )  # fmt: skip
-    p.add_argument("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics here")
+    p.add_argument(
+        "--metrics", metavar="HOST:PORT",
+        help="serve Prometheus metrics here (PORT or :PORT: 127.0.0.1)",
+    )  # fmt: skip
     p.add_argument(
         "--http", metavar="HOST:PORT",
-        help="serve KServe v2 HTTP/REST here too (health, metadata, infer, statistics, "
-        "repository; :PORT listens on 127.0.0.1)",
+        help="serve KServe v2 HTTP/REST here too (health, metadata, config, infer, "
+        "statistics, repository, shared memory; PORT or :PORT: 127.0.0.1)",
     )  # fmt: skip
     p.add_argument(
         "--max-connections", type=int, metavar="N",

@@ -469,8 +469,9 @@ def runtime_directory(path: Path, is_default: bool = False) -> Path:
     unsafe = stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022
     if is_default and unsafe:
         raise OutOfResourcesError(
-            f"the runtime directory {path} is a symlink, another user's, or writable by "
-            "others, so its core locks cannot be trusted; remove it, or set "
+            f"the runtime directory {path} is a symlink, user {st.st_uid}'s, or writable by "
+            f"others (mode {stat.S_IMODE(st.st_mode):04o}), so its core locks cannot be "
+            "trusted; remove it (root may, if another user made it), or set "
             "CROSSRT_RUNTIME_DIR to a directory of your own",
             details={"runtime_dir": str(path)},
         )
