@@ -23,7 +23,9 @@ cd "$DIR/download"
     --only-binary :all: --platform manylinux1_x86_64 -d .
 [ -f "$CUDART" ] || "$OLDPWD/$PY" -m pip download --quiet --no-deps nvidia-cuda-runtime-cu12==12.9.79 \
     --only-binary :all: --platform manylinux2014_x86_64 -d .
-[ -f "$LIBB64" ] || apt-get download libb64-0d=1.2-5+b1 2>/dev/null
+# A fresh machine may have no package lists yet: read them once, then try again.
+[ -f "$LIBB64" ] || apt-get download libb64-0d=1.2-5+b1 2>/dev/null \
+    || { apt-get update -qq >/dev/null 2>&1 && apt-get download libb64-0d=1.2-5+b1 2>/dev/null; }
 sha256sum --check --quiet - <<SUMS
 $TRITONCLIENT_SHA  $TRITONCLIENT
 $CUDART_SHA  $CUDART
