@@ -97,7 +97,9 @@ def test_a_client_timeout_stops_the_run_in_the_daemon(
     stops the heavy run when it expires instead of running it to the end for nobody."""
     before = _failures(slow_daemon, monkeypatch, "heavy").get("TIMEOUT", 0)
     x = np.ones((512, 512), np.float32)
-    with connect(slow_daemon.url, timeout=0.05, lane=lane) as remote:
+    # 0.5 s: the run takes seconds, and the metadata call of load() under the same deadline
+    # must not expire on a loaded machine (0.05 s did, with 12 processes on 2 cores).
+    with connect(slow_daemon.url, timeout=0.5, lane=lane) as remote:
         model = remote.load("heavy")
         with pytest.raises(crossrt.CrossrtError) as raised:
             model.run({"x": x})
@@ -120,7 +122,7 @@ def test_calls_without_a_deadline_leave_deadlines_working(
     before = _failures(slow_daemon, monkeypatch, "heavy").get("TIMEOUT", 0)
     x = np.ones((512, 512), np.float32)
     with (
-        connect(slow_daemon.url, timeout=0.05, lane=False) as remote,
+        connect(slow_daemon.url, timeout=0.5, lane=False) as remote,
         pytest.raises(crossrt.CrossrtError),
     ):
         remote.load("heavy").run({"x": x})
