@@ -41,9 +41,9 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
 from .. import dtypes
-from .gate import UNAUTHENTICATED, Gate
+from .gate import Gate
 from .kserve import InferenceService
-from .peers import Peer
+from .peers import Peer, identify
 from .status import ServiceError, status_of
 from .tensors import decode_bytes, encode_bytes
 
@@ -141,29 +141,22 @@ class HttpFront:
         request = pb.ModelStatisticsRequest(name=name, version=version)
         return plain(self.service.ModelStatistics(request, None))
 
-    def repository(self, path: list[str], body: bytes) -> Any:
+    def repository(self, path: list[str], body: bytes, peer: Peer) -> Any:
         """A POST under ``/v2/repository``: the index, or a model's load or unload (Triton's
-        HTTP paths); its JSON answer."""
+        HTTP paths) by ``peer``; its JSON answer."""
         doc = _json(body) if body.strip() else {}
         if path == ["index"]:
             request = pb.RepositoryIndexRequest(ready=bool(doc.get("ready", False)))
             return plain(self.service.RepositoryIndex(request, None))["models"]
         if len(path) == 3 and path[0] == "models" and path[2] in ("load", "unload"):
             if path[2] == "unload":
-                self.service.RepositoryModelUnload(
-                    pb.RepositoryModelUnloadRequest(model_name=path[1]), None
-                )
+                self.service.unload_model(path[1], peer)
                 return {}
-            load = pb.RepositoryModelLoadRequest(model_name=path[1])
-            for key, value in (doc.get("parameters") or {}).items():
-                param = load.parameters[str(key)]
-                if isinstance(value, bool):
-                    param.bool_param = value
-                elif isinstance(value, int):
-                    param.int64_param = value
-                else:
-                    param.string_param = str(value)
-            self.service.RepositoryModelLoad(load, None)
+            values = {
+                str(key): value if isinstance(value, bool | int) else str(value)
+                for key, value in (doc.get("parameters") or {}).items()
+            }
+            self.service.load_model(path[1], values, peer)
             return {}
         raise ServiceError(
             grpc.StatusCode.NOT_FOUND, f"no such path: /v2/repository/{'/'.join(path)}"
@@ -187,6 +180,8 @@ class HttpFront:
 
 class _Handler(BaseHTTPRequestHandler):
     owner: HttpFront
+    peer: Peer
+    """Who sent the request being handled: anonymous, or its token's user."""
     protocol_version = "HTTP/1.1"
     server_version = "crossrt"
 
@@ -219,10 +214,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.owner.gate.enter()
             try:
                 if path[:1] == ["repository"]:
-                    self._json(HTTPStatus.OK, self.owner.repository(path[1:], body))
+                    self._json(HTTPStatus.OK, self.owner.repository(path[1:], body, self.peer))
                     return
-                peer = Peer(f"ipv4:{self.client_address[0]}", local=False)
-                answer, json_length = self.owner.infer(path, body, header_length, peer)
+                answer, json_length = self.owner.infer(path, body, header_length, self.peer)
                 extra = {} if json_length is None else {HEADER_LENGTH: str(json_length)}
                 binary = json_length is not None
                 content = "application/octet-stream" if binary else "application/json"
@@ -237,11 +231,11 @@ class _Handler(BaseHTTPRequestHandler):
             parts = [unquote(p) for p in self.path.split("?")[0].split("/") if p]
             if parts[:1] != ["v2"]:
                 raise ServiceError(grpc.StatusCode.NOT_FOUND, f"no such path: {self.path}")
-            token = self.headers.get("Authorization", "")
-            if parts[1:3] not in (["health", "live"], ["health", "ready"]) and not (
-                self.owner.gate.token_matches(token.removeprefix("Bearer ").encode())
-            ):
-                raise ServiceError(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED)
+            if parts[1:3] not in (["health", "live"], ["health", "ready"]):
+                grant = self.owner.gate.grant(self.headers.get("Authorization"))
+                host, port = self.client_address[:2]
+                kind = "ipv6" if ":" in host else "ipv4"
+                self.peer = identify(f"{kind}:{host}:{port}", {}, grant)
             action(parts[1:])
         except Exception as exc:
             code, message = status_of(exc)
