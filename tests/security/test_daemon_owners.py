@@ -5,6 +5,7 @@ squat the relay's connection names, or hold every connection. A real daemon, rea
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import socket
 import tempfile
@@ -176,10 +177,30 @@ def test_under_model_control_none_the_repository_is_not_driven(folder: Path) -> 
 # -- the relay -------------------------------------------------------------------------------
 
 
+def _names_of(pid: int) -> list[str]:
+    """The abstract socket names process ``pid`` has bound (``/proc/net/unix``, which anyone
+    may read, joined with the process's descriptors)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+    names = []
+    for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+        fields = line.split()
+        if len(fields) == 8 and fields[6] in inodes and fields[7].startswith("@"):
+            names.append(fields[7][1:])
+    return names
+
+
 def test_squatting_the_relays_names_blocks_no_one(daemon: Daemon) -> None:
-    first = tc.InferenceServerClient(daemon.url)
+    # A channel of its own (gRPC shares connections between channels to one target).
+    fresh = [("grpc.use_local_subchannel_pool", 1)]
+    first = tc.InferenceServerClient(daemon.url, channel_args=fresh)
     assert first.is_server_live()  # one relayed connection open: its name is visible
-    names = re.findall(r"@(crossrt-peer-\S+)", Path("/proc/net/unix").read_text())
+    names = _names_of(daemon.proc.pid)
+    assert any(name.startswith("crossrt-peer-") for name in names), names
     squatted = []
     for name in names:
         found = re.fullmatch(r"(crossrt-peer-[0-9a-f]+)-(\d+)", name)
@@ -195,8 +216,8 @@ def test_squatting_the_relays_names_blocks_no_one(daemon: Daemon) -> None:
                 s.close()
     try:
         for _ in range(5):
-            client = tc.InferenceServerClient(daemon.url)
-            assert client.is_server_live()
+            client = tc.InferenceServerClient(daemon.url, channel_args=fresh)
+            assert client.is_server_live(client_timeout=30)
             client.close()
     finally:
         for s in squatted:
