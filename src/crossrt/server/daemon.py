@@ -268,8 +268,13 @@ class Daemon:
                     "--http HOST:PORT"
                 ) from None
             log.info("serving KServe v2 HTTP/REST on http://%s/v2", self.options.http)
-        # Explicit model control loads only the config file's [[models]] at start.
-        self.repository.load_all(pinned_only=self.options.model_control == "explicit")
+        # Explicit model control loads only the config file's [[models]] at start, and
+        # those --load-model names (Triton's option; "*": all).
+        explicit = self.options.model_control == "explicit"
+        named = () if "*" in self.options.load_model else self.options.load_model
+        self.repository.load_all(pinned_only=explicit and "*" not in self.options.load_model)
+        for name in named if explicit else ():
+            self.repository.try_load(name)
         for entry in self.repository.loaded():
             if entry.model is not None:
                 log.info("model %s version %s is ready", entry.name, entry.version)

@@ -21,6 +21,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
 from ..drivers.base import CancelToken
+from ..errors import OperationForbiddenError
 from ..runtime.statistics import ModelStatistics
 from .peers import Peer, need_operator, need_owner
 from .regions import Regions
@@ -370,12 +371,19 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
 
     def _controlled(self) -> None:
         if not self.explicit:
-            # Triton's answer under --model-control-mode=none (UNAVAILABLE, its words).
+            # Triton's answer under --model-control-mode=none (UNAVAILABLE, its words); the
+            # code in front makes it OperationForbiddenError for crossrt's client, not the
+            # "daemon gone" of a plain UNAVAILABLE.
             raise ServiceError(
                 grpc.StatusCode.UNAVAILABLE,
-                "explicit model load / unload is not allowed if polling is enabled: this "
-                "daemon runs with --model-control none; restart it with --model-control "
-                "explicit, or change the repository and send SIGHUP",
+                str(
+                    OperationForbiddenError(
+                        "explicit model load / unload is not allowed if polling is enabled: "
+                        "this daemon runs with --model-control none; restart it with "
+                        "--model-control explicit (and --load-model), or change the repository "
+                        "and send it SIGHUP"
+                    )
+                ),
             )
 
     # -- system shared memory ------------------------------------------------------------

@@ -243,16 +243,17 @@ class Repository:
         for entry in list(self._entries.values()):
             new = entry.model is None and entry.reason == "not loaded"
             if (new and load_new) or _changed(entry):
-                self._try_load(entry.name)
+                self.try_load(entry.name)
 
     def load_all(self, pinned_only: bool = False) -> None:
         """Load every known model, or only those of the config file (a failure is logged
         and shown in the index)."""
         for name in list(self._entries):
             if name in self._pinned or not pinned_only:
-                self._try_load(name)
+                self.try_load(name)
 
-    def _try_load(self, name: str) -> None:
+    def try_load(self, name: str) -> None:
+        """Load model ``name``; a failure is logged and shown in the index."""
         try:
             self.load(name)
         except Exception as exc:  # the index shows why; the daemon goes on

@@ -90,6 +90,9 @@ class ServeOptions:
     cores: str | None = None
     model_repository: str | None = None
     model_control: str = "none"
+    load_model: tuple[str, ...] = ()
+    """Under explicit model control, the repository's models loaded at start (Triton's
+    ``--load-model``; ``*``: every one)."""
     metrics: str | None = None
     http: str | None = None
     token: str | None = None
@@ -147,6 +150,9 @@ def build(file: str | None, given: Mapping[str, Any]) -> ServeOptions:
         raise InvalidOptionError(
             f"unknown setting(s) {unknown} in {file or 'the options'}; known: {sorted(known)}"
         )
+    if isinstance(values.get("load_model"), str):
+        values["load_model"] = (values["load_model"],)
+    values["load_model"] = tuple(values.get("load_model", ()))
     if isinstance(values.get("endpoint"), str):
         values["endpoint"] = (values["endpoint"],)
     values["endpoint"] = tuple(values.get("endpoint", ()))

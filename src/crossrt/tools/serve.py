@@ -51,6 +51,11 @@ def parser() -> argparse.ArgumentParser:
         help="none (default): load every model of the repository at start; explicit: only "
         "those RepositoryModelLoad asks for",
     )  # fmt: skip
+    p.add_argument(
+        "--load-model", action="append", metavar="NAME",
+        help="with --model-control explicit, load this repository model at start (repeat "
+        "for several; '*': every one), as Triton's --load-model",
+    )  # fmt: skip
     p.add_argument("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics here")
     p.add_argument(
         "--http", metavar="HOST:PORT",
@@ -126,6 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cores": args.cores,
         "model_repository": args.model_repository,
         "model_control": args.model_control,
+        "load_model": tuple(args.load_model or ()),
         "metrics": args.metrics,
         "http": args.http,
         "max_connections": args.max_connections,
