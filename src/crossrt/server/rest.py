@@ -22,8 +22,8 @@ binary tensor data extension. Requests go to the same service as gRPC's and the 
 The header ``Authorization: Bearer <token>`` says who sends a request (docs/security.md): a
 client is anonymous without a per-user token, and the repository's load and unload are the
 operator's. Shared-memory regions are not named over HTTP (use gRPC or the lane): a request
-that does is refused, and the shared-memory extension stays on gRPC. Errors are ``{"error": message}``
-with the HTTP status for their gRPC code.
+that does is refused, and the shared-memory extension stays on gRPC. Errors are
+``{"error": message}`` with the HTTP status for their gRPC code.
 """
 
 from __future__ import annotations

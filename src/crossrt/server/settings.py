@@ -1,9 +1,9 @@
 """The daemon's settings: the config file (TOML) and the command line, checked in one place.
 
 Every command-line option has a key of the same name in the file (``model_repository``,
-``model_control``, ``load_model``, ``metrics``, ``token``, ``tokens``, ``cores``, ``log_level``, ``console``,
-``endpoint``, ``max_connections``, ``user_connections``, ``idle_timeout``), plus
-``drain_seconds``, ``threads``, ``socket_mode``,
+``model_control``, ``load_model``, ``metrics``, ``token``, ``tokens``, ``cores``,
+``log_level``, ``console``, ``endpoint``, ``max_connections``, ``user_connections``,
+``idle_timeout``), plus ``drain_seconds``, ``threads``, ``socket_mode``,
 ``tls_cert`` / ``tls_key`` / ``tls_client_ca`` (PEM files: TLS on the TCP endpoints, client
 certificates required when a CA is given) and ``[[models]]`` tables (``name``, ``path`` and
 the load parameters) loaded at start. The command line wins.
