@@ -5,9 +5,11 @@ local user root over loopback TCP, per-user tokens, and ``Bearer `` on every tra
 
 from __future__ import annotations
 
-import json
 import os
+import re
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import urllib.error
@@ -30,6 +32,7 @@ import tritonclient.utils.shared_memory as shm
 from as_user import User, needs_root, once, users
 from tritonclient.utils import InferenceServerException
 
+from crossrt.errors import InvalidOptionError
 from crossrt.server.lane import HEADER, MAGIC, Frames
 from server.serving import Daemon, free_port, make_repository, start_daemon
 
@@ -272,8 +275,12 @@ def test_a_tokens_file_others_can_read_is_refused(tmp_path: Path) -> None:
     file = tmp_path / "tokens.toml"
     file.write_text('[[tokens]]\ntoken = "0123456789abcdef0123"\nuser = "root"\n')
     file.chmod(0o644)
-    with pytest.raises(AssertionError, match="0644"):
-        start_daemon(tmp_path, make_repository(tmp_path / "models"), ["--tokens", str(file)])
+    command = [sys.executable, "-m", "crossrt", "serve", "-x", "-g", f"unix:{tmp_path}/d.sock"]
+    done = subprocess.run(
+        [*command, "--tokens", str(file)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode != 0
+    assert "0644" in done.stderr and "chmod 600" in done.stderr
 
 
 # -- Bearer --------------------------------------------------------------------------------
@@ -315,10 +322,61 @@ def test_bearer_is_required_everywhere(tmp_path: Path) -> None:
         assert d.stop() == 0, "".join(d.log)
 
 
-def test_the_settings_name_the_new_options(tmp_path: Path) -> None:
+def test_the_settings_name_the_new_options() -> None:
     from crossrt.server.settings import build
 
     options = build(None, {"max_connections": 10})
     assert options.user_share == 5  # half, by default
-    assert options.idle_timeout > 0
-    assert json.dumps(options.idle_timeout)
+    assert build(None, {"user_connections": 3}).user_share == 3
+    assert options.idle_timeout == 300
+    for bad in ({"user_connections": -1}, {"idle_timeout": -1}, {"idle_timeout": "soon"}):
+        with pytest.raises(InvalidOptionError):
+            build(None, bad)
+    assert build(None, {"load_model": ("*",)}).load_model == ("*",)
+
+
+@pytest.mark.parametrize(
+    ("text", "wrong"),
+    [
+        ('[[tokens]]\ntoken = "short"\nuser = "root"\n', "16 characters"),
+        ('[[tokens]]\ntoken = "0123456789abcdef"\nuser = "root"\nrole = "admin"\n', "role"),
+        ('[[tokens]]\ntoken = "0123456789abcdef"\n', "user"),
+        ('[[tokens]]\ntoken = "0123456789abcdef"\nuser = "a"\n' * 2, "twice"),
+        ("tokens = 3\n", "[[tokens]]"),
+    ],
+)
+def test_a_malformed_tokens_file_is_refused(tmp_path: Path, text: str, wrong: str) -> None:
+    from crossrt.server.tokens import load_tokens
+
+    file = tmp_path / "tokens.toml"
+    file.write_text(text)
+    file.chmod(0o600)
+    with pytest.raises(InvalidOptionError, match=re.escape(wrong)):
+        load_tokens(str(file))
+
+
+def test_a_token_maps_to_its_user_and_role(tmp_path: Path, people: list[User]) -> None:
+    from crossrt.server.peers import identify
+    from crossrt.server.tokens import Credentials, load_tokens
+
+    file = tmp_path / "tokens.toml"
+    file.write_text(
+        f'[[tokens]]\ntoken = "{"a" * 20}"\nuser = "{people[0].name}"\n'
+        f'[[tokens]]\ntoken = "{"b" * 20}"\nuser = "no-such-account"\nrole = "operator"\n'
+    )
+    file.chmod(0o600)
+    credentials = Credentials(None, load_tokens(str(file)))
+    user = identify("ipv4:127.0.0.1:5000", {}, credentials.grant(f"Bearer {'a' * 20}"))
+    assert (user.uid, user.operator, user.local) == (people[0].uid, False, True)
+    assert people[0].gid in user.groups()
+    named = identify("ipv4:10.0.0.1:5000", {}, credentials.grant(f"Bearer {'b' * 20}"))
+    assert (named.uid, named.operator, named.local, named.principal) == (
+        None,
+        True,
+        False,
+        "user no-such-account",
+    )
+    assert credentials.grant(None) is None  # no shared token: anonymous may come in
+    file.chmod(0o640)
+    with pytest.raises(InvalidOptionError, match="0640"):
+        load_tokens(str(file))
