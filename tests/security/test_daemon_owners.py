@@ -9,6 +9,8 @@ import os
 import re
 import socket
 import tempfile
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,7 @@ import crossrt
 from crossrt.errors import CrossrtError
 from crossrt.server.lane import HEADER, MAGIC, Frames
 from crossrt.server.proto import runtime_pb2 as v1
-from server.serving import Daemon, make_repository, start_daemon
+from server.serving import Daemon, free_port, make_repository, start_daemon
 from small_models import add_one
 
 pytestmark = needs_root
@@ -161,14 +163,22 @@ def test_the_operators_repository_wins_a_name(daemon: Daemon, people: list[User]
 
 
 def test_under_model_control_none_the_repository_is_not_driven(folder: Path) -> None:
-    d = _start(folder, "none")
+    port = free_port()
+    d = _start(folder, "none", "--model-control", "none", "--http", f"127.0.0.1:{port}")
     try:
-        client = d.client()
+        client = d.client()  # root over the Unix socket: the operator, refused all the same
         for call in (lambda: client.unload_model("tiny"), lambda: client.load_model("relu")):
             with pytest.raises(InferenceServerException) as info:
                 call()
             assert info.value.status() == "StatusCode.UNAVAILABLE"
             assert "not allowed" in info.value.message()
+        for what in ("unload", "load"):
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{port}/v2/repository/models/tiny/{what}", data=b"{}"
+            )
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, timeout=30)
+            assert refused.value.code == 503
         assert client.is_model_ready("tiny")
     finally:
         assert d.stop() == 0, "".join(d.log)
