@@ -29,7 +29,7 @@ import grpc
 import numpy as np
 import tritonclient.grpc as tc
 import tritonclient.utils.shared_memory as shm
-from as_user import User, needs_root, once, users
+from as_user import User, needs_root, once
 from tritonclient.utils import InferenceServerException
 
 from crossrt.errors import InvalidOptionError
@@ -46,23 +46,6 @@ def status_of(call: Any) -> str:
     except InferenceServerException as exc:
         return f"{exc.status()} {exc.message()}"
     return "OK"
-
-
-@pytest.fixture(scope="module")
-def people() -> Iterator[list[User]]:
-    with users(2) as made:
-        yield made
-
-
-@pytest.fixture(scope="module")
-def folder() -> Iterator[Path]:
-    """A folder others may enter (0711), for the sockets other users connect to."""
-    path = Path(tempfile.mkdtemp(prefix="crossrt-ident-"))
-    path.chmod(0o711)
-    yield path
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

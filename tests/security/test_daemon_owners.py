@@ -8,7 +8,6 @@ import contextlib
 import os
 import re
 import socket
-import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ pytest.importorskip("tritonclient.grpc", reason="the serve extra is not installe
 
 import numpy as np
 import tritonclient.grpc as tc
-from as_user import AsUser, Lines, User, needs_root, once, users
+from as_user import AsUser, Lines, User, needs_root, once
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import InferenceServerException
 
@@ -34,22 +33,6 @@ from server.serving import Daemon, free_port, make_repository, start_daemon
 from small_models import add_one
 
 pytestmark = needs_root
-
-
-@pytest.fixture(scope="module")
-def people() -> Iterator[list[User]]:
-    with users(2) as made:
-        yield made
-
-
-@pytest.fixture(scope="module")
-def folder() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="crossrt-owners-"))
-    path.chmod(0o711)
-    yield path
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _start(folder: Path, name: str, *args: str) -> Daemon:
