@@ -8,6 +8,7 @@ import contextlib
 import os
 import re
 import socket
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -287,3 +288,25 @@ def test_core_group_ids_are_not_sequential(daemon: Daemon) -> None:
         b = rt.create_core_group(1)
         b.destroy()
         assert abs(int(b.id) - int(a.id)) > 1_000_000
+
+
+def make_group(url: str) -> list[int]:
+    from crossrt.server.client import connect
+
+    with connect(url) as rt:
+        return list(rt.create_core_group(1).indices)
+
+
+def test_a_dead_clients_core_group_gives_its_cores_back(daemon: Daemon, people: list[User]) -> None:
+    from crossrt.server.client import connect
+
+    indices = once(people[0], make_group, daemon.url)  # made, then its process ended
+    deadline = time.monotonic() + 60
+    with connect(daemon.url) as rt:
+        while True:
+            try:
+                rt.create_core_group(indices=indices).destroy()
+                break
+            except CrossrtError:
+                assert time.monotonic() < deadline, "the dead client's group kept its cores"
+                time.sleep(0.2)  # the daemon looks for dead clients every few seconds

@@ -24,6 +24,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from ..compiler import load_executable
 from ..compiler.layout import MAGIC
+from ..errors import CrossrtError
 from ..host import process_alive
 from ..runtime import LoadedModel, Runtime
 from ..runtime.cores.groups import CoreGroup
@@ -66,8 +67,8 @@ class RuntimeService(v1_grpc.RuntimeServicer):
         self._regions = regions
         self._identify = identify
         self._lock = threading.Lock()
-        self._groups: dict[int, tuple[CoreGroup, str]] = {}
-        """id -> (the group, its owner's principal)."""
+        self._groups: dict[int, tuple[CoreGroup, str, int]] = {}
+        """id -> (the group, its owner's principal, the process that made it: 0 unknown)."""
         self._posted: dict[int, Posted] = {}
 
     def Devices(self, request: Any, context: Any) -> v1.DevicesResponse:
@@ -130,12 +131,13 @@ class RuntimeService(v1_grpc.RuntimeServicer):
         need_owner(self._identify(context), owner, f"{doing} model {name!r}")
 
     def CreateCoreGroup(self, request: Any, context: Any) -> v1.CoreGroup:
-        user = need_principal(self._identify(context), "creating a core group")
+        peer = self._identify(context)
+        user = need_principal(peer, "creating a core group")
         indices = list(request.indices) or None
         group = self._runtime.create_core_group(request.cores or None, indices=indices)
         with self._lock:
             number = _random_id(self._groups)
-            self._groups[number] = (group, user)
+            self._groups[number] = (group, user, peer.pid)
         return v1.CoreGroup(id=number, indices=list(group.indices))
 
     def DestroyCoreGroup(self, request: Any, context: Any) -> v1.Empty:
@@ -218,13 +220,24 @@ class RuntimeService(v1_grpc.RuntimeServicer):
 
     def release_orphans(self) -> int:
         """Drop the posted requests of processes that have died (cancelled if still
-        queued); how many."""
+        queued), and destroy the core groups they made, once empty (the repository unloads
+        their models first); how many requests."""
         with self._lock:
             dead = [
                 c for c, p in self._posted.items() if p.peer.pid and not process_alive(p.peer.pid)
             ]
             for cookie in dead:
                 self._posted.pop(cookie).future.cancel()
+            groups = [
+                (n, g) for n, (g, _, pid) in self._groups.items() if pid and not process_alive(pid)
+            ]
+        for number, group in groups:
+            try:
+                group.destroy()
+            except CrossrtError:
+                continue  # another client's model is on it: kept until that one goes
+            with self._lock:
+                self._groups.pop(number, None)
         return len(dead)
 
     def _forget(self, cookie: int) -> None:
