@@ -271,9 +271,11 @@ class Daemon:
         # Explicit model control loads only the config file's [[models]] at start, and
         # those --load-model names (Triton's option; "*": all).
         explicit = self.options.model_control == "explicit"
-        named = () if "*" in self.options.load_model else self.options.load_model
-        self.repository.load_all(pinned_only=explicit and "*" not in self.options.load_model)
-        for name in named if explicit else ():
+        everything = not explicit or "*" in self.options.load_model
+        if self.options.load_model and not explicit:
+            log.warning("--load-model applies to --model-control explicit: every model loads")
+        self.repository.load_all(pinned_only=not everything)
+        for name in () if everything else self.options.load_model:
             self.repository.try_load(name)
         for entry in self.repository.loaded():
             if entry.model is not None:
