@@ -91,6 +91,25 @@ def test_region_of_another_user_is_refused(segment: Path) -> None:
     assert regions.status("", peer(OTHER)) == []
 
 
+@root_only
+def test_each_user_has_region_names_of_its_own(segment: Path) -> None:
+    """Triton's clients use fixed names ("input0_data"): one user must not be able to take a
+    name from another, nor learn that another uses it."""
+    theirs = segment.with_name("theirs")
+    theirs.write_bytes(b"\0" * 4096)
+    os.chown(theirs, STRANGER, STRANGER)
+    regions = Regions(str(segment.parent))
+    regions.register("input0_data", "/seg", 0, 4096, peer(OTHER))
+    regions.register("input0_data", "/theirs", 0, 4096, peer(STRANGER))  # no ALREADY_EXISTS
+    regions.write("input0_data", 0, np.full(8, 1, np.uint8), peer(OTHER))
+    regions.write("input0_data", 0, np.full(8, 2, np.uint8), peer(STRANGER))
+    assert regions.read("input0_data", 0, 8, peer(OTHER)).tolist() == [1] * 8
+    assert regions.read("input0_data", 0, 8, peer(STRANGER)).tolist() == [2] * 8
+    regions.unregister("input0_data", peer(STRANGER))
+    assert [r.key for r in regions.status("", peer(OTHER))] == ["/seg"]
+    regions.close()
+
+
 def test_region_refused_to_remote_and_unknown_peers(tmp_path: Path) -> None:
     (tmp_path / "seg").write_bytes(b"\0" * 64)
     regions = Regions(str(tmp_path))
