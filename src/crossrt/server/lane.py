@@ -312,13 +312,15 @@ class LaneServer:
 
 class Activity:
     """When a connection last carried a request or an answer, and whether one is under way
-    (:attr:`busy`): what the relay's idle timeout looks at (:mod:`.relay`)."""
+    (:attr:`busy`): what the relay's idle timeout looks at (:mod:`.relay`), and whether it
+    has begun closing the connection (:attr:`closing`)."""
 
-    __slots__ = ("busy", "last")
+    __slots__ = ("busy", "closing", "last")
 
     def __init__(self) -> None:
         self.last = time.monotonic()
         self.busy = False
+        self.closing = False
 
 
 QUICK_S = 0.001

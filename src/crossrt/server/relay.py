@@ -111,8 +111,15 @@ class UnixRelay:
             threading.Thread(target=self._close_idle, name="crossrt-idle", daemon=True).start()
 
     def _close_idle(self) -> None:
-        """Every quarter of the idle timeout (at most 5 s): shut the connections that carried
-        nothing for longer than it, with no call under way."""
+        """Every quarter of the idle timeout (at most 5 s): close the connections that carried
+        nothing for longer than it, with no call under way.
+
+        Gently first: the client's half is shut for reading only, so a request the client
+        sent just then is still read and gets an answer frame (on the lane, CANCELLED for a
+        model the hang-up watch covers: the shut looks like one), and one it sends after
+        fails at once (EPIPE: crossrt's lane client and gRPC open another connection); the
+        connection then ends as the client's end of file goes through. One still open at the
+        next look (a client that reads nothing) is cut."""
         every = min(5.0, self._idle_seconds / 4)
         while not self._idle_wake.wait(every):
             limit = time.monotonic() - self._idle_seconds
@@ -125,9 +132,11 @@ class UnixRelay:
                     activity.last = time.monotonic()  # a call runs: idle from its end on
                     continue
                 self._warn("idle", "closed connections idle for longer than idle_timeout")
-                for sock in sockets:
+                cut = activity.closing
+                activity.closing = True
+                for sock in sockets if cut else sockets[:1]:
                     with contextlib.suppress(OSError):
-                        sock.shutdown(socket.SHUT_RDWR)
+                        sock.shutdown(socket.SHUT_RDWR if cut else socket.SHUT_RD)
 
     def stop_accepting(self) -> None:
         """Accept no new connection and remove the socket file; open ones go on."""
