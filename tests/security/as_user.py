@@ -12,6 +12,7 @@ import json
 import os
 import pwd
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -22,7 +23,8 @@ from typing import Any
 import pytest
 
 needs_root = pytest.mark.skipif(
-    os.geteuid() != 0, reason="creating users and acting as them needs root"
+    os.geteuid() != 0 or shutil.which("useradd") is None,
+    reason="creating users (useradd) and acting as them needs root",
 )
 
 
