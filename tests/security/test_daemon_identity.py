@@ -30,11 +30,15 @@ import numpy as np
 import tritonclient.grpc as tc
 import tritonclient.utils.shared_memory as shm
 from as_user import User, needs_root, once
+from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import InferenceServerException
 
-from crossrt.errors import InvalidOptionError
+import crossrt
+from crossrt.errors import CrossrtError, InvalidOptionError
 from crossrt.server.lane import HEADER, MAGIC, Frames
+from crossrt.server.proto import runtime_pb2 as v1
 from server.serving import Daemon, free_port, make_repository, start_daemon
+from small_models import add_one
 
 pytestmark = needs_root
 TOKEN = "s3cret-shared-token"
@@ -363,3 +367,36 @@ def test_a_token_maps_to_its_user_and_role(tmp_path: Path, people: list[User]) -
     file.chmod(0o640)
     with pytest.raises(InvalidOptionError, match="0640"):
         load_tokens(str(file))
+
+
+def unload_over_the_socket(url: str, name: str) -> str:
+    from crossrt.server.client import connect
+
+    with connect(url) as rt:
+        try:
+            rt.call("v1.Unload", v1.ModelRequest(name=name))
+        except CrossrtError as exc:
+            return type(exc).__name__
+    return "OK"
+
+
+def test_a_token_user_and_the_same_user_on_the_socket_are_one_owner(
+    daemon: Daemon, people: list[User], tokens: dict[str, str]
+) -> None:
+    from crossrt.server.client import connect
+
+    assert daemon.tcp is not None
+    data = crossrt.compile(add_one(3), "cpu").to_bytes()
+    with connect(daemon.tcp, token=tokens["user"]) as rt:  # people[0], by its token
+        rt.load(data, name="tokened")
+    with connect(daemon.tcp) as anonymous:
+        with pytest.raises(crossrt.OperationForbiddenError):
+            anonymous.load(data, name="nobodys")  # an anonymous client owns nothing
+        with pytest.raises(crossrt.OperationForbiddenError):
+            anonymous.call(
+                "RepositoryModelUnload", pb.RepositoryModelUnloadRequest(model_name="tiny")
+            )
+    assert once(people[1], unload_over_the_socket, daemon.url, "tokened") == (
+        "OperationForbiddenError"
+    )
+    assert once(people[0], unload_over_the_socket, daemon.url, "tokened") == "OK"
