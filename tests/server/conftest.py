@@ -29,11 +29,11 @@ def served_folder() -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def daemon(served_folder: Path) -> Iterator[Daemon]:
     """One daemon for the folder, with metrics on a loopback port."""
-    from serving import free_port, make_repository, start_daemon
+    from serving import EXPLICIT, free_port, make_repository, start_daemon
 
     repository = make_repository(served_folder / "models")
     port = free_port()
-    d = start_daemon(served_folder, repository, ["--metrics", f"127.0.0.1:{port}"])
+    d = start_daemon(served_folder, repository, ["--metrics", f"127.0.0.1:{port}", *EXPLICIT])
     d.metrics = f"http://127.0.0.1:{port}/metrics"
     yield d
     assert d.stop() == 0, "".join(d.log)

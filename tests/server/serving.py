@@ -23,6 +23,9 @@ from concurrency_models import tiny
 from small_models import add_one, relu
 
 READY_SECONDS = 60.0
+EXPLICIT = ("--model-control", "explicit", "--load-model", "*")
+"""Every model of the repository loaded at start, and RepositoryModelLoad and Unload served
+(the default model control, none, refuses them as Triton does)."""
 
 
 @dataclass

@@ -13,7 +13,7 @@ pytest.importorskip("grpc", reason="the serve extra is not installed: pip instal
 pytest.importorskip("tritonclient.grpc", reason="the serve extra is not installed")
 
 import numpy as np
-from serving import Daemon, start_daemon
+from serving import EXPLICIT, Daemon, start_daemon
 from test_kserve import _load_with_parameters
 
 import crossrt
@@ -29,7 +29,7 @@ def batching_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon
     repository = folder / "models"
     repository.mkdir()
     crossrt.compile(slow_rows(), "cpu").save(repository / "rows.crm")
-    daemon = start_daemon(folder, repository)
+    daemon = start_daemon(folder, repository, EXPLICIT)
     yield daemon
     assert daemon.stop() == 0, "".join(daemon.log)
 

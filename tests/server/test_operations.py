@@ -37,6 +37,8 @@ from crossrt.tools import cli
 
 TOKEN = "s3cret-token"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
+ROOT_TOKEN = "root-token-" + os.urandom(8).hex()
+ROOT_AUTH = {"authorization": f"Bearer {ROOT_TOKEN}"}
 
 
 @pytest.fixture(scope="module")
@@ -49,10 +51,13 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     crossrt.compile(tiny(), "cpu").save(repository / "tiny.crm")
     crossrt.compile(heavy(150, 512), "cpu").save(repository / "heavy.crm")
     tcp, metrics = free_port(), free_port()
+    tokens = folder / "tokens.toml"
+    tokens.write_text(f'[[tokens]]\ntoken = "{ROOT_TOKEN}"\nuser = "root"\n')
+    tokens.chmod(0o600)
     config = folder / "serve.toml"
     config.write_text(
         f'model_control = "explicit"\ntoken = "{TOKEN}"\ndrain_seconds = 30\n'
-        f'metrics = "127.0.0.1:{metrics}"\n'
+        f'metrics = "127.0.0.1:{metrics}"\ntokens = "{tokens}"\n'
         '[[models]]\nname = "pinned"\npath = "models/tiny.crm"\ninstances = 2\n'
     )
     d = start_daemon(folder, repository, ["-c", str(config), "-g", f"127.0.0.1:{tcp}"])
@@ -89,12 +94,17 @@ def test_loopback_tcp_with_shared_memory(guarded: Daemon) -> None:
     region = shm.create_shared_memory_region("tcp", key, x.nbytes)
     try:
         shm.set_shared_memory_region(region, [x])
-        client.register_system_shared_memory("tcp", key, x.nbytes, headers=AUTH)
+        # The shared token lets a client in, and says nothing of who it is: over TCP, only a
+        # token of the tokens file makes it a local user, whose files it may name.
+        with pytest.raises(InferenceServerException) as info:
+            client.register_system_shared_memory("tcp", key, x.nbytes, headers=AUTH)
+        assert info.value.status() == "StatusCode.UNAUTHENTICATED"
+        client.register_system_shared_memory("tcp", key, x.nbytes, headers=ROOT_AUTH)
         i = tc.InferInput("x", [4, 8], "FP32")
         i.set_shared_memory("tcp", x.nbytes)
-        y = client.infer("pinned", [i], headers=AUTH).as_numpy("y")
+        y = client.infer("pinned", [i], headers=ROOT_AUTH).as_numpy("y")
         assert y is not None and y.shape == (4, 8)
-        client.unregister_system_shared_memory("tcp", headers=AUTH)
+        client.unregister_system_shared_memory("tcp", headers=ROOT_AUTH)
     finally:
         shm.destroy_shared_memory_region(region)
 

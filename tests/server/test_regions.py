@@ -1,11 +1,11 @@
-"""Shared-memory regions belong to the user who registered them; who a peer is comes from
-the kernel. Real files and sockets throughout: the ownership rules on files chowned to
-other users, and a client process running as another user against the daemon."""
+"""Shared-memory regions belong to the user who registered them, each user with names of its
+own; who a peer is comes from the kernel (or a token: tests/security). Real files and sockets
+throughout: the ownership rules on files chowned to other users, and a client process running
+as another user against the daemon."""
 
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import json
 import os
 import select
@@ -30,7 +30,7 @@ import tritonclient.utils.shared_memory as shm
 from serving import Daemon
 from tritonclient.utils import InferenceServerException
 
-from crossrt.server.peers import Peer, identify, socket_process, tcp_owner
+from crossrt.server.peers import Peer, identify
 from crossrt.server.regions import Regions, may_open
 from crossrt.server.status import ServiceError
 
@@ -77,18 +77,37 @@ def test_region_of_another_user_is_refused(segment: Path) -> None:
     data = np.arange(16, dtype=np.uint8)
     regions.write("mine", 8, data, peer(OTHER))
     assert regions.read("mine", 8, 16, peer(OTHER)).tolist() == data.tolist()
-    for call in (
+    for call in (  # another user's names are not the stranger's: it has no region "mine"
         lambda: regions.read("mine", 0, 16, peer(STRANGER)),
         lambda: regions.write("mine", 0, data, peer(STRANGER)),
         lambda: regions.unregister("mine", peer(STRANGER)),
     ):
         with pytest.raises(ServiceError) as info:
             call()
-        assert info.value.status == grpc.StatusCode.PERMISSION_DENIED
+        assert info.value.status == grpc.StatusCode.NOT_FOUND
     assert regions.status("", peer(STRANGER)) == []
     assert [r.name for r in regions.status("", peer(OTHER))] == ["mine"]
     regions.unregister("", peer(OTHER))
     assert regions.status("", peer(OTHER)) == []
+
+
+@root_only
+def test_each_user_has_region_names_of_its_own(segment: Path) -> None:
+    """Triton's clients use fixed names ("input0_data"): one user must not be able to take a
+    name from another, nor learn that another uses it."""
+    theirs = segment.with_name("theirs")
+    theirs.write_bytes(b"\0" * 4096)
+    os.chown(theirs, STRANGER, STRANGER)
+    regions = Regions(str(segment.parent))
+    regions.register("input0_data", "/seg", 0, 4096, peer(OTHER))
+    regions.register("input0_data", "/theirs", 0, 4096, peer(STRANGER))  # no ALREADY_EXISTS
+    regions.write("input0_data", 0, np.full(8, 1, np.uint8), peer(OTHER))
+    regions.write("input0_data", 0, np.full(8, 2, np.uint8), peer(STRANGER))
+    assert regions.read("input0_data", 0, 8, peer(OTHER)).tolist() == [1] * 8
+    assert regions.read("input0_data", 0, 8, peer(STRANGER)).tolist() == [2] * 8
+    regions.unregister("input0_data", peer(STRANGER))
+    assert [r.key for r in regions.status("", peer(OTHER))] == ["/seg"]
+    regions.close()
 
 
 def test_region_refused_to_remote_and_unknown_peers(tmp_path: Path) -> None:
@@ -96,10 +115,13 @@ def test_region_refused_to_remote_and_unknown_peers(tmp_path: Path) -> None:
     regions = Regions(str(tmp_path))
     remote = identify("ipv4:10.1.2.3:5000", {})
     assert not remote.local
-    for who, text in ((remote, "another host"), (Peer("unix-abstract:x", True), "which user")):
+    for who, text, status in (
+        (remote, "another host", grpc.StatusCode.PERMISSION_DENIED),
+        (Peer("unix-abstract:x", True), "not a proven local user", grpc.StatusCode.UNAUTHENTICATED),
+    ):
         with pytest.raises(ServiceError) as info:
             regions.register("r", "/seg", 0, 64, who)
-        assert info.value.status == grpc.StatusCode.PERMISSION_DENIED
+        assert info.value.status == status
         assert text in info.value.message
 
 
@@ -129,18 +151,23 @@ def test_region_bounds_and_key_are_checked(tmp_path: Path) -> None:
     regions.close()
 
 
-def test_loopback_tcp_peer_is_found_in_the_kernel_table() -> None:
+def test_a_loopback_tcp_peer_is_local_and_anonymous() -> None:
+    """Nothing is looked up from a client's address (a TIME_WAIT row in /proc/net/tcp says
+    uid 0 for a port anyone may bind next): over TCP only a token says who it is."""
     with socket.create_server(("127.0.0.1", 0)) as server:
         client = socket.create_connection(server.getsockname())
         accepted, _ = server.accept()
         host, port = client.getsockname()
-        owner = tcp_owner(ipaddress.ip_address(host), port)
-        assert owner is not None and owner[0] == os.geteuid()
-        assert socket_process(owner[1]) == os.getpid()
-        found = identify(f"ipv4:{host}:{port}", {})
-        assert (found.local, found.uid, found.pid) == (True, os.geteuid(), os.getpid())
+        for address in (f"ipv4:{host}:{port}", f"ipv6:[::ffff:{host}]:{port}"):
+            found = identify(address, {})
+            assert (found.local, found.uid, found.pid, found.operator) == (True, None, 0, False)
         client.close()
         accepted.close()
+    regions = Regions("/dev/shm")
+    with pytest.raises(ServiceError) as info:
+        regions.register("r", "/x", 0, 1, identify("ipv4:127.0.0.1:4000", {}))
+    assert info.value.status == grpc.StatusCode.UNAUTHENTICATED
+    assert "in the request" in info.value.message
 
 
 def in_child(daemon: Daemon, case: str, key: str, uid: int | None = None) -> dict[str, Any]:
@@ -196,10 +223,10 @@ def test_another_user_cannot_use_or_register_what_is_not_theirs(
         client.register_system_shared_memory("root-region", key, 256)
 
         got = in_child(daemon, "other_user", key, uid=OTHER)
-        assert got["use"] == "StatusCode.PERMISSION_DENIED"
-        assert got["use_lane"].startswith("OperationForbiddenError"), got["use_lane"]
+        assert got["use"] == "StatusCode.NOT_FOUND"  # its names are its own
+        assert got["use_lane"].startswith("ModelNotFoundError"), got["use_lane"]
         assert got["register_root_file"] == "StatusCode.PERMISSION_DENIED"
-        assert got["unregister"] == "StatusCode.PERMISSION_DENIED"
+        assert got["unregister"] == "StatusCode.NOT_FOUND"
         assert got["listed"] == []
         assert got["register_own"] == "OK"
         expected = (

@@ -14,7 +14,7 @@ pytest.importorskip("tritonclient.grpc", reason="the serve extra is not installe
 
 import numpy as np
 import tritonclient.grpc as tc
-from serving import Daemon, free_port, make_repository, start_daemon
+from serving import EXPLICIT, Daemon, free_port, make_repository, start_daemon
 from test_kserve import _load_with_parameters
 from tritonclient.utils import InferenceServerException
 
@@ -36,7 +36,9 @@ def caching(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
         '[[models]]\nname = "cached"\npath = "models/tiny.crm"\nresponse_cache = true\n'
     )
     daemon = start_daemon(
-        folder, repository, ["-c", str(config), "--response-cache-bytes", str(CACHE_BYTES)]
+        folder,
+        repository,
+        ["-c", str(config), "--response-cache-bytes", str(CACHE_BYTES), *EXPLICIT],
     )
     daemon.metrics = f"http://127.0.0.1:{port}/metrics"
     yield daemon

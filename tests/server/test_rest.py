@@ -5,6 +5,7 @@ drives it: health, metadata, JSON inference, the binary data extension, and erro
 from __future__ import annotations
 
 import json
+import os
 import struct
 import urllib.error
 import urllib.request
@@ -17,7 +18,7 @@ pytest.importorskip("grpc", reason="the serve extra is not installed: pip instal
 pytest.importorskip("tritonclient.grpc", reason="the serve extra is not installed")
 
 import numpy as np
-from serving import Daemon, free_port, make_repository, start_daemon
+from serving import EXPLICIT, Daemon, free_port, make_repository, start_daemon
 from test_malformed import W
 
 from crossrt.server.rest import HEADER_LENGTH
@@ -25,13 +26,18 @@ from crossrt.server.rest import HEADER_LENGTH
 TOKEN = "s3cret"
 
 
+OPERATOR = "operator-" + os.urandom(8).hex()
+
+
 @pytest.fixture(scope="module")
 def rest(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, str]]:
     folder = tmp_path_factory.mktemp("rest")
     port = free_port()
-    daemon = start_daemon(
-        folder, make_repository(folder / "models"), ["--http", f"127.0.0.1:{port}"]
-    )
+    tokens = folder / "tokens.toml"
+    tokens.write_text(f'[[tokens]]\ntoken = "{OPERATOR}"\nuser = "ops"\nrole = "operator"\n')
+    tokens.chmod(0o600)
+    args = ["--http", f"127.0.0.1:{port}", "--tokens", str(tokens), *EXPLICIT]
+    daemon = start_daemon(folder, make_repository(folder / "models"), args)
     yield daemon, f"http://127.0.0.1:{port}/v2"
     assert daemon.stop() == 0, "".join(daemon.log)
 
@@ -209,13 +215,17 @@ def test_statistics_and_the_repository_over_http(rest: tuple[Daemon, str]) -> No
     status, body, _ = call(f"{base}/repository/index", b"{}")
     assert status == 200
     assert {m["name"]: m["state"] for m in json.loads(body)}["adder"] == "READY"
-    assert call(f"{base}/repository/models/adder/unload", b"")[0] == 200
+    # the repository is the operator's: an HTTP client is anonymous without its token
+    assert call(f"{base}/repository/models/adder/unload", b"")[0] == 401
+    operator = {"Authorization": f"Bearer {OPERATOR}"}
+    assert call(f"{base}/repository/models/adder/unload", b"", operator)[0] == 200
     assert call(f"{base}/models/adder/ready")[0] == 400
     load = json.dumps({"parameters": {"instances": 1}}).encode()
-    assert call(f"{base}/repository/models/adder/load", load)[0] == 200
+    assert call(f"{base}/repository/models/adder/load", load, operator)[0] == 200
     assert call(f"{base}/models/adder/ready")[0] == 200
     status, body, _ = call(
         f"{base}/repository/models/adder/load",
         json.dumps({"parameters": {"instances": "zero"}}).encode(),
+        operator,
     )
     assert status == 400 and "whole number" in json.loads(body)["error"]

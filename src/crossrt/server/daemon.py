@@ -31,7 +31,7 @@ from ..host import owned_name, remove_orphans
 from ..runtime import Runtime
 from ..runtime.statistics import ModelStatistics
 from .extension import RuntimeService
-from .gate import Gate
+from .gate import Gate, authorization
 from .kserve import InferenceService
 from .lane import LaneServer
 from .peers import Peer, identify
@@ -42,6 +42,7 @@ from .repository import LoadOptions, Repository
 from .response_cache import CacheCounts, ResponseCache, with_cache_hits
 from .rest import HttpFront
 from .settings import ServeOptions
+from .tokens import load_tokens
 
 log = logging.getLogger("crossrt.serve")
 _INNER_PREFIX = "crossrt-serve-"
@@ -88,6 +89,7 @@ class Daemon:
     def __init__(self, options: ServeOptions) -> None:
         self.options = options
         self._ready = False
+        grants = load_tokens(options.tokens) if options.tokens else None
         files = raise_file_limit()
         if files < 8 * options.max_connections:
             log.warning(
@@ -101,7 +103,7 @@ class Daemon:
         self.regions = Regions()
         directory = Path(options.model_repository) if options.model_repository else None
         self.repository = Repository(self.runtime, directory, LoadOptions(), options.models)
-        self.gate = Gate(options.token)
+        self.gate = Gate(options.token, grants)
         self.relays: list[UnixRelay] = []
         self.addresses: list[str] = []
         self._metrics: Any = None
@@ -120,7 +122,14 @@ class Daemon:
             ResponseCache(options.response_cache_bytes) if options.response_cache_bytes else None
         )
         self.repository.caches = cache is not None
-        service = InferenceService(self.repository, self.regions, self.identify, self.ready, cache)
+        service = InferenceService(
+            self.repository,
+            self.regions,
+            self.identify,
+            self.ready,
+            cache,
+            explicit=options.model_control == "explicit",
+        )
         self.service = service
         self._http: HttpFront | None = None
         self.lane = LaneServer(service.infer, self.gate, self.regions.register_sealed)
@@ -152,6 +161,9 @@ class Daemon:
                         self.options.socket_mode,
                         self.lane.serve,
                         self.options.max_connections,
+                        self.options.user_share,
+                        self.options.idle_timeout,
+                        self.gate.busy,
                     )
                 except OSError as exc:
                     raise OutOfResourcesError(
@@ -173,12 +185,14 @@ class Daemon:
             host = endpoint.address.rpartition(":")[0]
             self.addresses.append(f"{host}:{port}")
 
-    def identify(self, address: str) -> Peer:
-        """Who is behind a call's ``context.peer()``."""
+    def identify(self, context: Any) -> Peer:
+        """Who is behind a gRPC call: its connection (``context.peer()``) and its token (the
+        gate has checked it already)."""
         relayed: dict[str, Peer] = {}
         for relay in self.relays:
             relayed.update(relay.peers)
-        return identify(address, relayed)
+        grant = self.gate.grant(authorization(context.invocation_metadata()))
+        return identify(context.peer(), relayed, grant)
 
     def ready(self) -> bool:
         """Whether the daemon takes requests."""
@@ -249,7 +263,6 @@ class Daemon:
                     (host.strip("[]") or "127.0.0.1", int(port)),
                     self.service,
                     self.gate,
-                    self.identify,
                 )
             except OSError as exc:
                 raise OutOfResourcesError(
@@ -257,8 +270,15 @@ class Daemon:
                     "--http HOST:PORT"
                 ) from None
             log.info("serving KServe v2 HTTP/REST on http://%s/v2", self.options.http)
-        # Explicit model control loads only the config file's [[models]] at start.
-        self.repository.load_all(pinned_only=self.options.model_control == "explicit")
+        # Explicit model control loads only the config file's [[models]] at start, and
+        # those --load-model names (Triton's option; "*": all).
+        explicit = self.options.model_control == "explicit"
+        everything = not explicit or "*" in self.options.load_model
+        if self.options.load_model and not explicit:
+            log.warning("--load-model applies to --model-control explicit: every model loads")
+        self.repository.load_all(pinned_only=not everything)
+        for name in () if everything else self.options.load_model:
+            self.repository.try_load(name)
         for entry in self.repository.loaded():
             if entry.model is not None:
                 log.info("model %s version %s is ready", entry.name, entry.version)

@@ -1,13 +1,18 @@
 """The ``crossrt.v1.Runtime`` service (``proto/runtime.proto``): what KServe lacks, served
 beside it: devices and core owners, loading a model sent in the request (owned by the
-sending process), core groups with start and stop, neuron-rtd's infer_post / infer_wait
-with a cookie, and cancellation.
+sending user, and unloaded when the sending process dies), core groups with start and stop,
+neuron-rtd's infer_post / infer_wait with a cookie, and cancellation.
+
+Ownership (docs/security.md): a model sent with Load and a core group belong to the user
+who made them (:attr:`peers.Peer.principal`); only that user or the operator may unload,
+start, stop or destroy them. The repository's models are the operator's. Core group ids and
+cookies are random 63-bit numbers, checked against their owner as well.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
+import secrets
 import threading
 from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -19,11 +24,12 @@ from tritonclient.grpc import service_pb2 as pb
 
 from ..compiler import load_executable
 from ..compiler.layout import MAGIC
+from ..errors import CrossrtError
 from ..host import process_alive
 from ..runtime import LoadedModel, Runtime
 from ..runtime.cores.groups import CoreGroup
 from ..runtime.cores.reservation import core_owners
-from .peers import Peer
+from .peers import Peer, need_owner, need_principal
 from .proto import runtime_pb2 as v1
 from .proto import runtime_pb2_grpc as v1_grpc
 from .regions import Regions
@@ -61,9 +67,9 @@ class RuntimeService(v1_grpc.RuntimeServicer):
         self._regions = regions
         self._identify = identify
         self._lock = threading.Lock()
-        self._groups: dict[int, CoreGroup] = {}
+        self._groups: dict[int, tuple[CoreGroup, str, int]] = {}
+        """id -> (the group, its owner's principal, the process that made it: 0 unknown)."""
         self._posted: dict[int, Posted] = {}
-        self._cookies = itertools.count(1)
 
     def Devices(self, request: Any, context: Any) -> v1.DevicesResponse:
         owners = {cpu: f"{o.pid} {o.name}".strip() for cpu, o in core_owners().items()}
@@ -74,7 +80,8 @@ class RuntimeService(v1_grpc.RuntimeServicer):
         )
 
     def Load(self, request: Any, context: Any) -> v1.LoadResponse:
-        peer = self._identify(context.peer())
+        peer = self._identify(context)
+        user = need_principal(peer, "loading a model")
         if not request.name:
             raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "Load needs a model name")
         options = LoadOptions().with_values(dict(request.parameters))
@@ -84,7 +91,7 @@ class RuntimeService(v1_grpc.RuntimeServicer):
             "exec_timeout": options.timeout,
         }
         if request.core_group:
-            kwargs["group"] = self._group(request.core_group)
+            kwargs["group"] = self._group(request.core_group, peer)
         elif options.cores is not None:
             kwargs["cores"] = options.cores
         data = bytes(request.model)
@@ -96,52 +103,65 @@ class RuntimeService(v1_grpc.RuntimeServicer):
                 kwargs["precision"] = options.precision
         model: LoadedModel = self._runtime.load(source, options.device, **kwargs)
         try:
-            entry = self._repository.adopt(request.name, model, peer.pid)
+            entry = self._repository.adopt(request.name, model, peer.pid, user)
         except BaseException:
             model.unload()
             raise
         return v1.LoadResponse(name=entry.name, version=entry.version)
 
     def Unload(self, request: Any, context: Any) -> v1.Empty:
+        self._mine_to_change(request.name, context, "unloading")
         self._repository.unload(request.name)
         return v1.Empty()
 
     def Start(self, request: Any, context: Any) -> v1.Empty:
+        self._mine_to_change(request.name, context, "starting")
         self._repository.get(request.name)[1].start()
         return v1.Empty()
 
     def Stop(self, request: Any, context: Any) -> v1.Empty:
+        self._mine_to_change(request.name, context, "stopping")
         self._repository.get(request.name)[1].stop()
         return v1.Empty()
 
+    def _mine_to_change(self, name: str, context: Any, doing: str) -> None:
+        """Refuse ``doing`` model ``name`` to a caller that neither owns it nor is the
+        operator."""
+        owner = self._repository.owner_of(name)
+        need_owner(self._identify(context), owner, f"{doing} model {name!r}")
+
     def CreateCoreGroup(self, request: Any, context: Any) -> v1.CoreGroup:
+        peer = self._identify(context)
+        user = need_principal(peer, "creating a core group")
         indices = list(request.indices) or None
         group = self._runtime.create_core_group(request.cores or None, indices=indices)
         with self._lock:
-            number = next(self._cookies)
-            self._groups[number] = group
+            number = _random_id(self._groups)
+            self._groups[number] = (group, user, peer.pid)
         return v1.CoreGroup(id=number, indices=list(group.indices))
 
     def DestroyCoreGroup(self, request: Any, context: Any) -> v1.Empty:
-        self._group(request.id).destroy()
+        self._group(request.id, self._identify(context)).destroy()
         with self._lock:
             self._groups.pop(request.id, None)
         return v1.Empty()
 
-    def _group(self, number: int) -> CoreGroup:
+    def _group(self, number: int, peer: Peer) -> CoreGroup:
+        """Core group ``number``, if it is the peer's (or the peer is the operator)."""
         with self._lock:
-            group = self._groups.get(number)
-        if group is None:
+            found = self._groups.get(number)
+        if found is None or not (peer.operator or found[1] == peer.principal):
+            # Another user's group is not told apart from none.
             raise ServiceError(
                 grpc.StatusCode.NOT_FOUND,
-                f"no core group {number}; create one with CreateCoreGroup",
+                f"you have no core group {number}; create one with CreateCoreGroup",
             )
-        return group
+        return found[0]
 
     def InferPost(self, request: Any, context: Any) -> v1.InferPostResponse:
         infer = pb.ModelInferRequest.FromString(request.model_infer_request)
         entry, model = self._repository.get(infer.model_name, infer.model_version)
-        peer = self._identify(context.peer())
+        peer = self._identify(context)
         try:
             feed = decode_inputs(
                 infer, model.inputs, lambda n, o, s: self._regions.read(n, o, s, peer)
@@ -156,7 +176,7 @@ class RuntimeService(v1_grpc.RuntimeServicer):
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
                     f"{MAX_POSTED} requests are posted and not waited for; InferWait for some",
                 )
-            cookie = next(self._cookies)
+            cookie = _random_id(self._posted)
             future = model.run_async(feed, block=False)
             self._posted[cookie] = Posted(future, infer, chosen, entry.version, peer)
         return v1.InferPostResponse(cookie=cookie)
@@ -191,7 +211,7 @@ class RuntimeService(v1_grpc.RuntimeServicer):
     def _mine(self, cookie: int, context: Any) -> Posted:
         with self._lock:
             posted = self._posted.get(cookie)
-        if posted is None or posted.peer.uid != self._identify(context.peer()).uid:
+        if posted is None or posted.peer.principal != self._identify(context).principal:
             raise ServiceError(
                 grpc.StatusCode.NOT_FOUND,
                 f"no request posted with cookie {cookie} (waited for already, or not yours)",
@@ -200,15 +220,35 @@ class RuntimeService(v1_grpc.RuntimeServicer):
 
     def release_orphans(self) -> int:
         """Drop the posted requests of processes that have died (cancelled if still
-        queued); how many."""
+        queued), and destroy the core groups they made, once empty (the repository unloads
+        their models first); how many requests."""
         with self._lock:
             dead = [
                 c for c, p in self._posted.items() if p.peer.pid and not process_alive(p.peer.pid)
             ]
             for cookie in dead:
                 self._posted.pop(cookie).future.cancel()
+            groups = [
+                (n, g) for n, (g, _, pid) in self._groups.items() if pid and not process_alive(pid)
+            ]
+        for number, group in groups:
+            try:
+                group.destroy()
+            except CrossrtError:
+                continue  # another client's model is on it: kept until that one goes
+            with self._lock:
+                self._groups.pop(number, None)
         return len(dead)
 
     def _forget(self, cookie: int) -> None:
         with self._lock:
             self._posted.pop(cookie, None)
+
+
+def _random_id(taken: dict[int, Any]) -> int:
+    """A random 63-bit number not in ``taken``, never 0 (a request's "none"): an id one
+    client cannot guess of another's."""
+    while True:
+        number = secrets.randbits(63)
+        if number and number not in taken:
+            return number

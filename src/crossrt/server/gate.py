@@ -3,7 +3,6 @@ the translation of errors into gRPC statuses (one place, :func:`status.status_of
 
 from __future__ import annotations
 
-import hmac
 import logging
 import threading
 import time
@@ -13,29 +12,39 @@ from typing import Any
 import grpc
 
 from .status import ServiceError, status_of
+from .tokens import UNAUTHENTICATED, Credentials, Grant
 
 log = logging.getLogger("crossrt.serve")
 
-UNAUTHENTICATED = (
-    "this daemon needs a token: send the metadata 'authorization: Bearer <token>' "
-    "(tritonclient: headers={'authorization': 'Bearer <token>'}; crossrt.connect: token=)"
-)
+__all__ = ["UNAUTHENTICATED", "Gate", "authorization"]
 
 HEALTH = frozenset({"ServerLive", "ServerReady"})
 """Answered while draining too (ServerReady then says false)."""
+
+
+def authorization(metadata: Any) -> str | bytes | None:
+    """The ``authorization`` value of a call's metadata, ``None`` when it has none."""
+    for key, value in metadata or ():
+        if key == "authorization":
+            return value  # type: ignore[no-any-return]
+    return None
 
 
 class Gate(grpc.ServerInterceptor):  # type: ignore[misc]
     """A server interceptor.
 
     Args:
-        token: when set, every call must carry ``authorization: Bearer <token>``.
+        token: when set, every call must carry ``authorization: Bearer <token>`` (this
+            token, or one of ``grants``).
+        grants: the per-user tokens (:func:`tokens.load_tokens`): a call may carry one, and
+            is then that token's user.
     """
 
-    def __init__(self, token: str | None = None) -> None:
-        self._token = f"Bearer {token}".encode() if token else None
+    def __init__(self, token: str | None = None, grants: dict[bytes, Grant] | None = None) -> None:
+        self.credentials = Credentials(token, grants)
         self._cond = threading.Condition()
         self._in_flight = 0
+        self._by_peer: dict[str, int] = {}
         self.closing = False
 
     @property
@@ -53,10 +62,19 @@ class Gate(grpc.ServerInterceptor):  # type: ignore[misc]
                 self._cond.wait(left)
             return self._in_flight
 
-    def token_matches(self, given: bytes) -> bool:
-        """Whether ``given`` (the token a lane client sent, :mod:`.lane`) is this daemon's
-        token; any is when none is set."""
-        return self._token is None or hmac.compare_digest(b"Bearer " + given, self._token)
+    def grant(self, value: str | bytes | None) -> Grant | None:
+        """What an authorization value (``Bearer <token>``: gRPC's metadata, HTTP's header,
+        the lane's greeting) says of its bearer (:meth:`tokens.Credentials.grant`).
+
+        Raises:
+            ServiceError: UNAUTHENTICATED.
+        """
+        return self.credentials.grant(value)
+
+    def busy(self, peer: str) -> bool:
+        """Whether a gRPC call of connection ``peer`` (``context.peer()``) is under way: its
+        connection is not idle, however long the call runs."""
+        return peer in self._by_peer
 
     def enter(self) -> None:
         """Count one call that is not gRPC's (a lane request) in flight, so the drain waits
@@ -73,7 +91,7 @@ class Gate(grpc.ServerInterceptor):  # type: ignore[misc]
         """The call counted by :meth:`enter` is answered."""
         self._leave(False)
 
-    def _enter(self, health: bool) -> tuple[grpc.StatusCode, str] | None:
+    def _enter(self, health: bool, peer: str = "") -> tuple[grpc.StatusCode, str] | None:
         if health:
             return None
         with self._cond:
@@ -83,25 +101,28 @@ class Gate(grpc.ServerInterceptor):  # type: ignore[misc]
                     "back (ServerReady)"
                 )
             self._in_flight += 1
+            if peer:
+                self._by_peer[peer] = self._by_peer.get(peer, 0) + 1
         return None
 
-    def _leave(self, health: bool) -> None:
+    def _leave(self, health: bool, peer: str = "") -> None:
         if health:
             return
         with self._cond:
             self._in_flight -= 1
+            if peer:
+                left = self._by_peer.pop(peer, 1) - 1
+                if left:
+                    self._by_peer[peer] = left
             if not self._in_flight:
                 self._cond.notify_all()
 
     def _refusal(self, metadata: Any) -> tuple[grpc.StatusCode, str] | None:
-        if self._token is None:
-            return None
-        for key, value in metadata or ():
-            if key == "authorization":
-                given = value.encode() if isinstance(value, str) else bytes(value)
-                if hmac.compare_digest(given, self._token):
-                    return None
-        return grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED
+        try:
+            self.credentials.grant(authorization(metadata))
+        except ServiceError as exc:
+            return exc.status, exc.message
+        return None
 
     def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
         handler = continuation(details)
@@ -127,28 +148,30 @@ class Gate(grpc.ServerInterceptor):  # type: ignore[misc]
         self, method: Callable[[Any, Any], Any], refusal: Any, health: bool
     ) -> Callable[[Any, Any], Any]:
         def call(request: Any, context: Any) -> Any:
-            failure = refusal or self._enter(health)
+            peer = "" if health else context.peer()
+            failure = refusal or self._enter(health, peer)
             if failure is None:
                 try:
                     return method(request, context)
                 except Exception as exc:
                     failure = _failure(exc, details=method)
                 finally:
-                    self._leave(health)
+                    self._leave(health, peer)
             context.abort(*failure)
 
         return call
 
     def _stream(self, method: Callable[[Any, Any], Any], refusal: Any) -> Callable[..., Any]:
         def call(requests: Iterator[Any], context: Any) -> Iterator[Any]:
-            failure = refusal or self._enter(False)
+            peer = context.peer()
+            failure = refusal or self._enter(False, peer)
             if failure is None:
                 try:
                     yield from method(self._until_closing(requests), context)
                 except Exception as exc:
                     failure = _failure(exc, details=method)
                 finally:
-                    self._leave(False)
+                    self._leave(False, peer)
             if failure is not None:
                 context.abort(*failure)
 

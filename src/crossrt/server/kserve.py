@@ -21,8 +21,9 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
 from ..drivers.base import CancelToken
+from ..errors import OperationForbiddenError
 from ..runtime.statistics import ModelStatistics
-from .peers import Peer
+from .peers import Peer, need_operator, need_owner
 from .regions import Regions
 from .repository import Repository
 from .response_cache import CacheCounts, ResponseCache, with_cache_hits
@@ -99,24 +100,29 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
     Args:
         repository: the models.
         regions: the registered system shared-memory regions.
-        identify: who is behind ``context.peer()`` (asked only when shared memory is used).
+        identify: who is behind a call (its gRPC context: its peer and its token); asked
+            only when shared memory or the repository is used.
         ready: whether the daemon takes requests (false while it drains).
         cache: the daemon's response cache, if it has one (:mod:`.response_cache`).
+        explicit: model control is explicit: RepositoryModelLoad and Unload drive the
+            repository (with ``none``, refused as Triton refuses them).
     """
 
     def __init__(
         self,
         repository: Repository,
         regions: Regions,
-        identify: Callable[[str], Peer],
+        identify: Callable[[Any], Peer],
         ready: Callable[[], bool],
         cache: ResponseCache | None = None,
+        explicit: bool = True,
     ) -> None:
         self.repository = repository
         self.regions = regions
         self._identify = identify
         self._ready = ready
         self.cache = cache
+        self.explicit = explicit
         """The response cache (``response_cache_bytes``), for models loaded with
         ``response_cache``."""
 
@@ -209,13 +215,13 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
         # (then there is nothing left to stop).
         gone = CancelToken()
         context.add_callback(gone.cancel)
-        return self.infer(request, lambda: self._identify(context.peer()), deadline, gone)
+        return self.infer(request, lambda: self._identify(context), deadline, gone)
 
     def ModelStreamInfer(
         self, request_iterator: Iterator[pb.ModelInferRequest], context: Any
     ) -> Iterator[pb.ModelStreamInferResponse]:
         def caller() -> Peer:
-            return self._identify(context.peer())
+            return self._identify(context)
 
         for request in request_iterator:
             try:
@@ -335,6 +341,18 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
 
     def RepositoryModelLoad(self, request: Any, context: Any) -> pb.RepositoryModelLoadResponse:
         values = {k: _value(v) for k, v in request.parameters.items()}
+        self.load_model(request.model_name, values, self._identify(context))
+        return pb.RepositoryModelLoadResponse()
+
+    def RepositoryModelUnload(self, request: Any, context: Any) -> pb.RepositoryModelUnloadResponse:
+        self.unload_model(request.model_name, self._identify(context))
+        return pb.RepositoryModelUnloadResponse()
+
+    def load_model(self, name: str, values: dict[str, Any], peer: Peer) -> None:
+        """RepositoryModelLoad (gRPC's and HTTP's): the operator's, under explicit model
+        control only."""
+        self._controlled()
+        need_operator(peer, f"loading model {name!r} of the repository")
         if "config" in values or any(k.startswith("file:") for k in values):
             raise ServiceError(
                 grpc.StatusCode.UNIMPLEMENTED,
@@ -342,26 +360,48 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
                 "put the model in the repository and give load parameters (device, instances, "
                 "cores, queue_depth, timeout, precision)",
             )
-        self.repository.load(request.model_name, values)
-        return pb.RepositoryModelLoadResponse()
+        self.repository.load(name, values)
 
-    def RepositoryModelUnload(self, request: Any, context: Any) -> pb.RepositoryModelUnloadResponse:
-        self.repository.unload(request.model_name)
-        return pb.RepositoryModelUnloadResponse()
+    def unload_model(self, name: str, peer: Peer) -> None:
+        """RepositoryModelUnload (gRPC's and HTTP's): a model of the repository, by the
+        operator under explicit model control; a model a client sent (crossrt.v1 Load), by
+        its owner or the operator under any."""
+        owner = self.repository.owner_of(name) if self.repository.known(name) else None
+        if owner is None:
+            self._controlled()
+        need_owner(peer, owner, f"unloading model {name!r}")
+        self.repository.unload(name)
+
+    def _controlled(self) -> None:
+        if not self.explicit:
+            # Triton's answer under --model-control-mode=none (UNAVAILABLE, its words); the
+            # code in front makes it OperationForbiddenError for crossrt's client, not the
+            # "daemon gone" of a plain UNAVAILABLE.
+            raise ServiceError(
+                grpc.StatusCode.UNAVAILABLE,
+                str(
+                    OperationForbiddenError(
+                        "explicit model load / unload is not allowed if polling is enabled: "
+                        "this daemon runs with --model-control none; restart it with "
+                        "--model-control explicit (and --load-model), or change the repository "
+                        "and send it SIGHUP"
+                    )
+                ),
+            )
 
     # -- system shared memory ------------------------------------------------------------
 
     def SystemSharedMemoryRegister(
         self, request: Any, context: Any
     ) -> pb.SystemSharedMemoryRegisterResponse:
-        peer = self._identify(context.peer())
+        peer = self._identify(context)
         self.regions.register(request.name, request.key, request.offset, request.byte_size, peer)
         return pb.SystemSharedMemoryRegisterResponse()
 
     def SystemSharedMemoryStatus(
         self, request: Any, context: Any
     ) -> pb.SystemSharedMemoryStatusResponse:
-        regions = self.regions.status(request.name, self._identify(context.peer()))
+        regions = self.regions.status(request.name, self._identify(context))
         response = pb.SystemSharedMemoryStatusResponse()
         for r in regions:
             response.regions[r.name].CopyFrom(
@@ -374,7 +414,7 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
     def SystemSharedMemoryUnregister(
         self, request: Any, context: Any
     ) -> pb.SystemSharedMemoryUnregisterResponse:
-        self.regions.unregister(request.name, self._identify(context.peer()))
+        self.regions.unregister(request.name, self._identify(context))
         return pb.SystemSharedMemoryUnregisterResponse()
 
     # No CUDA region is ever registered here: the status lists none and unregistering finds

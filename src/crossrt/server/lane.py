@@ -16,8 +16,9 @@ untouched. This module holds the wire format and the daemon's end; the client's 
 Wire format, integers little-endian. A *frame* is a header ``<IB`` (the body's length, a
 gRPC status code: 0 for OK) and the body.
 
-- client, once: :data:`MAGIC`, then a frame with status 0 whose body is the daemon's token
-  (empty when it has none);
+- client, once: :data:`MAGIC`, then a frame with status 0 whose body is the authorization
+  value, ``Bearer <token>`` (empty when it sends no token: the kernel says who it is, and a
+  token adds only what an operator token grants);
 - daemon, once: a frame with status 0 and the body :data:`MAGIC`, or a frame with
   UNAUTHENTICATED (a wrong token) or RESOURCE_EXHAUSTED (as many connections open as the
   daemon allows) and a message, then it closes;
@@ -51,7 +52,7 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
 from ..drivers.base import CancelToken
-from .gate import UNAUTHENTICATED, Gate
+from .gate import Gate
 from .peers import Peer
 from .status import ServiceError, status_of
 
@@ -199,19 +200,25 @@ class LaneServer:
         """Stop watching for hang-ups (the daemon stops; its connections are cut)."""
         self._hang_ups.close()
 
-    def serve(self, sock: socket.socket, peer: Peer) -> None:
-        """Greet, then answer requests until the client leaves or the daemon stops."""
+    def serve(self, sock: socket.socket, peer: Peer, activity: Activity | None = None) -> None:
+        """Greet, then answer requests until the client leaves or the daemon stops;
+        ``activity`` (the relay's idle timeout reads it) is kept up to date."""
         frames = Frames(sock, descriptors=True)
         watch = self._hang_ups.watch(sock)
+        seen = activity or Activity()
         try:
             sock.recv(len(MAGIC))  # peeked by the relay
             _, token = frames.read(GREETING_LIMIT)
-            if not self._gate.token_matches(bytes(token)):
-                send(sock, grpc.StatusCode.UNAUTHENTICATED.value[0], UNAUTHENTICATED.encode())
+            try:
+                peer = peer.granted(self._gate.grant(bytes(token)))
+            except ServiceError as exc:
+                send(sock, exc.status.value[0], exc.message.encode())
                 return
             send(sock, 0, MAGIC)
             while True:
+                seen.busy = False
                 kind, body = frames.read()
+                seen.busy = True
                 if kind == REGISTER:
                     fds, frames.fds = frames.fds, []
                     send(sock, *self._registration(body, fds, peer))
@@ -219,6 +226,7 @@ class LaneServer:
                     if frames.fds:
                         frames.close_fds()  # a request brings none
                     self._respond(sock, body, peer, watch)
+                seen.last = time.monotonic()
         except EOFError:
             pass  # the client closed between requests
         except FrameError as exc:
@@ -300,6 +308,19 @@ class LaneServer:
             return 0, response.SerializeToString()
         except Exception as exc:
             return _failure(exc, "a lane request")
+
+
+class Activity:
+    """When a connection last carried a request or an answer, and whether one is under way
+    (:attr:`busy`): what the relay's idle timeout looks at (:mod:`.relay`), and whether it
+    has begun closing the connection (:attr:`closing`)."""
+
+    __slots__ = ("busy", "closing", "last")
+
+    def __init__(self) -> None:
+        self.last = time.monotonic()
+        self.busy = False
+        self.closing = False
 
 
 QUICK_S = 0.001

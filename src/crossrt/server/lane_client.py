@@ -81,14 +81,15 @@ class LaneClient:
 
     Args:
         path: the daemon's Unix socket.
-        token: the daemon's token, if it has one.
+        token: a token of the daemon's (its shared ``--token``, or one of its tokens file),
+            sent as ``Bearer <token>``.
         timeout: seconds a request may take.
         endpoint: the endpoint as the user named it, for messages.
     """
 
     def __init__(self, path: str, token: str | None, timeout: float | None, endpoint: str) -> None:
         self._path = path
-        self._token = (token or "").encode()
+        self._token = f"Bearer {token}".encode() if token else b""
         self._timeout = timeout
         self._endpoint = endpoint
         self._idle: list[_Connection] = []

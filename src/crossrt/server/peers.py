@@ -1,19 +1,26 @@
-"""Who is calling: the operating-system user and process behind a gRPC call.
+"""Who is calling: the user behind a call, from the kernel or from a credential, never from a
+table lookup.
 
 gRPC tells a servicer only ``context.peer()``. Over the daemon's Unix socket that string
 names the relay connection (:mod:`.relay`) whose credentials the kernel gave at accept
-(``SO_PEERCRED``); over loopback TCP it is the client's address and port, which the
-kernel's socket table (``/proc/net/tcp``, ``tcp6``) maps to the socket's owner and inode,
-and ``/proc/*/fd`` to the process holding it. A peer elsewhere on the network has neither.
+(``SO_PEERCRED``): that user, and the operator when it is root or the daemon's own user. Over
+TCP (and HTTP) a client is anonymous unless it sends a token of the operator's tokens file
+(:mod:`.tokens`): then it is that token's user, with that token's role. Nothing is inferred
+from the client's address: the kernel's socket tables (``/proc/net/tcp``) name whoever holds
+a port, and a port can be made to look like anyone's (a TIME_WAIT row shows uid 0).
 """
 
 from __future__ import annotations
 
 import ipaddress
 import os
-import struct
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+
+import grpc
+
+from .status import ServiceError
+from .tokens import Grant
 
 
 @dataclass(frozen=True)
@@ -23,10 +30,13 @@ class Peer:
     Attributes:
         address: what gRPC calls it (``context.peer()``).
         local: on this host (Unix socket, loopback TCP).
-        uid: its user, ``None`` when unknown.
+        uid: its user, ``None`` when unknown (anonymous, or a token's user with no local
+            account).
         gid: its primary group, ``None`` when unknown.
-        pid: its process, 0 when unknown (another user's process over TCP, for a daemon
-            that is not root).
+        pid: its process, 0 when unknown (every TCP client).
+        user: the name a token gave it, ``None`` for a socket peer or an anonymous one.
+        operator: it may drive the repository and every model's lifecycle.
+        known_groups: groups known without a process to read them from (a token's user's).
     """
 
     address: str
@@ -34,11 +44,24 @@ class Peer:
     uid: int | None = None
     gid: int | None = None
     pid: int = 0
+    user: str | None = None
+    operator: bool = False
+    known_groups: frozenset[int] = field(default_factory=frozenset)
+
+    @property
+    def principal(self) -> str | None:
+        """Who owns what this peer creates: its local user, else its token's user name;
+        ``None`` for an anonymous peer."""
+        if self.uid is not None:
+            return f"uid {self.uid}"
+        return f"user {self.user}" if self.user else None
 
     def groups(self) -> frozenset[int]:
-        """Its groups: the primary one and, when its process is known, the supplementary
-        ones (``/proc/<pid>/status``)."""
-        found = {self.gid} if self.gid is not None else set()
+        """Its groups: the primary one, those its token's account has, and, when its process
+        is known, the supplementary ones (``/proc/<pid>/status``)."""
+        found = set(self.known_groups)
+        if self.gid is not None:
+            found.add(self.gid)
         if self.pid:
             try:
                 with open(f"/proc/{self.pid}/status") as f:
@@ -49,86 +72,95 @@ class Peer:
                 pass
         return frozenset(found)
 
+    def granted(self, grant: Grant | None) -> Peer:
+        """This peer with what a token says: over a socket the kernel's user stays and an
+        operator token adds the role; over TCP the token's user is the peer's."""
+        if grant is None:
+            return self
+        if self.uid is not None and self.address.startswith(("unix", "lane:")):
+            return replace(self, operator=self.operator or grant.operator)
+        return replace(
+            self,
+            uid=grant.uid,
+            gid=grant.gid,
+            user=grant.user,
+            operator=grant.operator,
+            known_groups=grant.groups,
+        )
 
-def identify(address: str, relayed: Mapping[str, Peer]) -> Peer:
+
+def is_operator_uid(uid: int) -> bool:
+    """Root, or the daemon's own user: the operator over the Unix socket."""
+    return uid == 0 or uid == os.geteuid()
+
+
+def socket_peer(address: str, uid: int, gid: int, pid: int) -> Peer:
+    """A peer the kernel named at accept (``SO_PEERCRED``)."""
+    return Peer(address, True, uid, gid, pid, operator=is_operator_uid(uid))
+
+
+def identify(address: str, relayed: Mapping[str, Peer], grant: Grant | None = None) -> Peer:
     """The peer behind ``context.peer()``; ``relayed`` maps relay connection names to the
-    credentials read at accept."""
+    credentials read at accept; ``grant`` is what the call's token says."""
     kind, _, rest = address.partition(":")
     if kind == "unix-abstract":
         known = relayed.get(rest)
-        return known if known is not None else Peer(address, local=True)
+        return (known if known is not None else Peer(address, local=True)).granted(grant)
     if kind == "unix":
         # The daemon's inner socket, in a folder only the daemon's user may enter.
-        return Peer(address, local=True, uid=os.geteuid(), gid=os.getegid())
+        return socket_peer(address, os.geteuid(), os.getegid(), 0).granted(grant)
     if kind in ("ipv4", "ipv6"):
-        host, _, port_text = rest.rpartition(":")
-        host = host.strip("[]")
+        host = rest.rpartition(":")[0].strip("[]")
         try:
             ip = ipaddress.ip_address(host)
-            port = int(port_text)
         except ValueError:
-            return Peer(address, local=False)
+            return Peer(address, local=False).granted(grant)
         mapped = getattr(ip, "ipv4_mapped", None)
-        if not (ip.is_loopback or (mapped is not None and mapped.is_loopback)):
-            return Peer(address, local=False)
-        owner = tcp_owner(ip, port)
-        if owner is None:
-            return Peer(address, local=True)
-        uid, inode = owner
-        return Peer(address, local=True, uid=uid, pid=socket_process(inode))
-    return Peer(address, local=False)
+        local = ip.is_loopback or (mapped is not None and mapped.is_loopback)
+        return Peer(address, local=local).granted(grant)
+    return Peer(address, local=False).granted(grant)
 
 
-def _hex_address(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:
-    """An address as ``/proc/net/tcp*`` writes it: 32-bit words in host byte order."""
-    raw = ip.packed
-    words = struct.unpack(f"={len(raw) // 4}I", raw)
-    return "".join(f"{w:08X}" for w in words)
+def need_operator(peer: Peer, what: str) -> None:
+    """Refuse ``what`` to a peer without the operator role.
+
+    Raises:
+        ServiceError: UNAUTHENTICATED for an anonymous peer, PERMISSION_DENIED for another.
+    """
+    if peer.operator:
+        return
+    how = (
+        f"call over the daemon's Unix socket as root or its user (uid {os.geteuid()}), or "
+        'send an operator token (a role = "operator" entry of the daemon\'s tokens file)'
+    )
+    if peer.principal is None:
+        raise ServiceError(grpc.StatusCode.UNAUTHENTICATED, f"{what} needs the operator: {how}")
+    raise ServiceError(
+        grpc.StatusCode.PERMISSION_DENIED,
+        f"{what} needs the operator, and {peer.principal} is not: {how}",
+    )
 
 
-def tcp_owner(
-    ip: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int, proc: str = "/proc/net"
-) -> tuple[int, int] | None:
-    """``(uid, inode)`` of the local TCP socket bound to ``ip:port``, from the kernel's
-    socket table; ``None`` when there is none."""
-    candidates = [(ip, "tcp6" if ip.version == 6 else "tcp")]
-    if ip.version == 4:  # a dual-stack socket shows it as ::ffff:a.b.c.d
-        candidates.append((ipaddress.IPv6Address(f"::ffff:{ip}"), "tcp6"))
-    mapped = getattr(ip, "ipv4_mapped", None)
-    if mapped is not None:
-        candidates.append((mapped, "tcp"))
-    for address, table in candidates:
-        wanted = f"{_hex_address(address)}:{port:04X}"
-        try:
-            with open(os.path.join(proc, table)) as f:
-                next(f, None)
-                for line in f:
-                    fields = line.split()
-                    if len(fields) > 9 and fields[1] == wanted:
-                        return int(fields[7]), int(fields[9])
-        except OSError:
-            continue
-    return None
+def need_owner(peer: Peer, owner: str | None, what: str) -> None:
+    """Refuse ``what`` to a peer that is neither the operator nor ``owner`` (a principal;
+    ``None``: the operator's own, such as a repository model)."""
+    if peer.operator or (owner is not None and peer.principal == owner):
+        return
+    if owner is None:
+        need_operator(peer, what)
+    raise ServiceError(
+        grpc.StatusCode.PERMISSION_DENIED,
+        f"{what}: it belongs to another user; only its owner or the operator may do that",
+    )
 
 
-def socket_process(inode: int, proc: str = "/proc") -> int:
-    """The process holding socket ``inode`` open, 0 when none can be seen (another user's,
-    for a daemon that is not root)."""
-    target = f"socket:[{inode}]"
-    try:
-        pids = [p for p in os.listdir(proc) if p.isdigit()]
-    except OSError:
-        return 0
-    for pid in pids:
-        folder = os.path.join(proc, pid, "fd")
-        try:
-            fds = os.listdir(folder)
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                if os.readlink(os.path.join(folder, fd)) == target:
-                    return int(pid)
-            except OSError:
-                continue
-    return 0
+def need_principal(peer: Peer, what: str) -> str:
+    """The peer's principal, or a refusal of ``what`` to an anonymous peer."""
+    principal = peer.principal
+    if principal is None:
+        raise ServiceError(
+            grpc.StatusCode.UNAUTHENTICATED,
+            f"{what} needs to know who you are: connect through the daemon's Unix socket, or "
+            "send a token of the daemon's tokens file (authorization: Bearer <token>)",
+        )
+    return principal

@@ -2,9 +2,11 @@
 registered it.
 
 Triton makes a region global to the server: any local user could name another's region and
-read or overwrite their tensors through the daemon. Here a region is used, listed and
-unregistered only by its owner's user; registration is refused for a ``/dev/shm`` file that
-user could not open read-write itself, and over a connection from another host. Tensors are
+read or overwrite their tensors through the daemon. Here each user has regions of its own (a
+name is looked up among the caller's user's regions only, so two users may both register
+Triton's usual names); registration is refused to a caller whose user is not proven (an
+anonymous TCP client: :mod:`.peers`), for a ``/dev/shm`` file that user could not open
+read-write itself, and over a connection from another host. Tensors are
 read and written with ``pread``/``pwrite`` on the region's descriptor, not through a
 mapping: a client that truncates its file afterwards gets an error, not a daemon killed by
 SIGBUS. A region whose registering process has died is released (:meth:`Regions.sweep`).
@@ -81,9 +83,11 @@ def _owner(peer: Peer) -> int:
             "send tensors in the request, or run the client on the daemon's host"
         )
     if peer.uid is None:
-        raise _denied(
-            f"the daemon cannot tell which user {peer.address} is, so it lends it no shared "
-            "memory; connect through the daemon's Unix socket or loopback TCP"
+        raise ServiceError(
+            grpc.StatusCode.UNAUTHENTICATED,
+            f"system shared memory opens files as the caller's user, and {peer.address} is "
+            "not a proven local user: send tensors in the request, or connect through the "
+            "daemon's Unix socket, or send a token the tokens file maps to your local user",
         )
     return peer.uid
 
@@ -94,7 +98,8 @@ class Regions:
     def __init__(self, directory: str = SHM_DIRECTORY) -> None:
         self._directory = directory
         self._lock = threading.Lock()
-        self._regions: dict[str, Region] = {}
+        self._regions: dict[tuple[int, str], Region] = {}
+        """By (user, name): each user's names are its own."""
 
     def register(self, name: str, key: str, offset: int, byte_size: int, peer: Peer) -> None:
         """Register ``byte_size`` bytes at ``offset`` of segment ``key`` as ``name``."""
@@ -191,13 +196,13 @@ class Regions:
 
     def _add(self, region: Region) -> None:
         with self._lock:
-            if region.name in self._regions:
+            if (region.uid, region.name) in self._regions:
                 raise ServiceError(
                     grpc.StatusCode.ALREADY_EXISTS,
-                    f"a region named {region.name!r} is registered already; unregister it "
-                    "first or choose another name",
+                    f"you have a region named {region.name!r} registered already; unregister "
+                    "it first or choose another name",
                 )
-            self._regions[region.name] = region
+            self._regions[region.uid, region.name] = region
 
     def status(self, name: str, peer: Peer) -> list[Region]:
         """The peer's user's regions (``name`` empty), or the one named."""
@@ -212,23 +217,21 @@ class Regions:
         """Unregister the region named, or (``name`` empty) every region of the peer's user."""
         uid = _owner(peer)
         with self._lock:
-            names = [n for n, r in self._regions.items() if r.uid == uid]
+            keys = [k for k, r in self._regions.items() if r.uid == uid]
             if name:
                 self._mine(name, uid)
-                names = [name]
-            for n in names:
-                _release(self._regions.pop(n))
+                keys = [(uid, name)]
+            for key in keys:
+                _release(self._regions.pop(key))
         self.sweep()
 
     def _mine(self, name: str, uid: int) -> Region:
-        region = self._regions.get(name)
+        region = self._regions.get((uid, name))
         if region is None:
             raise ServiceError(
                 grpc.StatusCode.NOT_FOUND,
-                f"no shared-memory region {name!r} is registered; register it first",
+                f"you have no shared-memory region {name!r} registered; register it first",
             )
-        if region.uid != uid:
-            raise _denied(f"region {name!r} belongs to another user; register your own")
         return region
 
     @contextlib.contextmanager
@@ -296,10 +299,10 @@ class Regions:
     def sweep(self) -> list[str]:
         """Release the regions whose registering process has died; their names."""
         with self._lock:
-            dead = [n for n, r in self._regions.items() if r.pid and not process_alive(r.pid)]
-            for n in dead:
-                _release(self._regions.pop(n))
-        return dead
+            dead = [k for k, r in self._regions.items() if r.pid and not process_alive(r.pid)]
+            for key in dead:
+                _release(self._regions.pop(key))
+        return [name for _, name in dead]
 
     def close(self) -> None:
         """Release every region."""

@@ -4,16 +4,22 @@ enter; a connection that opens with the direct lane's greeting (:mod:`.lane`) is
 here instead.
 
 Each connection holds a thread or two and up to seven file descriptors while it is open, so the
-relay keeps at most ``limit`` open (``max_connections``): one more is refused at once (a lane
-client is told why, RESOURCE_EXHAUSTED; a gRPC client sees the connection closed) and logged.
-When the process runs out of file descriptors, accepting pauses and resumes as they free up:
-the connection waits in the listen backlog instead of the listener giving up.
+relay keeps at most ``limit`` open (``max_connections``), and at most ``user_limit`` of one
+user's (``user_connections``, default half; root and the daemon's own user, the operator,
+have no share of their own): one more is refused at once (a lane client is told why,
+RESOURCE_EXHAUSTED; a gRPC client sees the connection closed) and logged. A connection that
+carries nothing for ``idle_seconds`` (``idle_timeout``), with no call under way on it, is
+closed: gRPC clients and crossrt's lane client open another when they next need one. When
+the process runs out of file descriptors, accepting pauses and resumes as they free up: the
+connection waits in the listen backlog instead of the listener giving up.
 
 gRPC's Python server shows a Unix client only as ``unix:``. Each relayed connection comes
-to gRPC from a socket bound to an abstract name of its own
-(``crossrt-peer-<random>-<n>``), which gRPC reports as the call's peer, and
-:attr:`UnixRelay.peers` maps that name to the credentials read at accept. The relay costs
-about 45 µs per call (two extra socket hops).
+to gRPC from a socket bound to an abstract name of its own, 128 random bits
+(``crossrt-peer-<32 hex digits>``), which gRPC reports as the call's peer, and
+:attr:`UnixRelay.peers` maps that name to the credentials read at accept. Abstract names are
+one namespace for the whole host and anyone may read them (``/proc/net/unix``): a name that
+could be guessed could be bound first, and the connection would fail. The relay costs about
+45 µs per call (two extra socket hops).
 """
 
 from __future__ import annotations
@@ -32,8 +38,8 @@ from collections.abc import Callable
 
 import grpc
 
-from .lane import GREETING_LIMIT, MAGIC, FrameError, Frames, is_lane, send
-from .peers import Peer
+from .lane import GREETING_LIMIT, MAGIC, Activity, FrameError, Frames, is_lane, send
+from .peers import Peer, is_operator_uid, socket_peer
 
 log = logging.getLogger("crossrt.serve")
 _CHUNK = 1 << 20
@@ -46,12 +52,15 @@ _WARN_EVERY_S = 10.0
 _REFUSE_S = 1.0
 """How long a refused connection may take to show whether it is a lane client."""
 DEFAULT_LIMIT = 1024
+_CREDENTIALS = struct.Struct("3i")  # SO_PEERCRED: pid, uid, gid
 
 
 class UnixRelay:
     """Listen on ``path`` (mode ``mode``) and relay every connection to ``inner``, but
     those of the direct lane, which go to ``lane`` (called in a thread of their own); at
-    most ``limit`` connections at once.
+    most ``limit`` connections at once, ``user_limit`` of one user's; those idle for
+    ``idle_seconds`` (0: never) closed, unless ``busy`` (given the gRPC peer name) says a
+    call is under way on them.
 
     Raises:
         OSError: the socket cannot be created (the message of :func:`bind_unix`).
@@ -62,13 +71,24 @@ class UnixRelay:
         path: str,
         inner: str,
         mode: int = 0o660,
-        lane: Callable[[socket.socket, Peer], None] | None = None,
+        lane: Callable[[socket.socket, Peer, Activity], None] | None = None,
         limit: int = DEFAULT_LIMIT,
+        user_limit: int | None = None,
+        idle_seconds: float = 0.0,
+        busy: Callable[[str], bool] | None = None,
     ) -> None:
         self.path = path
         self._inner = inner
         self._lane = lane
         self._limit = limit
+        self._user_limit = user_limit or limit
+        self._idle_seconds = idle_seconds
+        self._busy = busy or (lambda name: False)
+        self._by_user: dict[int, int] = {}
+        """Connections open now, by user (the operator's not counted)."""
+        self._activity: dict[int, tuple[Activity, tuple[socket.socket, ...], str]] = {}
+        """serial -> (its activity, its sockets, its gRPC peer name or "" for the lane)."""
+        self._idle_wake = threading.Event()
         self.connections = 0
         """Connections open now: being routed, served on the lane, or relayed."""
         self.refused = 0
@@ -77,7 +97,6 @@ class UnixRelay:
         self._warned: dict[str, float] = {}
         self._lanes: dict[int, socket.socket] = {}
         self._listener = bind_unix(path, mode)
-        self._tag = secrets.token_hex(8)
         self._serial = 0
         self._lock = threading.Lock()
         self._closed = threading.Condition(self._lock)
@@ -86,12 +105,43 @@ class UnixRelay:
         self._thread = threading.Thread(target=self._accept, name="crossrt-relay", daemon=True)
 
     def start(self) -> None:
-        """Start accepting."""
+        """Start accepting (and closing idle connections)."""
         self._thread.start()
+        if self._idle_seconds:
+            threading.Thread(target=self._close_idle, name="crossrt-idle", daemon=True).start()
+
+    def _close_idle(self) -> None:
+        """Every quarter of the idle timeout (at most 5 s): close the connections that carried
+        nothing for longer than it, with no call under way.
+
+        Gently first: the client's half is shut for reading only, so a request the client
+        sent just then is still read and gets an answer frame (on the lane, CANCELLED for a
+        model the hang-up watch covers: the shut looks like one), and one it sends after
+        fails at once (EPIPE: crossrt's lane client and gRPC open another connection); the
+        connection then ends as the client's end of file goes through. One still open at the
+        next look (a client that reads nothing) is cut."""
+        every = min(5.0, self._idle_seconds / 4)
+        while not self._idle_wake.wait(every):
+            limit = time.monotonic() - self._idle_seconds
+            with self._lock:
+                found = list(self._activity.values())
+            for activity, sockets, name in found:
+                if activity.last > limit or activity.busy:
+                    continue
+                if name and self._busy(f"unix-abstract:{name}"):
+                    activity.last = time.monotonic()  # a call runs: idle from its end on
+                    continue
+                self._warn("idle", "closed connections idle for longer than idle_timeout")
+                cut = activity.closing
+                activity.closing = True
+                for sock in sockets if cut else sockets[:1]:
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RDWR if cut else socket.SHUT_RD)
 
     def stop_accepting(self) -> None:
         """Accept no new connection and remove the socket file; open ones go on."""
         self._stopping = True
+        self._idle_wake.set()
         with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
@@ -136,25 +186,54 @@ class UnixRelay:
                     continue  # the client left before it was accepted
                 log.error("stopped accepting on %s: %s", self.path, exc)
                 return
+            try:
+                pid, uid, gid = _CREDENTIALS.unpack(
+                    client.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDENTIALS.size)
+                )
+            except OSError:
+                client.close()
+                continue
+            shared = not is_operator_uid(uid)
             with self._lock:
-                full = self.connections >= self._limit
-                if full:
+                held = self._by_user.get(uid, 0) if shared else 0
+                why = None
+                if self.connections >= self._limit:
+                    why = (
+                        f"the daemon has {self._limit} connections open, its limit "
+                        "(max_connections); close idle clients, or start crossrt serve with a "
+                        "larger --max-connections"
+                    )
+                elif held >= self._user_limit:
+                    why = (
+                        f"user {uid} has {held} connections open, one user's share "
+                        "(user_connections); close idle ones, or ask the operator for a larger "
+                        "--user-connections"
+                    )
+                if why is not None:
                     self.refused += 1
                 else:
                     self.connections += 1
+                    if shared:
+                        self._by_user[uid] = held + 1
             # A thread per connection: telling a lane from gRPC waits for its first bytes.
-            target = self._refuse if full else self._route
+            if why is not None:
+                target, args = self._refuse, (client, why)
+            else:
+                target, args = self._route, (client, pid, uid, gid)  # type: ignore[assignment]
             try:
-                threading.Thread(target=target, args=(client,), daemon=True).start()
+                threading.Thread(target=target, args=args, daemon=True).start()
             except RuntimeError as exc:  # no thread to be had
                 client.close()
                 self._warn("thread", f"dropped a connection: {exc}")
-                if not full:
-                    self._closed_one()
+                if why is None:
+                    self._closed_one(uid)
 
-    def _closed_one(self) -> None:
+    def _closed_one(self, uid: int) -> None:
         with self._lock:
             self.connections -= 1
+            held = self._by_user.pop(uid, 0) - 1
+            if held > 0:
+                self._by_user[uid] = held
 
     def _warn(self, kind: str, text: str) -> None:
         """Log ``text``, at most once per ``_WARN_EVERY_S`` for each ``kind``: a flood of
@@ -164,13 +243,9 @@ class UnixRelay:
             self._warned[kind] = now
             log.warning("%s on %s", text, self.path)
 
-    def _refuse(self, client: socket.socket) -> None:
-        """A connection over the limit: a lane client is told why, then it is closed."""
-        why = (
-            f"the daemon has {self._limit} connections open, its limit (max_connections); "
-            "close idle clients, or start crossrt serve with a larger --max-connections"
-        )
-        self._warn("refused", f"refused a connection: {self._limit} are open (max_connections)")
+    def _refuse(self, client: socket.socket, why: str) -> None:
+        """A connection over a limit: a lane client is told ``why``, then it is closed."""
+        self._warn("refused", f"refused a connection: {why}")
         try:
             if self._lane is not None and is_lane(client, _REFUSE_S):
                 client.settimeout(_REFUSE_S)
@@ -182,17 +257,16 @@ class UnixRelay:
         finally:
             client.close()
 
-    def _route(self, client: socket.socket) -> None:
+    def _route(self, client: socket.socket, pid: int, uid: int, gid: int) -> None:
         routed = False
         try:
-            creds = client.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-            pid, uid, gid = struct.unpack("3i", creds)
             with self._lock:
                 self._serial += 1
                 serial = self._serial
             if self._lane is not None and is_lane(client):
                 routed = True  # _serve_lane counts it closed
-                self._serve_lane(client, serial, Peer(f"lane:{serial}", True, uid, gid, pid))
+                peer = socket_peer(f"lane:{serial}", uid, gid, pid)
+                self._serve_lane(client, serial, peer)
             else:
                 self._relay(client, serial, uid, gid, pid)
                 routed = True  # _forget counts it closed
@@ -201,22 +275,26 @@ class UnixRelay:
             client.close()
         finally:
             if not routed:
-                self._closed_one()
+                self._closed_one(uid)
 
     def _serve_lane(self, client: socket.socket, serial: int, peer: Peer) -> None:
-        assert self._lane is not None
+        assert self._lane is not None and peer.uid is not None
+        activity = Activity()
         with self._lock:
             self._lanes[serial] = client
+            self._activity[serial] = (activity, (client,), "")
         try:
-            self._lane(client, peer)
+            self._lane(client, peer, activity)
         finally:
             with self._lock:
                 self._lanes.pop(serial, None)
-                self.connections -= 1
+                self._activity.pop(serial, None)
+            self._closed_one(peer.uid)
             client.close()
 
     def _relay(self, client: socket.socket, serial: int, uid: int, gid: int, pid: int) -> None:
-        name = f"crossrt-peer-{self._tag}-{serial}"
+        # 128 random bits: no one can bind the name first (see the module's docstring).
+        name = f"crossrt-peer-{secrets.token_hex(16)}"
         upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             upstream.bind("\0" + name)
@@ -224,33 +302,40 @@ class UnixRelay:
         except OSError:
             upstream.close()
             raise
+        activity = Activity()
         with self._lock:
-            self.peers[name] = Peer(f"unix-abstract:{name}", True, uid, gid, pid)
+            self.peers[name] = socket_peer(f"unix-abstract:{name}", uid, gid, pid)
             self._open[name] = (client, upstream)
-        done = threading.Barrier(2, action=lambda: self._forget(name))
+            self._activity[serial] = (activity, (client, upstream), name)
+        done = threading.Barrier(2, action=lambda: self._forget(name, serial, uid))
         for a, b in ((client, upstream), (upstream, client)):
-            threading.Thread(target=_pump, args=(a, b, done), daemon=True).start()
+            threading.Thread(target=_pump, args=(a, b, done, activity), daemon=True).start()
 
-    def _forget(self, name: str) -> None:
+    def _forget(self, name: str, serial: int, uid: int) -> None:
         with self._lock:
             self.peers.pop(name, None)
+            self._activity.pop(serial, None)
             pair = self._open.pop(name, None)
-            if pair is not None:
-                self.connections -= 1
             self._closed.notify_all()
+        if pair is not None:
+            self._closed_one(uid)
         for s in pair or ():
             s.close()
 
 
-def _pump(src: socket.socket, dst: socket.socket, done: threading.Barrier) -> None:
+def _pump(
+    src: socket.socket, dst: socket.socket, done: threading.Barrier, activity: Activity
+) -> None:
     """Copy ``src`` to ``dst`` until EOF: through a pipe with ``splice`` (the kernel moves
-    the pages; about 3x faster than recv/send through Python on 16 MB tensors)."""
+    the pages; about 3x faster than recv/send through Python on 16 MB tensors), noting in
+    ``activity`` when bytes last went through."""
     read, write = os.pipe()
     try:
         with contextlib.suppress(OSError):
             fcntl.fcntl(write, _F_SETPIPE_SZ, _CHUNK)
         source, target = src.fileno(), dst.fileno()
         while n := os.splice(source, write, _CHUNK):
+            activity.last = time.monotonic()
             while n:
                 n -= os.splice(read, target, n)
     except OSError:

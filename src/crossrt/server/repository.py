@@ -142,6 +142,7 @@ class Entry:
     reason: str = "not loaded"
     stamp: tuple[int, int] = (0, 0)  # the file's (mtime_ns, size) when loaded
     owner: int = 0  # the process that sent it (crossrt.v1 Load): unloaded when it dies
+    user: str | None = None  # who sent it (Peer.principal); None: the operator's repository
     refused: int = 0  # requests the daemon refused before they reached the model
     cache: CacheCounts = field(default_factory=CacheCounts)  # its response cache's use
 
@@ -219,6 +220,13 @@ class Repository:
             found = discover(self.directory) if self.directory else {}
             for name, (version, path) in found.items():
                 entry = self._entries.get(name)
+                if entry is not None and entry.path is None:
+                    # A name a client sent a model under, now in the operator's repository:
+                    # the repository's wins, and the client's model gives way.
+                    self.unload(name)
+                    log.warning("model %s sent by %s gave way to the repository's", name,
+                                entry.user or f"process {entry.owner}")  # fmt: skip
+                    entry = None
                 if entry is None:
                     self._entries[name] = Entry(name, version, path, self._defaults)
                 elif name not in self._pinned and (entry.version, entry.path) != (version, path):
@@ -235,16 +243,17 @@ class Repository:
         for entry in list(self._entries.values()):
             new = entry.model is None and entry.reason == "not loaded"
             if (new and load_new) or _changed(entry):
-                self._try_load(entry.name)
+                self.try_load(entry.name)
 
     def load_all(self, pinned_only: bool = False) -> None:
         """Load every known model, or only those of the config file (a failure is logged
         and shown in the index)."""
         for name in list(self._entries):
             if name in self._pinned or not pinned_only:
-                self._try_load(name)
+                self.try_load(name)
 
-    def _try_load(self, name: str) -> None:
+    def try_load(self, name: str) -> None:
+        """Load model ``name``; a failure is logged and shown in the index."""
         try:
             self.load(name)
         except Exception as exc:  # the index shows why; the daemon goes on
@@ -254,8 +263,8 @@ class Repository:
         """Load (or reload, with new options) model ``name``."""
         with self._lock:
             entry = self._entries.get(name)
-            if entry is None and self.directory is not None:
-                self.scan()
+            if (entry is None or entry.path is None) and self.directory is not None:
+                self.scan()  # the repository's model of that name wins a client's
                 entry = self._entries.get(name)
             if entry is None:
                 where = f"in {self.directory}" if self.directory else "(no --model-repository)"
@@ -313,18 +322,23 @@ class Repository:
             kwargs["precision"] = options.precision
         return self._runtime.load(str(path), options.device, **kwargs)
 
-    def adopt(self, name: str, model: LoadedModel, owner: int) -> Entry:
-        """Serve ``model``, loaded from bytes a client sent, as ``name`` (version 1) until
-        it is unloaded or process ``owner`` dies (:meth:`release_orphans`)."""
+    def adopt(self, name: str, model: LoadedModel, owner: int, user: str | None = None) -> Entry:
+        """Serve ``model``, loaded from bytes ``user`` sent, as ``name`` (version 1) until
+        it is unloaded or process ``owner`` dies (:meth:`release_orphans`). A name the
+        repository holds (loaded or not) is refused: it is the operator's."""
         with self._lock:
             held = self._entries.get(name)
+            if held is None and self.directory is not None and name in discover(self.directory):
+                held = self.scan().get(name)
             if held is not None and (held.model is not None or held.path is not None):
                 raise ServiceError(
                     grpc.StatusCode.ALREADY_EXISTS,
-                    f"a model named {name!r} is served already; choose another name or "
-                    "unload it first",
+                    f"a model named {name!r} is served already, or the repository holds it; "
+                    "choose another name",
                 )
-            entry = Entry(name, "1", None, model=model, state="READY", reason="", owner=owner)
+            entry = Entry(
+                name, "1", None, model=model, state="READY", reason="", owner=owner, user=user
+            )
             model.served_as = f"{name}:1"
             self._entries[name] = entry
             self._pinned.add(name)
@@ -340,6 +354,21 @@ class Repository:
             for name in dead:
                 self.unload(name)
         return dead
+
+    def known(self, name: str) -> bool:
+        """Whether a model of that name is known (loaded or not)."""
+        return name in self._entries
+
+    def owner_of(self, name: str) -> str | None:
+        """Who sent model ``name`` (a principal), ``None`` for the operator's.
+
+        Raises:
+            ServiceError: NOT_FOUND, no model of that name is known.
+        """
+        entry = self._entries.get(name)
+        if entry is None:
+            raise ServiceError(grpc.StatusCode.NOT_FOUND, f"no model {name!r} is known")
+        return entry.user
 
     def unload(self, name: str) -> None:
         """Unload model ``name`` (it stays known)."""

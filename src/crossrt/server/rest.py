@@ -22,11 +22,14 @@ binary tensor data extension. Requests go to the same service as gRPC's and the 
   /v2/repository/models/NAME/load`` (``{"parameters": {...}}``: the load parameters) and
   ``.../unload``: the repository extension.
 
-Inputs and outputs may name registered system shared-memory regions (``parameters``
-``shared_memory_region``, ``shared_memory_byte_size``, ``shared_memory_offset``), as on gRPC:
-the caller is identified as a gRPC TCP peer is. Errors are ``{"error": message}`` with the
-HTTP status for their gRPC code; a request whose JSON does not have KServe's form (a shape
-that is not a list of dimensions, a dimension past 2**63, nesting too deep to parse) is 400.
+The header ``Authorization: Bearer <token>`` says who sends a request (docs/security.md): a
+client is anonymous without a per-user token, and the repository's load and unload are the
+operator's. Inputs and outputs may name registered system shared-memory regions
+(``parameters`` ``shared_memory_region``, ``shared_memory_byte_size``,
+``shared_memory_offset``), as on gRPC, for a token that names a local user: an anonymous
+client sends its tensors in the request. Errors are ``{"error": message}`` with the HTTP
+status for their gRPC code; a request whose JSON does not have KServe's form (a shape that is
+not a list of dimensions, a dimension past 2**63, nesting too deep to parse) is 400.
 """
 
 from __future__ import annotations
@@ -46,9 +49,9 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
 from .. import dtypes
-from .gate import UNAUTHENTICATED, Gate
+from .gate import Gate
 from .kserve import InferenceService
-from .peers import Peer
+from .peers import Peer, identify
 from .rest_extensions import model_config, shared_memory_get, shared_memory_post
 from .rest_json import json_count, json_object, json_shape, json_shared_memory
 from .status import ServiceError, status_of
@@ -85,8 +88,6 @@ class HttpFront:
         address: ``(host, port)`` to listen on (port 0: any free one, see :attr:`port`).
         service: the daemon's KServe service.
         gate: the daemon's token and drain.
-        identify: who is behind a client's ``ipv4:HOST:PORT`` (as gRPC's ``context.peer()``
-            writes it), asked only when shared memory is used; without it, nobody is known.
     """
 
     def __init__(
@@ -94,7 +95,6 @@ class HttpFront:
         address: tuple[str, int],
         service: InferenceService,
         gate: Gate,
-        identify: Callable[[str], Peer] | None = None,
     ) -> None:
         front = self
 
@@ -106,7 +106,6 @@ class HttpFront:
 
         self.service = service
         self.gate = gate
-        self.identify = identify or (lambda peer: Peer(peer, local=False))
         self._server = Server(address, Handler)
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
@@ -164,29 +163,24 @@ class HttpFront:
         request = pb.ModelStatisticsRequest(name=name, version=version)
         return plain(self.service.ModelStatistics(request, None))
 
-    def repository(self, path: list[str], body: bytes) -> Any:
+    def repository(self, path: list[str], body: bytes, peer: Peer) -> Any:
         """A POST under ``/v2/repository``: the index, or a model's load or unload (Triton's
-        HTTP paths); its JSON answer."""
+        HTTP paths) by ``peer``; its JSON answer."""
         doc = _json(body) if body.strip() else {}
         if path == ["index"]:
             request = pb.RepositoryIndexRequest(ready=bool(doc.get("ready", False)))
             return plain(self.service.RepositoryIndex(request, None))["models"]
         if len(path) == 3 and path[0] == "models" and path[2] in ("load", "unload"):
             if path[2] == "unload":
-                self.service.RepositoryModelUnload(
-                    pb.RepositoryModelUnloadRequest(model_name=path[1]), None
-                )
+                self.service.unload_model(path[1], peer)
                 return {}
-            load = pb.RepositoryModelLoadRequest(model_name=path[1])
-            for key, value in json_object(doc.get("parameters"), "the load's 'parameters'").items():
-                param = load.parameters[str(key)]
-                if isinstance(value, bool):
-                    param.bool_param = value
-                elif isinstance(value, int):
-                    param.int64_param = value
-                else:
-                    param.string_param = str(value)
-            self.service.RepositoryModelLoad(load, None)
+            values = {
+                str(key): value if isinstance(value, bool | int) else str(value)
+                for key, value in json_object(
+                    doc.get("parameters"), "the load's 'parameters'"
+                ).items()
+            }
+            self.service.load_model(path[1], values, peer)
             return {}
         raise ServiceError(
             grpc.StatusCode.NOT_FOUND, f"no such path: /v2/repository/{'/'.join(path)}"
@@ -214,6 +208,8 @@ class HttpFront:
 
 class _Handler(BaseHTTPRequestHandler):
     owner: HttpFront
+    peer: Peer
+    """Who sent the request being handled: anonymous, or its token's user."""
     protocol_version = "HTTP/1.1"
     server_version = "crossrt"
 
@@ -230,17 +226,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._handle(lambda path: self._json(*self.owner.get(path, self._peer)))
 
     def _peer(self) -> Peer:
-        """Who sent this request, told as gRPC tells a TCP peer: looked up only when asked
-        (it reads the kernel's tables), once per connection (this handler serves one), as
-        the connection's peer stays who it is. Per request, perf_analyzer's shared-memory
-        run over HTTP made 47 requests/s against 4,300 without shared memory."""
-        known: Peer | None = getattr(self, "_known_peer", None)
-        if known is None:
-            host, port = self.client_address[:2]
-            family = "ipv6" if ":" in host else "ipv4"
-            shown = f"[{host}]" if family == "ipv6" else host
-            known = self._known_peer = self.owner.identify(f"{family}:{shown}:{port}")
-        return known
+        """Who sent this request (:meth:`_handle` identified it by its token)."""
+        return self.peer
 
     def do_POST(self) -> None:
         def post(path: list[str]) -> None:
@@ -259,11 +246,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.owner.gate.enter()
             try:
                 if path[:1] == ["repository"]:
-                    self._json(HTTPStatus.OK, self.owner.repository(path[1:], body))
+                    self._json(HTTPStatus.OK, self.owner.repository(path[1:], body, self.peer))
                     return
                 if path[:1] in (["systemsharedmemory"], ["cudasharedmemory"]):
                     doc = _json(body) if body.strip() else {}
-                    peer = self._peer()
+                    peer = self.peer
                     self._json(
                         HTTPStatus.OK, shared_memory_post(self.owner.service, path, doc, peer)
                     )
@@ -283,11 +270,11 @@ class _Handler(BaseHTTPRequestHandler):
             parts = [unquote(p) for p in self.path.split("?")[0].split("/") if p]
             if parts[:1] != ["v2"]:
                 raise ServiceError(grpc.StatusCode.NOT_FOUND, f"no such path: {self.path}")
-            token = self.headers.get("Authorization", "")
-            if parts[1:3] not in (["health", "live"], ["health", "ready"]) and not (
-                self.owner.gate.token_matches(token.removeprefix("Bearer ").encode())
-            ):
-                raise ServiceError(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED)
+            if parts[1:3] not in (["health", "live"], ["health", "ready"]):
+                grant = self.owner.gate.grant(self.headers.get("Authorization"))
+                host, port = self.client_address[:2]
+                kind = "ipv6" if ":" in host else "ipv4"
+                self.peer = identify(f"{kind}:{host}:{port}", {}, grant)
             action(parts[1:])
         except Exception as exc:
             code, message = status_of(exc)

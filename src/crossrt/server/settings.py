@@ -1,8 +1,9 @@
 """The daemon's settings: the config file (TOML) and the command line, checked in one place.
 
 Every command-line option has a key of the same name in the file (``model_repository``,
-``model_control``, ``metrics``, ``token``, ``cores``, ``log_level``, ``console``,
-``endpoint``, ``max_connections``), plus ``drain_seconds``, ``threads``, ``socket_mode``,
+``model_control``, ``load_model``, ``metrics``, ``token``, ``tokens``, ``cores``,
+``log_level``, ``console``, ``endpoint``, ``max_connections``, ``user_connections``,
+``idle_timeout``), plus ``drain_seconds``, ``threads``, ``socket_mode``,
 ``tls_cert`` / ``tls_key`` / ``tls_client_ca`` (PEM files: TLS on the TCP endpoints, client
 certificates required when a CA is given) and ``[[models]]`` tables (``name``, ``path`` and
 the load parameters) loaded at start. The command line wins.
@@ -102,12 +103,23 @@ class ServeOptions:
     cores: str | None = None
     model_repository: str | None = None
     model_control: str = "none"
+    load_model: tuple[str, ...] = ()
+    """Under explicit model control, the repository's models loaded at start (Triton's
+    ``--load-model``; ``*``: every one)."""
     metrics: str | None = None
     http: str | None = None
     token: str | None = None
+    tokens: str | None = None
+    """The per-user tokens file (:mod:`.tokens`)."""
     drain_seconds: float = 30.0
     threads: int = 16
     max_connections: int = 1024
+    user_connections: int = 0
+    """Connections one user (but the operator) may hold on a Unix socket; 0: half of
+    ``max_connections`` (see :attr:`user_share`)."""
+    idle_timeout: float = 300.0
+    """Seconds a Unix-socket connection may stay idle (no bytes, no call under way) before
+    the daemon closes it; 0: never."""
     response_cache_bytes: int = 0
     socket_mode: int = 0o660
     tls_cert: str | None = None
@@ -122,6 +134,12 @@ class ServeOptions:
         if any(e.kind == "unix" for e in named):
             return named
         return [default_endpoint(), *named]
+
+    @property
+    def user_share(self) -> int:
+        """The connections one user may hold: ``user_connections``, else half of
+        ``max_connections`` (at least 1)."""
+        return self.user_connections or max(1, self.max_connections // 2)
 
     @property
     def level(self) -> int:
@@ -149,6 +167,9 @@ def build(file: str | None, given: Mapping[str, Any]) -> ServeOptions:
         raise InvalidOptionError(
             f"unknown setting(s) {unknown} in {file or 'the options'}; known: {sorted(known)}"
         )
+    if isinstance(values.get("load_model"), str):
+        values["load_model"] = (values["load_model"],)
+    values["load_model"] = tuple(values.get("load_model", ()))
     if isinstance(values.get("endpoint"), str):
         values["endpoint"] = (values["endpoint"],)
     values["endpoint"] = tuple(values.get("endpoint", ()))
@@ -205,6 +226,18 @@ def _check(options: ServeOptions) -> None:
         raise InvalidOptionError(
             f"max_connections {options.max_connections!r}: give the number of connections a "
             "Unix socket may keep open at once, 1 or more (default 1024)"
+        )
+    share = options.user_connections
+    if isinstance(share, bool) or not isinstance(share, int) or share < 0:
+        raise InvalidOptionError(
+            f"user_connections {share!r}: give the connections one user may hold open on a "
+            "Unix socket, 1 or more (0, the default: half of max_connections)"
+        )
+    idle = options.idle_timeout
+    if isinstance(idle, bool) or not isinstance(idle, int | float) or not 0 <= idle < 1e9:
+        raise InvalidOptionError(
+            f"idle_timeout {idle!r}: give the seconds a connection may stay idle before the "
+            "daemon closes it (default 300; 0: never)"
         )
     cache = options.response_cache_bytes
     if isinstance(cache, bool) or not isinstance(cache, int) or cache < 0:

@@ -52,6 +52,11 @@ def parser() -> argparse.ArgumentParser:
         "those RepositoryModelLoad asks for",
     )  # fmt: skip
     p.add_argument(
+        "--load-model", action="append", metavar="NAME",
+        help="with --model-control explicit, load this repository model at start (repeat "
+        "for several; '*': every one), as Triton's --load-model",
+    )  # fmt: skip
+    p.add_argument(
         "--metrics", metavar="HOST:PORT",
         help="serve Prometheus metrics here (PORT or :PORT: 127.0.0.1)",
     )  # fmt: skip
@@ -66,6 +71,16 @@ def parser() -> argparse.ArgumentParser:
         "refused, and logged",
     )  # fmt: skip
     p.add_argument(
+        "--user-connections", type=int, metavar="N",
+        help="connections one user (but root and the daemon's own) may hold open on a Unix "
+        "socket (default half of --max-connections)",
+    )  # fmt: skip
+    p.add_argument(
+        "--idle-timeout", type=float, metavar="S",
+        help="close a Unix-socket connection idle this many seconds, with no call under way "
+        "(default 300; 0: never)",
+    )  # fmt: skip
+    p.add_argument(
         "--response-cache-bytes", type=int, metavar="N",
         help="keep up to N bytes of answers for the models loaded with response_cache "
         "(default 0: no response cache)",
@@ -74,6 +89,11 @@ def parser() -> argparse.ArgumentParser:
         "--token", metavar="T",
         help="require the metadata 'authorization: Bearer T' on every call (or set "
         "CROSSRT_SERVE_TOKEN, which keeps it out of the process list)",
+    )  # fmt: skip
+    p.add_argument(
+        "--tokens", metavar="FILE",
+        help="per-user tokens (TOML: [[tokens]] token, user, role), readable by the daemon's "
+        "user only: a TCP or HTTP client sending one is that user, with that role",
     )  # fmt: skip
     return p
 
@@ -114,9 +134,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cores": args.cores,
         "model_repository": args.model_repository,
         "model_control": args.model_control,
+        "load_model": tuple(args.load_model or ()),
         "metrics": args.metrics,
         "http": args.http,
         "max_connections": args.max_connections,
+        "user_connections": args.user_connections,
+        "idle_timeout": args.idle_timeout,
+        "tokens": args.tokens,
         "response_cache_bytes": args.response_cache_bytes,
         "token": args.token or os.environ.get("CROSSRT_SERVE_TOKEN") or None,
     }
