@@ -44,6 +44,12 @@ PERF_ANALYZER = Path(
 )
 
 
+ROOT_TOKEN = "root-" + os.urandom(8).hex()
+"""A per-user token for root: shared memory over HTTP is a proven local user's
+(docs/security.md), as perf_analyzer's and tritonclient's runs with ``-H``/headers are."""
+AS_ROOT = {"Authorization": f"Bearer {ROOT_TOKEN}"}
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     """HTTP on a bare port, metrics on ``:PORT``, loopback TCP from ``-g PORT``, and 'rows'
@@ -55,8 +61,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     config.write_text(
         '[[models]]\nname = "rows"\npath = "rows.crm"\nmax_batch_size = 4\nbatch_delay = 0.001\n'
     )
+    tokens = folder / "tokens.toml"
+    tokens.write_text(f'[[tokens]]\ntoken = "{ROOT_TOKEN}"\nuser = "root"\n')
+    tokens.chmod(0o600)
     http, metrics, tcp = free_port(), free_port(), free_port()
     args = ["-c", str(config), "--http", str(http), "--metrics", f":{metrics}", "-g", str(tcp)]
+    args += ["--tokens", str(tokens)]
     daemon = start_daemon(folder, repository, args)
     daemon.metrics = f"http://127.0.0.1:{metrics}/metrics"
     daemon.tcp = f"127.0.0.1:{tcp}"
@@ -65,10 +75,14 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     assert daemon.stop() == 0, "".join(daemon.log)
 
 
-def rest(daemon: Daemon, path: str, doc: object = None) -> tuple[int, Any]:
-    """GET (no ``doc``) or POST ``/v2/PATH`` as tritonclient.http sends it: status, JSON."""
+def rest(
+    daemon: Daemon, path: str, doc: object = None, headers: dict[str, str] | None = None
+) -> tuple[int, Any]:
+    """GET (no ``doc``) or POST ``/v2/PATH`` as tritonclient.http sends it, with root's token
+    unless ``headers`` says otherwise: status, JSON."""
     body = None if doc is None else json.dumps(doc).encode()
-    status, answer, _ = call(f"http://{daemon.http}/v2/{path}", body)  # type: ignore[attr-defined]
+    url = f"http://{daemon.http}/v2/{path}"  # type: ignore[attr-defined]
+    status, answer, _ = call(url, body, AS_ROOT if headers is None else headers)
     return status, json.loads(answer) if answer else None
 
 
@@ -208,6 +222,16 @@ def test_extensions_advertised_are_served(served: Daemon) -> None:
         assert rest(served, path)[0] == 200, path
 
 
+def test_shared_memory_over_http_needs_a_proven_user(served: Daemon) -> None:
+    """An anonymous HTTP client is nobody the kernel vouches for: it cannot name OS files."""
+    status, answer = rest(served, "systemsharedmemory/status", headers={})
+    assert status == 401, answer
+    assert "send" in answer["error"] and "token" in answer["error"]
+    doc = {"key": "/dev/shm/anything", "offset": 0, "byte_size": 64}
+    status, answer = rest(served, "systemsharedmemory/region/r/register", doc, headers={})
+    assert status == 401, answer
+
+
 # -- perf_analyzer --------------------------------------------------------------------------
 
 
@@ -227,6 +251,8 @@ def test_perf_analyzer_runs_end_to_end(served: Daemon, protocol: str, memory: st
     command += ["--max-trials", "10", "--stability-percentage", "1000"]
     if memory != "none":
         command += ["--shared-memory", memory, "--output-shared-memory-size", "4096"]
+        if protocol == "http":  # over TCP, shared memory is a proven user's
+            command += ["-H", f"Authorization: Bearer {ROOT_TOKEN}"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
