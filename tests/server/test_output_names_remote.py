@@ -11,10 +11,10 @@ pytest.importorskip("tritonclient.grpc", reason="the serve extra is not installe
 
 import numpy as np
 from serving import Daemon
-from small_models import three_outputs
 
 import crossrt
 from crossrt.server.client import connect
+from small_models import three_outputs
 
 
 @pytest.mark.parametrize("shm_threshold", [None, 1])
