@@ -8,7 +8,7 @@ runtime's checks and the engine's own binding (``docs/memory.md``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -17,14 +17,23 @@ from .capi.onnxruntime_pybind11_state import invalid_argument, not_implemented, 
 from .values import OrtValue, host_array
 
 if TYPE_CHECKING:
+    from ..runtime import LoadedModel
     from .options import RunOptions
-    from .session import InferenceSession
+
+
+class Session(Protocol):
+    """What a binding needs of an :class:`InferenceSession`."""
+
+    _output_names: list[str]
+
+    @property
+    def model(self) -> LoadedModel: ...
 
 
 class IOBinding:
     """ORT's ``IOBinding`` of a session (``session.io_binding()``)."""
 
-    def __init__(self, session: InferenceSession) -> None:
+    def __init__(self, session: Session) -> None:
         self._session = session
         self._inputs: dict[str, Any] = {}
         self._outputs: dict[str, Any] = {}  # name -> array or Tensor, None: allocated
