@@ -229,3 +229,11 @@ def test_iobinding_repeats_and_outputs_by_name() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # nothing to warn about in a plain session
         crossrt_ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+
+
+def test_errors_crossing_processes_keep_crossrt_classes() -> None:
+    # errors.error_class finds a class by its default code for errors that come back from
+    # the daemon or another process: ORT's classes (loaded here) are never the answer.
+    from crossrt.errors import error_class
+
+    assert not any(issubclass(error_class(code), state.OrtError) for code in crossrt.StatusCode)

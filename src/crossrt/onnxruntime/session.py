@@ -31,6 +31,7 @@ from .options import GraphOptimizationLevel, RunOptions, SessionOptions
 from .providers import Target, provider_name, target
 from .values import OrtValue, spec_type, type_string
 
+_ndarray = np.ndarray
 _CONTAINER_MAGIC = b"CROSSRTM"
 _UNSET_VERSION = 2**63 - 1  # ORT's ModelMetadata.version when the model sets none
 _runtime: Runtime | None = None
@@ -140,6 +141,7 @@ class InferenceSession:
         self._unload = weakref.finalize(self, model.unload)
         self._run = model.run
         self._output_names = [s.name for s in exe.outputs]
+        self._only = self._output_names[0] if len(self._output_names) == 1 else None
         self._inputs_meta = [self._node_arg(s, True) for s in exe.inputs]
         self._outputs_meta = [self._node_arg(s, False) for s in exe.outputs]
         if options.enable_profiling:
@@ -238,21 +240,27 @@ class InferenceSession:
         that order. ``input_feed`` values are NumPy arrays, :class:`OrtValue` objects or
         anything NumPy makes an array of; ``run_options.terminate`` stops the run."""
         for value in input_feed.values():
-            if type(value) is not np.ndarray:
+            if type(value) is not _ndarray:  # an OrtValue is fed as its tensor
                 input_feed = _unwrapped(input_feed)
                 break
         try:
-            if run_options is not None:
-                result = self._run(
-                    input_feed, cancel=run_options._token, output_names=output_names or None
-                )
-            elif not output_names or output_names == self._output_names:
+            if run_options is None and (not output_names or output_names == self._output_names):
                 result = self._run(input_feed)  # every output: the plain run, the cheapest
             else:
-                result = self._run(input_feed, output_names=output_names)
+                result = self._run(
+                    input_feed,
+                    cancel=None if run_options is None else run_options._token,
+                    output_names=output_names or None,
+                )
         except Exception as exc:
             raise translated(exc) from None
-        return [result[name] for name in output_names or self._output_names]
+        # The common shapes written out: a list comprehension is a call of its own (3.11).
+        if not output_names:
+            only = self._only
+            return [result[only]] if only is not None else [result[n] for n in self._output_names]
+        if len(output_names) == 1:
+            return [result[output_names[0]]]
+        return [result[name] for name in output_names]
 
     def run_with_ort_values(
         self,

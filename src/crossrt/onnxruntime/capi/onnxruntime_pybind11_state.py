@@ -70,7 +70,8 @@ class EngineError(OrtError):
     """ENGINE_ERROR (5): the device failed."""
 
     ort_code = 5
-    default_code = StatusCode.HW_ERROR
+    # Not HW_ERROR: errors.error_class would then raise this ORT class for every hardware
+    # error crossing a process boundary.
 
 
 class RuntimeException(OrtError):
