@@ -6,21 +6,29 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
 import crossrt
+from concurrency_models import gate
 from crossrt import InvalidInputError, StatusCode
 from small_models import three_outputs
 
 pytestmark = pytest.mark.usefixtures("runtime_dir")
 
 
-@pytest.fixture(params=("onnxruntime", "reference"))
+@pytest.fixture(params=("onnxruntime", "reference", "sim"))
 def model(request: pytest.FixtureRequest) -> Iterator[crossrt.LoadedModel]:
+    """The model on ONNX Runtime (asked for the outputs named), on the reference driver
+    (every output computed, those kept) and on a device with memory of its own (results
+    copied to the host)."""
     with crossrt.Runtime() as rt:
-        yield rt.load(three_outputs(), "cpu", driver=str(request.param))
+        if request.param == "sim":
+            yield rt.load(three_outputs(), "sim:0")
+        else:
+            yield rt.load(three_outputs(), "cpu", driver=str(request.param))
 
 
 def test_only_the_named_outputs_in_their_order(model: crossrt.LoadedModel) -> None:
@@ -82,3 +90,24 @@ def test_with_deadline_buffers_and_busy_instances(model: crossrt.LoadedModel) ->
     # A buffer for an output not asked for is refused: it would never be written.
     with pytest.raises(InvalidInputError, match="'trap'"):
         model.run({"x": x}, {"trap": np.zeros(3, np.float32)}, output_names=["plus"])
+
+
+def test_busy_instance_queued_run_keeps_the_named_outputs() -> None:
+    # The only instance busy: a run with a deadline waits in the queue, and gets the
+    # outputs named like any other.
+    x = np.arange(3, dtype=np.float32)
+    with crossrt.Runtime() as rt:
+        model = rt.load(three_outputs(), "cpu", driver="onnxruntime")
+        gated = gate(model)
+        first = model.run_async({"x": x})
+        assert gated.started.wait(10)
+        with ThreadPoolExecutor(1) as pool:
+            later = pool.submit(
+                model.run, {"x": x}, output_names=["times"], deadline=time.monotonic() + 30
+            )
+            gated.gate.set()
+            assert list(later.result(timeout=30)) == ["times"]
+        assert list(first.result(timeout=30)) == ["plus", "times", "trap"]
+        gated.started.clear()
+        assert list(model.run({"x": x}, output_names=["plus"])) == ["plus"]
+        assert gated.started.is_set()  # the selected run went through the program in place

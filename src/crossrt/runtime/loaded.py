@@ -168,10 +168,9 @@ class LoadedModel:
         )
         self._output_names = tuple(s.name for s in executable.outputs)
         self._checked_names: set[tuple[str, ...]] = set()  # output_names= found valid
-        # Per instance index: its program's run_outputs, called as run() calls run.
-        self._run_outputs = {
-            inst.index: unguarded(inst.programs[0].run_outputs) for inst in self._instances
-        }
+        # Per instance index: its program and that program's run_outputs, unguarded as
+        # run() calls run (made again for a program swapped in since).
+        self._run_outputs: dict[int, tuple[Program, Callable[..., dict[str, Any]]]] = {}
         self.memory_owner = f"{executable.name}#{next(_serial)}"
         self._device_memory: Allocator | None = None
         self._binder = OutputBinder(
@@ -488,7 +487,11 @@ class LoadedModel:
         nothing is wrapped around it (the engine may compute only what they need), else
         every output computed and those kept."""
         if not outputs and self._selectable and call is inst.call:
-            result: dict[str, Any] = self._run_outputs[inst.index](feed, names)
+            program = inst.programs[0]
+            known = self._run_outputs.get(inst.index)
+            if known is None or known[0] is not program:
+                known = self._run_outputs[inst.index] = (program, unguarded(program.run_outputs))
+            result = known[1](feed, names)
             if self._record_shapes:  # output_shapes() then has the outputs of this run
                 self._last.shapes = {n: getattr(v, "shape", None) for n, v in result.items()}
             return result
