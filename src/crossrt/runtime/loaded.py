@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import difflib
 import itertools
 import logging
 import threading
@@ -27,14 +26,13 @@ from ..errors import (
     CrossrtError,
     InvalidArgumentError,
     InvalidHandleError,
-    InvalidInputError,
     OperationForbiddenError,
 )
 from ..model import TensorSpec
 from .batching import Batching, why_not_batchable
 from .binding import OutputBinder
 from .calls import on_host, recording, stoppable, timed
-from .inputs import InputChecker
+from .inputs import InputChecker, output_names_checked
 from .memory.allocator import Allocator, OwnerStats, device_allocator
 from .memory.tensorset import TensorSet
 from .memory.transfer import (
@@ -433,43 +431,15 @@ class LoadedModel:
         return result
 
     def _wanted(self, output_names: Any, outputs: Any) -> tuple[str, ...]:
-        """``output_names`` checked: distinct names of this model's outputs, and buffers in
-        ``outputs`` for those names only (one for another would never be written)."""
+        """``output_names`` checked (:func:`output_names_checked`), once per selection a
+        caller makes without ``outputs=``."""
         names = tuple(output_names) if isinstance(output_names, list | tuple) else ()
         try:
-            if outputs is None and names in self._checked_names:  # asked before: checked then
+            if outputs is None and names in self._checked_names:
                 return names
         except TypeError:  # an unhashable entry: refused below
             pass
-        known = self._output_names
-        if not names or not all(type(n) is str for n in names) or len(set(names)) < len(names):
-            raise InvalidInputError(
-                f"output_names={output_names!r}: give a list of distinct output names of "
-                f"model {self.name!r} ({', '.join(known)}), or None for every output",
-                details={"outputs": list(known)},
-            )
-        for name in names:
-            if name not in known:
-                close = difflib.get_close_matches(name, known, n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise InvalidInputError(
-                    f"model {self.name!r} has no output {name!r}; its outputs are "
-                    f"{', '.join(known)}{hint}",
-                    details={"output": name, "outputs": list(known)},
-                )
-        if outputs is not None and not isinstance(outputs, dict):
-            raise InvalidInputError(
-                f"output_names= takes outputs= as a dict of output name to buffer, not a "
-                f"{type(outputs).__name__}",
-                details={"outputs": list(known)},
-            )
-        for name in outputs or ():
-            if name not in names:
-                raise InvalidInputError(
-                    f"outputs= gives a buffer for output {name!r}, which output_names= does "
-                    f"not ask for ({', '.join(names)}); ask for it too, or drop its buffer",
-                    details={"output": name},
-                )
+        names = output_names_checked(self.name, self._output_names, output_names, outputs)
         if len(self._checked_names) < 64:  # a caller's few selections, not every one
             self._checked_names.add(names)
         return names

@@ -19,6 +19,7 @@ from ..drivers.base import CancelToken, copy_into
 from ..errors import CrossrtError, InvalidArgumentError, InvalidInputError
 from ..model import TensorSpec
 from ..runtime import TensorInfo
+from ..runtime.inputs import output_names_checked
 from ..runtime.memory.shm import SharedMemorySegment
 from .proto import runtime_pb2 as v1
 from .tensors import decode_bytes, encode_bytes
@@ -113,7 +114,11 @@ class RemoteModel:
         """
         feed = self._feed(inputs)
         into = self._buffers(outputs)
-        names = None if output_names is None else self._wanted(output_names, into)
+        names = (
+            None
+            if output_names is None
+            else output_names_checked(self.name, list(self._by_name), output_names, into)
+        )
         try:
             return self._run(feed, deadline, cancel, into, names)
         except CrossrtError as exc:
@@ -121,33 +126,6 @@ class RemoteModel:
                 raise
         # A daemon started again: segments anew.
         return self._run(feed, deadline, cancel, into, names)
-
-    def _wanted(self, output_names: Any, into: Mapping[str, Any] | None) -> tuple[str, ...]:
-        """``output_names`` checked: distinct names of this model's outputs, among them
-        every output ``into`` gives a buffer for."""
-        known = [s.name for s in self.outputs]
-        names = tuple(output_names) if isinstance(output_names, list | tuple) else ()
-        if not names or not all(type(n) is str for n in names) or len(set(names)) < len(names):
-            raise InvalidInputError(
-                f"output_names={output_names!r}: give a list of distinct output names of "
-                f"model {self.name!r} ({', '.join(known)}), or None for every output",
-                details={"outputs": known},
-            )
-        for name in names:
-            if name not in known:
-                raise InvalidInputError(
-                    f"model {self.name!r} has no output {name!r}; its outputs are "
-                    f"{', '.join(known)}",
-                    details={"output": name, "outputs": known},
-                )
-        for name in into or ():
-            if name not in names:
-                raise InvalidInputError(
-                    f"outputs= gives a buffer for output {name!r}, which output_names= does "
-                    f"not ask for ({', '.join(names)}); ask for it too, or drop its buffer",
-                    details={"output": name},
-                )
-        return names
 
     def _run(
         self,
