@@ -1,11 +1,12 @@
 """Per-call cost of ``crossrt.onnxruntime.InferenceSession.run`` against raw ONNX Runtime's.
 
 The same program, ``sess.run(None, feed)`` and ``sess.run(["y"], feed)``, through
-``import onnxruntime`` and through ``import crossrt.onnxruntime`` (CPU provider, default
-session options), on the tiny model of ``tests/concurrency_models.py`` (``x[4,8] @ W + 1``),
+``import onnxruntime`` and through ``import crossrt.onnxruntime`` (CPU provider, one intra-op
+thread each), on the tiny model of ``tests/concurrency_models.py`` (``x[4,8] @ W + 1``),
 where per-call overhead dominates. Variants run in alternating, rotated blocks in one process
 (``overhead.measure``); the ratio is of the medians, the paired ratio the median of each
-block's crossrt/raw ratio. Issue 29's target: at most 1.05.
+block's crossrt/raw ratio, the fastest-blocks ratio that of each variant's fastest block (the
+steadiest figure on a busy machine). Issue 29's target: at most 1.05.
 
     python benchmarks/ortapi.py            # ~1 min on 2 cores
     python benchmarks/ortapi.py --quick
@@ -36,15 +37,19 @@ from concurrency_models import tiny
 
 HERE = Path(__file__).resolve().parent
 TARGET = 1.05
-PLAN = overhead.Plan(calls=2000, blocks=30, warmup=2000, per_call=False)
+PLAN = overhead.Plan(calls=1000, blocks=60, warmup=2000, per_call=False)
 QUICK = overhead.Plan(calls=500, blocks=6, warmup=500, per_call=False)
 
 
 def run(plan: overhead.Plan) -> dict[str, Any]:
     model = tiny().proto.SerializeToString()
     feed = {"x": np.random.default_rng(0).random((4, 8), dtype=np.float32)}
-    raw = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
-    ours = crossrt_ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    # One engine thread each: no pool threads spinning beside the caller's, whose wake-ups
+    # on a shared 2-core machine are most of the noise on a call of a few µs.
+    raw_options, our_options = ort.SessionOptions(), crossrt_ort.SessionOptions()
+    raw_options.intra_op_num_threads = our_options.intra_op_num_threads = 1
+    raw = ort.InferenceSession(model, raw_options, providers=["CPUExecutionProvider"])
+    ours = crossrt_ort.InferenceSession(model, our_options, providers=["CPUExecutionProvider"])
     same = all(
         np.array_equal(a, b) for a, b in zip(raw.run(None, feed), ours.run(None, feed), strict=True)
     )
@@ -65,6 +70,9 @@ def run(plan: overhead.Plan) -> dict[str, Any]:
         mine, theirs = by_name[f"crossrt {what}"], by_name[f"raw {what}"]
         pairs[what] = {
             "ratio": round(rows[mine.name]["median_us"] / rows[theirs.name]["median_us"], 4),
+            # Each variant's fastest block: what the code costs when nothing else runs, the
+            # steadiest figure on a shared machine.
+            "min_ratio": round(rows[mine.name]["min_us"] / rows[theirs.name]["min_us"], 4),
             "paired_ratio": round(
                 statistics.median(c / r for c, r in zip(mine.blocks, theirs.blocks, strict=True)),
                 4,
@@ -90,11 +98,16 @@ def table(result: dict[str, Any]) -> str:
             f"| {name} | {overhead.fmt_time(row['median_us'])} "
             f"| {overhead.fmt_time(row['p90_us'])} | {row['median_us'] / base:.3f} |"
         )
-    lines += ["", "| call | crossrt/raw (medians) | paired | target |", "|---|---|---|---|"]
+    lines += [
+        "",
+        "| call | crossrt/raw (medians) | paired | fastest blocks | target (medians) |",
+        "|---|---|---|---|---|",
+    ]
     for what, r in result["ratios"].items():
         ok = "ok" if r["ratio"] <= result["target"] else "MISSED"
         lines.append(
-            f"| {what} | {r['ratio']:.3f} | {r['paired_ratio']:.3f} | <= {result['target']} {ok} |"
+            f"| {what} | {r['ratio']:.3f} | {r['paired_ratio']:.3f} | {r['min_ratio']:.3f} "
+            f"| <= {result['target']} {ok} |"
         )
     return "\n".join(lines)
 
