@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..drivers import DeviceKind, available_drivers
+from ..drivers import available_drivers
 from .capi.onnxruntime_pybind11_state import invalid_argument
 
 ORT_PROVIDERS = (
@@ -167,8 +167,3 @@ def _device(
             f"{', '.join(d for _, d in pairs)}"
         )
     return driver, device
-
-
-def is_gpu(kind: DeviceKind) -> bool:
-    """Whether a device kind has memory of its own (listed first)."""
-    return kind is not DeviceKind.CPU
