@@ -284,7 +284,7 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
                 entry.count_cache(True, time.perf_counter_ns() - began)
                 return hit
         if request.outputs:  # only those outputs asked of the engine (model.run's output_names)
-            names = [spec.name for spec, _ in chosen]
+            names = list(dict.fromkeys(spec.name for spec, _ in chosen))  # once each
             results = model.run(
                 feed, bound or None, deadline=deadline, cancel=gone, output_names=names
             )
