@@ -362,8 +362,8 @@ class Program(ABC):
         """Execute once for the outputs ``names`` only (distinct output names, checked by
         the runtime), returned in that order, as ``model.run(output_names=)`` asks.
 
-        The default runs the whole model and keeps those outputs. Engines that compute only
-        what the outputs asked for need (ONNX Runtime's ``run(output_names)``) override it.
+        The default runs the whole model and keeps those outputs. Engines that can fetch or
+        compute fewer override it (ONNX Runtime's ``run(output_names)`` fetches those alone).
         """
         results = self.run(inputs)
         return {name: results[name] for name in names}

@@ -333,10 +333,11 @@ class LoadedModel:
                 waits and stops it where the engine can if it runs: ``CancelledError``,
                 counted ``CANCELLED``. The daemon cancels when a gRPC client goes away.
             output_names: only these outputs (distinct names), returned in this order, as
-                ONNX Runtime's ``session.run(output_names, feed)``; an engine that can
-                compute only what they need does (onnxruntime), others compute every output
-                and the rest are dropped. ``outputs=`` may give buffers for these names
-                only, in a dict. Default: every output.
+                ONNX Runtime's ``session.run(output_names, feed)``; a one-node model asks
+                its engine for those alone where the engine can (onnxruntime fetches only
+                those, though it runs every node, as ORT's own session does), others keep
+                those of every output computed. ``outputs=`` may give buffers for these
+                names only, in a dict. Default: every output.
 
         Returns:
             ``{output name: array}``; with ``outputs=``, the arrays and Tensors given (and
@@ -454,8 +455,8 @@ class LoadedModel:
         names: tuple[str, ...],
     ) -> dict[str, Any]:
         """The outputs ``names`` of one run on ``inst``: asked of the program itself when
-        nothing is wrapped around it (the engine may compute only what they need), else
-        every output computed and those kept."""
+        nothing is wrapped around it (its engine may fetch or compute fewer), else every
+        output computed and those kept."""
         if not outputs and self._selectable and call is inst.call:
             program = inst.programs[0]
             known = self._run_outputs.get(inst.index)

@@ -79,7 +79,8 @@ class OrtProgram(Program):
         return dict(zip(self._output_names, results, strict=False))
 
     def run_outputs(self, inputs: Mapping[str, Any], names: Sequence[str]) -> dict[str, Any]:
-        # ORT computes only the nodes those outputs need (a session's run(output_names)).
+        # ORT fetches (and turns into arrays) those outputs alone; it still runs every node
+        # (ORT 1.32, RunOptions.only_execute_path_to_fetches too: docs/onnxruntime-api.md).
         try:
             results = self._run(list(names), inputs, self._run_options)
         except Exception as exc:
