@@ -364,6 +364,8 @@ class Program(ABC):
 
         The default runs the whole model and keeps those outputs. Engines that can fetch or
         compute fewer override it (ONNX Runtime's ``run(output_names)`` fetches those alone).
+        The runtime asks it only of programs whose outputs are in host memory (a device
+        output dropped here would not be freed).
         """
         results = self.run(inputs)
         return {name: results[name] for name in names}
