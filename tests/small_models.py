@@ -49,3 +49,30 @@ def sequence_length() -> onnx.ModelProto:
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     proto.ir_version = 8
     return proto
+
+
+def three_outputs() -> crossrt.Model:
+    """From x float32 [N]: ``plus`` = x + 1, ``times`` = x * 2, and ``trap`` = Reshape(x, [3]),
+    which fails unless N is 3: a run that computes ``trap`` with another N fails."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Add", ["x", "one"], ["plus"]),
+            helper.make_node("Mul", ["x", "two"], ["times"]),
+            helper.make_node("Reshape", ["x", "three"], ["trap"]),
+        ],
+        "three_outputs",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N"])],
+        [
+            helper.make_tensor_value_info("plus", TensorProto.FLOAT, ["N"]),
+            helper.make_tensor_value_info("times", TensorProto.FLOAT, ["N"]),
+            helper.make_tensor_value_info("trap", TensorProto.FLOAT, [3]),
+        ],
+        [
+            helper.make_tensor("one", TensorProto.FLOAT, [], [1.0]),
+            helper.make_tensor("two", TensorProto.FLOAT, [], [2.0]),
+            helper.make_tensor("three", TensorProto.INT64, [1], [3]),
+        ],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 8
+    return crossrt.load_model(proto)

@@ -284,6 +284,26 @@ def test_run_writes_into_the_outputs_given(
     program.close()
 
 
+def test_run_outputs_gives_the_outputs_named(
+    driver: Driver, device: DeviceInfo, place: Place, rt: crossrt.Runtime
+) -> None:
+    inputs = TWO_OUTPUTS.inputs(4, 0)
+    want = TWO_OUTPUTS.answer(inputs)
+    first, second = list(want)
+    if not own_memory(driver, device):  # the runtime asks it of host programs only
+        program = _load(driver, device, "two_outputs")
+        result = program.run_outputs(place.feed(program, inputs), [second, first])
+        assert list(result) == [second, first]
+        check_results(result, want)
+        result = program.run_outputs(place.feed(program, inputs), [second])
+        check_results(result, {second: want[second]})
+        program.close()
+    model = rt.load(crossrt.compile(TWO_OUTPUTS.build(), device.id, driver=driver.name))
+    got = model.run(inputs, output_names=[second])
+    assert list(got) == [second]
+    check_results(got, {second: want[second]})
+
+
 # -- bind -------------------------------------------------------------------------------------
 
 

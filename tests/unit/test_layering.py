@@ -20,7 +20,17 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "crossrt"
 ROOT = "crossrt"
-LAYERS = ("base", "model", "drivers", "compiler", "runtime", "server", "tools", "compat")
+LAYERS = (
+    "base",
+    "model",
+    "drivers",
+    "compiler",
+    "runtime",
+    "server",
+    "tools",
+    "compat",
+    "onnxruntime",
+)
 BASE_MODULES = frozenset({"errors", "dtypes", "config", "host"})
 EXEMPT = frozenset({"crossrt", "crossrt.__main__"})
 

@@ -37,7 +37,7 @@ import os
 import platform
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -357,6 +357,18 @@ class Program(ABC):
         Returns:
             One value per model output, by name, of the kind :meth:`residence` says.
         """
+
+    def run_outputs(self, inputs: Mapping[str, Any], names: Sequence[str]) -> dict[str, Any]:
+        """Execute once for the outputs ``names`` only (distinct output names, checked by
+        the runtime), returned in that order, as ``model.run(output_names=)`` asks.
+
+        The default runs the whole model and keeps those outputs. Engines that can fetch or
+        compute fewer override it (ONNX Runtime's ``run(output_names)`` fetches those alone).
+        The runtime asks it only of programs whose outputs are in host memory (a device
+        output dropped here would not be freed).
+        """
+        results = self.run(inputs)
+        return {name: results[name] for name in names}
 
     def run_cancellable(
         self,

@@ -62,6 +62,7 @@ DRIVER_METHODS: dict[str, tuple[type[CrossrtError], str]] = {
 PROGRAM_METHODS: dict[str, tuple[type[CrossrtError], str]] = {
     "residence": (ExecutionError, _REPORT),
     "run": (ExecutionError, f"the engine failed on these inputs; {_REPORT}"),
+    "run_outputs": (ExecutionError, f"the engine failed on these inputs; {_REPORT}"),
     "run_cancellable": (ExecutionError, f"the engine failed on these inputs; {_REPORT}"),
     "bind": (ExecutionError, f"the engine failed on these inputs; {_REPORT}"),
     "close": (ExecutionError, _REPORT),

@@ -327,3 +327,44 @@ def _wrong_shape(spec: TensorSpec, value: np.ndarray) -> InvalidInputError:
             "given_shape": list(value.shape),
         },
     )
+
+
+def output_names_checked(
+    model: str, known: Sequence[str], output_names: Any, buffers: Any = None
+) -> tuple[str, ...]:
+    """``output_names`` of ``run(output_names=)`` checked against model ``model``'s outputs
+    ``known``: distinct output names, and ``buffers`` (``outputs=``) a dict for those names
+    only (a buffer for another output would never be written).
+
+    Raises:
+        InvalidInputError: naming the model's outputs (and the one meant, for a typo).
+    """
+    names = tuple(output_names) if isinstance(output_names, list | tuple) else ()
+    if not names or not all(type(n) is str for n in names) or len(set(names)) < len(names):
+        raise InvalidInputError(
+            f"output_names={output_names!r}: give a list of distinct output names of "
+            f"model {model!r} ({', '.join(known)}), or None for every output",
+            details={"outputs": list(known)},
+        )
+    for name in names:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise InvalidInputError(
+                f"model {model!r} has no output {name!r}; its outputs are {', '.join(known)}{hint}",
+                details={"output": name, "outputs": list(known)},
+            )
+    if buffers is not None and not isinstance(buffers, dict):
+        raise InvalidInputError(
+            "output_names= takes outputs= as a dict of output name to buffer, not a "
+            f"{type(buffers).__name__}",
+            details={"outputs": list(known)},
+        )
+    for name in buffers or ():
+        if name not in names:
+            raise InvalidInputError(
+                f"outputs= gives a buffer for output {name!r}, which output_names= does "
+                f"not ask for ({', '.join(names)}); ask for it too, or drop its buffer",
+                details={"output": name},
+            )
+    return names

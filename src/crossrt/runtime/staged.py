@@ -84,6 +84,7 @@ class StagedModel(LoadedModel):
         *,
         deadline: float | None = None,
         cancel: CancelToken | None = None,
+        output_names: Sequence[str] | None = None,
     ) -> Any:
         """Run the stage whose input shapes equal the inputs' (see :meth:`LoadedModel.run`).
 
@@ -95,8 +96,12 @@ class StagedModel(LoadedModel):
             raise self._refusal[0](self._refusal[1])
         stage = self._stage(inputs)
         if stage is self:
-            return super().run(inputs, outputs, deadline=deadline, cancel=cancel)
-        return stage.run(inputs, outputs, deadline=deadline, cancel=cancel)
+            return super().run(
+                inputs, outputs, deadline=deadline, cancel=cancel, output_names=output_names
+            )
+        return stage.run(
+            inputs, outputs, deadline=deadline, cancel=cancel, output_names=output_names
+        )
 
     def run_async(
         self, inputs: Any, outputs: Mapping[str, Any] | None = None, **options: Any

@@ -292,7 +292,12 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
                 hit.id = request.id
                 entry.count_cache(True, time.perf_counter_ns() - began)
                 return hit
-        if deadline is None and gone is None:
+        if request.outputs:  # only those outputs asked of the engine (model.run's output_names)
+            names = list(dict.fromkeys(spec.name for spec, _ in chosen))  # once each
+            results = model.run(
+                feed, bound or None, deadline=deadline, cancel=gone, output_names=names
+            )
+        elif deadline is None and gone is None:
             results = model.run(feed, bound) if bound else model.run(feed)
         else:
             results = model.run(feed, bound or None, deadline=deadline, cancel=gone)

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol
 
@@ -19,6 +19,7 @@ from ..drivers.base import CancelToken, copy_into
 from ..errors import CrossrtError, InvalidArgumentError, InvalidInputError
 from ..model import TensorSpec
 from ..runtime import TensorInfo
+from ..runtime.inputs import output_names_checked
 from ..runtime.memory.shm import SharedMemorySegment
 from .proto import runtime_pb2 as v1
 from .tensors import decode_bytes, encode_bytes
@@ -61,6 +62,7 @@ class RemoteModel:
         self.version = meta.versions[0] if meta.versions else version
         self.inputs = tuple(_spec(t) for t in meta.inputs)
         self.outputs = tuple(_spec(t) for t in meta.outputs)
+        self._by_name = {s.name: s for s in self.outputs}
         # Static outputs can be asked for in shared memory: their sizes are known now.
         sizes = [_nbytes(s) for s in self.outputs]
         self._output_bytes = None if None in sizes else sum(s or 0 for s in sizes)
@@ -85,6 +87,7 @@ class RemoteModel:
         *,
         deadline: float | None = None,
         cancel: CancelToken | None = None,
+        output_names: Sequence[str] | None = None,
     ) -> dict[str, np.ndarray]:
         """Run once; the outputs by name.
 
@@ -100,19 +103,29 @@ class RemoteModel:
             cancel: a :class:`crossrt.CancelToken` (one per call) whose ``cancel()`` ends
                 the call at once with ``CancelledError``; the daemon drops or stops the
                 request.
+            output_names: only these outputs, in this order (the request's KServe
+                ``outputs``), as :meth:`LoadedModel.run`'s: the daemon fetches only those.
 
         Raises:
+            InvalidInputError: an ``output_names`` entry the model has no output of (before
+                anything is sent), naming its outputs.
             DeadlineExceededError: (TIMEOUT) the deadline, or the client's timeout, passed.
             CrossrtError: the daemon's error, with its code.
         """
         feed = self._feed(inputs)
         into = self._buffers(outputs)
+        names = (
+            None
+            if output_names is None
+            else output_names_checked(self.name, list(self._by_name), output_names, into)
+        )
         try:
-            return self._run(feed, deadline, cancel, into)
+            return self._run(feed, deadline, cancel, into, names)
         except CrossrtError as exc:
             if not self._forgotten(exc):
                 raise
-        return self._run(feed, deadline, cancel, into)  # a daemon started again: segments anew
+        # A daemon started again: segments anew.
+        return self._run(feed, deadline, cancel, into, names)
 
     def _run(
         self,
@@ -120,10 +133,11 @@ class RemoteModel:
         deadline: float | None = None,
         cancel: CancelToken | None = None,
         into: dict[str, np.ndarray] | None = None,
+        names: tuple[str, ...] | None = None,
     ) -> dict[str, np.ndarray]:
         segment = self._segment_for(feed)
         try:
-            response = self._rt.infer(self._request(feed, segment), deadline, cancel)
+            response = self._rt.infer(self._request(feed, segment, names), deadline, cancel)
             return self._results(response, segment, into)
         finally:
             self._give_back(segment)
@@ -264,8 +278,13 @@ class RemoteModel:
         return {k: np.ascontiguousarray(v) for k, v in inputs.items()}
 
     def _request(
-        self, feed: dict[str, np.ndarray], segment: SharedMemorySegment | None
+        self,
+        feed: dict[str, np.ndarray],
+        segment: SharedMemorySegment | None,
+        names: tuple[str, ...] | None = None,
     ) -> pb.ModelInferRequest:
+        """The request for ``feed``: every output, or those ``names`` (KServe ``outputs``),
+        into ``segment`` where it is given and the outputs are static."""
         request = pb.ModelInferRequest(model_name=self.name, model_version=self.version)
         offset = 0
         for name, array in feed.items():
@@ -281,8 +300,12 @@ class RemoteModel:
             tensor.parameters["shared_memory_offset"].int64_param = offset
             tensor.parameters["shared_memory_byte_size"].int64_param = array.nbytes
             offset += array.nbytes
-        if segment is not None and self._output_bytes is not None:
-            for spec in self.outputs:
+        specs = self.outputs if names is None else [self._by_name[n] for n in names]
+        if segment is None or self._output_bytes is None:
+            for spec in specs if names is not None else ():
+                request.outputs.add(name=spec.name)
+        else:
+            for spec in specs:
                 size = _nbytes(spec) or 0
                 wanted = request.outputs.add(name=spec.name)
                 wanted.parameters["shared_memory_region"].string_param = str(segment.name)
