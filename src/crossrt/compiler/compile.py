@@ -15,7 +15,7 @@ from ..drivers.registry import available_drivers, parse_device, resolve_device
 from ..errors import DeviceUnavailableError, InvalidOptionError, UnsupportedError
 from ..model import Model, load_model
 from .cache import shared_cache
-from .executable import Executable, ExecutableNode
+from .executable import Executable, ExecutableNode, check_savable
 from .options import parse_options
 from .partition import assign, region_model, regions
 from .stages import parse_stages, stage_model, staged
@@ -107,7 +107,9 @@ def _compile_stages(
                     part, drv, dev, opts, lambda m: build(m, drv, dev, opts, fallback), fallback
                 )
             )
-    return staged(model, exes)
+    exe = staged(model, exes)
+    check_savable(exe)  # the stages together may hold more than a header can
+    return exe
 
 
 def build(
@@ -163,6 +165,7 @@ def build(
         options=opts,
         metadata={p.key: p.value for p in model.proto.metadata_props},
     )
+    check_savable(exe)  # placement regions may name more tensors than a header holds
     log.info("compiled %r for %s: %s", model.name, dev.id, exe.placement_summary())
     return exe
 

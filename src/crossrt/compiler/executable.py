@@ -246,6 +246,34 @@ def save_executables(executables: Executables, path: str | os.PathLike[str]) -> 
     write_file(_chunks(executables), path)
 
 
+def check_savable(exe: Executable) -> None:
+    """Raise what saving ``exe`` would raise when its header breaks a container limit
+    (docs/container.md, Limits), without hashing or copying its artifacts: ``compile`` calls
+    it, so a model that compiles can be saved, cached and served.
+
+    Raises:
+        InvalidArgumentError: naming the field and the limit, as :meth:`Executable.save`.
+    """
+    try:
+        container_chunks([exe.header(exe.name or "model", _Unhashed())], _Unhashed())
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(
+            f"{exe.name!r} compiled for {exe.device} could not be saved, cached or served: "
+            f"{exc.message}",
+            details=exc.details,
+        ) from None
+
+
+class _Unhashed(SectionTable):
+    """A section table that stands each artifact in as a section of its length, unhashed:
+    enough to encode the header a container would have."""
+
+    def add(self, artifact: bytes | memoryview) -> int:
+        self.sections.append(artifact)
+        self.digests.append(bytes(32))
+        return len(self.sections) - 1
+
+
 def _chunks(executables: Executables) -> list[bytes | memoryview]:
     sections = SectionTable()
     networks = [exe.header(name, sections) for name, exe in _named(executables)]
