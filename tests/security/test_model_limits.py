@@ -268,14 +268,12 @@ def test_forty_thousand_inputs_each_with_its_output_are_refused_on_load() -> Non
 
 
 def _long_named_outputs(count: int, length: int) -> bytes:
+    names = [f"{i:08d}".ljust(length, "y") for i in range(count)]
     graph = helper.make_graph(
-        [helper.make_node("Identity", ["x"], [f"{i:08d}".ljust(length, "y")]) for i in range(count)],
+        [helper.make_node("Identity", ["x"], [n]) for n in names],
         "fanout",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
-        [
-            helper.make_tensor_value_info(f"{i:08d}".ljust(length, "y"), TensorProto.FLOAT, ["n", 4])
-            for i in range(count)
-        ],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["n", 4]) for n in names],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     return bytes(model.SerializeToString())
@@ -367,7 +365,9 @@ def test_rank_65_inside_a_graph_compiles_saves_and_runs(tmp_path) -> None:
     exe = crossrt.compile(_rank_model(2, 65), device="cpu")
     exe.save(tmp_path / "deep.crm")
     with crossrt.Runtime() as rt:
-        (out,) = rt.load(crossrt.load_executable(tmp_path / "deep.crm")).run(
-            {"x": np.full((1, 1), -2.0, np.float32)}
-        ).values()
+        (out,) = (
+            rt.load(crossrt.load_executable(tmp_path / "deep.crm"))
+            .run({"x": np.full((1, 1), -2.0, np.float32)})
+            .values()
+        )
     assert out.tolist() == [[0.0]]
