@@ -15,6 +15,7 @@ from onnx import TensorProto, helper
 
 import crossrt
 from crossrt import GraphBuilder, InvalidModelError
+from limit_models import detector_like, rank_model
 
 linux_only = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="RLIMIT_AS and /proc are Linux's"
@@ -156,35 +157,12 @@ def test_a_shape_computed_at_run_time_still_runs(rt: crossrt.Runtime) -> None:
 # load_model with the reason, whatever tool a user tries.
 
 
-def _exporter_expression(levels: int) -> str:
-    """A dimension name as a current torch exporter writes it for a detector's strided
-    feature maps: nested floors of the input's named size (330+ characters at 5 levels)."""
-    expr = "height"
-    for _ in range(levels):
-        expr = f"(floor(floor({expr}/2 - 1/2)/2 + 1/2) + floor({expr}/4))"
-    return expr
-
-
-def _detector_like() -> tuple[bytes, str]:
-    """Two stride-2 max pools whose outputs carry exporter-written expressions as dims."""
-    expr = _exporter_expression(5)
-    assert len(expr) > 330
-    graph = helper.make_graph(
-        [
-            helper.make_node("MaxPool", ["images"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
-            helper.make_node("MaxPool", ["p1"], ["boxes"], kernel_shape=[2, 2], strides=[2, 2]),
-        ],
-        "detector",
-        [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["batch", 3, "height", 8])],
-        [helper.make_tensor_value_info("boxes", TensorProto.FLOAT, ["batch", 3, expr, 2])],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    return bytes(model.SerializeToString()), expr
-
-
 def test_exporter_written_dimension_names_compile_save_cache_and_run(tmp_path) -> None:
-    """Refused on main: 'symbolic dimension name of 1,7xx characters, more than the 256'."""
-    data, expr = _detector_like()
+    """Refused on main: 'symbolic dimension name of 1,556 characters, more than the 256
+    allowed ... rename it in the exporter'."""
+    proto, expr = detector_like()
+    assert len(expr) > 330
+    data = proto.SerializeToString()
     (tmp_path / "det.onnx").write_bytes(data)
     model = crossrt.load_model(data)
     assert model.outputs[0].shape == ("batch", 3, expr, 2)
@@ -332,28 +310,9 @@ def test_a_signature_just_within_the_budget_is_written_and_one_more_output_is_no
     assert len(back.outputs) == most > 60_000
 
 
-def _rank_model(rank_in: int, rank_inside: int) -> bytes:
-    """x of ``rank_in`` dims of 1 -> reshaped to ``rank_inside`` dims -> back to ``rank_in``."""
-    inside = helper.make_tensor("inside", TensorProto.INT64, [rank_inside], [1] * rank_inside)
-    back = helper.make_tensor("back", TensorProto.INT64, [rank_in], [1] * rank_in)
-    graph = helper.make_graph(
-        [
-            helper.make_node("Reshape", ["x", "inside"], ["deep"]),
-            helper.make_node("Relu", ["deep"], ["r"]),
-            helper.make_node("Reshape", ["r", "back"], ["y"]),
-        ],
-        "ranks",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1] * rank_in)],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1] * rank_in)],
-        [inside, back],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    return bytes(model.SerializeToString())
-
-
 def test_a_rank_65_input_is_refused_on_load_as_numpy_cannot_hold_it() -> None:
     """On main it compiled, and the .crm writer refused it ('65 dims, more than the 64')."""
-    data = _rank_model(65, 65)
+    data = rank_model(65, 65)
     with pytest.raises(InvalidModelError) as info:
         crossrt.load_model(data)
     assert "input 'x' has 65 dimensions, more than the 64 a NumPy array holds" in str(info.value)
@@ -362,7 +321,7 @@ def test_a_rank_65_input_is_refused_on_load_as_numpy_cannot_hold_it() -> None:
 
 
 def test_rank_65_inside_a_graph_compiles_saves_and_runs(tmp_path) -> None:
-    exe = crossrt.compile(_rank_model(2, 65), device="cpu")
+    exe = crossrt.compile(rank_model(2, 65), device="cpu")
     exe.save(tmp_path / "deep.crm")
     with crossrt.Runtime() as rt:
         (out,) = (

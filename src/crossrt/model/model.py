@@ -35,8 +35,8 @@ class Model:
     def __init__(self, proto: onnx.ModelProto, *, validate: bool = True) -> None:
         _refuse_files(proto)
         _refuse_long_names(proto)
+        _refuse_unsavable(proto)
         self.proto = proto
-        _refuse_unsavable(self)
         _name_nodes(proto.graph)
         self._inferred: onnx.ModelProto | None = None
         if validate:
@@ -72,13 +72,12 @@ class Model:
     @cached_property
     def inputs(self) -> list[TensorSpec]:
         """The inputs a caller feeds (graph inputs that are not initializers)."""
-        weights = {t.name for t in self.proto.graph.initializer}
-        return [spec_from_value_info(v) for v in self.proto.graph.input if v.name not in weights]
+        return _input_specs(self.proto)
 
     @cached_property
     def outputs(self) -> list[TensorSpec]:
         """The graph outputs."""
-        return [spec_from_value_info(v) for v in self.proto.graph.output]
+        return _output_specs(self.proto)
 
     @cached_property
     def content_hash(self) -> str:
@@ -288,12 +287,23 @@ def _refuse_long_names(proto: onnx.ModelProto) -> None:
             )
 
 
-def _refuse_unsavable(model: Model) -> None:
+def _input_specs(proto: onnx.ModelProto) -> list[TensorSpec]:
+    weights = {t.name for t in proto.graph.initializer}
+    return [spec_from_value_info(v) for v in proto.graph.input if v.name not in weights]
+
+
+def _output_specs(proto: onnx.ModelProto) -> list[TensorSpec]:
+    return [spec_from_value_info(v) for v in proto.graph.output]
+
+
+def _refuse_unsavable(proto: onnx.ModelProto) -> None:
     """Refuse a model that no ``.crm`` header could describe: an input or output of more
     dimensions than a NumPy array holds, or inputs, outputs and metadata over what a header
     holds for them (``model/limits.py``). Refused here, it is refused the same way by every
-    tool, compile, the cache and the daemon."""
-    for where, specs in (("input", model.inputs), ("output", model.outputs)):
+    tool, compile, the cache and the daemon. (Its own specs: the model's are cached only
+    once a stage has written what inference found into its outputs.)"""
+    inputs, outputs = _input_specs(proto), _output_specs(proto)
+    for where, specs in (("input", inputs), ("output", outputs)):
         for spec in specs:
             if spec.rank is not None and spec.rank > limits.MAX_RANK:
                 raise InvalidModelError(
@@ -302,14 +312,21 @@ def _refuse_unsavable(model: Model) -> None:
                     "returns tensors as NumPy arrays; reshape it inside the model",
                     details={"tensor": spec.name, "rank": spec.rank, "limit": limits.MAX_RANK},
                 )
-    metadata = {p.key: p.value for p in model.proto.metadata_props}
-    breach = limits.signature_breach(
-        (s.to_dict() for s in model.inputs), (s.to_dict() for s in model.outputs), metadata
-    )
-    if breach is not None:
+    metadata = {p.key: p.value for p in proto.metadata_props}
+    try:
+        breach = limits.signature_breach(
+            (s.to_dict() for s in inputs), (s.to_dict() for s in outputs), metadata
+        )
+    except (TypeError, ValueError):  # protobuf hands back bytes for a string that is not UTF-8
         raise InvalidModelError(
-            f"the model {model.name[:100]!r} cannot be compiled: {breach}",
-            details={"inputs": len(model.inputs), "outputs": len(model.outputs)},
+            "the model's input or output names or metadata are not UTF-8 text; the file is "
+            "corrupt or not ONNX"
+        ) from None
+    if breach is not None:
+        name = proto.graph.name or "model"
+        raise InvalidModelError(
+            f"the model {name[:100]!r} cannot be compiled: {breach}",
+            details={"inputs": len(inputs), "outputs": len(outputs)},
         )
 
 

@@ -23,6 +23,7 @@ from ..host import parse_cpu_set, process_alive
 from ..runtime import LoadedModel, Runtime
 from .response_cache import CacheCounts
 from .status import ServiceError
+from .tensors import check_servable
 
 log = logging.getLogger("crossrt.serve")
 
@@ -273,6 +274,7 @@ class Repository:
             entry.state, entry.reason = "LOADING", ""
             try:
                 model = self._load(entry.path, options)
+                _servable(name, model)
             except BaseException as exc:
                 entry.state, entry.reason = "UNAVAILABLE", str(exc)
                 if entry.model is not None:  # the old one serves on
@@ -315,7 +317,12 @@ class Repository:
 
     def adopt(self, name: str, model: LoadedModel, owner: int) -> Entry:
         """Serve ``model``, loaded from bytes a client sent, as ``name`` (version 1) until
-        it is unloaded or process ``owner`` dies (:meth:`release_orphans`)."""
+        it is unloaded or process ``owner`` dies (:meth:`release_orphans`).
+
+        Raises:
+            UnsupportedError: an input or output KServe cannot carry (the caller unloads).
+        """
+        check_servable(name, model.inputs, model.outputs)
         with self._lock:
             held = self._entries.get(name)
             if held is not None and (held.model is not None or held.path is not None):
@@ -388,6 +395,16 @@ class Repository:
         """Unload everything."""
         for entry in self.entries():
             self.unload(entry.name)
+
+
+def _servable(name: str, model: LoadedModel) -> None:
+    """Unload ``model`` and refuse it when some input or output cannot cross KServe: it is
+    not READY, and the index says why, rather than failing every request."""
+    try:
+        check_servable(name, model.inputs, model.outputs)
+    except BaseException:
+        model.unload()
+        raise
 
 
 def _stamp(path: Path | None) -> tuple[int, int]:

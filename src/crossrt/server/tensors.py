@@ -9,7 +9,9 @@ the array the model takes.
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
@@ -19,6 +21,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from .. import dtypes
 from ..dtypes import DType
+from ..errors import UnsupportedError
 from ..model import TensorSpec
 from .status import ServiceError
 
@@ -57,6 +60,69 @@ def kserve_type(spec: TensorSpec) -> str:
             "over KServe (a type without a KServe name); run this model in-process",
         )
     return spec.dtype.kserve
+
+
+# Outputs that are not tensors but maps of numbers, or sequences of them (a ZipMap's
+# seq(map(int64|string, tensor(float))): a classifier's probabilities per class), are served
+# as KServe BYTES, one element per map: its JSON text, keys as strings (docs/daemon.md).
+_JSON_FORM = re.compile(r"(seq\()?map\((int64|string),tensor\((float|double|int64|string)\)\)\)?")
+
+
+def is_json_form(spec: TensorSpec) -> bool:
+    """Whether output ``spec`` is served as BYTES of JSON maps (a ZipMap's)."""
+    return spec.kind in ("sequence", "map") and bool(
+        spec.value_type and _JSON_FORM.fullmatch(spec.value_type)
+    )
+
+
+def output_type(spec: TensorSpec) -> str:
+    """The KServe datatype an output is served as: BYTES for the JSON forms."""
+    return "BYTES" if is_json_form(spec) else kserve_type(spec)
+
+
+def unservable(specs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> list[str]:
+    """Why each input (``specs``) and output a model has cannot cross KServe; ``[]`` when all
+    can. A model with any is refused at load, so that a request never finds out."""
+    why = []
+    for where, spec in [("input", s) for s in specs] + [("output", s) for s in outputs]:
+        if where == "output" and is_json_form(spec):
+            continue
+        if spec.kind != "tensor":
+            why.append(f"{where} {spec.name!r} is a {spec.value_type or spec.kind}")
+        elif spec.dtype is None or spec.dtype.kserve is None:
+            why.append(f"{where} {spec.name!r} is {spec.describe()}, without a KServe datatype")
+    return why
+
+
+def check_servable(name: str, specs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> None:
+    """Refuse a model with an input or output KServe cannot carry, saying which and why.
+
+    Raises:
+        UnsupportedError: naming each such input and output.
+    """
+    why = unservable(specs, outputs)
+    if why:
+        raise UnsupportedError(
+            f"model {name!r} cannot be served: {'; '.join(why[:5])}"
+            f"{f'; and {len(why) - 5} more' if len(why) > 5 else ''}. crossrt serve carries "
+            "tensors of KServe datatypes, and maps (or sequences of maps) of numbers as BYTES "
+            "of JSON (docs/daemon.md); run this model in-process (crossrt.Runtime().load)",
+            details={"model": name, "refused": why},
+        )
+
+
+def json_elements(spec: TensorSpec, value: Any) -> np.ndarray:
+    """A map output, or a sequence of maps, as an object array of JSON texts (keys as
+    strings), one per map."""
+    maps = [value] if spec.kind == "map" else list(value)
+    texts = [json.dumps({str(k): _plain(v) for k, v in m.items()}) for m in maps]
+    out = np.empty(len(texts), dtype=object)
+    out[:] = texts
+    return out
+
+
+def _plain(v: Any) -> Any:
+    return v.item() if isinstance(v, np.generic) else v
 
 
 def decode_bytes(data: Any, count: int, what: str) -> np.ndarray:
@@ -262,7 +328,7 @@ def requested_outputs(
                 grpc.StatusCode.UNIMPLEMENTED,
                 "the classification extension is not served; ask for the output itself",
             )
-        kserve_type(spec)
+        output_type(spec)
         chosen.append((spec, shared_memory_params(wanted.parameters)))
     return chosen
 
@@ -311,8 +377,10 @@ def encode_outputs(
     """Put the results in ``response``: raw contents, or into the named region slices (but
     those ``written`` there already: :func:`bound_outputs`)."""
     for spec, region in chosen:
-        array = np.ascontiguousarray(results[spec.name])
-        datatype = kserve_type(spec)
+        value = results[spec.name]
+        json_form = is_json_form(spec)
+        array = json_elements(spec, value) if json_form else np.ascontiguousarray(value)
+        datatype = "BYTES" if json_form else kserve_type(spec)
         out = response.outputs.add(name=spec.name, datatype=datatype)
         out.shape.extend(array.shape)
         payload = encode_bytes(array) if datatype == "BYTES" else None
@@ -337,7 +405,10 @@ def encode_outputs(
 
 
 def metadata_tensor(spec: TensorSpec) -> dict[str, Any]:
-    """Name, KServe datatype and shape (-1 for a dynamic dimension) of a model tensor."""
+    """Name, KServe datatype and shape (-1 for a dynamic dimension) of a model tensor, as a
+    request gets it (a sequence of maps: BYTES [-1], a map: BYTES [1])."""
+    if is_json_form(spec):
+        return {"name": spec.name, "datatype": "BYTES", "shape": [-1 if spec.kind != "map" else 1]}
     kserve = spec.dtype.kserve if spec.dtype is not None else None
     shape = [d if isinstance(d, int) else -1 for d in spec.shape or ()]
     return {"name": spec.name, "datatype": kserve or str(spec.dtype or spec.kind), "shape": shape}
