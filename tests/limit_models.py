@@ -85,3 +85,14 @@ def sequence_of_tensors() -> onnx.ModelProto:
         [helper.make_tensor_sequence_value_info("both", TensorProto.FLOAT, None)],
     )
     return helper.make_model(graph, opset_imports=OPSET)
+
+
+def many_inputs(count: int) -> onnx.ModelProto:
+    """``count`` inputs x0... of [1], summed into y [1]."""
+    graph = helper.make_graph(
+        [helper.make_node("Sum", [f"x{i}" for i in range(count)], ["y"])],
+        "many",
+        [helper.make_tensor_value_info(f"x{i}", TensorProto.FLOAT, [1]) for i in range(count)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
+    return helper.make_model(graph, opset_imports=OPSET)

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper
 
 import crossrt
 from crossrt import GraphBuilder, InvalidModelError
-from limit_models import detector_like, rank_model
+from limit_models import detector_like, many_inputs, rank_model
 
 linux_only = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="RLIMIT_AS and /proc are Linux's"
@@ -180,17 +180,6 @@ def test_exporter_written_dimension_names_compile_save_cache_and_run(tmp_path) -
     np.testing.assert_array_equal(out, x.reshape(1, 3, 4, 4, 2, 4).max(axis=(3, 5)))
 
 
-def _many_inputs(count: int) -> bytes:
-    graph = helper.make_graph(
-        [helper.make_node("Sum", [f"x{i}" for i in range(count)], ["y"])],
-        "many",
-        [helper.make_tensor_value_info(f"x{i}", TensorProto.FLOAT, [1]) for i in range(count)],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    return bytes(model.SerializeToString())
-
-
 def _many_outputs(count: int) -> bytes:
     """One input, ``count`` outputs (each its own Identity): a header holds each output's
     spec and its name in the node's list."""
@@ -217,7 +206,7 @@ def _pairs(count: int) -> bytes:
 
 
 def test_forty_thousand_inputs_compile_save_and_load_from_the_cache(tmp_path) -> None:
-    data = _many_inputs(40_000)
+    data = many_inputs(40_000).SerializeToString()
     (tmp_path / "many.onnx").write_bytes(data)
     cache = tmp_path / "cache"
     exe = crossrt.compile(tmp_path / "many.onnx", device="cpu", cache_dir=cache)
@@ -279,7 +268,7 @@ def test_more_inputs_than_a_model_may_have_are_refused_on_load() -> None:
     from crossrt.model import limits
 
     with pytest.raises(InvalidModelError, match="it has 65,537 inputs, more than the 65,536"):
-        crossrt.load_model(_many_inputs(limits.MAX_TENSORS + 1))
+        crossrt.load_model(many_inputs(limits.MAX_TENSORS + 1))
 
 
 def test_a_signature_just_within_the_budget_is_written_and_one_more_output_is_not() -> None:

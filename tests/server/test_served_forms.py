@@ -24,7 +24,14 @@ import onnxruntime as ort
 import tritonclient.grpc as tc
 from serving import Daemon, start_daemon
 
-from limit_models import detector_like, rank_model, sequence_of_tensors, zipmap_classifier
+import crossrt
+from limit_models import (
+    detector_like,
+    many_inputs,
+    rank_model,
+    sequence_of_tensors,
+    zipmap_classifier,
+)
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +45,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[onnx.Mod
         "sequence": sequence_of_tensors(),
         "detector": detector_like()[0],
         "rank65": rank_model(65, 65),
+        "many": many_inputs(40_000),
     }
     for name, proto in built.items():
         onnx.save(proto, repository / f"{name}.onnx")
@@ -108,3 +116,24 @@ def test_exporter_dimension_names_are_served_and_rank_65_refused_at_load(forms_c
     index = {m.name: m for m in forms_client.get_model_repository_index().models}
     assert index["rank65"].state == "UNAVAILABLE"
     assert "has 65 dimensions, more than the 64" in index["rank65"].reason
+
+
+def test_forty_thousand_inputs_are_served(forms_client):
+    """Within the limits: compiled at load (the documented limit is what a header holds),
+    READY, and a request with every input answered."""
+    assert forms_client.is_model_ready("many")
+    assert len(forms_client.get_model_metadata("many").inputs) == 40_000
+    inputs = []
+    for i in range(40_000):
+        tensor = tc.InferInput(f"x{i}", [1], "FP32")
+        tensor.set_data_from_numpy(np.full(1, 0.5, np.float32))
+        inputs.append(tensor)
+    assert forms_client.infer("many", inputs).as_numpy("y").tolist() == [20_000.0]
+
+
+def test_a_model_sent_by_connect_is_refused_as_the_repository_refuses_it(forms_daemon):
+    with crossrt.connect(forms_daemon.url) as remote:
+        with pytest.raises(crossrt.UnsupportedError, match=r"output 'both' is a seq\(tensor"):
+            remote.load(sequence_of_tensors().SerializeToString(), name="sent_sequence")
+        names = {m.name for m in forms_daemon.client().get_model_repository_index().models}
+    assert "sent_sequence" not in names
