@@ -165,8 +165,8 @@ def build(
         options=opts,
         metadata={p.key: p.value for p in model.proto.metadata_props},
     )
-    check_savable(exe)  # placement regions may name more tensors than a header holds
     log.info("compiled %r for %s: %s", model.name, dev.id, exe.placement_summary())
+    check_savable(exe)  # placement regions may name more tensors than a header holds
     return exe
 
 

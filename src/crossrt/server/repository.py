@@ -397,16 +397,6 @@ class Repository:
             self.unload(entry.name)
 
 
-def _servable(name: str, model: LoadedModel) -> None:
-    """Unload ``model`` and refuse it when some input or output cannot cross KServe: it is
-    not READY, and the index says why, rather than failing every request."""
-    try:
-        check_servable(name, model.inputs, model.outputs)
-    except BaseException:
-        model.unload()
-        raise
-
-
 def _stamp(path: Path | None) -> tuple[int, int]:
     if path is None:
         return (0, 0)
@@ -419,3 +409,13 @@ def _stamp(path: Path | None) -> tuple[int, int]:
 
 def _changed(entry: Entry) -> bool:
     return entry.model is not None and _stamp(entry.path) != entry.stamp
+
+
+def _servable(name: str, model: LoadedModel) -> None:
+    """Unload ``model`` and refuse it when some input or output cannot cross KServe: it is
+    not READY, and the index says why, rather than failing every request."""
+    try:
+        check_servable(name, model.inputs, model.outputs)
+    except BaseException:
+        model.unload()
+        raise
