@@ -15,7 +15,7 @@ from ..drivers.registry import available_drivers, parse_device, resolve_device
 from ..errors import DeviceUnavailableError, InvalidOptionError, UnsupportedError
 from ..model import Model, load_model
 from .cache import shared_cache
-from .executable import Executable, ExecutableNode, check_savable
+from .executable import Executable, ExecutableNode
 from .options import parse_options
 from .partition import assign, region_model, regions
 from .stages import parse_stages, stage_model, staged
@@ -108,7 +108,7 @@ def _compile_stages(
                 )
             )
     exe = staged(model, exes)
-    check_savable(exe)  # the stages together may hold more than a header can
+    exe.check_savable()  # the stages together may hold more than a header can
     return exe
 
 
@@ -166,7 +166,7 @@ def build(
         metadata={p.key: p.value for p in model.proto.metadata_props},
     )
     log.info("compiled %r for %s: %s", model.name, dev.id, exe.placement_summary())
-    check_savable(exe)  # placement regions may name more tensors than a header holds
+    exe.check_savable()  # placement regions may name more tensors than a header holds
     return exe
 
 

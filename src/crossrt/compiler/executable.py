@@ -168,6 +168,24 @@ class Executable:
         """This executable as the bytes of a ``.crm`` container (what :meth:`save` writes)."""
         return executables_to_bytes([self])
 
+    def check_savable(self) -> None:
+        """Raise what :meth:`save` would raise when this executable's header breaks a
+        container limit (docs/container.md, Limits), without hashing or copying its
+        artifacts: ``compile`` calls it, so a model that compiles can be saved, cached and
+        served.
+
+        Raises:
+            InvalidArgumentError: naming the field and the limit, as :meth:`save`.
+        """
+        try:
+            container_chunks([self.header(self.name or "model", _Unhashed())], _Unhashed())
+        except InvalidArgumentError as exc:
+            raise InvalidArgumentError(
+                f"{self.name!r} compiled for {self.device} could not be saved, cached or "
+                f"served: {exc.message}",
+                details=exc.details,
+            ) from None
+
     def header(self, name: str, sections: SectionTable) -> dict[str, Any]:
         """This executable's entry in a ``.crm`` header's ``networks``, stored as ``name``,
         its artifacts added to ``sections``."""
@@ -244,24 +262,6 @@ def save_executables(executables: Executables, path: str | os.PathLike[str]) -> 
             written.
     """
     write_file(_chunks(executables), path)
-
-
-def check_savable(exe: Executable) -> None:
-    """Raise what saving ``exe`` would raise when its header breaks a container limit
-    (docs/container.md, Limits), without hashing or copying its artifacts: ``compile`` calls
-    it, so a model that compiles can be saved, cached and served.
-
-    Raises:
-        InvalidArgumentError: naming the field and the limit, as :meth:`Executable.save`.
-    """
-    try:
-        container_chunks([exe.header(exe.name or "model", _Unhashed())], _Unhashed())
-    except InvalidArgumentError as exc:
-        raise InvalidArgumentError(
-            f"{exe.name!r} compiled for {exe.device} could not be saved, cached or served: "
-            f"{exc.message}",
-            details=exc.details,
-        ) from None
 
 
 class _Unhashed(SectionTable):
