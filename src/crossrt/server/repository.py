@@ -21,9 +21,9 @@ from ..compiler import load_executable
 from ..errors import InvalidArgumentError
 from ..host import parse_cpu_set, process_alive
 from ..runtime import LoadedModel, Runtime
+from .forms import check_servable
 from .response_cache import CacheCounts
 from .status import ServiceError
-from .tensors import check_servable
 
 log = logging.getLogger("crossrt.serve")
 

@@ -9,9 +9,7 @@ the array the model takes.
 
 from __future__ import annotations
 
-import json
 import math
-import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
@@ -21,8 +19,8 @@ from tritonclient.grpc import service_pb2 as pb
 
 from .. import dtypes
 from ..dtypes import DType
-from ..errors import UnsupportedError
 from ..model import TensorSpec
+from .forms import is_json_form, json_elements
 from .status import ServiceError
 
 # KServe datatype -> the typed field of InferTensorContents that may carry it.
@@ -60,69 +58,6 @@ def kserve_type(spec: TensorSpec) -> str:
             "over KServe (a type without a KServe name); run this model in-process",
         )
     return spec.dtype.kserve
-
-
-# Outputs that are not tensors but maps of numbers, or sequences of them (a ZipMap's
-# seq(map(int64|string, tensor(float))): a classifier's probabilities per class), are served
-# as KServe BYTES, one element per map: its JSON text, keys as strings (docs/daemon.md).
-_JSON_FORM = re.compile(r"(seq\()?map\((int64|string),tensor\((float|double|int64|string)\)\)\)?")
-
-
-def is_json_form(spec: TensorSpec) -> bool:
-    """Whether output ``spec`` is served as BYTES of JSON maps (a ZipMap's)."""
-    return spec.kind in ("sequence", "map") and bool(
-        spec.value_type and _JSON_FORM.fullmatch(spec.value_type)
-    )
-
-
-def output_type(spec: TensorSpec) -> str:
-    """The KServe datatype an output is served as: BYTES for the JSON forms."""
-    return "BYTES" if is_json_form(spec) else kserve_type(spec)
-
-
-def unservable(specs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> list[str]:
-    """Why each input (``specs``) and output a model has cannot cross KServe; ``[]`` when all
-    can. A model with any is refused at load, so that a request never finds out."""
-    why = []
-    for where, spec in [("input", s) for s in specs] + [("output", s) for s in outputs]:
-        if where == "output" and is_json_form(spec):
-            continue
-        if spec.kind != "tensor":
-            why.append(f"{where} {spec.name!r} is a {spec.value_type or spec.kind}")
-        elif spec.dtype is None or spec.dtype.kserve is None:
-            why.append(f"{where} {spec.name!r} is {spec.describe()}, without a KServe datatype")
-    return why
-
-
-def check_servable(name: str, specs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> None:
-    """Refuse a model with an input or output KServe cannot carry, saying which and why.
-
-    Raises:
-        UnsupportedError: naming each such input and output.
-    """
-    why = unservable(specs, outputs)
-    if why:
-        raise UnsupportedError(
-            f"model {name!r} cannot be served: {'; '.join(why[:5])}"
-            f"{f'; and {len(why) - 5} more' if len(why) > 5 else ''}. crossrt serve carries "
-            "tensors of KServe datatypes, and maps (or sequences of maps) of numbers as BYTES "
-            "of JSON (docs/daemon.md); run this model in-process (crossrt.Runtime().load)",
-            details={"model": name, "refused": why},
-        )
-
-
-def json_elements(spec: TensorSpec, value: Any) -> np.ndarray:
-    """A map output, or a sequence of maps, as an object array of JSON texts (keys as
-    strings), one per map."""
-    maps = [value] if spec.kind == "map" else list(value)
-    texts = [json.dumps({str(k): _plain(v) for k, v in m.items()}) for m in maps]
-    out = np.empty(len(texts), dtype=object)
-    out[:] = texts
-    return out
-
-
-def _plain(v: Any) -> Any:
-    return v.item() if isinstance(v, np.generic) else v
 
 
 def decode_bytes(data: Any, count: int, what: str) -> np.ndarray:
@@ -328,7 +263,8 @@ def requested_outputs(
                 grpc.StatusCode.UNIMPLEMENTED,
                 "the classification extension is not served; ask for the output itself",
             )
-        output_type(spec)
+        if not is_json_form(spec):
+            kserve_type(spec)
         chosen.append((spec, shared_memory_params(wanted.parameters)))
     return chosen
 
