@@ -96,3 +96,17 @@ def many_inputs(count: int) -> onnx.ModelProto:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
     )
     return helper.make_model(graph, opset_imports=OPSET)
+
+
+def fanout(count: int, name_length: int = 0) -> onnx.ModelProto:
+    """x [n,4] into ``count`` Identity outputs of [n,4]: named y0, y1... or, with
+    ``name_length``, each with that many characters. A header holds each output's spec and
+    its name in the node's list."""
+    names = [f"y{i:08d}".ljust(name_length, "y") if name_length else f"y{i}" for i in range(count)]
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], [n]) for n in names],
+        "fanout",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["n", 4]) for n in names],
+    )
+    return helper.make_model(graph, opset_imports=OPSET)

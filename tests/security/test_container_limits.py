@@ -25,6 +25,7 @@ import pytest
 import crossrt
 from crossrt import InvalidArgumentError, InvalidContainerError, StatusCode
 from crossrt.model import GraphBuilder
+from limit_models import fanout
 
 MiB = 1 << 20
 
@@ -192,27 +193,12 @@ def test_writing_a_header_over_16_mib_is_refused(tiny):
     assert "16 MiB" in info.value.message and "cannot be written" in info.value.message
 
 
-def _fanout(count: int, length: int) -> bytes:
-    """x [n,4] into ``count`` Identity outputs, each named with ``length`` characters."""
-    from onnx import TensorProto, helper
-
-    names = [f"{i:06d}".ljust(length, "y") for i in range(count)]
-    graph = helper.make_graph(
-        [helper.make_node("Identity", ["x"], [n]) for n in names],
-        "fanout",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["n", 4]) for n in names],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    return bytes(model.SerializeToString())
-
-
 def test_compile_refuses_what_save_would_so_a_compiled_model_can_be_cached_and_served():
     """1,200 outputs of 4,000-character names (4.8 MB) load; compiled with a shape stage, the
     header holds them four times (the network's and the stage's specs and node lists), over
     16 MiB. On main compile returned an executable that save, the cache and the daemon then
     refused; now compile refuses it, with the writer's message."""
-    data = _fanout(1200, 4000)
+    data = fanout(1200, name_length=4000)
     assert len(crossrt.load_model(data).outputs) == 1200  # within what one network holds
     with pytest.raises(InvalidArgumentError) as info:
         crossrt.compile(data, device="cpu", stages=[{"x": [2, 4]}])

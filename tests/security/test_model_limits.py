@@ -15,7 +15,7 @@ from onnx import TensorProto, helper
 
 import crossrt
 from crossrt import GraphBuilder, InvalidModelError
-from limit_models import detector_like, many_inputs, rank_model
+from limit_models import detector_like, fanout, many_inputs, rank_model
 
 linux_only = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="RLIMIT_AS and /proc are Linux's"
@@ -180,19 +180,6 @@ def test_exporter_written_dimension_names_compile_save_cache_and_run(tmp_path) -
     np.testing.assert_array_equal(out, x.reshape(1, 3, 4, 4, 2, 4).max(axis=(3, 5)))
 
 
-def _many_outputs(count: int) -> bytes:
-    """One input, ``count`` outputs (each its own Identity): a header holds each output's
-    spec and its name in the node's list."""
-    graph = helper.make_graph(
-        [helper.make_node("Identity", ["x"], [f"y{i}"]) for i in range(count)],
-        "fanout",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
-        [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, ["n", 4]) for i in range(count)],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    return bytes(model.SerializeToString())
-
-
 def _pairs(count: int) -> bytes:
     """``count`` inputs, each into its own Relu and output."""
     graph = helper.make_graph(
@@ -234,18 +221,6 @@ def test_forty_thousand_inputs_each_with_its_output_are_refused_on_load() -> Non
     assert f"JSON values, more than the {limits.SIGNATURE_VALUES:,}" in message
 
 
-def _long_named_outputs(count: int, length: int) -> bytes:
-    names = [f"{i:08d}".ljust(length, "y") for i in range(count)]
-    graph = helper.make_graph(
-        [helper.make_node("Identity", ["x"], [n]) for n in names],
-        "fanout",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["n", 4]) for n in names],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    return bytes(model.SerializeToString())
-
-
 def test_names_are_bounded_by_their_total_in_a_header_not_each_ones_length() -> None:
     """600 outputs named with 16,000 characters each: every name is within the limit on one
     name, and together they are 19 MB, more than a header holds (on main the model compiled
@@ -253,7 +228,7 @@ def test_names_are_bounded_by_their_total_in_a_header_not_each_ones_length() -> 
     tool does, naming the header's limit."""
     from crossrt.model import limits
 
-    data = _long_named_outputs(600, 16_000)
+    data = fanout(600, name_length=16_000)
     with pytest.raises(InvalidModelError) as info:
         crossrt.load_model(data)
     message = info.value.message
@@ -261,7 +236,7 @@ def test_names_are_bounded_by_their_total_in_a_header_not_each_ones_length() -> 
     assert f"more than the {limits.SIGNATURE_BYTES:,}" in message
     with pytest.raises(InvalidModelError, match="could never be saved"):
         crossrt.compile(data, device="cpu")
-    crossrt.compile(_long_named_outputs(300, 16_000), device="cpu").to_bytes()  # 9.6 MB: fits
+    crossrt.compile(fanout(300, name_length=16_000), device="cpu").to_bytes()  # 9.6 MB: fits
 
 
 def test_more_inputs_than_a_model_may_have_are_refused_on_load() -> None:
@@ -278,7 +253,7 @@ def test_a_signature_just_within_the_budget_is_written_and_one_more_output_is_no
     65,536 outputs a model may have."""
     from crossrt.model import TensorSpec, limits
 
-    tiny = crossrt.compile(_many_outputs(1), device="cpu")
+    tiny = crossrt.compile(fanout(1), device="cpu")
     (x,) = tiny.inputs
     wide = dataclasses.replace(tiny.outputs[0], shape=("n", 4, 4, 4, 4, 4))
 
