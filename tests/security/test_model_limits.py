@@ -249,7 +249,7 @@ def test_more_inputs_than_a_model_may_have_are_refused_on_load() -> None:
 def test_a_signature_just_within_the_budget_is_written_and_one_more_output_is_not() -> None:
     """The budget is the writer's own count on the writer's own encoding, with room for the
     rest of a one-node header: the most outputs load_model lets through can be saved. Rank-6
-    outputs with a dynamic dim cost 22 values each, so the value budget binds before the
+    outputs with a dynamic dim cost 19 values each, so the value budget binds before the
     65,536 outputs a model may have."""
     from crossrt.model import TensorSpec, limits
 
