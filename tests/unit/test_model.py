@@ -262,8 +262,9 @@ def test_sequence_input_is_described_by_kind() -> None:
         [helper.make_tensor_value_info("n", TensorProto.INT64, [])],
     )
     (seq,) = load_model(proto).inputs
-    assert seq == TensorSpec("seq", None, None, "sequence")
+    assert seq == TensorSpec("seq", None, None, "sequence", "seq(tensor(float))")
     assert seq.describe() == "sequence [*]"
+    assert TensorSpec.from_dict(seq.to_dict()) == seq  # as a .crm header keeps it
 
 
 def test_value_types_cover_intermediates_and_weights() -> None:

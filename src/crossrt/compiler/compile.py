@@ -114,7 +114,9 @@ def _compile_stages(
                     part, drv, dev, opts, lambda m: build(m, drv, dev, opts, fallback), fallback
                 )
             )
-    return staged(model, exes)
+    exe = staged(model, exes)
+    exe.check_savable()  # the stages together may hold more than a header can
+    return exe
 
 
 def build(
@@ -171,6 +173,7 @@ def build(
         metadata={**{p.key: p.value for p in model.proto.metadata_props}, **io_quantization(model)},
     )
     log.info("compiled %r for %s: %s", model.name, dev.id, exe.placement_summary())
+    exe.check_savable()  # placement regions may name more tensors than a header holds
     return exe
 
 

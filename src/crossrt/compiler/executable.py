@@ -168,6 +168,24 @@ class Executable:
         """This executable as the bytes of a ``.crm`` container (what :meth:`save` writes)."""
         return executables_to_bytes([self])
 
+    def check_savable(self) -> None:
+        """Raise what :meth:`save` would raise when this executable's header breaks a
+        container limit (docs/container.md, Limits), without hashing or copying its
+        artifacts: ``compile`` calls it, so a model that compiles can be saved, cached and
+        served.
+
+        Raises:
+            InvalidArgumentError: naming the field and the limit, as :meth:`save`.
+        """
+        try:
+            container_chunks([self.header(self.name or "model", _Unhashed())], _Unhashed())
+        except InvalidArgumentError as exc:
+            raise InvalidArgumentError(
+                f"{self.name!r} compiled for {self.device} could not be saved, cached or "
+                f"served: {exc.message}",
+                details=exc.details,
+            ) from None
+
     def header(self, name: str, sections: SectionTable) -> dict[str, Any]:
         """This executable's entry in a ``.crm`` header's ``networks``, stored as ``name``,
         its artifacts added to ``sections``."""
@@ -244,6 +262,16 @@ def save_executables(executables: Executables, path: str | os.PathLike[str]) -> 
             written.
     """
     write_file(_chunks(executables), path)
+
+
+class _Unhashed(SectionTable):
+    """A section table that stands each artifact in as a section of its length, unhashed:
+    enough to encode the header a container would have."""
+
+    def add(self, artifact: bytes | memoryview) -> int:
+        self.sections.append(artifact)
+        self.digests.append(bytes(32))
+        return len(self.sections) - 1
 
 
 def _chunks(executables: Executables) -> list[bytes | memoryview]:

@@ -15,27 +15,24 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..errors import InvalidArgumentError, InvalidContainerError
+from ..model import limits
+from ..model.limits import (
+    MAX_NAME,
+    MAX_NETWORKS,
+    MAX_NODES,
+    MAX_RANK,
+    MAX_SECTIONS,
+    MAX_STAGES,
+    MAX_TENSORS,
+    count_values,
+    encode_json,
+)
 
-# The limits. A real header is small: ResNet-50's and BERT-base's are 1.1 to 1.4 KB (one node
-# each), and a node adds about 300 bytes and 40 values. Each limit is thousands of times what a
-# real model needs, and together they keep what a hostile header costs to parse under 100 MiB
-# (measured: 84 MiB at worst, a million distinct strings; 1.2 GiB before the limits).
-MAX_HEADER_BYTES = 16 << 20
-"""The largest header: room for a big model's metadata (a label list, a tokenizer's)."""
-MAX_HEADER_VALUES = 1 << 20
-"""The most JSON values a header may hold, counted on its bytes before parsing."""
-MAX_NETWORKS = 1024
-MAX_STAGES = 256
-"""Shape stages per network (a bmodel has a handful)."""
-MAX_NODES = 4096
-"""Nodes per network or stage: placement regions of one model."""
-MAX_SECTIONS = 65536
-MAX_TENSORS = 65536
-"""Tensors per list: a network's inputs or outputs, a node's inputs or outputs."""
-MAX_RANK = 64
-"""Dimensions per shape (NumPy's own limit)."""
-MAX_DIM_NAME = 256
-"""Characters per symbolic dimension name."""
+# The limits are one table, shared with load_model, compile and the daemon (model/limits.py).
+# A real header is small: ResNet-50's and BERT-base's are 1.1 to 1.4 KB (one node each), and a
+# node adds about 300 bytes and 40 values.
+MAX_HEADER_BYTES = limits.HEADER_BYTES
+MAX_HEADER_VALUES = limits.HEADER_VALUES
 
 _MISSING = object()
 _HEX = frozenset("0123456789abcdef")
@@ -67,14 +64,13 @@ def encode_header(header: dict[str, Any]) -> bytes:
     breach = limit_breach(header)
     if breach is None:
         try:
-            text = json.dumps(header, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+            data = encode_json(header)
         except (TypeError, ValueError) as exc:
             raise InvalidArgumentError(
                 f"the executables cannot be written: {exc}; compile options (extensions) must "
                 "hold only JSON values (str, finite numbers, bool, None, lists, dicts with str "
                 "keys)"
             ) from None
-        data = text.encode("utf-8")
         breach = size_breach(len(data)) or _values_breach(data)
         if breach is None:
             return data
@@ -117,9 +113,7 @@ def decode_header(text: memoryview) -> dict[str, Any]:
 
 
 def _values_breach(data: bytes) -> str | None:
-    # Every JSON value but the outermost follows a "[", "{", "," or ":" (counted also inside
-    # strings, so this is an upper bound): a few C-speed passes, no parsing.
-    values = 1 + sum(data.count(c) for c in (b",", b":", b"[", b"{"))
+    values = count_values(data)
     if values <= MAX_HEADER_VALUES:
         return None
     return (
@@ -144,7 +138,7 @@ def _no_constant(name: str) -> Any:
 
 def limit_breach(header: Any) -> str | None:
     """The first list in ``header`` longer than its limit, or dimension name longer than
-    :data:`MAX_DIM_NAME`, as a message; ``None`` when all are within them.
+    ``limits.MAX_NAME``, as a message; ``None`` when all are within them.
 
     A field of the wrong type is skipped (validation names it later), and a list is walked
     only after its length passed, so this costs at most what the limits allow.
@@ -207,10 +201,10 @@ def _dims(shape: Any, path: str) -> Iterator[str | None]:
     if len(shape) > MAX_RANK:
         yield f"header field {path} holds {len(shape):,} dims, more than the {MAX_RANK} allowed"
     for d, dim in enumerate(shape):
-        if isinstance(dim, str) and len(dim) > MAX_DIM_NAME:
+        if isinstance(dim, str) and len(dim) > MAX_NAME:
             yield (
                 f"header field {path}[{d}] is a dimension name of {len(dim):,} characters, more "
-                f"than the {MAX_DIM_NAME} allowed"
+                f"than the {MAX_NAME:,} allowed"
             )
 
 

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 from ..drivers.base import CompileOptions, PerformanceMode, Priority
 from ..errors import InvalidOptionError
 from ..model import TensorSpec
+from ..model.limits import MAX_STAGES
 
 KNOWN_OPTIONS = {
     "performance_mode": "NONE, LOW, MEDIUM, HIGH or EXTREME (OH_NN_PerformanceMode)",
@@ -108,6 +109,13 @@ def parse_stages(name: str, inputs: Sequence[TensorSpec], stages: Any) -> list[S
         raise InvalidOptionError(
             f"stages={stages!r}: give a non-empty list of {{input name: shape}}, e.g. "
             "[{'x': [1, 3, 224, 224]}, {'x': [8, 3, 224, 224]}]"
+        )
+    if len(stages) > MAX_STAGES:
+        raise InvalidOptionError(
+            f"stages: {len(stages):,} given, more than the {MAX_STAGES} a compiled model holds "
+            "(docs/container.md, Limits); compile the shapes used most, and let a stage of "
+            "dynamic shape (no stages=) serve the rest",
+            details={"stages": len(stages), "limit": MAX_STAGES},
         )
     specs = {s.name: s for s in inputs}
     parsed: list[Shapes] = []

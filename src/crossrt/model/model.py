@@ -14,6 +14,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from ..errors import InvalidModelError, ModelNotFoundError, OutOfResourcesError, StatusCode
+from . import limits
 from .skeleton import Skeleton, checkable, misfit_weights, skeleton
 from .spec import TensorSpec, spec_from_value_info
 from .tensors import files_named, location, read_external
@@ -34,6 +35,7 @@ class Model:
     def __init__(self, proto: onnx.ModelProto, *, validate: bool = True) -> None:
         _refuse_files(proto)
         _refuse_long_names(proto)
+        _refuse_unsavable(proto)
         self.proto = proto
         _name_nodes(proto.graph)
         self._inferred: onnx.ModelProto | None = None
@@ -70,13 +72,12 @@ class Model:
     @cached_property
     def inputs(self) -> list[TensorSpec]:
         """The inputs a caller feeds (graph inputs that are not initializers)."""
-        weights = {t.name for t in self.proto.graph.initializer}
-        return [spec_from_value_info(v) for v in self.proto.graph.input if v.name not in weights]
+        return _input_specs(self.proto)
 
     @cached_property
     def outputs(self) -> list[TensorSpec]:
         """The graph outputs."""
-        return [spec_from_value_info(v) for v in self.proto.graph.output]
+        return _output_specs(self.proto)
 
     @cached_property
     def content_hash(self) -> str:
@@ -274,22 +275,59 @@ def _refuse_files(proto: onnx.ModelProto) -> None:
         )
 
 
-MAX_DIM_NAME = 256
-"""Characters per symbolic dimension name (as a ``.crm`` header allows)."""
-MAX_NAME = 4096
-"""Characters per value, node or graph name: a long exported name is a few hundred."""
-
-
 def _refuse_long_names(proto: onnx.ModelProto) -> None:
-    """Refuse names no real model has: each is copied into messages, headers and tables."""
+    """Refuse a name longer than any exporter writes (``limits.MAX_NAME``): each is copied
+    into messages, logs and engines' tables."""
     for kind, name in _names(proto):
-        limit = MAX_DIM_NAME if kind == "symbolic dimension" else MAX_NAME
-        if len(name) > limit:
+        if len(name) > limits.MAX_NAME:
             raise InvalidModelError(
                 f"the model has a {kind} name of {len(name):,} characters, more than the "
-                f"{limit:,} allowed ({name[:40]!r}...); rename it in the exporter",
-                details={"kind": kind, "length": len(name), "limit": limit},
+                f"{limits.MAX_NAME:,} allowed ({name[:40]!r}...); rename it in the exporter",
+                details={"kind": kind, "length": len(name), "limit": limits.MAX_NAME},
             )
+
+
+def _input_specs(proto: onnx.ModelProto) -> list[TensorSpec]:
+    weights = {t.name for t in proto.graph.initializer}
+    return [spec_from_value_info(v) for v in proto.graph.input if v.name not in weights]
+
+
+def _output_specs(proto: onnx.ModelProto) -> list[TensorSpec]:
+    return [spec_from_value_info(v) for v in proto.graph.output]
+
+
+def _refuse_unsavable(proto: onnx.ModelProto) -> None:
+    """Refuse a model that no ``.crm`` header could describe: an input or output of more
+    dimensions than a NumPy array holds, or inputs, outputs and metadata over what a header
+    holds for them (``model/limits.py``). Refused here, it is refused the same way by every
+    tool, compile, the cache and the daemon. (Its own specs: the model's are cached only
+    once a stage has written what inference found into its outputs.)"""
+    inputs, outputs = _input_specs(proto), _output_specs(proto)
+    for where, specs in (("input", inputs), ("output", outputs)):
+        for spec in specs:
+            if spec.rank is not None and spec.rank > limits.MAX_RANK:
+                raise InvalidModelError(
+                    f"the model's {where} {spec.name[:100]!r} has {spec.rank} dimensions, more "
+                    f"than the {limits.MAX_RANK} a NumPy array holds, and crossrt takes and "
+                    "returns tensors as NumPy arrays; reshape it inside the model",
+                    details={"tensor": spec.name, "rank": spec.rank, "limit": limits.MAX_RANK},
+                )
+    metadata = {p.key: p.value for p in proto.metadata_props}
+    try:
+        breach = limits.signature_breach(
+            (s.to_dict() for s in inputs), (s.to_dict() for s in outputs), metadata
+        )
+    except (TypeError, ValueError):  # protobuf hands back bytes for a string that is not UTF-8
+        raise InvalidModelError(
+            "the model's input or output names or metadata are not UTF-8 text; the file is "
+            "corrupt or not ONNX"
+        ) from None
+    if breach is not None:
+        name = proto.graph.name or "model"
+        raise InvalidModelError(
+            f"the model {name[:100]!r} cannot be compiled: {breach}",
+            details={"inputs": len(inputs), "outputs": len(outputs)},
+        )
 
 
 def _names(proto: onnx.ModelProto) -> Iterator[tuple[str, str]]:

@@ -27,12 +27,15 @@ class TensorSpec:
             ``None`` when dynamic; ``None`` for the whole shape when even the rank is unknown.
         kind: ``"tensor"``, or ``"sequence"``, ``"optional"``, ``"map"``, ``"sparse"`` for
             the other ONNX value types.
+        value_type: for those other types, the whole type in ONNX's notation
+            (``"seq(map(int64,tensor(float)))"``: what a ZipMap gives); ``None`` for a tensor.
     """
 
     name: str
     dtype: DType | None
     shape: tuple[Dim, ...] | None
     kind: str = "tensor"
+    value_type: str | None = None
 
     @property
     def rank(self) -> int | None:
@@ -67,14 +70,18 @@ class TensorSpec:
         return f"{self.dtype or self.kind} {self.shape_str()}"
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-friendly form."""
-        return {
+        """A JSON-friendly form (``value_type`` only where there is one: a tensor's costs
+        nothing in a ``.crm`` header)."""
+        form = {
             "name": self.name,
             "kind": self.kind,
             "dtype": self.dtype.name if self.dtype else None,
             "shape": list(self.shape) if self.shape is not None else None,
             "dynamic_axes": list(self.dynamic_axes),
         }
+        if self.value_type is not None:
+            form["value_type"] = self.value_type
+        return form
 
     @classmethod
     def from_dict(cls, data: Any) -> TensorSpec:
@@ -88,10 +95,13 @@ class TensorSpec:
         if not isinstance(data, dict):
             raise _bad_field("the tensor spec", "an object", data)
         name, kind = data.get("name"), data.get("kind", "tensor")
+        value_type = data.get("value_type")
         if not isinstance(name, str):
             raise _bad_field("name", "a string", name)
         if not isinstance(kind, str):
             raise _bad_field(f"{name!r}: kind", "a string", kind)
+        if value_type is not None and not isinstance(value_type, str):
+            raise _bad_field(f"{name!r}: value_type", "null or a string", value_type)
         raw_dtype, raw_shape = data.get("dtype"), data.get("shape")
         dtype = None
         if raw_dtype is not None:
@@ -109,7 +119,7 @@ class TensorSpec:
                     raw_shape,
                 )
             shape = tuple(raw_shape)
-        return cls(name, dtype, shape, kind)
+        return cls(name, dtype, shape, kind, value_type)
 
 
 # Dimension names that exporters and shape inference generate: Paddle2ONNX's
@@ -140,6 +150,30 @@ def _bad_field(field: str, expected: str, got: Any) -> InvalidArgumentError:
     )
 
 
+def type_notation(t: onnx.TypeProto) -> str:
+    """An ONNX type in ONNX's own notation: ``tensor(float)``, ``seq(map(int64,tensor(float)))``;
+    ``?`` where the file leaves a type out."""
+    which = t.WhichOneof("value")
+    if which in ("tensor_type", "sparse_tensor_type"):
+        name = _elem_name(getattr(t, which).elem_type)
+        return f"{'tensor' if which == 'tensor_type' else 'sparse_tensor'}({name})"
+    if which == "sequence_type":
+        return f"seq({type_notation(t.sequence_type.elem_type)})"
+    if which == "optional_type":
+        return f"optional({type_notation(t.optional_type.elem_type)})"
+    if which == "map_type":
+        key = _elem_name(t.map_type.key_type)
+        return f"map({key},{type_notation(t.map_type.value_type)})"
+    return "?"
+
+
+def _elem_name(elem: int) -> str:
+    try:
+        return onnx.TensorProto.DataType.Name(elem).lower() if elem else "?"
+    except ValueError:  # a number no ONNX version names
+        return "?"
+
+
 def spec_from_value_info(info: onnx.ValueInfoProto) -> TensorSpec:
     """Describe a graph input or output from its ONNX ``ValueInfoProto``."""
     vtype = info.type
@@ -151,7 +185,7 @@ def spec_from_value_info(info: onnx.ValueInfoProto) -> TensorSpec:
             "map_type": "map",
             "sparse_tensor_type": "sparse",
         }.get(which or "", "unknown")
-        return TensorSpec(info.name, None, None, kind)
+        return TensorSpec(info.name, None, None, kind, type_notation(vtype))
     ttype = vtype.tensor_type
     try:
         dtype: DType | None = dtypes.from_onnx(ttype.elem_type) if ttype.elem_type else None

@@ -21,6 +21,7 @@ from ..compiler import load_executable
 from ..errors import InvalidArgumentError
 from ..host import parse_cpu_set, process_alive
 from ..runtime import LoadedModel, Runtime
+from .forms import check_servable
 from .response_cache import CacheCounts
 from .status import ServiceError
 
@@ -282,6 +283,7 @@ class Repository:
             entry.state, entry.reason = "LOADING", ""
             try:
                 model = self._load(entry.path, options)
+                _servable(name, model)
             except BaseException as exc:
                 entry.state, entry.reason = "UNAVAILABLE", str(exc)
                 if entry.model is not None:  # the old one serves on
@@ -325,7 +327,12 @@ class Repository:
     def adopt(self, name: str, model: LoadedModel, owner: int, user: str | None = None) -> Entry:
         """Serve ``model``, loaded from bytes ``user`` sent, as ``name`` (version 1) until
         it is unloaded or process ``owner`` dies (:meth:`release_orphans`). A name the
-        repository holds (loaded or not) is refused: it is the operator's."""
+        repository holds (loaded or not) is refused: it is the operator's.
+
+        Raises:
+            UnsupportedError: an input or output KServe cannot carry (the caller unloads).
+        """
+        check_servable(name, model.inputs, model.outputs)
         with self._lock:
             held = self._entries.get(name)
             if held is None and self.directory is not None and name in discover(self.directory):
@@ -449,3 +456,13 @@ def _stamp(path: Path | None) -> tuple[int, int]:
 
 def _changed(entry: Entry) -> bool:
     return entry.model is not None and _stamp(entry.path) != entry.stamp
+
+
+def _servable(name: str, model: LoadedModel) -> None:
+    """Unload ``model`` and refuse it when some input or output cannot cross KServe: it is
+    not READY, and the index says why, rather than failing every request."""
+    try:
+        check_servable(name, model.inputs, model.outputs)
+    except BaseException:
+        model.unload()
+        raise

@@ -20,6 +20,7 @@ from tritonclient.grpc import service_pb2 as pb
 from .. import dtypes
 from ..dtypes import DType
 from ..model import TensorSpec
+from .forms import is_json_form, json_elements
 from .status import ServiceError
 
 # KServe datatype -> the typed field of InferTensorContents that may carry it.
@@ -262,7 +263,8 @@ def requested_outputs(
                 grpc.StatusCode.UNIMPLEMENTED,
                 "the classification extension is not served; ask for the output itself",
             )
-        kserve_type(spec)
+        if not is_json_form(spec):
+            kserve_type(spec)
         chosen.append((spec, shared_memory_params(wanted.parameters)))
     return chosen
 
@@ -311,8 +313,10 @@ def encode_outputs(
     """Put the results in ``response``: raw contents, or into the named region slices (but
     those ``written`` there already: :func:`bound_outputs`)."""
     for spec, region in chosen:
-        array = np.ascontiguousarray(results[spec.name])
-        datatype = kserve_type(spec)
+        value = results[spec.name]
+        json_form = is_json_form(spec)
+        array = json_elements(spec, value) if json_form else np.ascontiguousarray(value)
+        datatype = "BYTES" if json_form else kserve_type(spec)
         out = response.outputs.add(name=spec.name, datatype=datatype)
         out.shape.extend(array.shape)
         payload = encode_bytes(array) if datatype == "BYTES" else None
@@ -337,7 +341,10 @@ def encode_outputs(
 
 
 def metadata_tensor(spec: TensorSpec) -> dict[str, Any]:
-    """Name, KServe datatype and shape (-1 for a dynamic dimension) of a model tensor."""
+    """Name, KServe datatype and shape (-1 for a dynamic dimension) of a model tensor, as a
+    request gets it (a sequence of maps: BYTES [-1], a map: BYTES [1])."""
+    if is_json_form(spec):
+        return {"name": spec.name, "datatype": "BYTES", "shape": [-1 if spec.kind != "map" else 1]}
     kserve = spec.dtype.kserve if spec.dtype is not None else None
     shape = [d if isinstance(d, int) else -1 for d in spec.shape or ()]
     return {"name": spec.name, "datatype": kserve or str(spec.dtype or spec.kind), "shape": shape}
