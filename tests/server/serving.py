@@ -129,7 +129,10 @@ def start_daemon(
         assert proc.stderr is not None
         for line in proc.stderr:
             daemon.log.append(line)
-            if line.rstrip().endswith(" ready"):
+            # "... INFO ready", not "... model NAME version 1 is ready": the daemon is ready
+            # once every model it loads at start is (waiting on the first model's line raced
+            # the others' loads, and a load under --model-control none is refused).
+            if line.rstrip().endswith(" INFO ready"):
                 ready.set()
         ready.set()  # it ended
 
