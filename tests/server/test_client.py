@@ -13,8 +13,10 @@ pytest.importorskip("tritonclient.grpc", reason="the serve extra is not installe
 import numpy as np
 import tritonclient.grpc as tc
 from serving import Daemon
+from tritonclient.utils import InferenceServerException
 
 import crossrt
+from crossrt.runtime.statistics import ModelStatistics
 from crossrt.server.client import connect
 
 
@@ -39,7 +41,33 @@ def test_remote_outputs_are_the_in_process_ones(daemon: Daemon) -> None:
         )
         np.testing.assert_array_equal(model.run_async(x).result()["y"], local["y"])
         np.testing.assert_array_equal(asyncio.run(model.infer(x))["y"], local["y"])
-        assert model.statistics().inference_stats.success.count >= 3
+        assert model.triton_statistics().inference_stats.success.count >= 3
+
+
+def test_statistics_are_the_same_type_through_connect(daemon: Daemon) -> None:
+    """``statistics()`` of a remote model is a ``ModelStatistics``, as in-process: failures by
+    status, percentiles, instances; what Triton's message has agrees with it."""
+    x = np.ones((4, 8), np.float32)
+    with connect(daemon.url) as remote:
+        model = remote.load("tiny")
+        before = model.statistics()
+        assert isinstance(before, ModelStatistics)
+        for _ in range(5):
+            model.run({"x": x})
+        with pytest.raises(crossrt.CrossrtError):
+            model.run({"x": np.ones((4, 9), np.float32)})  # refused by the client's own check
+        bad = tc.InferInput("x", [4, 9], "FP32")
+        bad.set_data_from_numpy(np.ones((4, 9), np.float32))
+        with pytest.raises(InferenceServerException):
+            daemon.client().infer("tiny", [bad])
+        after = model.statistics()
+        triton = model.triton_statistics().inference_stats
+    assert after.success - before.success >= 5
+    assert after.failure > before.failure
+    assert after.percentile_us(50) is not None and after.latency.count == after.success
+    assert triton.success.count == after.success
+    assert triton.fail.count == after.failure
+    assert ModelStatistics.from_dict(after.to_dict()) == after
 
 
 def test_connect_is_exported_from_the_package_root() -> None:

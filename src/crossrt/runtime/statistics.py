@@ -14,7 +14,7 @@ import array
 import itertools
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from typing import Any
@@ -113,6 +113,40 @@ class ModelStatistics:
         """The ``q``-th percentile (0-100) of success latency in microseconds, interpolated
         within its histogram bucket; ``None`` before the first success."""
         return histogram_percentile_us(self.histogram, self.buckets_us, q)
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> ModelStatistics:
+        """The statistics :meth:`to_dict` wrote (a daemon sends a model's so:
+        ``RemoteModel.statistics()``).
+
+        Raises:
+            InvalidArgumentError: ``doc`` is not such a form.
+        """
+
+        def duration(d: Any) -> Duration:
+            return Duration(int(d["count"]), int(d["ns"]))
+
+        try:
+            histogram = doc["histogram"]
+            return cls(
+                requests=int(doc["requests"]),
+                success=int(doc["success"]),
+                failures={str(k): int(v) for k, v in dict(doc["failures"]).items()},
+                in_flight=int(doc["in_flight"]),
+                queue=duration(doc["queue"]),
+                compute_input=duration(doc["compute_input"]),
+                compute_infer=duration(doc["compute_infer"]),
+                compute_output=duration(doc["compute_output"]),
+                latency=duration(doc["latency"]),
+                histogram=tuple(int(c) for c in histogram["counts"]),
+                instances=tuple(duration(d) for d in doc["instances"]),
+                last_inference_ms=int(doc["last_inference_ms"]),
+                buckets_us=tuple(int(b) for b in histogram["buckets_us"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidArgumentError(
+                f"not a model's statistics as ModelStatistics.to_dict writes them ({exc!r})"
+            ) from None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly form, with p50/p90/p99."""

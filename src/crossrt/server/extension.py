@@ -16,7 +16,7 @@ import secrets
 import threading
 from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import grpc
@@ -34,6 +34,7 @@ from .proto import runtime_pb2 as v1
 from .proto import runtime_pb2_grpc as v1_grpc
 from .regions import Regions
 from .repository import LoadOptions, Repository
+from .response_cache import with_cache_hits
 from .status import ServiceError
 from .tensors import decode_inputs, encode_outputs, requested_outputs
 
@@ -207,6 +208,15 @@ class RuntimeService(v1_grpc.RuntimeServicer):
     def Cancel(self, request: Any, context: Any) -> v1.CancelResponse:
         posted = self._mine(request.cookie, context)
         return v1.CancelResponse(cancelled=posted.future.cancel())
+
+    def Statistics(self, request: Any, context: Any) -> v1.StatisticsResponse:
+        entry, model = self._repository.get(request.name)
+        stats = with_cache_hits(model.statistics(), entry.cache)
+        if entry.refused:  # turned away before the model: failures, as KServe's fail counts them
+            failures = {**stats.failures, "REFUSED": stats.failures.get("REFUSED", 0)}
+            failures["REFUSED"] += entry.refused
+            stats = replace(stats, requests=stats.requests + entry.refused, failures=failures)
+        return v1.StatisticsResponse(statistics_json=json.dumps(stats.to_dict()))
 
     def _mine(self, cookie: int, context: Any) -> Posted:
         with self._lock:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import threading
 from collections.abc import Mapping, Sequence
@@ -21,6 +22,7 @@ from ..model import TensorSpec
 from ..runtime import TensorInfo
 from ..runtime.inputs import output_names_checked
 from ..runtime.memory.shm import SharedMemorySegment
+from ..runtime.statistics import ModelStatistics
 from .proto import runtime_pb2 as v1
 from .tensors import decode_bytes, encode_bytes
 
@@ -246,8 +248,15 @@ class RemoteModel:
         """Cancel a posted run still queued; whether it was."""
         return bool(self._rt.call("v1.Cancel", v1.CancelRequest(cookie=cookie)).cancelled)
 
-    def statistics(self) -> Any:
-        """Triton's ``ModelStatistics`` message for this model."""
+    def statistics(self) -> ModelStatistics:
+        """This model's statistics in the daemon, as ``LoadedModel.statistics()`` gives
+        them in-process (with the requests the daemon answered from its response cache, and
+        those it refused before they reached the model as ``failures["REFUSED"]``)."""
+        answer = self._rt.call("v1.Statistics", v1.ModelRequest(name=self.name))
+        return ModelStatistics.from_dict(json.loads(answer.statistics_json))
+
+    def triton_statistics(self) -> Any:
+        """Triton's ``ModelStatistics`` message for this model (KServe's fields only)."""
         request = pb.ModelStatisticsRequest(name=self.name, version=self.version)
         return self._rt.call("ModelStatistics", request).model_stats[0]
 

@@ -79,6 +79,12 @@ class ModelRequest(_message.Message):
     name: str
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
+class StatisticsResponse(_message.Message):
+    __slots__ = ("statistics_json",)
+    STATISTICS_JSON_FIELD_NUMBER: _ClassVar[int]
+    statistics_json: str
+    def __init__(self, statistics_json: _Optional[str] = ...) -> None: ...
+
 class CreateCoreGroupRequest(_message.Message):
     __slots__ = ("cores", "indices")
     CORES_FIELD_NUMBER: _ClassVar[int]

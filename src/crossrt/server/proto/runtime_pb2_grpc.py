@@ -98,6 +98,12 @@ class RuntimeStub:
             response_deserializer=crossrt_dot_server_dot_proto_dot_runtime__pb2.CancelResponse.FromString,
             _registered_method=True,
         )
+        self.Statistics = channel.unary_unary(
+            "/crossrt.v1.Runtime/Statistics",
+            request_serializer=crossrt_dot_server_dot_proto_dot_runtime__pb2.ModelRequest.SerializeToString,
+            response_deserializer=crossrt_dot_server_dot_proto_dot_runtime__pb2.StatisticsResponse.FromString,
+            _registered_method=True,
+        )
 
 
 class RuntimeServicer:
@@ -165,6 +171,14 @@ class RuntimeServicer:
         context.set_details("Method not implemented!")
         raise NotImplementedError("Method not implemented!")
 
+    def Statistics(self, request, context):
+        """A served model's statistics as crossrt keeps them (ModelStatistics.to_dict() as JSON),
+        where KServe's ModelStatistics has Triton's fields only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details("Method not implemented!")
+        raise NotImplementedError("Method not implemented!")
+
 
 def add_RuntimeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -217,6 +231,11 @@ def add_RuntimeServicer_to_server(servicer, server):
             servicer.Cancel,
             request_deserializer=crossrt_dot_server_dot_proto_dot_runtime__pb2.CancelRequest.FromString,
             response_serializer=crossrt_dot_server_dot_proto_dot_runtime__pb2.CancelResponse.SerializeToString,
+        ),
+        "Statistics": grpc.unary_unary_rpc_method_handler(
+            servicer.Statistics,
+            request_deserializer=crossrt_dot_server_dot_proto_dot_runtime__pb2.ModelRequest.FromString,
+            response_serializer=crossrt_dot_server_dot_proto_dot_runtime__pb2.StatisticsResponse.SerializeToString,
         ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -519,6 +538,36 @@ class Runtime:
             "/crossrt.v1.Runtime/Cancel",
             crossrt_dot_server_dot_proto_dot_runtime__pb2.CancelRequest.SerializeToString,
             crossrt_dot_server_dot_proto_dot_runtime__pb2.CancelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True,
+        )
+
+    @staticmethod
+    def Statistics(
+        request,
+        target,
+        options=(),
+        channel_credentials=None,
+        call_credentials=None,
+        insecure=False,
+        compression=None,
+        wait_for_ready=None,
+        timeout=None,
+        metadata=None,
+    ):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            "/crossrt.v1.Runtime/Statistics",
+            crossrt_dot_server_dot_proto_dot_runtime__pb2.ModelRequest.SerializeToString,
+            crossrt_dot_server_dot_proto_dot_runtime__pb2.StatisticsResponse.FromString,
             options,
             channel_credentials,
             insecure,
