@@ -366,6 +366,22 @@ def test_context_manager_closes_even_on_error(executables):
         loaded.run({"image": IMAGE, "count": COUNT})
 
 
+def test_a_model_is_called_by_the_name_it_was_loaded_under():
+    """``load(name=)``: errors, observation snapshots (crossrt top) and the model say the
+    name a person gave it, not the exporter's graph name."""
+    from crossrt.runtime.observer import describe
+
+    exe = crossrt.compile(_two_input_model())
+    with crossrt.Runtime() as rt:
+        named = rt.load(exe, name="counter")
+        plain = rt.load(exe)
+        assert (named.name, plain.name) == ("counter", exe.name)
+        assert describe(named)["name"] == "counter"
+        named.unload()
+        with pytest.raises(InvalidHandleError, match="model 'counter' was unloaded"):
+            named.run({"image": IMAGE, "count": COUNT})
+
+
 def test_runtime_devices_lists_both_drivers():
     with crossrt.Runtime() as rt:
         devices = rt.devices()

@@ -43,6 +43,6 @@ def test_a_daemon_serving_clients_can_be_profiled(
             stop.set()
             thread.join()
     (summary,) = trace["otherData"]["summary"]
-    assert (summary["model"], summary["served_as"]) == ("tiny_mm", "tiny:1")
+    assert (summary["model"], summary["served_as"]) == ("tiny", "tiny:1")  # not its graph's name
     assert summary["requests"] > 0
     assert summary["infer_us"]["mean"] > 0

@@ -100,7 +100,11 @@ class LoadedModel:
         check_numerics: bool = False,
         statistics: Statistics | None = None,
         batching: Batching | None = None,
+        name: str | None = None,
     ) -> None:
+        self.name = name or executable.name
+        """The name the model was loaded under (``Runtime.load(name=)``), else its graph's
+        name: errors, ``crossrt top`` and profile traces call it so."""
         if batching is not None:
             why = why_not_batchable(
                 executable.inputs,
@@ -110,8 +114,7 @@ class LoadedModel:
             )
             if why is not None:
                 raise InvalidArgumentError(
-                    f"model {executable.name!r} cannot be batched: {why}; load it without "
-                    "max_batch_size",
+                    f"model {self.name!r} cannot be batched: {why}; load it without max_batch_size",
                     details={"max_batch_size": batching.max_size},
                 )
         self.batching = batching
@@ -169,7 +172,7 @@ class LoadedModel:
         # Per instance index: its program and that program's run_outputs, unguarded as
         # run() calls run (made again for a program swapped in since).
         self._run_outputs: dict[int, tuple[Program, Callable[..., dict[str, Any]]]] = {}
-        self.memory_owner = f"{executable.name}#{next(_serial)}"
+        self.memory_owner = f"{self.name}#{next(_serial)}"
         self._device_memory: Allocator | None = None
         self._binder = OutputBinder(
             executable.outputs,
@@ -189,7 +192,7 @@ class LoadedModel:
         # Shape stages share their model's statistics: one model to the user.
         self._statistics = statistics or Statistics(len(instances))
         self._scheduler = Scheduler(
-            executable.name,
+            self.name,
             instances,
             self._finish,
             depth,
@@ -237,11 +240,6 @@ class LoadedModel:
             result = execute(feed)
             return to_host_results(result, self.transfers) if self._resident else result
         return self._binder.run(execute, feed, outputs)
-
-    @property
-    def name(self) -> str:
-        """The model's name."""
-        return self.executable.name
 
     @property
     def inputs(self) -> tuple[TensorSpec, ...]:

@@ -172,6 +172,7 @@ class Runtime:
         mode: str = "shared",
         max_batch_size: int = 0,
         batch_delay: float = 0.0,
+        name: str | None = None,
         **compile_options: Any,
     ) -> LoadedModel:
         """Load a model onto a device (nrt_load). See ``docs/concurrency.md``.
@@ -212,6 +213,9 @@ class Runtime:
             batch_delay: with ``max_batch_size``, seconds a worker waits for more requests
                 before running a smaller batch (Triton's ``max_queue_delay``); default 0:
                 batches form only from requests already waiting.
+            name: what to call the model in errors, statistics, ``crossrt top`` and profile
+                traces (``model.name``); default its graph's name (``main_graph`` for many
+                exporters). A daemon loads each model under the name it serves it as.
             **compile_options: for a model that is not compiled yet, the compile options.
 
         Raises:
@@ -301,11 +305,11 @@ class Runtime:
             loaded = LoadedModel(
                 self._forget, exe, runs, info, chosen, home,
                 queue_depth=queue_depth, exec_timeout=timeout, check_numerics=bool(numerics),
-                batching=batched,
+                batching=batched, name=name,
             ) if not exe.stages or batched else StagedModel(
                 self._forget, exe, runs, info, chosen, home,
                 queue_depth=queue_depth, exec_timeout=timeout, check_numerics=bool(numerics),
-                load=load_all,
+                load=load_all, name=name,
             )  # fmt: skip
         except BaseException:
             for inst in runs:

@@ -102,7 +102,10 @@ class RuntimeService(v1_grpc.RuntimeServicer):
             source = data
             if options.precision is not None:
                 kwargs["precision"] = options.precision
-        model: LoadedModel = self._runtime.load(source, options.device, **kwargs)
+        # Its errors name it as its clients know it (an empty name is refused by adopt).
+        model: LoadedModel = self._runtime.load(
+            source, options.device, name=request.name or None, **kwargs
+        )
         try:
             entry = self._repository.adopt(request.name, model, peer.pid, user)
         except BaseException:

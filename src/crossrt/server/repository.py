@@ -282,7 +282,7 @@ class Repository:
             options = entry.options.with_values(values or {})
             entry.state, entry.reason = "LOADING", ""
             try:
-                model = self._load(entry.path, options)
+                model = self._load(entry.path, options, name)
                 _servable(name, model)
             except BaseException as exc:
                 entry.state, entry.reason = "UNAVAILABLE", str(exc)
@@ -298,7 +298,7 @@ class Repository:
             old.unload()
         return entry
 
-    def _load(self, path: Path, options: LoadOptions) -> LoadedModel:
+    def _load(self, path: Path, options: LoadOptions, name: str) -> LoadedModel:
         if options.response_cache and not self.caches:
             raise InvalidArgumentError(
                 "response_cache asks for the daemon's response cache, which is off; start "
@@ -312,6 +312,7 @@ class Repository:
             "exec_timeout": options.timeout,
             "max_batch_size": options.max_batch_size,
             "batch_delay": options.batch_delay,
+            "name": name,
         }
         if path.suffix == ".crm":
             if options.precision is not None:
