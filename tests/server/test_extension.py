@@ -70,6 +70,25 @@ def test_models_of_a_dead_client_are_unloaded(daemon: Daemon) -> None:
     assert "orphan" not in {m.name for m in client.get_model_repository_index().models}
 
 
+def test_a_script_run_again_at_once_gets_its_model_name_back(daemon: Daemon) -> None:
+    """A client script that loads a model under a name and ends, run twice in a row: the
+    second run gets the name at once, not ALREADY_EXISTS until the daemon's sweep."""
+    child = (
+        "import sys, crossrt\n"
+        "rt = crossrt.connect(sys.argv[1])\n"
+        "model = rt.load(open(sys.argv[2], 'rb').read(), name='again')\n"
+        "print(model.run({'x': __import__('numpy').ones((4, 8), 'float32')})['y'].shape)\n"
+    )
+    for _ in range(2):
+        done = subprocess.run(
+            [sys.executable, "-c", child, daemon.url, str(daemon.repository / "tiny.crm")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert (done.returncode, done.stdout.strip()) == (0, "(4, 8)"), done.stderr
+
+
 def test_core_group_start_and_stop(daemon: Daemon, tmp_path: Path) -> None:
     """On a daemon of its own with nothing loaded: the shared one's models hold every core."""
     x = np.ones((4, 8), np.float32)

@@ -338,6 +338,12 @@ class Repository:
             held = self._entries.get(name)
             if held is None and self.directory is not None and name in discover(self.directory):
                 held = self.scan().get(name)
+            if held is not None and held.owner and not process_alive(held.owner):
+                # Sent by a process that has died and not swept yet: the name is free now (a
+                # script run again at once would otherwise wait for the sweep).
+                log.info("model %s of process %d, which has died, unloaded", name, held.owner)
+                self.unload(name)
+                held = None
             if held is not None and (held.model is not None or held.path is not None):
                 raise ServiceError(
                     grpc.StatusCode.ALREADY_EXISTS,
