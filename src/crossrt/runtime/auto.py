@@ -40,7 +40,8 @@ from ..drivers.registry import available_drivers
 from ..errors import CrossrtError, InvalidOptionError, UnsupportedError
 from ..host import cpu_model, usable_cores
 from ..model import Model, load_model
-from .probe import TOLERANCES, max_error, probe_inputs, time_candidates, tolerance
+from .oracle import compare, expected_outputs
+from .probe import TOLERANCES, probe_inputs, time_candidates, tolerance
 from .runtime import Runtime
 
 __all__ = ["AUTO", "DEFAULT_SECONDS", "NOT_CANDIDATES", "TOLERANCES", "compile"]
@@ -60,8 +61,6 @@ NOT_CANDIDATES = {
 OWN = "model's own"
 """A candidate row's ``precision`` when it computes in the model's own precision although a
 reduced one was allowed."""
-
-_REFERENCE_TIMEOUT_S = 60.0
 
 
 def compile(
@@ -247,7 +246,10 @@ class _Chooser:
             compiled.append((row, exe))
         if not compiled:
             raise _none_can(self.model, rows)
-        expected, reference = self._reference(inputs, compiled)
+        oracle = expected_outputs(self.model, inputs, self.fallback)
+        if oracle.why:
+            _say(f"checking against {oracle.said}")
+        expected, reference = oracle.outputs, oracle.said
         with Runtime() as rt:
             timed = []
             for row, exe in compiled:
@@ -257,7 +259,7 @@ class _Chooser:
                 except CrossrtError as exc:
                     row.update(status="failed", why=_short(exc.message))
                     continue
-                error, scale = max_error(got, expected)
+                error, scale = compare(got, expected)
                 row["max_abs_error"] = error
                 if error > self.tolerance * scale:
                     row.update(
@@ -303,32 +305,6 @@ class _Chooser:
         _say(_choice_line(decision))
         exe = next(e for r, e in compiled if r is best)
         return decision, exe
-
-    def _reference(
-        self, inputs: dict[str, np.ndarray], compiled: list[tuple[dict[str, Any], Executable]]
-    ) -> tuple[dict[str, np.ndarray], str]:
-        """The outputs to check every candidate against, and what computed them."""
-        try:
-            exe = compile_for_device(self.model, "cpu", driver="reference")
-            with Runtime() as rt:
-                return rt.load(exe, exec_timeout=_REFERENCE_TIMEOUT_S).run(inputs), "reference"
-        except CrossrtError as exc:
-            why = _short(exc.message)
-        # The most preferred candidate in the model's own precision stands in.
-        first = compiled[0][1]
-        drv = next(d for d in available_drivers() if d.name == first.nodes[0].driver)
-        dev = next(i for d, i, _ in self.candidates if d is drv)
-        try:
-            exe = self.compile_for(drv, dev, own=True)
-            with Runtime() as rt:
-                return rt.load(exe).run(inputs), f"{drv.name} {dev.id} ({why})"
-        except CrossrtError as exc:
-            raise UnsupportedError(
-                f"device='auto' found no reference to check {self.model.name!r} against: the "
-                f"reference driver: {why}; {drv.name}: {_short(exc.message)}. When the model "
-                "needs particular input values or shapes, give them as probe={name: array}; "
-                "or name a device"
-            ) from None
 
 
 def _candidates(

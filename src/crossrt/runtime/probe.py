@@ -104,34 +104,6 @@ def random_tensor(dtype: DType, shape: Sequence[int], rng: np.random.Generator) 
     return np.zeros(tuple(shape), numpy)
 
 
-def max_error(got: Mapping[str, Any], expected: Mapping[str, Any]) -> tuple[float, float]:
-    """The largest absolute difference over the outputs, and the scale it is judged at."""
-    worst, scale = 0.0, 1.0
-    for name, want in expected.items():
-        a = np.asarray(got[name])
-        b = np.asarray(want)
-        if a.shape != b.shape:
-            return float("inf"), 1.0
-        if a.size == 0:
-            continue
-        if b.dtype.kind not in "fc":
-            if not np.array_equal(a, b):
-                return float("inf"), 1.0
-            continue
-        a64, b64 = a.astype(np.float64), b.astype(np.float64)
-        same_nan = np.isnan(a64) == np.isnan(b64)
-        if not same_nan.all():
-            return float("inf"), 1.0
-        finite = np.isfinite(b64)
-        diff = np.abs(a64[finite] - b64[finite])
-        if diff.size:
-            err = float(diff.max())
-            out_scale = max(1.0, float(np.abs(b64[finite]).max()))
-            if err / out_scale > worst / scale:
-                worst, scale = err, out_scale
-    return worst, scale
-
-
 def time_candidates(
     timed: list[tuple[dict[str, Any], Any]], inputs: dict[str, Any], seconds: float
 ) -> None:

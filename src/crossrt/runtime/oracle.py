@@ -1,0 +1,212 @@
+"""The oracle that ``crossrt verify`` and ``device="auto"`` check engines against.
+
+First choice: the ``reference`` driver (``onnx.reference``, NumPy), independent of every engine.
+It does not hold on every real model: it keeps every intermediate value of a run until the run
+ends (an EEG model wanted 15-29 GiB, and ``auto`` was once OOM-killed at 18 GB), and it has its
+own bugs (a Squeeze on a file-type classifier) and gaps (ZipMap). So it is bounded and has a
+stand-in:
+
+1. **Estimate first**: the bytes the evaluator would hold, from the model's value shapes after
+   shape inference with the probe's shapes (every initializer, input and intermediate value
+   whose shape is known: the evaluator frees none of them before the run ends). Over the
+   bound (``CROSSRT_REFERENCE_MEMORY``, default half of the host's usable memory), it is not
+   run.
+2. **Run it, bounded in time** (:data:`REFERENCE_SECONDS`); a run that fails, or runs out of
+   memory or time, is the oracle's failure, never the user's inputs'.
+3. **Else ONNX Runtime at fp32** (the model's own precision, default options, the fallback
+   given): another engine, said so in :attr:`Oracle.name`, with the reference's reason.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx
+
+from ..compiler import compile as compile_for_device
+from ..config import settings
+from ..dtypes import TABLE
+from ..errors import CrossrtError, UnsupportedError
+from ..host import usable_memory
+from ..model import Model
+from .runtime import Runtime
+
+REFERENCE_SECONDS = 60.0
+"""How long one run of the reference may take before the stand-in answers instead."""
+
+STAND_IN = "onnxruntime"
+"""The engine that answers when the reference cannot: the default CPU engine, at fp32."""
+
+_ITEMSIZE = {d.onnx: max(1, (d.bits or 8) // 8) for d in TABLE}
+
+
+@dataclass(frozen=True)
+class Oracle:
+    """The expected outputs and who computed them.
+
+    Attributes:
+        outputs: output name -> array (or a sequence or map, as the model's output is).
+        name: ``"reference"``, or the stand-in engine, device and precision.
+        why: why the reference did not answer (``""`` when it did).
+    """
+
+    outputs: dict[str, Any]
+    name: str
+    why: str = ""
+
+    @property
+    def said(self) -> str:
+        """The oracle in a sentence: ``reference``, or the stand-in and why."""
+        return self.name if not self.why else f"{self.name} (the reference driver: {self.why})"
+
+
+def expected_outputs(
+    model: Model,
+    inputs: Mapping[str, np.ndarray],
+    fallback: str | Sequence[str] | None = None,
+    seconds: float = REFERENCE_SECONDS,
+) -> Oracle:
+    """The outputs of ``model`` on ``inputs``, from the reference or, where it cannot answer
+    within its bounds, from ONNX Runtime at fp32.
+
+    Raises:
+        UnsupportedError: neither can run the model (the message says what each said).
+    """
+    why = reference_refusal(model, inputs)
+    if not why:
+        try:
+            exe = compile_for_device(model, "cpu", driver="reference")
+            with Runtime() as rt:
+                got = rt.load(exe, exec_timeout=seconds).run(dict(inputs))
+            return Oracle(dict(got), "reference")
+        except CrossrtError as exc:
+            why = _short(exc.message)
+        except MemoryError:
+            why = "it ran out of memory"
+    try:
+        exe = compile_for_device(model, "cpu", driver=STAND_IN, fallback=fallback)
+        with Runtime() as rt:
+            got = rt.load(exe).run(dict(inputs))
+    except CrossrtError as exc:
+        raise UnsupportedError(
+            f"no oracle can check {model.name!r}: the reference driver: {why}; {STAND_IN} at "
+            f"fp32: {_short(exc.message)}",
+            details={"reference": why},
+        ) from None
+    return Oracle(dict(got), f"{STAND_IN} {exe.device} at fp32", why)
+
+
+def reference_refusal(model: Model, inputs: Mapping[str, np.ndarray]) -> str:
+    """Why the reference is not even tried on this model (``""``: try it)."""
+    bound = settings().reference_memory or usable_memory() // 2
+    need = reference_footprint(model, inputs)
+    if need is not None and bound and need > bound:
+        return (
+            f"it would hold about {_gib(need)} (onnx.reference keeps every intermediate value "
+            f"until the run ends), over the bound {_gib(bound)} (CROSSRT_REFERENCE_MEMORY, "
+            "default half of this host's memory)"
+        )
+    return ""
+
+
+def reference_footprint(model: Model, inputs: Mapping[str, np.ndarray]) -> int | None:
+    """Bytes the reference evaluator holds at the end of a run on ``inputs``: every
+    initializer, input, and value whose shape shape inference finds with the inputs' shapes
+    (a lower bound: operators' scratch and values of unknown shape are not counted). ``None``
+    when shape inference fails."""
+    light = onnx.ModelProto()
+    light.CopyFrom(model.skeleton.proto)  # no weights' bytes: cheap to infer on
+    for value in light.graph.input:
+        given = inputs.get(value.name)
+        if given is None or not value.type.HasField("tensor_type"):
+            continue
+        shape = value.type.tensor_type.shape
+        shape.ClearField("dim")
+        for size in np.shape(given):
+            shape.dim.add().dim_value = int(size)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(light, data_prop=True)
+    except Exception:  # onnx raises several kinds; an estimate is only a hint
+        return None
+    total = sum(np.asarray(v).nbytes for v in inputs.values())
+    for init in model.proto.graph.initializer:
+        total += math.prod(init.dims) * _ITEMSIZE.get(init.data_type, 8)
+    graph = inferred.graph
+    for value in [*graph.value_info, *graph.output]:
+        total += _bytes(value.type)
+    return total
+
+
+def compare(got: Mapping[str, Any], expected: Mapping[str, Any]) -> tuple[float, float]:
+    """The largest absolute difference over the outputs, and the scale it is judged at:
+    ``max(1, max |expected|)`` of the output where the difference relative to it is largest.
+    ``inf`` when an output differs in structure, shape, NaNs or exact (integer, string)
+    values. Sequences and maps (a ZipMap's list of {label: probability}) are compared element
+    by element."""
+    worst, scale = 0.0, 1.0
+    for name, want in expected.items():
+        if name not in got:
+            return float("inf"), 1.0
+        mine, theirs = list(_leaves(got[name])), list(_leaves(want))
+        if [p for p, _ in mine] != [p for p, _ in theirs]:
+            return float("inf"), 1.0
+        for (_, a), (_, b) in zip(mine, theirs, strict=True):
+            err, out_scale = _difference(a, b)
+            if not math.isfinite(err):
+                return float("inf"), 1.0
+            if err / out_scale > worst / scale:
+                worst, scale = err, out_scale
+    return worst, scale
+
+
+def _leaves(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    """The arrays in an output, each with where it is (indices of sequences, keys of maps)."""
+    if isinstance(value, Mapping):
+        for key in sorted(value, key=repr):
+            yield from _leaves(value[key], (*path, ("key", repr(key))))
+    elif isinstance(value, list | tuple):
+        yield (*path, ("length", len(value))), None
+        for index, item in enumerate(value):
+            yield from _leaves(item, (*path, index))
+    else:
+        yield path, np.asarray(value)
+
+
+def _difference(a: Any, b: Any) -> tuple[float, float]:
+    if a is None or b is None:
+        return (0.0, 1.0) if a is None and b is None else (float("inf"), 1.0)
+    if a.shape != b.shape:
+        return float("inf"), 1.0
+    if a.size == 0:
+        return 0.0, 1.0
+    if b.dtype.kind not in "fc":
+        return (0.0, 1.0) if np.array_equal(a, b) else (float("inf"), 1.0)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    if not (np.isnan(a64) == np.isnan(b64)).all():
+        return float("inf"), 1.0
+    finite = np.isfinite(b64)
+    diff = np.abs(a64[finite] - b64[finite])
+    if not diff.size:
+        return 0.0, 1.0
+    return float(diff.max()), max(1.0, float(np.abs(b64[finite]).max()))
+
+
+def _bytes(t: onnx.TypeProto) -> int:
+    if not t.HasField("tensor_type") or not t.tensor_type.HasField("shape"):
+        return 0
+    dims = t.tensor_type.shape.dim
+    if not all(d.HasField("dim_value") and d.dim_value >= 0 for d in dims):
+        return 0
+    return int(math.prod(d.dim_value for d in dims)) * _ITEMSIZE.get(t.tensor_type.elem_type, 8)
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def _short(message: str) -> str:
+    return message if len(message) <= 300 else message[:297] + "..."
