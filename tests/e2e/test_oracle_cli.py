@@ -116,3 +116,15 @@ def test_sequences_and_maps_are_compared_entry_by_entry() -> None:
     )
     assert oracle.compare({"p": [{0: 0.25, 1: 0.75}]}, want)[0] == float("inf")  # length
     assert oracle.compare({"p": [{0: 0.25, 2: 0.75}, {0: 0.5, 1: 0.5}]}, want)[0] == float("inf")
+
+
+def test_a_reference_past_its_time_is_stopped_and_onnxruntime_answers() -> None:
+    import crossrt
+
+    model = crossrt.load_model(_wide())
+    x = {"x": np.ones(1, np.float32)}
+    assert oracle.expected_outputs(model, x).name == "reference"
+    stood_in = oracle.expected_outputs(model, x, seconds=1e-6)
+    assert stood_in.name == "onnxruntime cpu:0 at fp32"
+    assert "execution timeout of 1e-06 s" in stood_in.why
+    assert stood_in.outputs["y"] == pytest.approx(oracle.expected_outputs(model, x).outputs["y"])
