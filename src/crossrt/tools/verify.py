@@ -29,10 +29,17 @@ from ..model import load_model
 from ..runtime import Runtime
 from ..runtime.auto import compile as compile_model
 from ..runtime.oracle import compare, expected_outputs
-from ..runtime.probe import tolerance
+from ..runtime.probe import spelled_as, tolerance
 from .bench import random_inputs
-from .common import fail, parse_shapes, say
+from .common import AUTO_FLAGS, fail, parse_shapes, say
 from .run import read_inputs
+
+VERIFY_FLAGS = {
+    **AUTO_FLAGS,
+    "probe": "the inputs as --input NAME=FILE.npy, or their shapes as --shape NAME=DxD...",
+    "probe_shapes_advice": "the shapes that will run as --shape NAME=DxD...",
+}
+"""``-d auto``'s messages in verify's flags: its probe is verify's inputs."""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -129,7 +136,7 @@ def verify(args: argparse.Namespace) -> dict[str, Any]:
     if kind == "auto":
         drivers = ["auto"]
     oracle = expected_outputs(model, feed, args.fallback)
-    with Runtime() as rt:
+    with Runtime() as rt, spelled_as(VERIFY_FLAGS):
         rows = [
             check(rt, model, target, args, feed, oracle.outputs, allowed, bool(args.driver))
             for target in drivers
