@@ -11,17 +11,27 @@ stand-in:
    whose shape is known: the evaluator frees none of them before the run ends). Over the
    bound (``CROSSRT_REFERENCE_MEMORY``, default half of the host's usable memory), it is not
    run.
-2. **Run it, bounded in time** (:data:`REFERENCE_SECONDS`); a run that fails, or runs out of
-   memory or time, is the oracle's failure, never the user's inputs'.
+2. **Run it in a child process, bounded**: its address space limited to what it holds once
+   its modules are imported plus the bound (``RLIMIT_AS``: an allocation past it is a
+   ``MemoryError`` there, not the OOM killer here), killed after :data:`REFERENCE_SECONDS`
+   (one node can run for minutes: onnx.reference's tree ensembles are Python loops, 100 s on
+   a 160 MB model). A run that fails, or runs out of memory or time, is the oracle's failure,
+   never the user's inputs'. Only arrays (``.npy``, no pickle) and JSON cross between the
+   processes.
 3. **Else ONNX Runtime at fp32** (the model's own precision, default options, the fallback
    given): another engine, said so in :attr:`Oracle.name`, with the reference's reason.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,8 +39,9 @@ import onnx
 
 from ..compiler import compile as compile_for_device
 from ..config import settings
+from ..drivers import CompileOptions, CoreSet, get_driver
 from ..dtypes import TABLE
-from ..errors import CrossrtError, UnsupportedError
+from ..errors import CrossrtError, DeadlineExceededError, ExecutionError, UnsupportedError
 from ..host import usable_memory
 from ..model import Model
 from .runtime import Runtime
@@ -79,14 +90,9 @@ def expected_outputs(
     why = reference_refusal(model, inputs)
     if not why:
         try:
-            exe = compile_for_device(model, "cpu", driver="reference")
-            with Runtime() as rt:
-                got = rt.load(exe, exec_timeout=seconds).run(dict(inputs))
-            return Oracle(dict(got), "reference")
+            return Oracle(_reference(model, inputs, seconds), "reference")
         except CrossrtError as exc:
             why = _short(exc.message)
-        except MemoryError:
-            why = "it ran out of memory"
     try:
         exe = compile_for_device(model, "cpu", driver=STAND_IN, fallback=fallback)
         with Runtime() as rt:
@@ -100,9 +106,103 @@ def expected_outputs(
     return Oracle(dict(got), f"{STAND_IN} {exe.device} at fp32", why)
 
 
+def _reference(model: Model, inputs: Mapping[str, np.ndarray], seconds: float) -> dict[str, Any]:
+    """The reference's outputs, computed in a child process within the bounds."""
+    exe = compile_for_device(model, "cpu", driver="reference")  # refuses what it lacks
+    bound = _bound()
+    with tempfile.TemporaryDirectory(prefix="crossrt-oracle-") as tmp:
+        folder = Path(tmp)
+        (folder / "model.onnx").write_bytes(exe.nodes[0].artifact)
+        (folder / "inputs.json").write_text(json.dumps(_write(folder, "in", dict(inputs))))
+        command = [sys.executable, "-m", __name__, str(folder), str(bound)]
+        try:
+            done = subprocess.run(command, timeout=seconds, capture_output=True, text=True)
+        except subprocess.TimeoutExpired:  # run() kills the child
+            raise DeadlineExceededError(f"it ran past {seconds:g} s and was stopped") from None
+        answer_file = folder / "answer.json"
+        if not answer_file.exists():
+            tail = " ".join(done.stderr.split()[-30:])
+            raise ExecutionError(f"its process ended with status {done.returncode}: {tail}")
+        answer = json.loads(answer_file.read_text())
+        if answer.get("error"):
+            raise ExecutionError(str(answer["error"]))
+        outputs: dict[str, Any] = _read(folder, answer["outputs"])
+        return outputs
+
+
+def _child(folder: Path, bound: int) -> None:
+    """The child's work: the reference's outputs of ``folder``'s model and inputs, with its
+    address space limited to what it holds once its modules are imported plus ``bound``."""
+    import resource
+
+    import onnx.reference.ops  # noqa: F401  (imported before the limit is set)
+
+    drv = get_driver("reference")
+    held = _address_space()
+    if held is not None:
+        resource.setrlimit(resource.RLIMIT_AS, (held + bound, held + bound))
+    answer: dict[str, Any] = {}
+    try:
+        device = drv.devices()[0]
+        artifact = (folder / "model.onnx").read_bytes()
+        program = drv.load(artifact, device, CoreSet((0,)), CompileOptions())
+        got = program.run(_read(folder, json.loads((folder / "inputs.json").read_text())))
+        answer["outputs"] = _write(folder, "out", dict(got))
+    except MemoryError:
+        answer["error"] = f"it ran out of memory within the bound {_gib(bound)}"
+    except CrossrtError as exc:  # the driver reports an evaluator's MemoryError as its own
+        out_of_memory = "MemoryError" in exc.message
+        said = f"it ran out of memory within the bound {_gib(bound)}: " if out_of_memory else ""
+        answer["error"] = said + exc.message
+    (folder / "answer.json").write_text(json.dumps(answer))
+
+
+def _address_space() -> int | None:
+    """This process's virtual memory size (``VmSize``), or ``None`` where /proc lacks it."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _write(folder: Path, prefix: str, value: Any) -> Any:
+    """``value`` as JSON, its arrays saved beside it as ``.npy`` files (no pickle): maps as
+    ``{"map": [[key, value], ...]}``, sequences as ``{"seq": [...]}``."""
+    if isinstance(value, Mapping):
+        items = [[k, _write(folder, f"{prefix}_{i}", v)] for i, (k, v) in enumerate(value.items())]
+        return {"map": items}
+    if isinstance(value, list | tuple):
+        return {"seq": [_write(folder, f"{prefix}_{i}", v) for i, v in enumerate(value)]}
+    if value is None:
+        return None
+    array = np.asarray(value)
+    if array.dtype == object:  # strings: as NumPy's own text type
+        array = array.astype(str)
+    np.save(folder / f"{prefix}.npy", array, allow_pickle=False)
+    return {"npy": f"{prefix}.npy"}
+
+
+def _read(folder: Path, value: Any) -> Any:
+    if value is None:
+        return None
+    if "npy" in value:
+        return np.load(folder / Path(str(value["npy"])).name, allow_pickle=False)
+    if "seq" in value:
+        return [_read(folder, v) for v in value["seq"]]
+    return {k: _read(folder, v) for k, v in value["map"]}
+
+
+def _bound() -> int:
+    """The reference's memory bound: ``CROSSRT_REFERENCE_MEMORY``, else half of usable memory."""
+    return settings().reference_memory or usable_memory() // 2
+
+
 def reference_refusal(model: Model, inputs: Mapping[str, np.ndarray]) -> str:
     """Why the reference is not even tried on this model (``""``: try it)."""
-    bound = settings().reference_memory or usable_memory() // 2
+    bound = _bound()
     need = reference_footprint(model, inputs)
     if need is not None and bound and need > bound:
         return (
@@ -210,3 +310,7 @@ def _gib(n: int) -> str:
 
 def _short(message: str) -> str:
     return message if len(message) <= 300 else message[:297] + "..."
+
+
+if __name__ == "__main__":  # the child process of _reference
+    _child(Path(sys.argv[1]), int(sys.argv[2]))
