@@ -20,7 +20,8 @@ pytestmark = pytest.mark.usefixtures("runtime_dir")
 _SCRIPT = "crossrt/drivers/openvino/_worker.py"
 
 # Compiles a one-node model with openvino (the worker starts), prints the worker's pid, then
-# (with an argument) forks a child that keeps every inherited descriptor and waits.
+# (with "fork") forks a child that keeps every inherited descriptor, and waits for the end of
+# its input to exit.
 _PARENT = """
 import os, sys, time
 import crossrt
@@ -31,13 +32,12 @@ exe = crossrt.compile(b.finish(), "cpu", driver="openvino")
 from crossrt.drivers import get_driver
 worker = get_driver("openvino")._worker._process
 print(worker.pid, flush=True)
-if sys.argv[1] == "exit":
-    sys.exit(0)
 if sys.argv[1] == "fork" and os.fork() == 0:
     sys.stdin.read()  # the forked child: holds the pipes until the test closes its stdin
     os._exit(0)
 print("waiting", flush=True)
-sys.stdin.read()
+sys.stdin.read()  # until the test closes it (or kills this process)
+sys.exit(0)
 """
 
 
@@ -80,6 +80,9 @@ def _start(how: str) -> tuple[subprocess.Popen[str], int]:
 
 def test_a_normal_exit_leaves_no_worker() -> None:
     parent, worker = _start("exit")
+    assert parent.stdout is not None and parent.stdin is not None
+    assert parent.stdout.readline().strip() == "waiting"
+    parent.stdin.close()
     assert parent.wait(60) == 0
     assert _gone(worker), f"worker {worker} outlived its parent"
 
