@@ -5,6 +5,7 @@ says so and why; never a message that blames the user's inputs."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -158,3 +159,22 @@ def test_the_reference_child_runs_out_of_memory_within_its_bound(
     got = oracle.expected_outputs(model, n)
     assert got.name == "onnxruntime cpu:0 at fp32" and "ran out of memory" in got.why
     assert float(got.outputs["y"]) == 0.0
+
+
+def test_a_graph_of_large_attributes_is_not_given_to_the_reference(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tree ensemble's trees are node attributes, which onnx.reference walks in Python (100 s
+    for a 160 MB model): over the size bound (here made small), ONNX Runtime answers at once."""
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "models.py"
+    spec = importlib.util.spec_from_file_location("crossrt_benchmark_models", path)
+    assert spec is not None and spec.loader is not None
+    models = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(models)
+    model = models.build_trees(trees=20, depth=6)
+    x = {"X": np.ones((2, 32), np.float32)}
+    assert oracle.expected_outputs(model, x).name == "reference"
+    monkeypatch.setattr(oracle, "GRAPH_BYTES", 2**14)
+    got = oracle.expected_outputs(model, x)
+    assert got.name == "onnxruntime cpu:0 at fp32" and "besides its weights" in got.why

@@ -6,18 +6,19 @@ ends (an EEG model wanted 15-29 GiB, and ``auto`` was once OOM-killed at 18 GB),
 own bugs (a Squeeze on a file-type classifier) and gaps (ZipMap). So it is bounded and has a
 stand-in:
 
-1. **Estimate first**: the bytes the evaluator would hold, from the model's value shapes after
-   shape inference with the probe's shapes (every initializer, input and intermediate value
-   whose shape is known: the evaluator frees none of them before the run ends). Over the
-   bound (``CROSSRT_REFERENCE_MEMORY``, default half of the host's usable memory), it is not
-   run.
+1. **Estimate first**: a graph of more than :data:`GRAPH_BYTES` besides its weights (node
+   attributes: a tree ensemble) is not run, as the evaluator walks it in Python. Nor is a
+   model whose values would exceed the memory bound (``CROSSRT_REFERENCE_MEMORY``, default
+   half of the host's usable memory): the bytes the evaluator would hold, from the model's
+   value shapes after shape inference with the probe's shapes (every initializer, input and
+   intermediate value whose shape is known: the evaluator frees none of them before the run
+   ends).
 2. **Run it in a child process, bounded**: its address space limited to what it holds once
    its modules are imported plus the bound (``RLIMIT_AS``: an allocation past it is a
    ``MemoryError`` there, not the OOM killer here), killed after :data:`REFERENCE_SECONDS`
-   (one node can run for minutes: onnx.reference's tree ensembles are Python loops, 100 s on
-   a 160 MB model). A run that fails, or runs out of memory or time, is the oracle's failure,
-   never the user's inputs'. Only arrays (``.npy``, no pickle) and JSON cross between the
-   processes.
+   (one node can run for minutes: onnx.reference's tree ensembles are Python loops). A run
+   that fails, or runs out of memory or time, is the oracle's failure, never the user's
+   inputs'. Only arrays (``.npy``, no pickle) and JSON cross between the processes.
 3. **Else ONNX Runtime at fp32** (the model's own precision, default options, the fallback
    given): another engine, said so in :attr:`Oracle.name`, with the reference's reason.
 """
@@ -48,6 +49,12 @@ from .runtime import Runtime
 
 REFERENCE_SECONDS = 60.0
 """How long one run of the reference may take before the stand-in answers instead."""
+
+GRAPH_BYTES = 16 * 2**20
+"""A graph larger than this without its weights is not evaluated by the reference: its bytes
+are node attributes, which onnx.reference turns into Python objects and, for tree ensembles,
+walks in Python loops (10 s for a 15 MB ensemble of 240 trees on one row here: minutes for the
+160 MB of a large LightGBM export)."""
 
 STAND_IN = "onnxruntime"
 """The engine that answers when the reference cannot: the default CPU engine, at fp32."""
@@ -202,6 +209,13 @@ def _bound() -> int:
 
 def reference_refusal(model: Model, inputs: Mapping[str, np.ndarray]) -> str:
     """Why the reference is not even tried on this model (``""``: try it)."""
+    graph = model.skeleton.proto.ByteSize()  # the graph and attributes, not large weights
+    if graph > GRAPH_BYTES:
+        return (
+            f"its graph holds {_gib(graph)} besides its weights (node attributes: a tree "
+            "ensemble's trees), which onnx.reference turns into Python objects and walks in "
+            f"Python; more than {_gib(GRAPH_BYTES)}"
+        )
     bound = _bound()
     need = reference_footprint(model, inputs)
     if need is not None and bound and need > bound:
