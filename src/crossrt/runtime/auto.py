@@ -256,7 +256,7 @@ class _Chooser:
             raise _none_can(self.model, rows)
         try:
             oracle = expected_outputs(self.model, inputs, self.fallback)
-        except UnsupportedError as exc:
+        except CrossrtError as exc:
             raise UnsupportedError(
                 f"{spelled('auto')}: {exc.message}. When the model needs particular inputs, "
                 f"give {spelled('probe')}; or name {spelled('device')}",

@@ -42,7 +42,7 @@ from ..compiler import compile as compile_for_device
 from ..config import settings
 from ..drivers import CompileOptions, CoreSet, get_driver
 from ..dtypes import TABLE
-from ..errors import CrossrtError, DeadlineExceededError, ExecutionError, UnsupportedError
+from ..errors import CrossrtError, DeadlineExceededError, ExecutionError
 from ..host import usable_memory
 from ..model import Model
 from .runtime import Runtime
@@ -92,7 +92,8 @@ def expected_outputs(
     within its bounds, from ONNX Runtime at fp32.
 
     Raises:
-        UnsupportedError: neither can run the model (the message says what each said).
+        CrossrtError: neither can run the model (the message says what each said), of the
+            stand-in's class and status.
     """
     why = reference_refusal(model, inputs)
     if not why:
@@ -104,11 +105,12 @@ def expected_outputs(
         exe = compile_for_device(model, "cpu", driver=STAND_IN, fallback=fallback)
         with Runtime() as rt:
             got = rt.load(exe).run(dict(inputs))
-    except CrossrtError as exc:
-        raise UnsupportedError(
+    except CrossrtError as exc:  # with the stand-in's status: unsupported, or failed at run
+        raise type(exc)(
             f"no oracle can check {model.name!r}: the reference driver: {why}; {STAND_IN} at "
             f"fp32: {_short(exc.message)}",
-            details={"reference": why},
+            exc.code,
+            {**exc.details, "reference": why},
         ) from None
     return Oracle(dict(got), f"{STAND_IN} {exe.device} at fp32", why)
 

@@ -135,7 +135,18 @@ def verify(args: argparse.Namespace) -> dict[str, Any]:
     ]
     if kind == "auto":
         drivers = ["auto"]
-    oracle = expected_outputs(model, feed, args.fallback)
+    try:
+        oracle = expected_outputs(model, feed, args.fallback)
+    except CrossrtError as exc:
+        # Both the reference and ONNX Runtime failed: now the inputs are the likely cause (one
+        # engine's failure alone blames that engine, never the inputs).
+        given = "the inputs given" if args.input else "random inputs (integers zero)"
+        raise type(exc)(
+            f"{exc.message}. Both failed on {given}: give inputs the model accepts with "
+            "--input NAME=FILE.npy",
+            exc.code,
+            exc.details,
+        ) from None
     with Runtime() as rt, spelled_as(VERIFY_FLAGS):
         rows = [
             check(rt, model, target, args, feed, oracle.outputs, allowed, bool(args.driver))
