@@ -300,6 +300,19 @@ def test_a_guessed_probe_shape_is_said() -> None:
 def test_the_models_metadata_gives_the_probe_shapes() -> None:
     exe = crossrt.compile(_dynamic("x=6x3"), device="auto", auto_seconds=FAST)
     assert exe.decision["probe"] == {"x": [6, 3]} and exe.decision["probe_guessed"] == []
+    # What the caller gives comes first: stages, then probe_shapes over both.
+    staged = crossrt.compile(
+        _dynamic("x=6x3"), device="auto", stages=[{"x": [2, 3]}], auto_seconds=FAST
+    )
+    assert staged.decision["probe"] == {"x": [2, 3]}
+    shaped = crossrt.compile(
+        _dynamic("x=6x3"),
+        device="auto",
+        stages=[{"x": [2, 3]}],
+        probe_shapes={"x": (5, 3)},
+        auto_seconds=FAST,
+    )
+    assert shaped.decision["probe"] == {"x": [5, 3]}
     with pytest.raises(InvalidOptionError, match=r"metadata crossrt\.probe_shapes='y=6x3'"):
         crossrt.compile(_dynamic("y=6x3"), device="auto", auto_seconds=FAST)
 

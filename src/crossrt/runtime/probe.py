@@ -96,14 +96,14 @@ def probe_inputs(
     shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> dict[str, np.ndarray]:
     """The given probe inputs, or seeded random ones of the shapes given (``probe_shapes``),
-    of the model's metadata :data:`PROBE_SHAPES_KEY`, of the first stage, or of the model's
+    of the first stage, of the model's metadata :data:`PROBE_SHAPES_KEY`, or of the model's
     input shapes (a dynamic dimension 1: a guess, :func:`guessed_inputs`)."""
     if probe is not None:
         if not isinstance(probe, Mapping):
             raise InvalidOptionError("probe= takes {input name: array}")
         return {str(k): np.asarray(v) for k, v in probe.items()}
-    first = dict(stages[0]) if stages else {}
-    first.update(metadata_shapes(model))
+    first: dict[str, Any] = metadata_shapes(model)  # what the caller gives comes first
+    first.update(dict(stages[0]) if stages else {})
     names = {spec.name for spec in model.inputs}
     for name, shape in (shapes or {}).items():
         dims = tuple(shape) if isinstance(shape, Sequence) and not isinstance(shape, str) else ()
