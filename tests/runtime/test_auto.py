@@ -308,7 +308,7 @@ def test_the_models_metadata_gives_the_probe_shapes() -> None:
     shaped = crossrt.compile(
         _dynamic("x=6x3"),
         device="auto",
-        stages=[{"x": [2, 3]}],
+        stages=[{"x": [2, 3]}, {"x": [5, 3]}],
         probe_shapes={"x": (5, 3)},
         auto_seconds=FAST,
     )
