@@ -6,10 +6,6 @@ the skeleton cannot leave out)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import onnx
@@ -17,25 +13,16 @@ import onnxruntime as ort
 import pytest
 
 import crossrt
+from benchmark_models import models
 from small_models import relu
 
 pytestmark = pytest.mark.usefixtures("runtime_dir")
 
 
-def _benchmark_models() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "models.py"
-    spec = importlib.util.spec_from_file_location("crossrt_benchmark_models", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_an_onnxruntime_compile_makes_two_sessions_and_serializes_the_model_thrice(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    model = _benchmark_models().build_trees(trees=40, depth=8)
+    model = models.build_trees(trees=40, depth=8)
     size = model.proto.ByteSize()
     crossrt.compile(relu(), "cpu")  # the driver's one-time probes of ORT, not counted
     sessions: list[Any] = []
@@ -62,7 +49,7 @@ def test_an_onnxruntime_compile_makes_two_sessions_and_serializes_the_model_thri
     assert len(sessions) == 2, sessions
     assert len(serialized) <= 3, serialized  # to ORT, into the artifact, and its load
     with crossrt.Runtime() as rt:
-        assert rt.load(exe).run({"X": _benchmark_models().example_input("trees")["X"]})
+        assert rt.load(exe).run({"X": models.example_input("trees")["X"]})
 
 
 def test_openvino_refuses_an_operator_it_has_no_converter_for_without_the_model() -> None:
@@ -72,7 +59,7 @@ def test_openvino_refuses_an_operator_it_has_no_converter_for_without_the_model(
     pytest.importorskip("openvino")
     from crossrt.drivers import get_driver
 
-    model = _benchmark_models().build_trees(trees=40, depth=8)
+    model = models.build_trees(trees=40, depth=8)
     size = model.proto.ByteSize()
     worker = get_driver("openvino")._worker  # type: ignore[attr-defined]
     sent: list[int] = []

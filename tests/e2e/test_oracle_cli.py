@@ -5,7 +5,6 @@ says so and why; never a message that blames the user's inputs."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -167,11 +166,8 @@ def test_a_graph_of_large_attributes_is_not_given_to_the_reference(
     """A tree ensemble's trees are node attributes, which onnx.reference walks in Python (100 s
     for a 160 MB model): over the size bound (here made small), ONNX Runtime answers at once."""
 
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "models.py"
-    spec = importlib.util.spec_from_file_location("crossrt_benchmark_models", path)
-    assert spec is not None and spec.loader is not None
-    models = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(models)
+    from benchmark_models import models
+
     model = models.build_trees(trees=20, depth=6)
     x = {"X": np.ones((2, 32), np.float32)}
     assert oracle.expected_outputs(model, x).name == "reference"
