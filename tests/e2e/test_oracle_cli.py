@@ -6,6 +6,8 @@ says so and why; never a message that blames the user's inputs."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -174,3 +176,34 @@ def test_a_graph_of_large_attributes_is_not_given_to_the_reference(
     monkeypatch.setattr(oracle, "GRAPH_BYTES", 2**14)
     got = oracle.expected_outputs(model, x)
     assert got.name == "onnxruntime cpu:0 at fp32" and "besides its weights" in got.why
+
+
+def test_the_footprint_is_estimated_without_computing_the_values(tmp_path: Path) -> None:
+    """Shape inference with data propagation computes elementwise values, whatever their size:
+    on a chain of 64 MiB values it took 23 GB and the OOM killer ended `crossrt verify`. The
+    estimate runs here in a process allowed 512 MiB more than it holds after its imports."""
+    path = tmp_path / "chain.onnx"
+    nodes = [helper.make_node("Expand", ["x", "shape"], ["v0"])]
+    for i in range(8):
+        nodes.append(helper.make_node("Add", [f"v{i}", "c"], [f"v{i + 1}"]))
+    weights = [
+        numpy_helper.from_array(np.array([16 * 2**20], np.int64), "shape"),
+        numpy_helper.from_array(np.array([1.0], np.float32), "c"),
+    ]
+    spec = helper.make_tensor_value_info
+    ends = [spec("x", TensorProto.FLOAT, [1])], [spec("v8", TensorProto.FLOAT, [16 * 2**20])]
+    graph = helper.make_graph(nodes, "chain", *ends, weights)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    code = (
+        "import resource, sys, numpy as np, crossrt\n"
+        "from crossrt.runtime import oracle\n"
+        "model = crossrt.load_model(sys.argv[1])\n"
+        "held = oracle._address_space()\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (held + 2**29, held + 2**29))\n"
+        "print(oracle.reference_footprint(model, {'x': np.ones(1, np.float32)}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout.split()[-1]) >= 9 * 16 * 2**20 * 4  # nine values of 64 MiB
