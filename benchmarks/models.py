@@ -6,6 +6,10 @@
   100 MB of weights.
 - ``bert``: a BERT-base encoder (12 layers, hidden 768, 12 heads, FFN 3072, erf GELU,
   LayerNormalization, word and position embeddings), about 440 MB of weights.
+- ``trees``: a gradient-boosted tree ensemble like a large LightGBM export (one
+  ``ai.onnx.ml`` TreeEnsembleRegressor of 2,400 complete trees of depth 10 over 32 features),
+  about 180 MB, all of it in node attributes: no initializer, so nothing of it is a weight
+  the skeleton leaves out.
 
 The builders take size parameters so tests can build small variants. :func:`get` builds a
 model once into ``benchmarks/.models/`` (never committed) and reuses the file afterwards.
@@ -202,12 +206,70 @@ def build_bert(
     return b.finish()
 
 
+def build_trees(
+    trees: int = 2400, depth: int = 10, features: int = 32, seed: int = SEED
+) -> crossrt.Model:
+    """A TreeEnsembleRegressor of ``trees`` complete binary trees of ``depth`` (random splits
+    and leaf weights), ``X [N, features] -> Y [N, 1]``."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    rng = _rng(seed)
+    inner, total = 2**depth - 1, 2 ** (depth + 1) - 1
+    ids = np.arange(total, dtype=np.int64)
+    leaf = ids >= inner
+    n, leaves = trees * total, trees * (total - inner)
+    node = helper.make_node(
+        "TreeEnsembleRegressor",
+        ["X"],
+        ["Y"],
+        domain="ai.onnx.ml",
+        n_targets=1,
+        aggregate_function="SUM",
+    )
+
+    def add(name: str, values: np.ndarray | list[bytes]) -> None:
+        # One attribute at a time, built in place: lists of millions of Python numbers are
+        # made and dropped one by one.
+        attr = node.attribute.add(name=name)
+        if isinstance(values, list):
+            attr.type = onnx.AttributeProto.STRINGS
+            attr.strings.extend(values)
+        elif values.dtype.kind == "f":
+            attr.type = onnx.AttributeProto.FLOATS
+            attr.floats.extend(values.tolist())
+        else:
+            attr.type = onnx.AttributeProto.INTS
+            attr.ints.extend(values.tolist())
+
+    add("nodes_treeids", np.repeat(np.arange(trees), total))
+    add("nodes_nodeids", np.tile(ids, trees))
+    add("nodes_featureids", rng.integers(0, features, n))
+    add("nodes_values", rng.standard_normal(n, dtype=np.float32))
+    add("nodes_modes", ([b"BRANCH_LEQ"] * inner + [b"LEAF"] * (total - inner)) * trees)
+    add("nodes_truenodeids", np.tile(np.where(leaf, 0, 2 * ids + 1), trees))
+    add("nodes_falsenodeids", np.tile(np.where(leaf, 0, 2 * ids + 2), trees))
+    add("target_treeids", np.repeat(np.arange(trees), total - inner))
+    add("target_nodeids", np.tile(ids[inner:], trees))
+    add("target_ids", np.zeros(leaves, np.int64))
+    add("target_weights", rng.standard_normal(leaves, dtype=np.float32) * np.float32(0.01))
+    graph = helper.make_graph(
+        [node],
+        "trees",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", features])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 1])],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)]
+    return crossrt.load_model(helper.make_model(graph, opset_imports=opsets, ir_version=8))
+
+
 # -- the cache -----------------------------------------------------------------------------
 
 BUILDERS: dict[str, Callable[[], crossrt.Model]] = {
     "tiny": build_tiny,
     "resnet50": build_resnet,
     "bert": build_bert,
+    "trees": build_trees,
 }
 
 
@@ -240,6 +302,8 @@ def example_input(name: str, seed: int = 1) -> dict[str, np.ndarray]:
         return {"input": rng.standard_normal((1, 3, 224, 224), dtype=np.float32)}
     if name == "bert":
         return {"input_ids": rng.integers(0, 30522, size=(1, 128), dtype=np.int64)}
+    if name == "trees":
+        return {"X": rng.standard_normal((1, 32), dtype=np.float32)}
     raise KeyError(f"unknown benchmark model {name!r}; choose from {', '.join(BUILDERS)}")
 
 

@@ -98,6 +98,10 @@ class Settings:
         observe: whether a process that loads a model answers ``crossrt top``, ``monitor``
             and ``profile --pid`` on its socket in the runtime directory (``CROSSRT_OBSERVE``:
             1/true/yes or 0/false/no, default on).
+        reference_memory: the most memory ``crossrt verify`` and ``device="auto"`` let the
+            reference evaluator hold (``CROSSRT_REFERENCE_MEMORY``: bytes, or ``500M``,
+            ``2G``...); ``None``: half of the host's usable memory. A model estimated to need
+            more is checked against another oracle (``runtime/oracle.py``).
         process_tag: the name ``crossrt top`` and ``monitor`` show for this process
             (``CROSSRT_PROCESS_TAG``, like Neuron's ``NEURON_PROCESS_TAG``; at most 255
             characters); ``None``: the program's name.
@@ -188,6 +192,11 @@ class Settings:
         return _boolean(self._env, "CROSSRT_OBSERVE", True)
 
     @cached_property
+    def reference_memory(self) -> int | None:
+        text = self._text("CROSSRT_REFERENCE_MEMORY")
+        return parse_size(text, "CROSSRT_REFERENCE_MEMORY") if text else None
+
+    @cached_property
     def process_tag(self) -> str | None:
         tag = self._text("CROSSRT_PROCESS_TAG")
         if len(tag) > 255 or not tag.isprintable():
@@ -215,6 +224,7 @@ SETTINGS = {
     "CROSSRT_SIM": "sim",
     "CROSSRT_OBSERVE": "observe",
     "CROSSRT_PROCESS_TAG": "process_tag",
+    "CROSSRT_REFERENCE_MEMORY": "reference_memory",
 }
 """Each ``CROSSRT_*`` variable and the :class:`Settings` attribute parsed from it."""
 

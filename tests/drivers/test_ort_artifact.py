@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import random
 import struct
 from collections.abc import Callable
@@ -646,8 +647,15 @@ def _wide_model() -> crossrt.Model:
 
 
 def _crossrt_files() -> set[str]:
+    """This process's spilled files (other processes, a parallel test's, spill too: a compile
+    checks its artifact from a file)."""
     folder = spill.SHM if spill.SHM.is_dir() else None
-    return {p.name for p in folder.iterdir() if p.name.startswith("crossrt-")} if folder else set()
+    mine = f"-{os.getpid()}-"
+    return (
+        {p.name for p in folder.iterdir() if p.name.startswith("crossrt-") and mine in p.name}
+        if folder
+        else set()
+    )
 
 
 def test_instances_of_a_model_compiled_in_memory_share_it_through_one_file():
@@ -795,15 +803,17 @@ def test_only_drivers_that_read_files_get_a_spilled_one(monkeypatch):
         written.append(len(artifact))
         return real(artifact)
 
-    monkeypatch.setattr(spill, "spilled", counting)
     b = GraphBuilder("small")
     b.output(b.op("Relu", [b.input("x", "float32", [2])], outputs=["y"]))
+    reference = crossrt.compile(b.finish(), "cpu", driver="reference")
+    ort_exe = crossrt.compile(_wide_model(), "cpu", driver="onnxruntime")  # spills to check it
+    monkeypatch.setattr(spill, "spilled", counting)  # only the loads counted
     with crossrt.Runtime() as rt:
-        rt.load(crossrt.compile(b.finish(), "cpu", driver="reference"), instances=2)
+        rt.load(reference, instances=2)
         assert written == []
-        rt.load(crossrt.compile(_wide_model(), "cpu", driver="onnxruntime"), instances=2)
+        rt.load(ort_exe, instances=2)
         assert len(written) == 1
-        rt.load(crossrt.compile(_wide_model(), "cpu", driver="onnxruntime"), instances=1)
+        rt.load(ort_exe, instances=1)
         assert len(written) == 1  # one instance: nothing to share
 
 

@@ -61,3 +61,27 @@ def test_batchnorm_training_mode_still_uses_the_batch() -> None:
     mean = x.mean(axis=(0, 2, 3))
     inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     np.testing.assert_allclose(got["running_mean"], inits["mean"] * 0.9 + mean * 0.1, rtol=1e-5)
+
+
+def test_a_cancelled_run_stops_between_nodes() -> None:
+    """NumPy cannot be interrupted, but the evaluator checks the token before each node: a
+    run past its execution timeout ends within one node's time, not at the end."""
+    from crossrt.drivers.base import CancelToken
+    from crossrt.drivers.reference import ReferenceProgram
+    from crossrt.errors import DeadlineExceededError
+
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Neg", ["a"], ["y"])]
+    spec = helper.make_tensor_value_info
+    graph = helper.make_graph(
+        nodes, "g", [spec("x", TensorProto.FLOAT, [2])], [spec("y", TensorProto.FLOAT, [2])]
+    )
+    program = ReferenceProgram(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    )
+    x = {"x": np.array([-1.0, 2.0], np.float32)}
+    token = CancelToken()
+    np.testing.assert_array_equal(program.run_cancellable(x, token)["y"], [0.0, -2.0])
+    token.cancel()
+    with pytest.raises(DeadlineExceededError, match="stopped between nodes"):
+        program.run_cancellable(x, token)
+    np.testing.assert_array_equal(program.run(x)["y"], [0.0, -2.0])  # and runs again

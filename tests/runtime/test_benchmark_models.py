@@ -3,32 +3,17 @@ driver agree on them, and their topology is the one the benchmarks claim."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections import Counter
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import onnxruntime as ort
 import pytest
 
 import crossrt
+from benchmark_models import models
 
 TOL = 1e-4
-
-
-def _load_models() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "models.py"
-    spec = importlib.util.spec_from_file_location("crossrt_benchmark_models", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-models = _load_models()
 
 
 def _run_all(model: crossrt.Model, feed: dict[str, np.ndarray]) -> dict[str, list[np.ndarray]]:

@@ -58,6 +58,7 @@ BAD = {
     "CROSSRT_SIM": "devices=0",
     "CROSSRT_OBSERVE": "often",
     "CROSSRT_PROCESS_TAG": "tab\there",
+    "CROSSRT_REFERENCE_MEMORY": "plenty",
 }
 
 

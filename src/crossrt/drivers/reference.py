@@ -15,10 +15,11 @@ from typing import Any, cast
 import numpy as np
 import onnx
 
-from ..errors import CompileError, ExecutionError, InvalidContainerError
+from ..errors import CompileError, DeadlineExceededError, ExecutionError, InvalidContainerError
 from ..model import Model, tensors
 from .base import (
     ArtifactFile,
+    CancelToken,
     Capabilities,
     CompileOptions,
     CoreSet,
@@ -117,17 +118,51 @@ class ReferenceProgram(Program):
         self._output_names = [o.name for o in proto.graph.output]
         # The evaluator keeps per-run state in its operator objects: one run at a time.
         self._lock = threading.Lock()
+        # A run stops between two nodes once cancelled: NumPy cannot be interrupted, but a
+        # slow model is slow over many nodes (verify's oracle once ran 1 min 55 s past any
+        # use), so an execution timeout ends it within one node's time.
+        self._cancel: CancelToken | None = None
+        for node in self._evaluator.rt_nodes_:
+            node.run = self._stoppable(node.run)
+
+    def _stoppable(self, run: Any) -> Any:
+        def stoppable(*args: Any, **kwargs: Any) -> Any:
+            if self._cancel is not None and self._cancel.cancelled:
+                raise DeadlineExceededError("the reference evaluator was stopped between nodes")
+            return run(*args, **kwargs)
+
+        return stoppable
+
+    def run_cancellable(
+        self,
+        inputs: Mapping[str, Any],
+        cancel: CancelToken,
+        outputs: Mapping[str, np.ndarray] | None = None,
+    ) -> dict[str, np.ndarray]:
+        with self._lock:
+            self._cancel = cancel
+            try:
+                return self._run(inputs, outputs)
+            finally:
+                self._cancel = None
 
     def run(
         self, inputs: Mapping[str, Any], outputs: Mapping[str, np.ndarray] | None = None
     ) -> dict[str, np.ndarray]:
         with self._lock:
-            try:
-                results = self._evaluator.run(None, dict(inputs))
-            except Exception as exc:
-                raise ExecutionError(
-                    f"reference evaluator failed: {type(exc).__name__}: {exc}"
-                ) from None
+            return self._run(inputs, outputs)
+
+    def _run(
+        self, inputs: Mapping[str, Any], outputs: Mapping[str, np.ndarray] | None
+    ) -> dict[str, np.ndarray]:
+        try:
+            results = self._evaluator.run(None, dict(inputs))
+        except DeadlineExceededError:
+            raise
+        except Exception as exc:
+            raise ExecutionError(
+                f"reference evaluator failed: {type(exc).__name__}: {exc}"
+            ) from None
         # The evaluator computes into arrays of its own: results are copied into the buffers
         # given, which must match them exactly (a dynamic output's shape is known only now).
         produced: dict[str, np.ndarray] = dict(

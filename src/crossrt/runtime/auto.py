@@ -41,7 +41,16 @@ from ..drivers.registry import available_drivers
 from ..errors import CrossrtError, InvalidOptionError, UnsupportedError
 from ..host import cpu_model, usable_cores
 from ..model import Model, load_model
-from .probe import TOLERANCES, max_error, probe_inputs, time_candidates, tolerance
+from .oracle import compare, expected_outputs
+from .probe import (
+    TOLERANCES,
+    beats_default,
+    guessed_inputs,
+    probe_inputs,
+    spelled,
+    time_candidates,
+    tolerance,
+)
 from .runtime import Runtime
 
 __all__ = ["AUTO", "DEFAULT_SECONDS", "NOT_CANDIDATES", "TOLERANCES", "compile"]
@@ -61,8 +70,6 @@ NOT_CANDIDATES = {
 OWN = "model's own"
 """A candidate row's ``precision`` when it computes in the model's own precision although a
 reduced one was allowed."""
-
-_REFERENCE_TIMEOUT_S = 60.0
 
 
 def compile(
@@ -112,9 +119,8 @@ def compile(
     if (device or settings().default_device) != AUTO:
         if probe is not None or probe_shapes is not None or auto_seconds is not None:
             raise InvalidOptionError(
-                "probe=, probe_shapes= and auto_seconds= apply to device='auto' only; drop "
-                "them, or compile "
-                "with device='auto'"
+                f"{spelled('auto_options')} apply to {spelled('auto')} only; drop them, or "
+                f"compile with {spelled('auto')}"
             )
         return compile_for_device(
             model,
@@ -129,14 +135,14 @@ def compile(
         )
     if driver is not None:
         raise InvalidOptionError(
-            f"device='auto' chooses the driver; drop driver={driver!r}, or name a device "
-            "such as 'cpu' with it",
+            f"{spelled('auto')} chooses the driver; drop {spelled('driver', driver)}, or name "
+            f"{spelled('device')} with it",
             details={"option": "driver"},
         )
     seconds = DEFAULT_SECONDS if auto_seconds is None else auto_seconds
     if not isinstance(seconds, int | float) or isinstance(seconds, bool) or not seconds > 0:
         raise InvalidOptionError(
-            f"auto_seconds={auto_seconds!r}: give a number of seconds > 0",
+            f"{spelled('auto_seconds', auto_seconds)}: give a number of seconds > 0",
             details={"option": "auto_seconds"},
         )
     if shapes is not None:  # every candidate compiles the model with those shapes
@@ -211,7 +217,8 @@ class _Chooser:
                 exe = self.compile_for(*chosen)
                 _say(f"{_choice_line(known)} (decided before, from the compile cache)")
                 return replace(exe, decision={**known, "cached": True})
-        decision, exe = self._measure(inputs, seconds)
+        guessed = guessed_inputs(self.model, probe, self.compile_args["stages"], shapes)
+        decision, exe = self._measure(inputs, seconds, guessed)
         if self.cache is not None and probe is None:
             self.cache.remember_decision(material, decision)
         return replace(exe, decision=decision)
@@ -231,7 +238,7 @@ class _Chooser:
         return None if own else self.opts.precision
 
     def _measure(
-        self, inputs: dict[str, np.ndarray], seconds: float
+        self, inputs: dict[str, np.ndarray], seconds: float, guessed: list[str]
     ) -> tuple[dict[str, Any], Executable]:
         rows = list(self.rows)
         compiled: list[tuple[dict[str, Any], Executable]] = []
@@ -252,7 +259,17 @@ class _Chooser:
             compiled.append((row, exe))
         if not compiled:
             raise _none_can(self.model, rows)
-        expected, reference = self._reference(inputs, compiled)
+        try:
+            oracle = expected_outputs(self.model, inputs, self.fallback)
+        except CrossrtError as exc:
+            raise UnsupportedError(
+                f"{spelled('auto')}: {exc.message}. When the model needs particular inputs, "
+                f"give {spelled('probe')}; or name {spelled('device')}",
+                details=exc.details,
+            ) from None
+        if oracle.why:
+            _say(f"checking against {oracle.said}")
+        expected, reference = oracle.outputs, oracle.said
         with Runtime() as rt:
             timed = []
             for row, exe in compiled:
@@ -262,7 +279,7 @@ class _Chooser:
                 except CrossrtError as exc:
                     row.update(status="failed", why=_short(exc.message))
                     continue
-                error, scale = max_error(got, expected)
+                error, scale = compare(got, expected)
                 row["max_abs_error"] = error
                 if error > self.tolerance * scale:
                     row.update(
@@ -278,17 +295,17 @@ class _Chooser:
             shapes = ", ".join(f"{n} {list(a.shape)}" for n, a in inputs.items())
             _say(f"timing {len(timed)} candidate(s) on {shapes or 'no inputs'} for {seconds:g} s")
             time_candidates(timed, inputs, seconds)
-        best = min(
-            (r for r, _ in timed if r.get("status") == "ok"),
-            key=lambda r: (r["relative"], r["median_ms"]),
+        ok = [r for r, _ in timed if r.get("status") == "ok"]
+        best = _choice(ok)
+        why = _why(ok, best, f"{reference} within {self.tolerance:g}") + _precision_said(
+            best.get("precision"), self.opts.precision
         )
-        others = [f"{_label(r)} {r['median_ms']:.3f} ms" for r, _ in timed if r is not best]
-        why = (
-            f"fastest of {len(timed)} candidate(s) whose outputs match {reference} within "
-            f"{self.tolerance:g}: {best['median_ms']:.3f} ms"
-            + (f" (vs {', '.join(others)})" if others else "")
-            + _precision_said(best.get("precision"), self.opts.precision)
-        )
+        shapes_said = ", ".join(f"{n} {list(inputs[n].shape)}" for n in guessed)
+        if guessed:
+            why += (
+                f"; measured on a guessed shape ({shapes_said}: each dynamic dimension 1), "
+                f"not necessarily what will run: give {spelled('probe_shapes_advice')}"
+            )
         decision = {
             "chosen": {
                 "driver": best["driver"],
@@ -300,6 +317,7 @@ class _Chooser:
             "tolerance": self.tolerance,
             "precision": self.opts.precision,
             "probe": {n: list(a.shape) for n, a in inputs.items()},
+            "probe_guessed": guessed,
             "seconds": seconds,
             "host": " ".join(cpu_model()).strip(),
             "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -309,31 +327,40 @@ class _Chooser:
         exe = next(e for r, e in compiled if r is best)
         return decision, exe
 
-    def _reference(
-        self, inputs: dict[str, np.ndarray], compiled: list[tuple[dict[str, Any], Executable]]
-    ) -> tuple[dict[str, np.ndarray], str]:
-        """The outputs to check every candidate against, and what computed them."""
-        try:
-            exe = compile_for_device(self.model, "cpu", driver="reference")
-            with Runtime() as rt:
-                return rt.load(exe, exec_timeout=_REFERENCE_TIMEOUT_S).run(inputs), "reference"
-        except CrossrtError as exc:
-            why = _short(exc.message)
-        # The most preferred candidate in the model's own precision stands in.
-        first = compiled[0][1]
-        drv = next(d for d in available_drivers() if d.name == first.nodes[0].driver)
-        dev = next(i for d, i, _ in self.candidates if d is drv)
-        try:
-            exe = self.compile_for(drv, dev, own=True)
-            with Runtime() as rt:
-                return rt.load(exe).run(inputs), f"{drv.name} {dev.id} ({why})"
-        except CrossrtError as exc:
-            raise UnsupportedError(
-                f"device='auto' found no reference to check {self.model.name!r} against: the "
-                f"reference driver: {why}; {drv.name}: {_short(exc.message)}. When the model "
-                "needs particular input values or shapes, give them as probe={name: array}; "
-                "or name a device"
-            ) from None
+
+def _choice(timed: list[dict[str, Any]]) -> dict[str, Any]:
+    """The candidate kept: the default (the first, what a compile without ``auto`` takes)
+    unless another is faster by more than the noise measured (:func:`.probe.beats_default`);
+    of several such, the one with the lowest median ratio to the default."""
+    winners = [r for r in timed[1:] if beats_default(r)]
+    return min(winners, key=lambda r: r["vs_default"]) if winners else timed[0]
+
+
+def _why(timed: list[dict[str, Any]], best: dict[str, Any], match: str) -> str:
+    """The decision's ``why``: what was kept, against what, by how much and with what noise."""
+    if len(timed) == 1:
+        return f"the only candidate whose outputs match {match}: {best['median_ms']:.3f} ms"
+
+    def against(r: Mapping[str, Any]) -> str:
+        return (
+            f"{_label(r)} {r['median_ms']:.3f} ms, {r.get('vs_default', 1.0):.3f}x the "
+            f"default's time, spread {r.get('spread', 0.0):.3f}"
+        )
+
+    default = timed[0]
+    others = "; ".join(against(r) for r in timed[1:] if r is not best)
+    if best is default:
+        return (
+            f"the default, {default['median_ms']:.3f} ms: no other of {len(timed)} candidates "
+            f"whose outputs match {match} is faster by more than the spread of its rounds "
+            f"({others})"
+        )
+    return (
+        f"faster than the default {_label(default)} ({default['median_ms']:.3f} ms) by more "
+        f"than the noise, among {len(timed)} candidates whose outputs match {match}: "
+        f"{against(best)} over {best.get('rounds', 0)} rounds"
+        + (f" (also {others})" if others else "")
+    )
 
 
 def _candidates(
@@ -378,9 +405,9 @@ def _none_can(model: Model, rows: list[dict[str, Any]]) -> UnsupportedError:
         f"{r['driver']} {r['device']}: {r.get('status')} ({r.get('why', '')})" for r in rows
     )
     return UnsupportedError(
-        f"device='auto': no driver can run {model.name!r} with these options and outputs "
-        f"within the tolerance: {listed or 'no driver is available'}. Allow fallback='cpu', "
-        "give the inputs to measure with as probe={name: array}, or name a device",
+        f"{spelled('auto')}: no driver can run {model.name!r} with these options and outputs "
+        f"within the tolerance: {listed or 'no driver is available'}. Allow "
+        f"{spelled('fallback')}, give {spelled('probe')}, or name {spelled('device')}",
         details={"candidates": rows},
     )
 

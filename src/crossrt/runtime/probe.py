@@ -6,7 +6,9 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
@@ -26,6 +28,39 @@ _DROP_RATIO = 3.0  # after the first rounds, a candidate this much slower than t
 _BLOCK_S = 0.02  # a candidate's block of runs in a round lasts about this long
 _MAX_BLOCK = 2000
 _PAUSE_S = 0.01  # before each block: the previous engine's threads stop spinning
+
+
+PYTHON = {
+    "auto": "device='auto'",
+    "auto_options": "probe=, probe_shapes= and auto_seconds=",
+    "auto_seconds": "auto_seconds={!r}",
+    "device": "a device such as device='cpu'",
+    "driver": "driver={!r}",
+    "fallback": "fallback='cpu'",
+    "probe": "the inputs to measure with as probe={{name: array}}",
+    "probe_shapes": "probe_shapes {!r}",
+    "probe_shapes_advice": "the shapes that will run as probe_shapes={{name: shape}}",
+}
+"""How ``auto``'s messages name its options in Python; a command line names them in its own
+words (:func:`spelled_as`), so that its user reads flags, not keyword arguments."""
+
+_SPELLING: ContextVar[Mapping[str, str]] = ContextVar("crossrt_auto_spelling", default=PYTHON)
+
+
+@contextmanager
+def spelled_as(words: Mapping[str, str]) -> Iterator[None]:
+    """Within the block, ``auto``'s messages name its options with ``words`` (keys of
+    :data:`PYTHON`; a ``{}`` in a word is the value given)."""
+    token = _SPELLING.set({**PYTHON, **words})
+    try:
+        yield
+    finally:
+        _SPELLING.reset(token)
+
+
+def spelled(option: str, value: Any = None) -> str:
+    """How the current caller names ``option`` (with ``value``), for a message."""
+    return _SPELLING.get().get(option, PYTHON[option]).format(value)
 
 
 def tolerance(model: Model, opts: CompileOptions) -> float:
@@ -49,19 +84,26 @@ def tolerance(model: Model, opts: CompileOptions) -> float:
     return TOLERANCES[opts.precision]
 
 
+PROBE_SHAPES_KEY = "crossrt.probe_shapes"
+"""The model metadata that gives the shapes to measure ``auto`` with where an input's dimensions
+are dynamic: ``"x=1x1x64x256,mask=1x256"`` (the CLI's ``--probe-shape`` form, comma-separated)."""
+
+
 def probe_inputs(
     model: Model,
     probe: Mapping[str, Any] | None,
     stages: Any,
     shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> dict[str, np.ndarray]:
-    """The given probe inputs, or seeded random ones of the shapes given, of the first stage,
-    or of the model's input shapes (a dynamic dimension 1)."""
+    """The given probe inputs, or seeded random ones of the shapes given (``probe_shapes``),
+    of the first stage, of the model's metadata :data:`PROBE_SHAPES_KEY`, or of the model's
+    input shapes (a dynamic dimension 1: a guess, :func:`guessed_inputs`)."""
     if probe is not None:
         if not isinstance(probe, Mapping):
             raise InvalidOptionError("probe= takes {input name: array}")
         return {str(k): np.asarray(v) for k, v in probe.items()}
-    first = dict(stages[0]) if stages else {}
+    first: dict[str, Any] = metadata_shapes(model)  # what the caller gives comes first
+    first.update(dict(stages[0]) if stages else {})
     names = {spec.name for spec in model.inputs}
     for name, shape in (shapes or {}).items():
         dims = tuple(shape) if isinstance(shape, Sequence) and not isinstance(shape, str) else ()
@@ -71,7 +113,7 @@ def probe_inputs(
             or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims)
         ):
             raise InvalidOptionError(
-                f"probe_shapes {name!r}: {shape!r}; give an input of the model "
+                f"{spelled('probe_shapes', name)}: {shape!r}; give an input of the model "
                 f"({', '.join(sorted(names))}) and a shape of positive integers",
                 details={"option": "probe_shapes"},
             )
@@ -80,11 +122,57 @@ def probe_inputs(
     return {spec.name: _random(spec, first.get(spec.name), rng) for spec in model.inputs}
 
 
+def guessed_inputs(
+    model: Model,
+    probe: Mapping[str, Any] | None,
+    stages: Any,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+) -> list[str]:
+    """The inputs whose probe shape is a guess: a dynamic dimension set to 1 because neither
+    ``probe``, ``probe_shapes``, the model's metadata nor ``stages`` gave it."""
+    if probe is not None:
+        return []
+    given = set(shapes or {}) | set(metadata_shapes(model)) | set(stages[0] if stages else {})
+    return [
+        spec.name
+        for spec in model.inputs
+        if spec.name not in given and any(not isinstance(d, int) for d in spec.shape or ())
+    ]
+
+
+def metadata_shapes(model: Model) -> dict[str, tuple[int, ...]]:
+    """The shapes of the model's metadata :data:`PROBE_SHAPES_KEY` (``{}`` when absent).
+
+    Raises:
+        InvalidOptionError: a value not of the form ``NAME=DxD,...`` naming the model's inputs.
+    """
+    text = {p.key: p.value for p in model.proto.metadata_props}.get(PROBE_SHAPES_KEY)
+    if text is None:
+        return {}
+    names = {spec.name for spec in model.inputs}
+    found: dict[str, tuple[int, ...]] = {}
+    for item in text.replace(";", ",").split(","):
+        name, _, dims = item.strip().partition("=")
+        try:
+            shape = tuple(int(d) for d in dims.lower().split("x"))
+        except ValueError:
+            shape = ()
+        if name not in names or not shape or min(shape) < 1:
+            raise InvalidOptionError(
+                f"model {model.name!r} metadata {PROBE_SHAPES_KEY}={text[:200]!r}: give "
+                f"NAME=DxD,... of its inputs ({', '.join(sorted(names))}) and positive sizes",
+                details={"option": PROBE_SHAPES_KEY},
+            )
+        found[name] = shape
+    return found
+
+
 def _random(spec: TensorSpec, staged: Sequence[int] | None, rng: np.random.Generator) -> Any:
     if spec.dtype is None or (spec.shape is None and staged is None):
         raise InvalidOptionError(
-            f"input {spec.name!r} is {spec.describe()}: device='auto' cannot make a probe "
-            "for it; give probe={name: array}"
+            f"input {spec.name!r} is {spec.describe()}: {spelled('auto')} cannot make a probe "
+            f"for it; give {spelled('probe')}",
+            details={"option": "probe"},
         )
     shape = (
         tuple(staged)
@@ -104,34 +192,6 @@ def random_tensor(dtype: DType, shape: Sequence[int], rng: np.random.Generator) 
     return np.zeros(tuple(shape), numpy)
 
 
-def max_error(got: Mapping[str, Any], expected: Mapping[str, Any]) -> tuple[float, float]:
-    """The largest absolute difference over the outputs, and the scale it is judged at."""
-    worst, scale = 0.0, 1.0
-    for name, want in expected.items():
-        a = np.asarray(got[name])
-        b = np.asarray(want)
-        if a.shape != b.shape:
-            return float("inf"), 1.0
-        if a.size == 0:
-            continue
-        if b.dtype.kind not in "fc":
-            if not np.array_equal(a, b):
-                return float("inf"), 1.0
-            continue
-        a64, b64 = a.astype(np.float64), b.astype(np.float64)
-        same_nan = np.isnan(a64) == np.isnan(b64)
-        if not same_nan.all():
-            return float("inf"), 1.0
-        finite = np.isfinite(b64)
-        diff = np.abs(a64[finite] - b64[finite])
-        if diff.size:
-            err = float(diff.max())
-            out_scale = max(1.0, float(np.abs(b64[finite]).max()))
-            if err / out_scale > worst / scale:
-                worst, scale = err, out_scale
-    return worst, scale
-
-
 def time_candidates(
     timed: list[tuple[dict[str, Any], Any]], inputs: dict[str, Any], seconds: float
 ) -> None:
@@ -148,6 +208,11 @@ def time_candidates(
     each other, so a machine whose speed drifts (a shared VM: ResNet-50 on ONNX Runtime went
     from 29 to 42 ms and back within a minute here) slows them alike; the choice follows
     ``relative``, the absolute medians are reported.
+
+    Each row but the first (the default: the candidate a compile without ``auto`` would
+    take) also gets ``vs_default``, the median over the rounds of its block's median against
+    the default's block of the same round, and ``spread``, the interquartile range of those
+    ratios: the noise a win must exceed (:func:`beats_default`).
     """
     for _, loaded in timed:  # first runs allocate and tune; not counted
         loaded.run(inputs)
@@ -158,6 +223,7 @@ def time_candidates(
         estimate.append(max(time.perf_counter() - started, 1e-7))
     runs: list[list[float]] = [[] for _ in timed]
     relative: list[list[float]] = [[] for _ in timed]
+    against: list[list[float]] = [[] for _ in timed]  # each round's block against the default
     active = list(range(len(timed)))
     deadline = time.perf_counter() + seconds
     for round_ in range(_MAX_ROUNDS):
@@ -177,17 +243,42 @@ def time_candidates(
         fastest = min(this_round.values())
         for i, took in this_round.items():
             relative[i].append(took / fastest if fastest > 0 else 1.0)
+            default = this_round.get(0)
+            if default:
+                against[i].append(took / default)
         if round_ + 1 < _MIN_ROUNDS:
             continue
         if time.perf_counter() > deadline:
             break
         best = min(statistics.median(runs[i]) for i in active)
         active = [i for i in active if statistics.median(runs[i]) <= _DROP_RATIO * best]
-    for (row, loaded), times, ratios in zip(timed, runs, relative, strict=True):
+    for i, ((row, loaded), times, ratios) in enumerate(zip(timed, runs, relative, strict=True)):
         row.update(
             status="ok",
             median_ms=statistics.median(times) * 1e3,
             runs=len(times),
             relative=round(statistics.median(ratios), 4),
         )
+        if i and against[i]:
+            row.update(vs_default=round(statistics.median(against[i]), 4))
+            row.update(spread=round(_spread(against[i]), 4), rounds=len(against[i]))
         loaded.unload()
+
+
+def beats_default(row: Mapping[str, Any]) -> bool:
+    """Whether a timed candidate is faster than the default by more than the measured noise:
+    its median ratio against the default is below 1 by more than the interquartile range of
+    the ratios over the rounds. A 2-5 % "win" within the rounds' own spread flipped decisions
+    from one compile to the next on real models; the default stays unless the win is real."""
+    ratio, spread = row.get("vs_default"), row.get("spread")
+    if not isinstance(ratio, int | float) or not isinstance(spread, int | float):
+        return False
+    return 1.0 - ratio > spread
+
+
+def _spread(ratios: Sequence[float]) -> float:
+    """The interquartile range (0 for fewer than two rounds)."""
+    if len(ratios) < 2:
+        return 0.0
+    low, _, high = statistics.quantiles(ratios, n=4, method="inclusive")
+    return high - low

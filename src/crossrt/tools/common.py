@@ -38,6 +38,21 @@ def say(*lines: str, file: TextIO | None = None) -> None:
     print("\n".join(map(printable, lines)), file=file or sys.stdout)
 
 
+AUTO_FLAGS = {
+    "auto": "--device auto",
+    "auto_options": "--probe-shape and --auto-seconds",
+    "auto_seconds": "--auto-seconds {}",
+    "device": "a device such as --device cpu",
+    "driver": "--driver {}",
+    "fallback": "--fallback cpu",
+    "probe": "the shapes to measure with as --probe-shape NAME=DxD...",
+    "probe_shapes": "--probe-shape {}=...",
+    "probe_shapes_advice": "the shapes that will run as --probe-shape NAME=DxD...",
+}
+"""How ``device="auto"``'s messages name its options on ``crossrt compile``'s command line
+(:func:`crossrt.runtime.probe.spelled_as`): flags, not Python keyword arguments."""
+
+
 def fail(command: str, exc: CrossrtError) -> int:
     """Print ``crossrt COMMAND: error [CODE (n)]: message`` on one line; return exit code 1."""
     message = " ".join(exc.message.split())
@@ -79,8 +94,8 @@ def human_bytes(n: int) -> str:
 
 def decision_lines(decision: Mapping[str, Any]) -> list[str]:
     """``device="auto"``'s decision as a table: a line per candidate (driver, device, status,
-    median latency, latency relative to each round's fastest, runs, error against the
-    reference, why), then the choice.
+    median latency, latency relative to each round's fastest, time against the default's
+    with the spread of the rounds, runs, error against the reference, why), then the choice.
 
     The decision may come from a file: any field may be missing or of another type.
     """
@@ -90,6 +105,10 @@ def decision_lines(decision: Mapping[str, Any]) -> list[str]:
         ok = isinstance(value, int | float) and not isinstance(value, bool)
         return format(value, form) if ok else "-"
 
+    def against(row: Mapping[str, Any]) -> str:
+        ratio, spread = cell(row, "vs_default", ".3f"), cell(row, "spread", ".3f")
+        return "-" if ratio == "-" else f"{ratio}±{spread}"
+
     listed = decision.get("candidates")
     rows = [r for r in listed if isinstance(r, Mapping)] if isinstance(listed, list) else []
     # A precision column when a reduced precision was allowed: a driver may then be measured
@@ -98,14 +117,14 @@ def decision_lines(decision: Mapping[str, Any]) -> list[str]:
     precision = f"{'precision':<11} " if with_precision else ""
     lines = [
         f"  {'driver':<12} {'device':<8} {precision}{'status':<13} {'median ms':>10} "
-        f"{'relative':>8} {'runs':>5} {'max abs err':>11}  why"
+        f"{'relative':>8} {'vs default':>13} {'runs':>5} {'max abs err':>11}  why"
     ]
     for row in rows:
         precision = f"{row.get('precision', '-')!s:<11} " if with_precision else ""
         lines.append(
             f"  {row.get('driver', '?')!s:<12} {row.get('device', '?')!s:<8} {precision}"
             f"{row.get('status', '?')!s:<13} {cell(row, 'median_ms', '10.3f'):>10} "
-            f"{cell(row, 'relative', '8.3f'):>8} "
+            f"{cell(row, 'relative', '8.3f'):>8} {against(row):>13} "
             f"{cell(row, 'runs', 'd'):>5} {cell(row, 'max_abs_error', '11.2g'):>11}  "
             f"{row.get('why', row.get('placement', ''))}"
         )

@@ -25,7 +25,8 @@ from ..compiler.cache import cache_stats
 from ..compiler.options import PRECISIONS
 from ..errors import CrossrtError, InvalidArgumentError
 from ..runtime.auto import compile
-from .common import decision_lines, fail, human_bytes, parse_shapes, printable, say
+from ..runtime.probe import spelled_as
+from .common import AUTO_FLAGS, decision_lines, fail, human_bytes, parse_shapes, printable, say
 
 _QUIET_S = 1.0  # compiles shorter than this show no progress at all
 _FRAMES = "|/-\\"
@@ -163,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     before = cache_stats()
     started = time.perf_counter()
     try:
-        with Progress(f"compiling {Path(args.model).name}", sys.stderr):
+        with Progress(f"compiling {Path(args.model).name}", sys.stderr), spelled_as(AUTO_FLAGS):
             exe = compile(
                 args.model,
                 args.device,

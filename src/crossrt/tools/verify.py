@@ -1,11 +1,14 @@
 """``crossrt verify``: does each engine give this model's answers? Checked against the
-``reference`` driver (ONNX's own evaluator, in NumPy), within a stated tolerance.
+``reference`` driver (ONNX's own evaluator, in NumPy), within a stated tolerance; where the
+reference cannot answer within its memory and time bounds, or fails, against ONNX Runtime at
+fp32, and the output says so and why (``runtime/oracle.py``).
 
 The model is compiled for each driver that serves the device (or each ``--driver``), loaded
 and run on the same inputs (``--input`` files, else seeded random ones as ``crossrt bench``
 makes them); each output is compared with the reference's. The error is judged as ``device
 ="auto"`` judges its candidates (``runtime/probe.py``): the largest absolute difference
-relative to ``max(1, max |reference|)`` of its output, against the tolerance of the precision
+relative to ``max(1, max |reference|)`` of its output (sequences and maps element by
+element), against the tolerance of the precision
 (1e-4 for the model's own, 6e-2 for bf16...), the model's ``crossrt.tolerance`` metadata,
 or ``--tolerance``. Exit status 1 when a target differs beyond it or fails to run.
 """
@@ -25,10 +28,18 @@ from ..errors import CrossrtError, InvalidArgumentError, InvalidOptionError, Uns
 from ..model import load_model
 from ..runtime import Runtime
 from ..runtime.auto import compile as compile_model
-from ..runtime.probe import max_error, tolerance
+from ..runtime.oracle import compare, expected_outputs
+from ..runtime.probe import spelled_as, tolerance
 from .bench import random_inputs
-from .common import fail, parse_shapes, say
+from .common import AUTO_FLAGS, fail, parse_shapes, say
 from .run import read_inputs
+
+VERIFY_FLAGS = {
+    **AUTO_FLAGS,
+    "probe": "the inputs as --input NAME=FILE.npy, or their shapes as --shape NAME=DxD...",
+    "probe_shapes_advice": "the shapes that will run as --shape NAME=DxD...",
+}
+"""``-d auto``'s messages in verify's flags: its probe is verify's inputs."""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -50,10 +61,11 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--fallback",
-        nargs="+",
+        action="append",
         default=None,
         metavar="DEVICE",
-        help="place the nodes a driver cannot run on these devices instead of skipping it",
+        help="place the nodes a driver cannot run on this device instead of skipping the "
+        "driver; repeat for several, in priority order",
     )
     p.add_argument(
         "--precision",
@@ -123,19 +135,21 @@ def verify(args: argparse.Namespace) -> dict[str, Any]:
     ]
     if kind == "auto":
         drivers = ["auto"]
-    with Runtime() as rt:
-        try:
-            reference = rt.load(compile_model(model, "cpu", driver="reference")).run(feed)
-        except CrossrtError as exc:
-            given = "the inputs given" if args.input else "random inputs (integers zero)"
-            raise type(exc)(
-                f"the reference driver cannot run the model on {given}: {exc.message}; give "
-                "inputs the model accepts with --input NAME=FILE.npy",
-                exc.code,
-                exc.details,
-            ) from None
+    try:
+        oracle = expected_outputs(model, feed, args.fallback)
+    except CrossrtError as exc:
+        # Both the reference and ONNX Runtime failed: now the inputs are the likely cause (one
+        # engine's failure alone blames that engine, never the inputs).
+        given = "the inputs given" if args.input else "random inputs (integers zero)"
+        raise type(exc)(
+            f"{exc.message}. Both failed on {given}: give inputs the model accepts with "
+            "--input NAME=FILE.npy",
+            exc.code,
+            exc.details,
+        ) from None
+    with Runtime() as rt, spelled_as(VERIFY_FLAGS):
         rows = [
-            check(rt, model, target, args, feed, reference, allowed, explicit=bool(args.driver))
+            check(rt, model, target, args, feed, oracle.outputs, allowed, bool(args.driver))
             for target in drivers
         ]
     return {
@@ -143,6 +157,9 @@ def verify(args: argparse.Namespace) -> dict[str, Any]:
         "device": args.device,
         "precision": args.precision,
         "tolerance": allowed,
+        "fallback": args.fallback,
+        "oracle": oracle.name,
+        "oracle_why": oracle.why,
         "inputs": {name: list(np.shape(value)) for name, value in feed.items()},
         "targets": rows,
     }
@@ -192,7 +209,7 @@ def check(
     except CrossrtError as exc:
         row.update(result="FAIL", reason=f"{exc.code.name}: {exc.message}")
         return row
-    worst, scale = max_error(got, reference)
+    worst, scale = compare(got, reference)
     row["error"] = worst / scale if np.isfinite(worst) else None
     row["max_abs"] = worst if np.isfinite(worst) else None
     if row["error"] is None:
@@ -207,9 +224,10 @@ def check(
 def table(report: dict[str, Any]) -> list[str]:
     """The report as text: a line per target."""
     shapes = ", ".join(f"{n} {s}" for n, s in report["inputs"].items()) or "no inputs"
+    oracle = "the reference driver" if report["oracle"] == "reference" else report["oracle"]
     lines = [
-        f"{report['model']!r} on {report['device']}, inputs {shapes}, against the reference "
-        f"driver; tolerance {report['tolerance']:g} (relative to max(1, |reference|))",
+        f"{report['model']!r} on {report['device']}, inputs {shapes}, against {oracle}; "
+        f"tolerance {report['tolerance']:g} (relative to max(1, |reference|))",
         f"  {'target':<12} {'result':<6} {'error':>10} {'max abs':>10}  placement / reason",
     ]
     for row in report["targets"]:
@@ -217,4 +235,6 @@ def table(report: dict[str, Any]) -> list[str]:
         absolute = "-" if row.get("max_abs") is None else f"{row['max_abs']:.3g}"
         what = row["reason"] or row["placement"] or ""
         lines.append(f"  {row['target']:<12} {row['result']:<6} {error:>10} {absolute:>10}  {what}")
+    if report.get("oracle_why"):
+        lines.append(f"  (not the reference driver: {report['oracle_why']})")
     return lines

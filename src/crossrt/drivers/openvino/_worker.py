@@ -7,12 +7,22 @@ original stdout; anything OpenVINO prints goes to stderr instead.
 
 A message is a 4-byte little-endian length, a JSON header of that length, then
 ``header["size"]`` bytes of payload.
+
+The worker never outlives the process that started it (its pid is the one argument). The end
+of its input is not enough: a child that process forked (a prefork server, a multiprocessing
+pool) holds the write end of the request pipe too, and the worker waited on it forever (18
+orphans of 32 MB piled up in one afternoon). So a thread waits on the parent's pidfd and ends
+the process when the parent ends. Not ``PR_SET_PDEATHSIG``: that fires when the *thread* that
+started the worker exits, and crossrt starts it from whichever thread compiles first.
 """
 
 import json
 import os
+import select
 import struct
 import sys
+import threading
+import time
 from typing import Any, BinaryIO
 
 _LENGTH = struct.Struct("<I")
@@ -65,7 +75,24 @@ def _check_node(core: Any, model: bytes, target: str, config: Any) -> tuple[dict
     return {"stage": "", "error": ""}, b""
 
 
+def _watch(parent: int) -> None:
+    """Exit at once when ``parent`` ends (blocks: run it in a daemon thread)."""
+    try:
+        pidfd = os.pidfd_open(parent)
+    except (AttributeError, OSError):  # no pidfd (Linux < 5.3): ask once a second
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+    if os.getppid() != parent:  # it ended before the pidfd was opened
+        os._exit(0)
+    select.select([pidfd], [], [])  # readable when the process has ended
+    os._exit(0)
+
+
 def main() -> None:
+    if len(sys.argv) > 1:
+        parent = int(sys.argv[1])
+        threading.Thread(target=_watch, args=(parent,), daemon=True).start()
     answers = os.fdopen(os.dup(1), "wb")  # the protocol's; fd 1 becomes stderr's
     os.dup2(2, 1)
     requests = sys.stdin.buffer
@@ -77,7 +104,9 @@ def main() -> None:
         try:
             header, model = _receive(requests)
         except EOFError:
-            return
+            # No interpreter shutdown: OpenVINO's thread pools and static objects need not be
+            # torn down in a process that ends here.
+            os._exit(0)
         operation = operations[header["op"]]
         answer, payload = operation(core, model, header["target"], header["config"])
         _send(answers, answer, payload)

@@ -5,7 +5,9 @@ them (the fuzzer of tests/security found a SIGFPE and a SIGSEGV within a few tho
 models). A model is untrusted input, so crossrt never converts or compiles one in its own
 process: a worker process per driver does it (``_worker.py``, a script that imports only
 OpenVINO), and a crash there is a CompileError for that model, never the end of the user's
-process. The worker starts on first use and again after a crash.
+process. The worker starts on first use and again after a crash, and ends with the process
+that started it (it watches that process's pidfd: ``_worker.py``), whoever else holds its
+pipes.
 
 Only bytes cross the pipes: the ONNX model in, OpenVINO's exported blob (or the error's
 text) out, each message a length-prefixed JSON header and its payload.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import os
 import struct
 import subprocess
 import sys
@@ -77,7 +80,7 @@ class Worker:
     def _start(self) -> subprocess.Popen[bytes]:
         if self._process is None or self._process.poll() is not None:
             self._process = subprocess.Popen(
-                [sys.executable, str(_SCRIPT)],
+                [sys.executable, str(_SCRIPT), str(os.getpid())],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,  # OpenVINO's own prints
