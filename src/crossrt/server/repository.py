@@ -22,6 +22,7 @@ from ..errors import InvalidArgumentError
 from ..host import parse_cpu_set, process_alive
 from ..runtime import LoadedModel, Runtime
 from .response_cache import CacheCounts
+from .snapshot import snapshot, stamp_of
 from .status import ServiceError
 
 log = logging.getLogger("crossrt.serve")
@@ -140,7 +141,7 @@ class Entry:
     model: LoadedModel | None = None
     state: str = "UNAVAILABLE"
     reason: str = "not loaded"
-    stamp: tuple[int, int] = (0, 0)  # the file's (mtime_ns, size) when loaded
+    stamp: tuple[int, ...] = ()  # the file's version when loaded (snapshot.stamp_of)
     owner: int = 0  # the process that sent it (crossrt.v1 Load): unloaded when it dies
     refused: int = 0  # requests the daemon refused before they reached the model
     cache: CacheCounts = field(default_factory=CacheCounts)  # its response cache's use
@@ -272,7 +273,7 @@ class Repository:
             options = entry.options.with_values(values or {})
             entry.state, entry.reason = "LOADING", ""
             try:
-                model = self._load(entry.path, options)
+                model, stamp = self._load(entry.path, options)
             except BaseException as exc:
                 entry.state, entry.reason = "UNAVAILABLE", str(exc)
                 if entry.model is not None:  # the old one serves on
@@ -281,13 +282,14 @@ class Repository:
             model.served_as = f"{name}:{entry.version}"  # how crossrt top and profile name it
             old, entry.model, entry.options, entry.refused = entry.model, model, options, 0
             entry.cache = CacheCounts()
-            entry.state, entry.reason, entry.stamp = "READY", "", _stamp(entry.path)
+            entry.state, entry.reason, entry.stamp = "READY", "", stamp
             log.info("loaded model %s version %s from %s", name, entry.version, entry.path)
         if old is not None:
             old.unload()
         return entry
 
-    def _load(self, path: Path, options: LoadOptions) -> LoadedModel:
+    def _load(self, path: Path, options: LoadOptions) -> tuple[LoadedModel, tuple[int, ...]]:
+        """The model loaded from ``path``, and the version of the file it was loaded from."""
         if options.response_cache and not self.caches:
             raise InvalidArgumentError(
                 "response_cache asks for the daemon's response cache, which is off; start "
@@ -308,10 +310,14 @@ class Repository:
                     f"precision applies when an .onnx model is compiled; {path.name} is "
                     "compiled already: compile it again with crossrt compile --precision"
                 )
-            return self._runtime.load(load_executable(path), options.device, **kwargs)
+            # From the daemon's own copy: the file may be written, truncated or deleted under
+            # a mapping of it at any time (snapshot.py). Loaded, the model's mappings hold the
+            # copy's pages; its name is not needed any more.
+            with snapshot(path) as (copy, stamp):
+                return self._runtime.load(load_executable(copy), options.device, **kwargs), stamp
         if options.precision is not None:
             kwargs["precision"] = options.precision
-        return self._runtime.load(str(path), options.device, **kwargs)
+        return self._runtime.load(str(path), options.device, **kwargs), _stamp(path)
 
     def adopt(self, name: str, model: LoadedModel, owner: int) -> Entry:
         """Serve ``model``, loaded from bytes a client sent, as ``name`` (version 1) until
@@ -390,14 +396,13 @@ class Repository:
             self.unload(entry.name)
 
 
-def _stamp(path: Path | None) -> tuple[int, int]:
+def _stamp(path: Path | None) -> tuple[int, ...]:
     if path is None:
-        return (0, 0)
+        return ()
     try:
-        st = path.stat()
+        return stamp_of(path.stat())
     except OSError:
-        return (0, 0)
-    return (st.st_mtime_ns, st.st_size)
+        return ()
 
 
 def _changed(entry: Entry) -> bool:
