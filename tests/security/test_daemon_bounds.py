@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -110,3 +111,271 @@ def test_a_model_file_overwritten_truncated_or_deleted_never_reaches_the_daemon(
         served_file.unlink()
         np.testing.assert_allclose(_ask(c, x), np.full((1, N), 2 * x.sum()), rtol=1e-5)
     assert served.proc.poll() is None, "".join(served.log)
+
+
+# -- 4. every request bounded before it is paid for -----------------------------------------------
+
+TOKEN = "s3cret"
+MiB = 2**20
+LIMITS = {  # the daemon's settings in these tests (the defaults are larger: docs/daemon.md)
+    # "max_message_bytes": 64 * MiB,
+    # "max_json_bytes": 32 * MiB,
+    # "max_posted_bytes": 32 * MiB,
+    # "http_connections": 16,
+    # "http_timeout": 2.0,
+}
+
+
+@pytest.fixture(scope="module")
+def bounded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """A daemon with a token, HTTP, and :data:`LIMITS`, serving ``adder`` (y = x + 1, [n])."""
+    from small_models import add_one
+
+    folder = tmp_path_factory.mktemp("bounded")
+    (folder / "models").mkdir()
+    crossrt.compile(add_one("n"), "cpu").save(folder / "models" / "adder.crm")
+    config = folder / "serve.toml"
+    config.write_text("".join(f"{k} = {v!r}\n" for k, v in LIMITS.items()))
+    port = free_port()
+    args = ["--http", f"127.0.0.1:{port}", "--token", TOKEN, "-c", str(config)]
+    d = start_daemon(folder, folder / "models", args)
+    d.tcp = f"127.0.0.1:{port}"
+    yield d
+    _stop(d)
+
+
+class Peak:
+    """The daemon's peak RSS over a block, from ``VmHWM`` reset at its start (clear_refs 5)."""
+
+    def __init__(self, d: Daemon) -> None:
+        self.pid = d.proc.pid
+
+    def __enter__(self) -> Peak:
+        Path(f"/proc/{self.pid}/clear_refs").write_text("5")
+        self.before = vm_kib(self.pid, "VmRSS")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.grew_mib = (vm_kib(self.pid, "VmHWM") - self.before) / 1024
+
+
+def test_an_unauthenticated_grpc_request_is_refused_before_it_is_read(bounded: Daemon) -> None:
+    import grpc
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc import service_pb2_grpc as pbg
+
+    request = pb.ModelInferRequest(model_name="adder")
+    request.inputs.add(name="x", datatype="FP32", shape=[12 * MiB])
+    request.raw_input_contents.append(bytes(48 * MiB))  # under the message limit
+    with grpc.insecure_channel(bounded.url, [("grpc.max_send_message_length", -1)]) as channel:
+        stub = pbg.GRPCInferenceServiceStub(channel)
+        stub.ServerLive(pb.ServerLiveRequest(), metadata=[("authorization", f"Bearer {TOKEN}")])
+        with Peak(bounded) as peak, pytest.raises(grpc.RpcError) as refused:
+            stub.ModelInfer(request, timeout=60)
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert peak.grew_mib < 24, f"+{peak.grew_mib:.0f} MiB for a refused 48 MiB request"
+
+
+def test_a_grpc_message_over_the_limit_is_refused_before_it_is_read(bounded: Daemon) -> None:
+    import grpc
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc import service_pb2_grpc as pbg
+
+    request = pb.ModelInferRequest(model_name="adder")
+    request.inputs.add(name="x", datatype="FP32", shape=[24 * MiB])
+    request.raw_input_contents.append(bytes(96 * MiB))  # over max_message_bytes (64 MiB)
+    metadata = [("authorization", f"Bearer {TOKEN}")]
+    with grpc.insecure_channel(bounded.url, [("grpc.max_send_message_length", -1)]) as channel:
+        stub = pbg.GRPCInferenceServiceStub(channel)
+        stub.ServerLive(pb.ServerLiveRequest(), metadata=metadata)
+        with Peak(bounded) as peak, pytest.raises(grpc.RpcError) as refused:
+            stub.ModelInfer(request, timeout=60, metadata=metadata)
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert peak.grew_mib < 24, f"+{peak.grew_mib:.0f} MiB for a refused 96 MiB request"
+
+
+def _http(d: Daemon, body: bytes, path: str = "/v2/models/adder/infer") -> tuple[int, bytes]:
+    import http.client
+
+    assert d.tcp is not None
+    host, _, port = d.tcp.rpartition(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        conn.request("POST", path, body, {"Authorization": f"Bearer {TOKEN}"})
+        answer = conn.getresponse()
+        return answer.status, answer.read()
+    finally:
+        conn.close()
+
+
+def test_a_json_request_costs_a_few_times_its_body_at_most(bounded: Daemon) -> None:
+    count = 4 * MiB  # 16 MiB of JSON: "0.5," each
+    body = (
+        '{"parameters": {"binary_data_output": true}, "inputs": [{"name": "x", "shape": [%d], '
+        '"datatype": "FP32", "data": [' % count + ",".join(["0.5"] * count) + "]}]}"
+    ).encode()
+    with Peak(bounded) as peak:
+        status, answer = _http(bounded, body)
+    assert status == 200, answer[:500]
+    y = np.frombuffer(answer[-4 * count :], np.float32)
+    np.testing.assert_array_equal(y, np.full(count, 1.5, np.float32))
+    # the tensor in (16 MiB), its answer (16 MiB) and the body: 11x the body before
+    assert peak.grew_mib < 4 * len(body) / MiB, f"+{peak.grew_mib:.0f} MiB for 16 MiB of JSON"
+    nested = b'{"inputs": [{"name": "x", "shape": [2, 2], "datatype": "FP32", "data": [[1, 2], [3, 4.5]]}]}'
+    status, answer = _http(bounded, nested)
+    assert status == 200, answer
+    assert b"[2.0, 3.0, 4.0, 5.5]" in answer
+
+
+def test_a_json_body_over_the_limit_is_refused_unread(bounded: Daemon) -> None:
+    body = b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [' + b"1," * (
+        20 * MiB
+    ) + b"1]}]}"
+    with Peak(bounded) as peak:
+        status, answer = _http(bounded, body)
+    assert status == 413, answer
+    assert b"max_json_bytes" in answer
+    assert peak.grew_mib < 16, f"+{peak.grew_mib:.0f} MiB for a refused 40 MiB body"
+
+
+def test_a_sparse_region_costs_the_daemon_nothing(bounded: Daemon) -> None:
+    key = f"/crossrt-sparse-{os.getpid()}"
+    path = Path("/dev/shm") / key[1:]
+    size = 256 * MiB
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, size)  # costs nothing: no page is written
+        os.pwrite(fd, np.ones(1024, np.float32).tobytes(), 0)  # the first 4 KiB are
+        c = tc.InferenceServerClient(bounded.url)
+        headers = {"authorization": f"Bearer {TOKEN}"}
+        c.register_system_shared_memory("sparse", key, size, headers=headers)
+        c.register_system_shared_memory("small", key, 4096, headers=headers)
+        try:
+            x = tc.InferInput("x", [size // 4], "FP32")
+            x.set_shared_memory("sparse", size)
+            with Peak(bounded) as peak, pytest.raises(Exception) as refused:
+                c.infer("adder", [x], headers=headers)
+            assert "never written" in str(refused.value), refused.value
+            assert peak.grew_mib < 16, f"+{peak.grew_mib:.0f} MiB for a sparse region"
+            x.set_shared_memory("small", size)
+            with pytest.raises(Exception, match="past its end"):
+                c.infer("adder", [x], headers=headers)
+            x = tc.InferInput("x", [1024], "FP32")  # the bytes written are served
+            x.set_shared_memory("small", 4096)
+            y = c.infer("adder", [x], headers=headers).as_numpy("y")
+            np.testing.assert_array_equal(y, np.full(1024, 2, np.float32))
+        finally:
+            c.unregister_system_shared_memory(headers=headers)
+            c.close()
+    finally:
+        os.close(fd)
+        path.unlink()
+
+
+POSTER = """
+import os, sys
+import numpy as np
+from crossrt.errors import OutOfResourcesError
+from crossrt.server.client import connect
+rt = connect(sys.argv[1], token=sys.argv[2], shm_threshold=None, lane=False)
+model = rt.load("adder")
+x = np.ones(2**20, np.float32)  # 4 MiB
+posted = 0
+try:
+    for _ in range(40):
+        model.post(x)
+        posted += 1
+except OutOfResourcesError as exc:
+    print(posted, exc, flush=True)
+os._exit(0)  # dies without waiting for any
+"""
+
+
+def test_posted_requests_are_capped_per_client_and_freed_when_it_dies(bounded: Daemon) -> None:
+    import subprocess
+
+    from crossrt.server.client import connect
+
+    def round_of_posts() -> str:
+        return subprocess.run(
+            [sys.executable, "-c", POSTER, bounded.url, TOKEN],
+            capture_output=True, text=True, timeout=120, check=True,
+        ).stdout  # fmt: skip
+
+    def settled() -> int:
+        """RSS once a living client's post is answered: the dead's posts are dropped then."""
+        with connect(bounded.url, token=TOKEN, shm_threshold=None, lane=False) as rt:
+            model = rt.load("adder")
+            answer = model.wait(model.post(np.ones(4, np.float32)), timeout=60)
+            assert answer is not None
+            np.testing.assert_array_equal(answer["y"], np.full(4, 2, np.float32))
+        return vm_kib(bounded.proc.pid, "VmRSS")
+
+    said = round_of_posts()  # warm-up
+    first = settled()
+    for _ in range(3):
+        said = round_of_posts()
+    grew = (settled() - first) / 1024
+    # 40 x 4 MiB asked for: refused past max_posted_bytes (32 MiB), with the reason
+    assert grew < 48, f"RSS grew {grew:.0f} MiB over 3 rounds of posts by clients that died"
+    posted = int(said.split()[0]) if said else 40
+    assert 4 <= posted < 16, said
+    assert "max_posted_bytes" in said
+
+
+# -- 5. HTTP connections: a cap, timeouts, a body declared too large -------------------------------
+
+
+def _threads(d: Daemon) -> int:
+    return vm_kib(d.proc.pid, "Threads")
+
+
+def _open(d: Daemon, data: bytes) -> socket.socket:
+    assert d.tcp is not None
+    host, _, port = d.tcp.rpartition(":")
+    s = socket.create_connection((host, int(port)), timeout=30)
+    s.sendall(data)
+    return s
+
+
+def test_half_open_http_requests_hold_bounded_threads_and_time_out(bounded: Daemon) -> None:
+    before = _threads(bounded)
+    partial = b"POST /v2/models/adder/infer HTTP/1.1\r\nHost: x\r\nContent-"
+    held = [_open(bounded, partial) for _ in range(100)]
+    try:
+        # past the cap, a connection is answered 503 and closed at once; accepted in order,
+        # so once the last one is, every one before it has its thread or its 503
+        held[-1].settimeout(10)
+        assert held[-1].recv(4096).startswith(b"HTTP/1.1 503")
+        assert _threads(bounded) <= before + 16 + 2
+        # and every one is closed by the daemon within its timeout, not held for ever
+        for s in held:
+            s.settimeout(10)
+            while s.recv(4096):
+                pass
+    finally:
+        for s in held:
+            s.close()
+    status, answer = _http(bounded, b"{}", "/v2/repository/index")
+    assert status == 200, answer
+    assert _threads(bounded) <= before + 2
+
+
+def test_a_content_length_over_the_limit_is_413_before_anything_is_reserved(
+    bounded: Daemon,
+) -> None:
+    head = (
+        "POST /v2/models/adder/infer HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+        "Content-Length: 2147483647\r\n\r\n" % TOKEN
+    ).encode()
+    size = vm_kib(bounded.proc.pid, "VmSize")
+    with Peak(bounded) as peak:
+        for _ in range(30):
+            s = _open(bounded, head + b"{")
+            answer = s.recv(4096)
+            s.close()
+            assert answer.startswith(b"HTTP/1.1 413"), answer
+            assert b"max_message_bytes" in answer
+    grew = (vm_kib(bounded.proc.pid, "VmSize") - size) / 1024
+    assert grew < 1024, f"address space +{grew:.0f} MiB for 30 bodies declared 2 GiB"
+    assert peak.grew_mib < 16
