@@ -118,7 +118,7 @@ def test_a_model_file_overwritten_truncated_or_deleted_never_reaches_the_daemon(
 TOKEN = "s3cret"
 MiB = 2**20
 LIMITS = {  # the daemon's settings in these tests (the defaults are larger: docs/daemon.md)
-    # "max_message_bytes": 64 * MiB,
+    "max_message_bytes": 64 * MiB,
     # "max_json_bytes": 32 * MiB,
     # "max_posted_bytes": 32 * MiB,
     # "http_connections": 16,

@@ -112,7 +112,8 @@ class Daemon:
             ThreadPoolExecutor(options.threads, thread_name_prefix="crossrt-serve"),
             interceptors=[self.gate],
             options=[
-                ("grpc.max_receive_message_length", -1),
+                # Refused by gRPC from the message's length prefix, before it is read.
+                ("grpc.max_receive_message_length", options.max_message_bytes),
                 ("grpc.max_send_message_length", -1),
             ],
         )
@@ -123,7 +124,9 @@ class Daemon:
         service = InferenceService(self.repository, self.regions, self.identify, self.ready, cache)
         self.service = service
         self._http: HttpFront | None = None
-        self.lane = LaneServer(service.infer, self.gate, self.regions.register_sealed)
+        self.lane = LaneServer(
+            service.infer, self.gate, self.regions.register_sealed, options.max_message_bytes
+        )
         pbg.add_GRPCInferenceServiceServicer_to_server(service, self.server)
         self.extension = RuntimeService(self.runtime, self.repository, self.regions, self.identify)
         v1_grpc.add_RuntimeServicer_to_server(self.extension, self.server)  # type: ignore[no-untyped-call]
