@@ -249,7 +249,13 @@ class Daemon:
             host, _, port = self.options.http.rpartition(":")
             try:
                 self._http = HttpFront(
-                    (host.strip("[]") or "127.0.0.1", int(port)), self.service, self.gate
+                    (host.strip("[]") or "127.0.0.1", int(port)),
+                    self.service,
+                    self.gate,
+                    max_body=self.options.max_message_bytes,
+                    max_json=self.options.max_json_bytes,
+                    connections=self.options.http_connections,
+                    timeout=self.options.http_timeout,
                 )
             except OSError as exc:
                 raise OutOfResourcesError(

@@ -22,17 +22,27 @@ binary tensor data extension. Requests go to the same service as gRPC's and the 
 Shared-memory regions are not named over HTTP (use gRPC or the lane): a request that does is
 refused, and the shared-memory extension stays on gRPC. Errors are ``{"error": message}``
 with the HTTP status for their gRPC code.
+
+Bounded before anything is paid for: at most ``connections`` are served at once (one more is
+answered 503 and closed, without a thread); a client has ``timeout`` seconds to send a
+request's headers (or to start the next one on a kept-alive connection), and its body
+``timeout`` more plus a second per MiB; the token is checked before the body is read; a
+``Content-Length`` over ``max_body``, or a JSON part over ``max_json``, is answered 413
+unread; the body is read as it arrives, never reserved whole from what the client declares;
+and JSON numbers are parsed straight into the tensor (:mod:`.rest_json`).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import unquote
 
@@ -42,15 +52,19 @@ from tritonclient.grpc import service_pb2 as pb
 
 from .. import dtypes
 from .gate import UNAUTHENTICATED, Gate
+from .http_bounds import BoundedServer, DeadlineReader, Refused
 from .kserve import InferenceService
 from .peers import Peer
+from .rest_json import Numbers, loads
 from .status import ServiceError, status_of
 from .tensors import decode_bytes, encode_bytes
 
 log = logging.getLogger("crossrt.serve")
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
-MAX_BODY = 2**31 - 1
+MiB = 2**20
+BODY_SECONDS_PER_MIB = 1.0
+"""A body may take ``timeout`` seconds plus this per MiB to arrive."""
 
 _HTTP_STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: HTTPStatus.BAD_REQUEST,
@@ -78,9 +92,22 @@ class HttpFront:
         address: ``(host, port)`` to listen on (port 0: any free one, see :attr:`port`).
         service: the daemon's KServe service.
         gate: the daemon's token and drain.
+        max_body: the largest body taken (``max_message_bytes``).
+        max_json: the largest JSON part taken (``max_json_bytes``).
+        connections: connections served at once (``http_connections``).
+        timeout: seconds a client has to send a request's headers (``http_timeout``).
     """
 
-    def __init__(self, address: tuple[str, int], service: InferenceService, gate: Gate) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        service: InferenceService,
+        gate: Gate,
+        max_body: int = 256 * MiB,
+        max_json: int = 32 * MiB,
+        connections: int = 64,
+        timeout: float = 30.0,
+    ) -> None:
         front = self
 
         class Handler(_Handler):
@@ -88,8 +115,10 @@ class HttpFront:
 
         self.service = service
         self.gate = gate
-        self._server = ThreadingHTTPServer(address, Handler)
-        self._server.daemon_threads = True
+        self.max_body = max_body
+        self.max_json = max_json
+        self.timeout = timeout
+        self._server = BoundedServer(address, Handler, connections)
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="crossrt-http", daemon=True
@@ -141,7 +170,7 @@ class HttpFront:
         request = pb.ModelStatisticsRequest(name=name, version=version)
         return plain(self.service.ModelStatistics(request, None))
 
-    def repository(self, path: list[str], body: bytes) -> Any:
+    def repository(self, path: list[str], body: bytes | bytearray) -> Any:
         """A POST under ``/v2/repository``: the index, or a model's load or unload (Triton's
         HTTP paths); its JSON answer."""
         doc = _json(body) if body.strip() else {}
@@ -170,7 +199,7 @@ class HttpFront:
         )
 
     def infer(
-        self, path: list[str], body: bytes, header_length: int | None, peer: Peer
+        self, path: list[str], body: bytes | bytearray, header_length: int | None, peer: Peer
     ) -> tuple[bytes, int | None]:
         """A POST .../infer: the answer's body, and its JSON part's length when binary
         data follows it."""
@@ -180,7 +209,7 @@ class HttpFront:
         length = len(body) if header_length is None else header_length
         if not 0 <= length <= len(body):
             raise _bad(f"{HEADER_LENGTH} {length} is beyond the body's {len(body)} bytes")
-        doc = _json(body[:length])
+        doc = _json(memoryview(body)[:length])
         request = _request(doc, name, version, memoryview(body)[length:])
         return _response(self.service.infer(request, lambda: peer), doc)
 
@@ -195,6 +224,14 @@ class _Handler(BaseHTTPRequestHandler):
         # The headers and the body go out in two writes: with Nagle's algorithm the body
         # waited for the client's delayed ACK, 40 ms a request.
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._reading = DeadlineReader(self.connection)
+        self.rfile = io.BufferedReader(self._reading, 64 * 1024)
+
+    def handle_one_request(self) -> None:
+        # The headers of each request (the next one on a kept-alive connection too) within
+        # the timeout; BaseHTTPRequestHandler closes the connection when it passes.
+        self._reading.deadline = time.monotonic() + self.owner.timeout
+        super().handle_one_request()
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("http %s " + format, self.client_address[0], *args)
@@ -206,14 +243,31 @@ class _Handler(BaseHTTPRequestHandler):
         def post(path: list[str]) -> None:
             given_size = self.headers.get("Content-Length") or "0"
             size = int(given_size) if given_size.isdigit() else -1
-            if not 0 <= size <= MAX_BODY:
-                raise _bad(f"Content-Length {given_size!r} is not a body this daemon takes")
-            body = self.rfile.read(size)
+            if size < 0:
+                raise _bad(f"Content-Length {given_size!r} is not a number of bytes")
             given = self.headers.get(HEADER_LENGTH)
             try:
                 header_length = None if given is None else int(given)
             except ValueError:
                 raise _bad(f"{HEADER_LENGTH} {given!r} is not a number of bytes") from None
+            owner = self.owner
+            if size > owner.max_body:
+                raise Refused(
+                    HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                    f"a body of {size} bytes is over this daemon's limit of {owner.max_body} "
+                    "(max_message_bytes); send large tensors over gRPC or the lane through "
+                    "shared memory, or start crossrt serve with a larger --max-message-bytes",
+                )
+            json_size = size if header_length is None else header_length
+            if json_size > owner.max_json:
+                raise Refused(
+                    HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                    f"a JSON request of {json_size} bytes is over this daemon's limit of "
+                    f"{owner.max_json} (max_json_bytes); send tensors as binary data "
+                    f"({HEADER_LENGTH}), or start crossrt serve with a larger "
+                    "--max-json-bytes",
+                )
+            body = self._body(size)
             # Counted by the drain until the answer is sent, not only computed: the daemon
             # stops once the drain ends.
             self.owner.gate.enter()
@@ -232,6 +286,25 @@ class _Handler(BaseHTTPRequestHandler):
 
         self._handle(post)
 
+    def _body(self, size: int) -> bytes | bytearray:
+        """The body, read as it arrives (never reserved whole from what the client declares),
+        within the timeout plus a second per MiB."""
+        self._reading.deadline = (
+            time.monotonic() + self.owner.timeout + size / MiB * BODY_SECONDS_PER_MIB
+        )
+        if size <= MiB:
+            body: bytes | bytearray = self.rfile.read(size)
+        else:
+            body = bytearray()
+            while len(body) < size:
+                chunk = self.rfile.read1(min(size - len(body), MiB))
+                if not chunk:
+                    break
+                body += chunk
+        if len(body) != size:
+            raise _bad(f"the body ended after {len(body)} of its {size} bytes")
+        return body
+
     def _handle(self, action: Callable[[list[str]], None]) -> None:
         try:
             parts = [unquote(p) for p in self.path.split("?")[0].split("/") if p]
@@ -243,6 +316,17 @@ class _Handler(BaseHTTPRequestHandler):
             ):
                 raise ServiceError(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED)
             action(parts[1:])
+        except (Refused, TimeoutError) as exc:
+            # The body is not read: the connection cannot carry another request.
+            self.close_connection = True
+            if isinstance(exc, TimeoutError):
+                log.debug("http %s: %s", self.client_address[0], exc)
+                exc = Refused(
+                    HTTPStatus.REQUEST_TIMEOUT,
+                    f"the request did not arrive within {self.owner.timeout:g} s plus "
+                    f"{BODY_SECONDS_PER_MIB:g} s per MiB of body (http_timeout)",
+                )
+            self._json(exc.status, {"error": exc.message})
         except Exception as exc:
             code, message = status_of(exc)
             if code is grpc.StatusCode.INTERNAL:
@@ -255,6 +339,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, json.dumps(doc).encode(), "application/json", {})
 
     def _send(self, status: int, body: bytes, content: str, extra: dict[str, str]) -> None:
+        self.connection.settimeout(self.owner.timeout)  # a read may have left it short
         self.send_response(status)
         self.send_header("Content-Type", content)
         self.send_header("Content-Length", str(len(body)))
@@ -266,11 +351,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
-def _json(body: bytes) -> dict[str, Any]:
-    """A request body's JSON object."""
+def _json(body: bytes | bytearray | memoryview) -> dict[str, Any]:
+    """A request body's JSON object (long arrays of numbers as :class:`rest_json.Numbers`)."""
     try:
-        doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+        doc = loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise _bad(f"the request is not JSON ({exc})") from None
     if not isinstance(doc, dict):
         raise _bad("the request is a JSON object")
@@ -333,8 +418,11 @@ def _request(
         params = item.get("parameters") or {}
         if "shared_memory_region" in params:
             raise _bad("shared-memory regions are named over gRPC or the lane, not HTTP")
+        shape = item["shape"]
         tensor = request.inputs.add(
-            name=str(item["name"]), datatype=str(item["datatype"]), shape=list(item["shape"])
+            name=str(item["name"]),
+            datatype=str(item["datatype"]),
+            shape=shape.plain() if isinstance(shape, Numbers) else list(shape),
         )
         if "binary_data_size" in params:
             size = int(params["binary_data_size"])
@@ -348,7 +436,10 @@ def _request(
             continue
         if "data" not in item:
             raise _bad(f"input {tensor.name!r} has no 'data' (nor binary_data_size)")
-        request.raw_input_contents.append(_raw(tensor.name, tensor.datatype, item["data"]))
+        # taken out of the document: its text is freed once its tensor is made
+        data = item.pop("data")
+        request.raw_input_contents.append(_raw(tensor.name, tensor.datatype, data, tensor.shape))
+        del data
     for item in doc.get("outputs") or []:
         if not isinstance(item, dict) or "name" not in item:
             raise _bad("each output asked for has a 'name'")
@@ -358,7 +449,7 @@ def _request(
     return request
 
 
-def _raw(name: str, datatype: str, data: Any) -> bytes:
+def _raw(name: str, datatype: str, data: Any, shape: Any) -> bytes:
     """A JSON input's data (nested or flat, row-major) as KServe raw contents."""
     if datatype == "BYTES":
         return encode_bytes(np.asarray(_flat(data), dtype=object))
@@ -367,17 +458,30 @@ def _raw(name: str, datatype: str, data: Any) -> bytes:
     except Exception:
         raise _bad(f"input {name!r}: unknown datatype {datatype!r}") from None
     try:
+        if isinstance(data, Numbers):
+            # counted from the text and checked before the tensor is allocated
+            needed = 1
+            for dim in shape:
+                needed *= max(int(dim), 0)
+            if data.count != needed:
+                raise _bad(
+                    f"input {name!r}: its data hold {data.count} values, its shape "
+                    f"{list(shape)} needs {needed}; send as many values as the shape says"
+                )
+            return data.array(np.dtype(dtype)).tobytes()
         return np.asarray(_flat(data), dtype=dtype).tobytes()
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
         raise _bad(f"input {name!r}: its data are not {datatype} values ({exc})") from None
 
 
 def _flat(data: Any) -> list[Any]:
+    if isinstance(data, Numbers):
+        return data.plain()
     if not isinstance(data, list):
         return [data]
     out: list[Any] = []
     for item in data:
-        out.extend(_flat(item) if isinstance(item, list) else [item])
+        out.extend(_flat(item) if isinstance(item, list | Numbers) else [item])
     return out
 
 

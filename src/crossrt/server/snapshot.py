@@ -63,7 +63,7 @@ def snapshot(path: Path) -> Iterator[tuple[str, tuple[int, ...]]]:
 
 def _copy(source: int, size: int, path: Path) -> str:
     folders = [str(SHM)] if SHM.is_dir() and os.access(SHM, os.W_OK) else []
-    remove_orphans(PREFIX, folders + [tempfile.gettempdir()])
+    remove_orphans(PREFIX, [*folders, tempfile.gettempdir()])
     why = "no room"
     for folder in (*folders, None):  # None: the temporary directory
         fd, copy = tempfile.mkstemp(prefix=owned_name(PREFIX), suffix=".crm", dir=folder)

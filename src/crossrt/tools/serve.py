@@ -68,12 +68,17 @@ def parser() -> argparse.ArgumentParser:
         "(default 0: no response cache)",
     )  # fmt: skip
     for flag, what in (
-        ("--max-message-bytes", "the largest request: gRPC message, lane frame, HTTP body "
-         "(default 256 MiB)"),
+        (
+            "--max-message-bytes",
+            "the largest request: gRPC message, lane frame, HTTP body (default 256 MiB)",
+        ),
         ("--max-json-bytes", "the largest JSON part of an HTTP request (default 32 MiB)"),
         ("--max-region-bytes", "the largest shared-memory region (default 1 GiB)"),
-        ("--max-posted-bytes", "the bytes a client process may hold posted with InferPost "
-         "and not waited for (default 256 MiB)"),
+        (
+            "--max-posted-bytes",
+            "the bytes a client process may hold posted with InferPost "
+            "and not waited for (default 256 MiB)",
+        ),
         ("--http-connections", "HTTP connections served at once (default 64)"),
     ):
         p.add_argument(flag, type=int, metavar="N", help=what)
