@@ -293,6 +293,10 @@ def test_a_sparse_region_costs_the_daemon_nothing(bounded: Daemon) -> None:
         headers = {"authorization": f"Bearer {TOKEN}"}
         c.register_system_shared_memory("sparse", key, size, headers=headers)
         c.register_system_shared_memory("small", key, 4096, headers=headers)
+        os.ftruncate(fd, 2**30 + 1)
+        with pytest.raises(Exception, match="max_region_bytes"):  # 1 GiB by default
+            c.register_system_shared_memory("huge", key, 2**30 + 1, headers=headers)
+        os.ftruncate(fd, size)
         try:
             x = tc.InferInput("x", [size // 4], "FP32")
             x.set_shared_memory("sparse", size)

@@ -98,7 +98,7 @@ class Daemon:
                 options.max_connections,
             )
         self.runtime = Runtime(visible_cores=options.cores) if options.cores else Runtime()
-        self.regions = Regions()
+        self.regions = Regions(max_bytes=options.max_region_bytes)
         directory = Path(options.model_repository) if options.model_repository else None
         self.repository = Repository(self.runtime, directory, LoadOptions(), options.models)
         self.gate = Gate(options.token)

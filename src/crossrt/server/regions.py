@@ -18,6 +18,7 @@ client wrote them, with no copy, and outputs are written there with one.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import mmap
 import os
@@ -34,6 +35,9 @@ from .peers import Peer
 from .status import ServiceError
 
 SHM_DIRECTORY = "/dev/shm"
+MAX_REGION_BYTES = 2**30
+"""The largest region a client may register, unless the daemon says otherwise
+(``max_region_bytes``)."""
 
 
 @dataclass
@@ -91,14 +95,15 @@ def _owner(peer: Peer) -> int:
 class Regions:
     """The registered regions, by name."""
 
-    def __init__(self, directory: str = SHM_DIRECTORY) -> None:
+    def __init__(self, directory: str = SHM_DIRECTORY, max_bytes: int = MAX_REGION_BYTES) -> None:
         self._directory = directory
+        self._max_bytes = max_bytes
         self._lock = threading.Lock()
         self._regions: dict[str, Region] = {}
 
     def register(self, name: str, key: str, offset: int, byte_size: int, peer: Peer) -> None:
         """Register ``byte_size`` bytes at ``offset`` of segment ``key`` as ``name``."""
-        uid = self._registrant(name, peer)
+        uid = self._registrant(name, peer, byte_size)
         segment = key[1:] if key.startswith("/") else key
         if not segment or "/" in segment or segment in (".", "..") or "\0" in segment:
             raise ServiceError(
@@ -148,7 +153,7 @@ class Regions:
                 INVALID_ARGUMENT for a size past its end, ALREADY_EXISTS for a name in use.
         """
         try:
-            uid = self._registrant(name, peer)
+            uid = self._registrant(name, peer, byte_size)
             try:
                 seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
                 size = os.fstat(fd).st_size
@@ -181,12 +186,20 @@ class Regions:
             raise
         os.close(fd)  # the mapping keeps a descriptor of its own (Python's mmap dups it)
 
-    def _registrant(self, name: str, peer: Peer) -> int:
-        """The user registering region ``name`` (after the dead's regions are released)."""
+    def _registrant(self, name: str, peer: Peer, byte_size: int) -> int:
+        """The user registering region ``name`` of ``byte_size`` bytes (after the dead's
+        regions are released)."""
         uid = _owner(peer)
         self.sweep()
         if not name:
             raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "a region needs a name")
+        if byte_size > self._max_bytes:
+            raise ServiceError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"region {name!r}: byte_size {byte_size} is over this daemon's limit of "
+                f"{self._max_bytes} bytes (max_region_bytes); register smaller regions, or "
+                "start crossrt serve with a larger --max-region-bytes",
+            )
         return uid
 
     def _add(self, region: Region) -> None:
@@ -257,6 +270,7 @@ class Regions:
         with self._slice(name, offset, size, peer) as region:
             if region.mapping is not None:
                 return region.mapping[offset : offset + size]
+            _written(region, offset, size)
             data = np.empty(size, np.uint8)
             got = os.preadv(region.fd, [data.data], region.offset + offset) if size else 0
         if got != size:
@@ -307,6 +321,26 @@ class Regions:
             for region in self._regions.values():
                 _release(region)
             self._regions.clear()
+
+
+def _written(region: Region, offset: int, size: int) -> None:
+    """Refuse a slice of a named segment that holds a hole: bytes its client never wrote
+    (a sparse file costs its client nothing, and reading it would cost the daemon its whole
+    size: a 1 GiB sparse region cost 6.2 GiB)."""
+    start = region.offset + offset
+    try:
+        hole = os.lseek(region.fd, start, os.SEEK_HOLE) if size else start
+    except OSError as exc:
+        if exc.errno != errno.ENXIO:  # a file system that cannot tell: read it
+            return
+        hole = start  # past the end: it shrank
+    if hole < start + size:
+        raise ServiceError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"region {region.name!r}: bytes {hole - region.offset} to {offset + size} of the "
+            f"slice asked for were never written (a hole in segment {region.key!r}, or past "
+            "its end); write the tensor into the region before the request",
+        )
 
 
 def _release(region: Region) -> None:
