@@ -14,6 +14,7 @@ under a running process is seen after :func:`forget_host_facts`.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import math
 import os
 import platform
@@ -304,6 +305,19 @@ def pid_namespace() -> int:
         return os.stat("/proc/self/ns/pid").st_ino
     except OSError:
         return 0
+
+
+def give_back_memory() -> bool:
+    """Return the free memory of glibc's heaps to the system (``malloc_trim``); whether some
+    was. A large buffer freed stays in the heap of the thread's arena that held it: a
+    daemon's RSS crept from 128 to 602 MiB over 16 MiB requests. Mapping every large buffer
+    on its own instead (a fixed ``M_MMAP_THRESHOLD``) costs a page fault per 4 KiB each time
+    (6.6 ms against 0.25 ms to take and fill 16 MiB here). False where the C library is not
+    glibc."""
+    try:
+        return bool(ctypes.CDLL(None).malloc_trim(0))
+    except (OSError, AttributeError):
+        return False
 
 
 def process_alive(pid: int) -> bool:

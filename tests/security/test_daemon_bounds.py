@@ -121,7 +121,7 @@ MiB = 2**20
 LIMITS = {  # the daemon's settings in these tests (the defaults are larger: docs/daemon.md)
     "max_message_bytes": 64 * MiB,
     "max_json_bytes": 32 * MiB,
-    # "max_posted_bytes": 32 * MiB,
+    "max_posted_bytes": 32 * MiB,
     "http_connections": 16,
     "http_timeout": 2.0,
 }

@@ -27,7 +27,7 @@ from tritonclient.grpc import service_pb2_grpc as pbg
 
 from ..compiler.cache import cache_stats
 from ..errors import InvalidOptionError, OutOfResourcesError
-from ..host import owned_name, remove_orphans
+from ..host import give_back_memory, owned_name, remove_orphans
 from ..runtime import Runtime
 from ..runtime.statistics import ModelStatistics
 from .extension import RuntimeService
@@ -128,7 +128,9 @@ class Daemon:
             service.infer, self.gate, self.regions.register_sealed, options.max_message_bytes
         )
         pbg.add_GRPCInferenceServiceServicer_to_server(service, self.server)
-        self.extension = RuntimeService(self.runtime, self.repository, self.regions, self.identify)
+        self.extension = RuntimeService(
+            self.runtime, self.repository, self.regions, self.identify, options.max_posted_bytes
+        )
         v1_grpc.add_RuntimeServicer_to_server(self.extension, self.server)  # type: ignore[no-untyped-call]
         self._stopping = threading.Event()
         self._previous: dict[int, Any] = {}
@@ -275,12 +277,16 @@ class Daemon:
     def _sweep(self) -> None:
         """Every few seconds: release the regions and models of clients that have died."""
         while not self._stopping.wait(SWEEP_SECONDS):
-            for name in self.regions.sweep():
+            released = self.regions.sweep()
+            for name in released:
                 log.info("released region %s: its process has died", name)
-            for name in self.repository.release_orphans():
+            unloaded = self.repository.release_orphans()
+            for name in unloaded:
                 log.info("unloaded model %s: the process that sent it has died", name)
             if dropped := self.extension.release_orphans():
                 log.info("dropped %d posted requests of processes that have died", dropped)
+            if released or unloaded:
+                give_back_memory()  # what they held, freed: glibc's heaps would keep it
 
     def install_signals(self) -> None:
         """SIGTERM and SIGINT stop, SIGHUP rescans; call from the main thread.
