@@ -321,8 +321,10 @@ def give_back_memory() -> bool:
 
 
 def process_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (this one, or another user's, counts): what a leftover
-    named by its owner's PID is judged by before it is removed."""
+    """Whether process ``pid`` exists (this one, or another user's, counts) and has not
+    ended: what a leftover named by its owner's PID is judged by before it is removed. A
+    zombie (ended, not yet reaped by its parent: ``kill(pid, 0)`` still finds it) is not
+    alive: a daemon kept the regions of 38 dead clients mapped that way."""
     if pid == os.getpid():
         return True
     try:
@@ -330,8 +332,16 @@ def process_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except OSError:  # EPERM: it exists, another user's
+        pass
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except FileNotFoundError:  # gone meanwhile; without /proc (not Linux), kill's answer
+        return not os.path.isdir("/proc")
+    except OSError:
         return True
-    return True
+    # "pid (comm) S ...": comm may hold spaces and parentheses; the state follows the last ')'
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] != b"Z"
 
 
 def owned_name(prefix: str) -> str:

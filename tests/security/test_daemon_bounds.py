@@ -135,6 +135,7 @@ def bounded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     folder = tmp_path_factory.mktemp("bounded")
     (folder / "models").mkdir()
     crossrt.compile(add_one("n"), "cpu").save(folder / "models" / "adder.crm")
+    crossrt.compile(summing(), "cpu").save(folder / "models" / "summing.crm")  # static shapes
     config = folder / "serve.toml"
     config.write_text("".join(f"{k} = {v!r}\n" for k, v in LIMITS.items()))
     port = free_port()
@@ -424,3 +425,59 @@ def test_a_content_length_over_the_limit_is_413_before_anything_is_reserved(
     grew = (vm_kib(bounded.proc.pid, "VmSize") - size) / 1024
     assert grew < 1024, f"address space +{grew:.0f} MiB for 30 bodies declared 2 GiB"
     assert peak.grew_mib < 16
+
+
+# -- 6. what a lane client that has gone leaves ---------------------------------------------------
+
+LANE_CLIENT = """
+import os, sys
+import numpy as np
+from crossrt.server.client import connect
+rt = connect(sys.argv[1], token=sys.argv[2], shm_threshold=0)  # memfds passed on the lane
+model = rt.load("adder")
+for n in (1024, 4096):
+    y = model.run({"x": np.full(n, float(n), np.float32)})["y"]
+    assert (y == n + 1).all(), y
+static = rt.load("summing")  # its output is written straight into the client's memfd
+y = static.run({"x": np.ones((1, 256), np.float32)})["y"]
+assert (y == 256).all(), y
+print(os.getpid(), flush=True)
+os._exit(0)  # dies holding its regions
+"""
+
+
+def _memfds_of(d: Daemon, pids: list[int]) -> list[str]:
+    """The daemon's mappings of memfds that processes ``pids`` made (their names hold the
+    PID: ``runtime/memory/shm.py``)."""
+    maps = Path(f"/proc/{d.proc.pid}/maps").read_text().splitlines()
+    return [m for m in maps if "memfd:" in m and any(f"-{pid}-" in m for pid in pids)]
+
+
+def test_the_memfds_of_lane_clients_that_died_are_unmapped(bounded: Daemon) -> None:
+    import subprocess
+
+    # Not waited for: dead, but zombies until their parent reaps them (kill(pid, 0) still
+    # finds them), as a harness that starts clients and forgets them leaves them.
+    clients = [
+        subprocess.Popen(
+            [sys.executable, "-c", LANE_CLIENT, bounded.url, TOKEN],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    pids = []
+    for client in clients:
+        assert client.stdout is not None
+        pids.append(int(client.stdout.read()))  # it printed its PID and died
+        os.waitid(os.P_PID, client.pid, os.WEXITED | os.WNOWAIT)  # a zombie now
+    c = tc.InferenceServerClient(bounded.url)
+    try:  # listing regions releases those of processes that have died
+        c.get_system_shared_memory_status(headers={"authorization": f"Bearer {TOKEN}"})
+    finally:
+        c.close()
+    try:
+        assert _memfds_of(bounded, pids) == []
+    finally:
+        for client in clients:
+            client.wait()
