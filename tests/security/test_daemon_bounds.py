@@ -481,3 +481,111 @@ def test_the_memfds_of_lane_clients_that_died_are_unmapped(bounded: Daemon) -> N
     finally:
         for client in clients:
             client.wait()
+
+
+# -- the soak: every client at once, memory flat ---------------------------------------------------
+
+
+def _grpc_client(d: Daemon, rounds: int, tag: str) -> None:
+    """tritonclient over the Unix socket: tensors in the message, and through a /dev/shm
+    segment of its own (read and written by the daemon with pread/pwrite)."""
+    import tritonclient.utils.shared_memory as shm
+
+    headers = {"authorization": f"Bearer {TOKEN}"}
+    c = tc.InferenceServerClient(d.url)
+    n = 2**18  # 1 MiB
+    key = f"/crossrt-soak-{os.getpid()}-{tag}"
+    handle = shm.create_shared_memory_region(f"soak-{tag}", key, 8 * n)
+    c.register_system_shared_memory(f"soak-{tag}", key, 8 * n, headers=headers)
+    try:
+        for i in range(rounds):
+            x = np.full(16, i, np.float32)
+            given = tc.InferInput("x", [16], "FP32")
+            given.set_data_from_numpy(x)
+            y = c.infer("adder", [given], headers=headers).as_numpy("y")
+            np.testing.assert_array_equal(y, x + 1)
+            if i % 8 == 0:
+                big = np.arange(n, dtype=np.float32) + i
+                shm.set_shared_memory_region(handle, [big])
+                given = tc.InferInput("x", [n], "FP32")
+                given.set_shared_memory(f"soak-{tag}", 4 * n)
+                out = tc.InferRequestedOutput("y")
+                out.set_shared_memory(f"soak-{tag}", 4 * n, offset=4 * n)
+                c.infer("adder", [given], outputs=[out], headers=headers)
+                y = shm.get_contents_as_numpy(handle, np.float32, [n], offset=4 * n)
+                np.testing.assert_array_equal(y, big + 1)
+    finally:
+        c.unregister_system_shared_memory(f"soak-{tag}", headers=headers)
+        shm.destroy_shared_memory_region(handle)
+        c.close()
+
+
+def _lane_client(d: Daemon, rounds: int) -> None:
+    """crossrt's own client on the direct lane: small tensors in the message, 1 MiB ones
+    through a sealed memfd the daemon maps."""
+    from crossrt.server.client import connect
+
+    with connect(d.url, token=TOKEN, shm_threshold=2**16) as rt:
+        adder, summing_ = rt.load("adder"), rt.load("summing")
+        for i in range(rounds):
+            x = np.full(16, i, np.float32)
+            np.testing.assert_array_equal(adder.run({"x": x})["y"], x + 1)
+            if i % 8 == 0:
+                big = np.arange(2**18, dtype=np.float32) + i
+                np.testing.assert_array_equal(adder.run({"x": big})["y"], big + 1)
+                ones = np.ones((1, N), np.float32)
+                np.testing.assert_array_equal(summing_.run({"x": ones})["y"], ones * N)
+
+
+def _http_client(d: Daemon, rounds: int) -> None:
+    """HTTP/REST: JSON, and 1 MiB tensors as binary data."""
+    for i in range(rounds):
+        doc = {"inputs": [{"name": "x", "shape": [4], "datatype": "FP32", "data": [i, 1, 2, 3]}]}
+        status, answer = _http(d, json.dumps(doc).encode())
+        assert status == 200, answer
+        assert json.loads(answer)["outputs"][0]["data"] == [i + 1, 2, 3, 4]
+        if i % 8 == 0:
+            big = np.arange(2**18, dtype=np.float32) + i
+            head = json.dumps(
+                {
+                    "parameters": {"binary_data_output": True},
+                    "inputs": [
+                        {
+                            "name": "x",
+                            "shape": [2**18],
+                            "datatype": "FP32",
+                            "parameters": {"binary_data_size": big.nbytes},
+                        }
+                    ],
+                }
+            ).encode()
+            status, answer = _http(d, head + big.tobytes(), headers={HEADER: str(len(head))})
+            assert status == 200, answer[:300]
+            np.testing.assert_array_equal(np.frombuffer(answer[-big.nbytes :], np.float32), big + 1)
+
+
+def test_soak_mixed_clients_every_answer_right_memory_flat(bounded: Daemon) -> None:
+    """gRPC (message and /dev/shm), the lane (message and memfds) and HTTP (JSON and binary)
+    at once, every answer checked; the daemon's RSS after the run within 32 MiB of its RSS
+    after a warm-up of the same mix."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def mix(rounds: int) -> None:
+        with ThreadPoolExecutor(5) as pool:
+            done = [
+                pool.submit(_grpc_client, bounded, rounds, "a"),
+                pool.submit(_grpc_client, bounded, rounds, "b"),
+                pool.submit(_lane_client, bounded, 2 * rounds),
+                pool.submit(_lane_client, bounded, 2 * rounds),
+                pool.submit(_http_client, bounded, rounds),
+            ]
+            for future in done:
+                future.result(timeout=120)  # an answer that was wrong raises here
+
+    mix(40)  # warm-up: pools, arenas, bindings, connections
+    warm = vm_kib(bounded.proc.pid, "VmRSS")
+    mix(400)
+    grew = (vm_kib(bounded.proc.pid, "VmRSS") - warm) / 1024
+    print(f"soak: RSS {warm / 1024:.0f} MiB after the warm-up, +{grew:.1f} MiB after")
+    assert grew < 32, f"the daemon's RSS grew {grew:.0f} MiB after the warm-up"
+    assert bounded.proc.poll() is None
