@@ -275,18 +275,20 @@ class Daemon:
         log.info("ready")
 
     def _sweep(self) -> None:
-        """Every few seconds: release the regions and models of clients that have died."""
+        """Every few seconds: release the regions, models and posted requests of clients that
+        have died, and give memory freed back to the system when no call runs."""
         while not self._stopping.wait(SWEEP_SECONDS):
-            released = self.regions.sweep()
-            for name in released:
+            for name in self.regions.sweep():
                 log.info("released region %s: its process has died", name)
-            unloaded = self.repository.release_orphans()
-            for name in unloaded:
+            for name in self.repository.release_orphans():
                 log.info("unloaded model %s: the process that sent it has died", name)
             if dropped := self.extension.release_orphans():
                 log.info("dropped %d posted requests of processes that have died", dropped)
-            if released or unloaded:
-                give_back_memory()  # what they held, freed: glibc's heaps would keep it
+            if not self.gate.in_flight:
+                # At rest, what was freed goes back to the system: glibc's heaps would keep
+                # it (16 MiB requests left RSS at 509 MiB from 102; 286 after a trim). Not
+                # while calls run: a trim holds the heaps' locks, up to 190 ms here.
+                give_back_memory()
 
     def install_signals(self) -> None:
         """SIGTERM and SIGINT stop, SIGHUP rescans; call from the main thread.
