@@ -3,15 +3,13 @@
 ``json.loads`` makes a Python float (24 bytes) and a list slot (8) of every number: 16 MiB of
 ``"0.5,"`` cost 176 MiB, 11 times the body, before any check of the request's shape. Here a
 large body is decoded with the standard library's pure-Python scanner, whose arrays this
-module parses itself: an array of numbers (flat or nested) is kept as its text
-(:class:`Numbers`), counted with ``str.count`` and checked against the input's shape before
-anything is allocated for it, then parsed by NumPy straight into the tensor's dtype. The rest
-of the document (names, shapes, parameters: small) is parsed as ``json`` would. Measured on
-16 MiB of ``"0.5,"`` (4 Mi FP32 values): json 176 MiB and 1.9 s, this about 48 MiB (the text
-once more, then the tensor) in about the same time.
-
-python-rapidjson (in the lock) makes the same objects as json (194 MiB, 1.7 s), and orjson
-is not in the lock.
+module parses itself: an array of numbers (flat or nested) is kept as the place of its text
+in the document (:class:`Numbers`), counted with ``str.count`` and checked against the
+input's shape before anything is allocated for it, then parsed by NumPy straight into the
+tensor's dtype, a MiB of text at a time. The rest of the document (names, shapes,
+parameters: small) is parsed as ``json`` would. python-rapidjson (in the lock) makes the
+same objects as json, and orjson is not in the lock. ``benchmarks/json_requests.py``
+(``results/json_requests.md``) measures the three.
 """
 
 from __future__ import annotations
@@ -36,47 +34,69 @@ _NESTED = re.compile(r"[0-9eE.+\-,\s\[\]]*")
 _BRACKET = re.compile(r"[\[\]]")
 
 
+CHUNK = 1 << 20
+"""Characters of numbers parsed at a time: the text is never copied whole."""
+
+_DIGIT = re.compile(r"[0-9]")
+
+
 class Numbers:
-    """An array of numbers of a JSON document, as its text (brackets replaced by spaces).
+    """An array of numbers of a JSON document: where its text lies in the document, which
+    it keeps (never a copy of its own).
 
     Attributes:
-        text: the numbers, separated by commas.
-        count: how many there are, from the commas.
+        count: how many numbers there are, from the commas.
     """
 
-    __slots__ = ("count", "text")
+    __slots__ = ("_end", "_nested", "_start", "_text", "count")
 
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.count = text.count(",") + 1 if text.strip() else 0
+    def __init__(self, text: str, start: int, end: int, nested: bool) -> None:
+        self._text, self._start, self._end, self._nested = text, start, end, nested
+        has_numbers = _DIGIT.search(text, start, end) is not None
+        self.count = text.count(",", start, end) + 1 if has_numbers else 0
 
     def array(self, dtype: np.dtype[Any]) -> np.ndarray:
-        """The numbers as a flat array of ``dtype``.
+        """The numbers as a flat array of ``dtype``, parsed a chunk of the text at a time.
 
         Raises:
             ValueError: a value is not a number of that kind, out of its range, or the
                 array's structure is not one of numbers separated by commas.
         """
+        text, start, end = self._text, self._start, self._end
         integral = dtype.kind in "iub"
-        if integral and any(c in self.text for c in ".eE"):
+        if integral and any(text.find(c, start, end) >= 0 for c in ".eE"):
             raise ValueError("a value is not a whole number")
         wide = np.dtype(np.uint64 if dtype.kind == "u" else np.int64) if integral else dtype
         if dtype.kind == "f" and dtype not in (np.float32, np.float64):
             wide = np.dtype(np.float64)  # float16, bfloat16: parsed wide, then cast
-        values = np.fromstring(self.text, dtype=wide, sep=",")
-        if len(values) != self.count:
+        out = np.empty(self.count, dtype)
+        done = 0
+        while start < end and self.count:
+            cut = text.rfind(",", start, start + CHUNK) if start + CHUNK < end else end
+            cut = end if cut < 0 else cut
+            piece = text[start:cut]
+            if self._nested:
+                piece = piece.replace("[", " ").replace("]", " ")
+            values = np.fromstring(piece, dtype=wide, sep=",")
+            if len(values) != piece.count(",") + 1 or done + len(values) > self.count:
+                raise ValueError("the values are not numbers separated by commas")
+            if integral and dtype.kind != "b" and wide != dtype and len(values):
+                info = np.iinfo(dtype)
+                if values.min() < info.min or values.max() > info.max:
+                    raise ValueError(f"a value is out of range [{info.min}, {info.max}]")
+            out[done : done + len(values)] = values
+            done += len(values)
+            start = cut + 1
+        if done != self.count:
             raise ValueError("the values are not numbers separated by commas")
-        if wide == dtype:
-            return values
-        if integral and dtype.kind != "b" and len(values):
-            info = np.iinfo(dtype)
-            if values.min() < info.min or values.max() > info.max:
-                raise ValueError(f"a value is out of range [{info.min}, {info.max}]")
-        return values.astype(dtype)
+        return out
 
     def plain(self) -> list[Any]:
         """The numbers as a flat list (for a place that takes a small list)."""
-        return list(json.loads(f"[{self.text}]")) if self.count else []
+        piece = self._text[self._start : self._end]
+        if self._nested:
+            piece = piece.replace("[", " ").replace("]", " ")
+        return list(json.loads(f"[{piece}]")) if self.count else []
 
 
 def loads(body: bytes | bytearray | memoryview) -> Any:
@@ -104,12 +124,11 @@ def _array(s_and_end: tuple[str, int], scan_once: Any) -> tuple[Any, int]:
     s, start = s_and_end  # start: just after the '['
     end = _FLAT.match(s, start).end()  # type: ignore[union-attr]
     if end - start >= MARKED and s[end : end + 1] == "]":
-        return Numbers(s[start:end]), end + 1
+        return Numbers(s, start, end, nested=False), end + 1
     if s[end : end + 1] == "[" and not s[start:end].strip():
         close = _nested_end(s, start - 1)
         if close is not None and close - start >= MARKED:
-            inner = s[start:close].replace("[", " ").replace("]", " ")
-            return Numbers(inner), close + 1
+            return Numbers(s, start, close, nested=True), close + 1
     array: tuple[Any, int] = json.decoder.JSONArray(s_and_end, scan_once)  # type: ignore[attr-defined]
     return array
 
