@@ -161,14 +161,7 @@ class RuntimeService(v1_grpc.RuntimeServicer):
         peer = self._identify(context.peer())
         client = _client(peer)
         size = len(request.model_infer_request)
-        held = self._held.get(client, 0)
-        if held + size > self._max_posted_bytes:
-            raise ServiceError(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"this client holds {held} bytes of posted requests and answers not waited "
-                f"for, and this one would take it past the daemon's limit of "
-                f"{self._max_posted_bytes} (max_posted_bytes); InferWait for some first",
-            )
+        self._check_held(client, size)  # before the request is deserialized
         infer = pb.ModelInferRequest.FromString(request.model_infer_request)
         entry, model = self._repository.get(infer.model_name, infer.model_version)
         try:
@@ -180,6 +173,7 @@ class RuntimeService(v1_grpc.RuntimeServicer):
             entry.count_refused()
             raise
         with self._lock:
+            self._check_held(client, size)  # again: the same client may post in parallel
             if len(self._posted) >= MAX_POSTED:
                 raise ServiceError(
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -192,6 +186,16 @@ class RuntimeService(v1_grpc.RuntimeServicer):
             self._held[client] = self._held.get(client, 0) + size
         future.add_done_callback(lambda f: self._done(cookie, f))
         return v1.InferPostResponse(cookie=cookie)
+
+    def _check_held(self, client: int | str, size: int) -> None:
+        held = self._held.get(client, 0)
+        if held + size > self._max_posted_bytes:
+            raise ServiceError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"this client holds {held} bytes of posted requests and answers not waited "
+                f"for, and this one would take it past the daemon's limit of "
+                f"{self._max_posted_bytes} (max_posted_bytes); InferWait for some first",
+            )
 
     def _done(self, cookie: int, future: Future[Any]) -> None:
         """Count a posted request's answer against its client until it is waited for."""
