@@ -88,6 +88,11 @@ class BoundedServer(ThreadingHTTPServer):
         self.shutdown_request(request)
 
 
+SLACK = 0.5
+"""Seconds a read may block past its deadline: the socket's timeout is set again only when
+it would allow more (each setting is a system call, on every read otherwise)."""
+
+
 class DeadlineReader(io.RawIOBase):
     """A socket's reads, each given what is left of a deadline (the socket's own timeout is
     per read: a client sending a byte every few seconds held a thread for ever)."""
@@ -100,8 +105,16 @@ class DeadlineReader(io.RawIOBase):
         return True
 
     def readinto(self, buffer: Any) -> int:
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("the client took too long to send its request")
-        self._sock.settimeout(left)
-        return self._sock.recv_into(buffer)
+        while True:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the client took too long to send its request")
+            allowed = self._sock.gettimeout()
+            if allowed is None or allowed > left + SLACK:
+                self._sock.settimeout(left)
+            try:
+                return self._sock.recv_into(buffer)
+            except TimeoutError:
+                if self.deadline - time.monotonic() <= 0:
+                    raise
+                self._sock.settimeout(self.deadline - time.monotonic())  # it was set shorter

@@ -339,7 +339,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, json.dumps(doc).encode(), "application/json", {})
 
     def _send(self, status: int, body: bytes, content: str, extra: dict[str, str]) -> None:
-        self.connection.settimeout(self.owner.timeout)  # a read may have left it short
+        if self.connection.gettimeout() != self.owner.timeout:  # a read may have left it short
+            self.connection.settimeout(self.owner.timeout)
         self.send_response(status)
         self.send_header("Content-Type", content)
         self.send_header("Content-Length", str(len(body)))
