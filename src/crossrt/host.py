@@ -307,6 +307,15 @@ def pid_namespace() -> int:
         return 0
 
 
+def resident_bytes() -> int:
+    """This process's resident memory (RSS) now, in bytes; 0 where it cannot be read."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def give_back_memory() -> bool:
     """Return the free memory of glibc's heaps to the system (``malloc_trim``); whether some
     was. A large buffer freed stays in the heap of the thread's arena that held it: a

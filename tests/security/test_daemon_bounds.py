@@ -404,9 +404,12 @@ def test_half_open_http_requests_hold_bounded_threads_and_time_out(bounded: Daem
     finally:
         for s in held:
             s.close()
-    # a thread gives its place back just after it closes its connection: served once it has
-    assert until(lambda: _http(bounded, b"{}", "/v2/repository/index")[0] == 200, tries=100)
-    assert _threads(bounded) <= before + 2
+    # a thread ends (and gives its place back) just after its connection is shut
+    def served_and_threads_gone() -> bool:
+        status, _ = _http(bounded, b"{}", "/v2/repository/index")
+        return status == 200 and _threads(bounded) <= before + 2
+
+    assert until(served_and_threads_gone, tries=200), _threads(bounded)
 
 
 def test_a_content_length_over_the_limit_is_413_before_anything_is_reserved(

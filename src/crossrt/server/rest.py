@@ -34,7 +34,6 @@ and JSON numbers are parsed straight into the tensor (:mod:`.rest_json`).
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import socket
@@ -52,7 +51,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from .. import dtypes
 from .gate import UNAUTHENTICATED, Gate
-from .http_bounds import BoundedServer, DeadlineReader, Refused
+from .http_bounds import BoundedServer, Refused
 from .kserve import InferenceService
 from .peers import Peer
 from .rest_json import Numbers, loads
@@ -224,14 +223,19 @@ class _Handler(BaseHTTPRequestHandler):
         # The headers and the body go out in two writes: with Nagle's algorithm the body
         # waited for the client's delayed ACK, 40 ms a request.
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._reading = DeadlineReader(self.connection)
-        self.rfile = io.BufferedReader(self._reading, 64 * 1024)
+        self._deadline = float("inf")
 
     def handle_one_request(self) -> None:
         # The headers of each request (the next one on a kept-alive connection too) within
-        # the timeout; BaseHTTPRequestHandler closes the connection when it passes.
-        self._reading.deadline = time.monotonic() + self.owner.timeout
+        # the timeout, else the connection is shut (BaseHTTPRequestHandler sees it end).
+        server: BoundedServer = self.server  # type: ignore[assignment]
+        self._deadline = server.watch(self.connection, self.owner.timeout)
         super().handle_one_request()
+
+    def finish(self) -> None:
+        server: BoundedServer = self.server  # type: ignore[assignment]
+        server.forget(self.connection)  # before it is closed
+        super().finish()
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("http %s " + format, self.client_address[0], *args)
@@ -289,9 +293,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _body(self, size: int) -> bytes | bytearray:
         """The body, read as it arrives (never reserved whole from what the client declares),
         within the timeout plus a second per MiB."""
-        self._reading.deadline = (
-            time.monotonic() + self.owner.timeout + size / MiB * BODY_SECONDS_PER_MIB
-        )
+        server: BoundedServer = self.server  # type: ignore[assignment]
+        seconds = self.owner.timeout + size / MiB * BODY_SECONDS_PER_MIB
+        self._deadline = server.watch(self.connection, seconds)
         if size <= MiB:
             body: bytes | bytearray = self.rfile.read(size)
         else:
@@ -302,10 +306,15 @@ class _Handler(BaseHTTPRequestHandler):
                     break
                 body += chunk
         if len(body) != size:
+            if time.monotonic() > self._deadline:  # shut by the reaper
+                raise TimeoutError("the body did not arrive in time")
             raise _bad(f"the body ended after {len(body)} of its {size} bytes")
+        server.watch(self.connection, float("inf"))  # answered in its own time
         return body
 
     def _handle(self, action: Callable[[list[str]], None]) -> None:
+        server: BoundedServer = self.server  # type: ignore[assignment]
+        server.watch(self.connection, float("inf"))  # the headers came: no deadline while served
         try:
             parts = [unquote(p) for p in self.path.split("?")[0].split("/") if p]
             if parts[:1] != ["v2"]:
@@ -339,8 +348,6 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, json.dumps(doc).encode(), "application/json", {})
 
     def _send(self, status: int, body: bytes, content: str, extra: dict[str, str]) -> None:
-        if self.connection.gettimeout() != self.owner.timeout:  # a read may have left it short
-            self.connection.settimeout(self.owner.timeout)
         self.send_response(status)
         self.send_header("Content-Type", content)
         self.send_header("Content-Length", str(len(body)))
