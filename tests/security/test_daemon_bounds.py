@@ -404,6 +404,7 @@ def test_half_open_http_requests_hold_bounded_threads_and_time_out(bounded: Daem
     finally:
         for s in held:
             s.close()
+
     # a thread ends (and gives its place back) just after its connection is shut
     def served_and_threads_gone() -> bool:
         status, _ = _http(bounded, b"{}", "/v2/repository/index")
@@ -594,3 +595,30 @@ def test_soak_mixed_clients_every_answer_right_memory_flat(bounded: Daemon) -> N
     grew = (vm_kib(bounded.proc.pid, "VmRSS") - warm) / 1024
     assert grew < 64, f"the daemon's RSS grew {grew:.0f} MiB after the warm-up"
     assert bounded.proc.poll() is None
+
+
+def test_a_sparse_memfd_passed_on_the_lane_costs_the_daemon_nothing(bounded: Daemon) -> None:
+    import fcntl
+
+    from tritonclient.grpc import service_pb2 as pb
+
+    from crossrt.errors import CrossrtError
+    from crossrt.server.lane_client import LaneClient
+
+    size = 256 * MiB
+    fd = os.memfd_create("crossrt-sparse", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    lane = LaneClient(bounded.socket, TOKEN, 60.0, bounded.url)
+    try:
+        os.ftruncate(fd, size)  # nothing written: a hole
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+        lane.register("sparse-memfd", fd, size)
+        request = pb.ModelInferRequest(model_name="adder")
+        x = request.inputs.add(name="x", datatype="FP32", shape=[size // 4])
+        x.parameters["shared_memory_region"].string_param = "sparse-memfd"
+        x.parameters["shared_memory_byte_size"].int64_param = size
+        with Peak(bounded) as peak, pytest.raises(CrossrtError, match="never written"):
+            lane.infer(request)
+        assert peak.grew_mib < 16, f"+{peak.grew_mib:.0f} MiB for a sparse memfd"
+    finally:
+        lane.close()
+        os.close(fd)

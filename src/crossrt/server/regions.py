@@ -51,7 +51,7 @@ class Region:
     uid: int
     pid: int
     fd: int
-    """Read and written with pread/pwrite; -1 for a mapped region."""
+    """Read and written with pread/pwrite (a mapped region's: asked only where its holes are)."""
     users: int = 0  # reads and writes under way: the descriptor is closed after the last
     released: bool = False
     mapping: np.ndarray | None = None
@@ -180,11 +180,11 @@ class Regions:
                     f"region {name!r}: the daemon cannot map the file passed for reading and "
                     f"writing ({exc.strerror}); pass a memfd sealed against shrinking only",
                 ) from None
-            self._add(Region(name, "memfd", 0, byte_size, uid, peer.pid, -1, mapping=mapped))
+            # The descriptor is kept, to ask where the file's holes are (_written)
+            self._add(Region(name, "memfd", 0, byte_size, uid, peer.pid, fd, mapping=mapped))
         except BaseException:
             os.close(fd)
             raise
-        os.close(fd)  # the mapping keeps a descriptor of its own (Python's mmap dups it)
 
     def _registrant(self, name: str, peer: Peer, byte_size: int) -> int:
         """The user registering region ``name`` of ``byte_size`` bytes (after the dead's
@@ -268,9 +268,9 @@ class Regions:
         """``size`` bytes at ``offset`` of the peer's region ``name``: a view of a mapped
         region (no copy), else copied out."""
         with self._slice(name, offset, size, peer) as region:
+            _written(region, offset, size)
             if region.mapping is not None:
                 return region.mapping[offset : offset + size]
-            _written(region, offset, size)
             data = np.empty(size, np.uint8)
             got = os.preadv(region.fd, [data.data], region.offset + offset) if size else 0
         if got != size:
@@ -324,9 +324,10 @@ class Regions:
 
 
 def _written(region: Region, offset: int, size: int) -> None:
-    """Refuse a slice of a named segment that holds a hole: bytes its client never wrote
-    (a sparse file costs its client nothing, and reading it would cost the daemon its whole
-    size: a 1 GiB sparse region cost 6.2 GiB)."""
+    """Refuse a slice that holds a hole: bytes its client never wrote (a sparse file costs
+    its client nothing, and reading it would cost the daemon its whole size: a 1 GiB sparse
+    region cost 6.2 GiB; a model reading a hole of a mapped memfd fills it with pages the
+    daemon is charged for)."""
     start = region.offset + offset
     try:
         hole = os.lseek(region.fd, start, os.SEEK_HOLE) if size else start
@@ -352,5 +353,4 @@ def _release(region: Region) -> None:
 
 
 def _close(region: Region) -> None:
-    if region.fd >= 0:  # a mapped region has none: its mapping holds the file
-        os.close(region.fd)
+    os.close(region.fd)  # a mapping keeps a descriptor of its own (Python's mmap dups it)
