@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import socket
 import threading
 import time
@@ -504,6 +505,8 @@ def _response(response: pb.ModelInferResponse, doc: dict[str, Any]) -> tuple[byt
     }
     outputs = []
     tail: list[bytes] = []
+    numbers: dict[str, bytes] = {}  # a placeholder in the JSON -> the numbers' text
+    marker = secrets.token_hex(8)
     for i, out in enumerate(response.outputs):
         raw = response.raw_output_contents[i]
         item: dict[str, Any] = {
@@ -519,7 +522,13 @@ def _response(response: pb.ModelInferResponse, doc: dict[str, Any]) -> tuple[byt
             item["data"] = decode_bytes(raw, count, f"output {out.name!r}").tolist()
         else:
             dtype = dtypes.from_kserve(out.datatype).numpy
-            item["data"] = np.frombuffer(raw, dtype=dtype).tolist()
+            values = np.frombuffer(raw, dtype=dtype)
+            if len(values) <= OUTPUT_CHUNK:
+                item["data"] = values.tolist()
+            else:  # written a chunk at a time: a list of them all cost 8 times the tensor
+                placeholder = f"{marker}-{i}"
+                numbers[json.dumps(placeholder)] = _numbers_text(values)
+                item["data"] = placeholder
         outputs.append(item)
     head = json.dumps(
         {
@@ -529,6 +538,22 @@ def _response(response: pb.ModelInferResponse, doc: dict[str, Any]) -> tuple[byt
             "outputs": outputs,
         }
     ).encode()
+    for placeholder, text in numbers.items():
+        before, after = head.split(placeholder.encode(), 1)
+        head = b"".join((before, text, after))
     if not tail:
         return head, None
     return head + b"".join(tail), len(head)
+
+
+OUTPUT_CHUNK = 1 << 16
+"""Output values made into Python numbers at a time, for a JSON answer."""
+
+
+def _numbers_text(values: np.ndarray) -> bytes:
+    """``json.dumps(values.tolist())``, made a chunk at a time."""
+    parts = [
+        json.dumps(values[i : i + OUTPUT_CHUNK].tolist())[1:-1].encode()
+        for i in range(0, len(values), OUTPUT_CHUNK)
+    ]
+    return b"[" + b", ".join(parts) + b"]"
