@@ -38,6 +38,8 @@ CHUNK = 1 << 20
 """Characters of numbers parsed at a time: the text is never copied whole."""
 
 _DIGIT = re.compile(r"[0-9]")
+_EMPTY = re.compile(r",\s*,|^\s*,|,\s*$")
+"""An empty place between commas, which NumPy would read as -1 (``"1, , 2"``)."""
 
 
 class Numbers:
@@ -77,6 +79,8 @@ class Numbers:
             piece = text[start:cut]
             if self._nested:
                 piece = piece.replace("[", " ").replace("]", " ")
+            if _EMPTY.search(piece):
+                raise ValueError("a place between commas holds no number")
             values = np.fromstring(piece, dtype=wide, sep=",")
             if len(values) != piece.count(",") + 1 or done + len(values) > self.count:
                 raise ValueError("the values are not numbers separated by commas")
