@@ -47,6 +47,7 @@ def test_nested_arrays_flatten_row_major_across_chunks(monkeypatch: pytest.Monke
         ("[" + "1, " * 3000 + "1-2]", np.float32, "unmatched"),
         ("[" + "1, " * 3000 + ", 2]", np.float32, "no number"),  # NumPy read -1 there
         ("[" + "1, " * 3000 + "2, ]", np.float32, "no number"),
+        ("[ ," + "1, " * 3000 + "2]", np.float32, "no number"),
         ("[[" + "1, " * 3000 + "2], []]", np.float32, "no number"),
         ("[[" + "1, " * 3000 + "2] [3]]", np.float32, "unmatched"),
     ],

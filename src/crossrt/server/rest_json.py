@@ -38,8 +38,9 @@ CHUNK = 1 << 20
 """Characters of numbers parsed at a time: the text is never copied whole."""
 
 _DIGIT = re.compile(r"[0-9]")
-_EMPTY = re.compile(r",\s*,|^\s*,|,\s*$")
-"""An empty place between commas, which NumPy would read as -1 (``"1, , 2"``)."""
+_GAP = re.compile(r",\s+,")
+"""An empty place between commas, which NumPy reads as -1 (``"1, , 2"``; so it does a
+leading ``" ,1"`` and a trailing ``"1, "``)."""
 
 
 class Numbers:
@@ -79,7 +80,8 @@ class Numbers:
             piece = text[start:cut]
             if self._nested:
                 piece = piece.replace("[", " ").replace("]", " ")
-            if _EMPTY.search(piece):
+            piece = piece.strip()
+            if piece.startswith(",") or piece.endswith(",") or _GAP.search(piece):
                 raise ValueError("a place between commas holds no number")
             values = np.fromstring(piece, dtype=wide, sep=",")
             if len(values) != piece.count(",") + 1 or done + len(values) > self.count:
