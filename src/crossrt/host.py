@@ -14,6 +14,7 @@ under a running process is seen after :func:`forget_host_facts`.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import math
 import os
 import platform
@@ -306,9 +307,33 @@ def pid_namespace() -> int:
         return 0
 
 
+def resident_bytes() -> int:
+    """This process's resident memory (RSS) now, in bytes; 0 where it cannot be read."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def give_back_memory() -> bool:
+    """Return the free memory of glibc's heaps to the system (``malloc_trim``); whether some
+    was. A large buffer freed stays in the heap of the thread's arena that held it: a
+    daemon's RSS crept from 128 to 602 MiB over 16 MiB requests. Mapping every large buffer
+    on its own instead (a fixed ``M_MMAP_THRESHOLD``) costs a page fault per 4 KiB each time
+    (6.6 ms against 0.25 ms to take and fill 16 MiB here). False where the C library is not
+    glibc."""
+    try:
+        return bool(ctypes.CDLL(None).malloc_trim(0))
+    except (OSError, AttributeError):
+        return False
+
+
 def process_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (this one, or another user's, counts): what a leftover
-    named by its owner's PID is judged by before it is removed."""
+    """Whether process ``pid`` exists (this one, or another user's, counts) and has not
+    ended: what a leftover named by its owner's PID is judged by before it is removed. A
+    zombie (ended, not yet reaped by its parent: ``kill(pid, 0)`` still finds it) is not
+    alive: a daemon kept the regions of 38 dead clients mapped that way."""
     if pid == os.getpid():
         return True
     try:
@@ -316,8 +341,16 @@ def process_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except OSError:  # EPERM: it exists, another user's
+        pass
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except FileNotFoundError:  # gone meanwhile; without /proc (not Linux), kill's answer
+        return not os.path.isdir("/proc")
+    except OSError:
         return True
-    return True
+    # "pid (comm) S ...": comm may hold spaces and parentheses; the state follows the last ')'
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] != b"Z"
 
 
 def owned_name(prefix: str) -> str:

@@ -538,3 +538,26 @@ def test_run_callers_in_line_for_an_instance_fail_at_once_on_unload(
     holder.join(WAIT)
     unloading.join(WAIT)
     assert len(results) == 3
+
+
+def test_a_request_done_and_dropped_is_freed_without_the_cycle_collector(
+    rt: crossrt.Runtime, tiny_exe: crossrt.Executable
+) -> None:
+    """A future and its job made a cycle (future -> callback -> job -> future): a caller that
+    dropped the future left its inputs and outputs to the cyclic garbage collector, which a
+    long-lived daemon runs rarely (issue 24: posted requests of clients that died)."""
+    import gc
+    import weakref
+
+    model = rt.load(tiny_exe)
+    gc.disable()
+    try:
+        future = model.run_async({"x": x(0)})
+        future.result(timeout=WAIT)  # the outputs: a future holds them until freed
+        kept = weakref.ref(future)
+        del future
+        # a worker holds the last job it ran until it takes the next
+        model.run_async({"x": x(1)}).result(timeout=WAIT)
+        assert kept() is None
+    finally:
+        gc.enable()

@@ -140,6 +140,12 @@ def load_executable(
 ) -> Executable:
     """Load one network of a ``.crm`` container, ready for :meth:`Runtime.load`.
 
+    A path is mapped, and stays mapped while a model loaded from it lives (ONNX Runtime maps
+    its weights from the file too): a file truncated or rewritten in place meanwhile (``cp
+    new.crm model.crm``) can kill the process with SIGBUS. Replace such a file by renaming a
+    new one over it (``mv``, :meth:`Executable.save`), or load from bytes or a private copy
+    (docs/container.md, "Writing").
+
     Args:
         source: a path or the container's bytes (see :func:`read_container`).
         network: which network; may be left out when the container holds exactly one.

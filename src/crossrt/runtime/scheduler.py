@@ -198,6 +198,11 @@ class Scheduler:
         self._entry: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._admission = Admission(depth, self._enqueue)
         self._slots = threading.Lock()  # who gives a job's slot back: see _give_slot_back
+        # Each queued job by its future, until the future resolves: a callback holding the
+        # job would make a cycle (future -> callback -> job -> future) that only the cyclic
+        # garbage collector frees, with the job's inputs and outputs, long after the caller
+        # dropped the future (a daemon kept 16-32 MiB of posted requests a round this way).
+        self._settling: dict[Future[Any], Job] = {}
         self._closed = False
         # What a request that will not run now fails with: the model's reason for closing.
         self._closing: Callable[[], BaseException] = self._closed_error
@@ -321,7 +326,8 @@ class Scheduler:
         self.statistics.arrived()
         # Counted once, whatever resolves the future: a worker, a timeout while waiting for
         # room, the caller's cancel, the model's close.
-        job.future.add_done_callback(partial(self._settled, job))
+        self._settling[job.future] = job
+        job.future.add_done_callback(self._settled_future)
         if on_done is not None:
             job.future.add_done_callback(on_done)
         try:
@@ -335,6 +341,7 @@ class Scheduler:
                 closed=self._closing,
             )
         except BaseException as exc:  # refused at the door: the future never resolves
+            self._settling.pop(job.future, None)
             self.statistics.failed(exc)
             raise
         if deadline is not None:
@@ -368,6 +375,11 @@ class Scheduler:
             return
         if waiting:
             job.future.set_exception(late(self.name, "its deadline passed while it was queued"))
+
+    def _settled_future(self, future: Future[Any]) -> None:
+        job = self._settling.pop(future, None)
+        if job is not None:
+            self._settled(job, future)
 
     def _settled(self, job: Job, future: Future[Any]) -> None:
         if not job.started:

@@ -12,8 +12,10 @@ cookies are random 63-bit numbers, checked against their owner as well.
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import threading
+import time
 from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, replace
@@ -25,7 +27,7 @@ from tritonclient.grpc import service_pb2 as pb
 from ..compiler import load_executable
 from ..compiler.layout import MAGIC
 from ..errors import CrossrtError
-from ..host import process_alive
+from ..host import give_back_memory, process_alive
 from ..runtime import LoadedModel, Runtime
 from ..runtime.cores.groups import CoreGroup
 from ..runtime.cores.reservation import core_owners
@@ -38,8 +40,17 @@ from .response_cache import with_cache_hits
 from .status import ServiceError
 from .tensors import decode_inputs, encode_outputs, requested_outputs
 
+log = logging.getLogger("crossrt.serve")
+
 MAX_POSTED = 4096
 """Requests posted and not yet waited for, over all clients."""
+
+MAX_POSTED_BYTES = 256 * 2**20
+"""The bytes a client may hold posted, unless the daemon says otherwise (``max_posted_bytes``)."""
+
+ANONYMOUS_SECONDS = 300.0
+"""How long the answer of a client whose process the daemon cannot know (pid 0: another
+user over TCP) is kept once done, not waited for: its going away cannot be seen."""
 
 
 @dataclass
@@ -51,6 +62,9 @@ class Posted:
     chosen: Any
     version: str
     peer: Peer
+    nbytes: int = 0
+    """The bytes it holds: its request, and its answer once done."""
+    done_at: float = 0.0
 
 
 class RuntimeService(v1_grpc.RuntimeServicer):
@@ -62,8 +76,11 @@ class RuntimeService(v1_grpc.RuntimeServicer):
         repository: Repository,
         regions: Regions,
         identify: Any,
+        max_posted_bytes: int = MAX_POSTED_BYTES,
     ) -> None:
         self._runtime = runtime
+        self._max_posted_bytes = max_posted_bytes
+        self._held: dict[int | str, int] = {}  # bytes posted, by client (_client)
         self._repository = repository
         self._regions = regions
         self._identify = identify
@@ -163,9 +180,14 @@ class RuntimeService(v1_grpc.RuntimeServicer):
         return found[0]
 
     def InferPost(self, request: Any, context: Any) -> v1.InferPostResponse:
+        if dropped := self.release_orphans():  # what the dead held is freed first
+            log.info("dropped %d posted requests of processes that have died", dropped)
+        peer = self._identify(context)
+        client = _client(peer)
+        size = len(request.model_infer_request)
+        self._check_held(client, size)  # before the request is deserialized
         infer = pb.ModelInferRequest.FromString(request.model_infer_request)
         entry, model = self._repository.get(infer.model_name, infer.model_version)
-        peer = self._identify(context)
         try:
             feed = decode_inputs(
                 infer, model.inputs, lambda n, o, s: self._regions.read(n, o, s, peer)
@@ -175,6 +197,7 @@ class RuntimeService(v1_grpc.RuntimeServicer):
             entry.count_refused()
             raise
         with self._lock:
+            self._check_held(client, size)  # again: the same client may post in parallel
             if len(self._posted) >= MAX_POSTED:
                 raise ServiceError(
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -182,8 +205,37 @@ class RuntimeService(v1_grpc.RuntimeServicer):
                 )
             cookie = _random_id(self._posted)
             future = model.run_async(feed, block=False)
-            self._posted[cookie] = Posted(future, infer, chosen, entry.version, peer)
+            posted = Posted(future, infer, chosen, entry.version, peer, size)
+            self._posted[cookie] = posted
+            self._held[client] = self._held.get(client, 0) + size
+        future.add_done_callback(lambda f: self._done(cookie, f))
         return v1.InferPostResponse(cookie=cookie)
+
+    def _check_held(self, client: int | str, size: int) -> None:
+        held = self._held.get(client, 0)
+        if held + size > self._max_posted_bytes:
+            raise ServiceError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"this client holds {held} bytes of posted requests and answers not waited "
+                f"for, and this one would take it past the daemon's limit of "
+                f"{self._max_posted_bytes} (max_posted_bytes); InferWait for some first",
+            )
+
+    def _done(self, cookie: int, future: Future[Any]) -> None:
+        """Count a posted request's answer against its client until it is waited for."""
+        try:
+            results = future.result(timeout=0) if not future.cancelled() else {}
+        except BaseException:
+            results = {}
+        nbytes = sum(getattr(a, "nbytes", 0) for a in results.values())
+        with self._lock:
+            posted = self._posted.get(cookie)
+            if posted is None:
+                return  # waited for, or dropped, already
+            posted.done_at = time.monotonic()
+            posted.nbytes += nbytes
+            client = _client(posted.peer)
+            self._held[client] = self._held.get(client, 0) + nbytes
 
     def InferWait(self, request: Any, context: Any) -> v1.InferWaitResponse:
         posted = self._mine(request.cookie, context)
@@ -233,14 +285,20 @@ class RuntimeService(v1_grpc.RuntimeServicer):
 
     def release_orphans(self) -> int:
         """Drop the posted requests of processes that have died (cancelled if still
-        queued), and destroy the core groups they made, once empty (the repository unloads
-        their models first); how many requests."""
+        queued), and the answers of anonymous clients done long ago, and destroy the core
+        groups dead processes made, once empty (the repository unloads their models first);
+        how many requests."""
         with self._lock:
-            dead = [
-                c for c, p in self._posted.items() if p.peer.pid and not process_alive(p.peer.pid)
+            pids = {p.peer.pid for p in self._posted.values() if p.peer.pid}
+            dead = {pid for pid in pids if not process_alive(pid)}
+            old = time.monotonic() - ANONYMOUS_SECONDS
+            gone = [
+                c
+                for c, p in self._posted.items()
+                if p.peer.pid in dead or (not p.peer.pid and p.done_at and p.done_at < old)
             ]
-            for cookie in dead:
-                self._posted.pop(cookie).future.cancel()
+            for cookie in gone:
+                self._drop(cookie).future.cancel()
             groups = [
                 (n, g) for n, (g, _, pid) in self._groups.items() if pid and not process_alive(pid)
             ]
@@ -251,11 +309,30 @@ class RuntimeService(v1_grpc.RuntimeServicer):
                 continue  # another client's model is on it: kept until that one goes
             with self._lock:
                 self._groups.pop(number, None)
-        return len(dead)
+        if gone:
+            give_back_memory()  # their buffers, freed: glibc would keep them
+        return len(gone)
 
     def _forget(self, cookie: int) -> None:
         with self._lock:
-            self._posted.pop(cookie, None)
+            if cookie in self._posted:
+                self._drop(cookie)
+
+    def _drop(self, cookie: int) -> Posted:
+        """Forget a posted request, and the bytes its client held for it (under the lock)."""
+        posted = self._posted.pop(cookie)
+        client = _client(posted.peer)
+        left = self._held.get(client, 0) - posted.nbytes
+        if left > 0:
+            self._held[client] = left
+        else:
+            self._held.pop(client, None)
+        return posted
+
+
+def _client(peer: Peer) -> int | str:
+    """Whose posted requests these are: its process, or (unknown) its connection's address."""
+    return peer.pid or peer.address
 
 
 def _random_id(taken: dict[int, Any]) -> int:

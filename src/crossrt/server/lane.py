@@ -110,7 +110,10 @@ class Frames:
             self._fill(between=self._start == self._end)
         length, status = HEADER.unpack_from(self._buffer, self._start)
         if length > limit:
-            raise FrameError(f"a frame of {length} bytes, over the {limit}-byte limit")
+            raise FrameError(
+                f"a frame of {length} bytes, over the {limit}-byte limit (the daemon's "
+                "max_message_bytes); send large tensors through shared memory"
+            )
         begin = self._start + HEADER.size
         if begin + length <= len(self._buffer):
             while self._end < begin + length:
@@ -180,6 +183,8 @@ class LaneServer:
         gate: the daemon's token and drain.
         register: registers a memfd passed by a peer as a region (name, descriptor, byte
             size, peer: :meth:`regions.Regions.register_sealed`, which owns the descriptor).
+        max_bytes: the largest frame taken (``max_message_bytes``); a larger one is refused
+            from its header, unread, and its connection closed.
     """
 
     def __init__(
@@ -190,10 +195,12 @@ class LaneServer:
         ],
         gate: Gate,
         register: Callable[[str, int, int, Peer], None] | None = None,
+        max_bytes: int = MAX_BODY,
     ) -> None:
         self._infer = infer
         self._gate = gate
         self._register = register
+        self._max_bytes = max_bytes
         self._hang_ups = HangUps()
 
     def close(self) -> None:
@@ -217,7 +224,7 @@ class LaneServer:
             send(sock, 0, MAGIC)
             while True:
                 seen.busy = False
-                kind, body = frames.read()
+                kind, body = frames.read(self._max_bytes)
                 seen.busy = True
                 if kind == REGISTER:
                     fds, frames.fds = frames.fds, []

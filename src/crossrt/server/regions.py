@@ -20,6 +20,7 @@ client wrote them, with no copy, and outputs are written there with one.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import mmap
 import os
@@ -36,6 +37,9 @@ from .peers import Peer
 from .status import ServiceError
 
 SHM_DIRECTORY = "/dev/shm"
+MAX_REGION_BYTES = 2**30
+"""The largest region a client may register, unless the daemon says otherwise
+(``max_region_bytes``)."""
 
 
 @dataclass
@@ -49,7 +53,7 @@ class Region:
     uid: int
     pid: int
     fd: int
-    """Read and written with pread/pwrite; -1 for a mapped region."""
+    """Read and written with pread/pwrite (a mapped region's: asked only where its holes are)."""
     users: int = 0  # reads and writes under way: the descriptor is closed after the last
     released: bool = False
     mapping: np.ndarray | None = None
@@ -95,15 +99,16 @@ def _owner(peer: Peer) -> int:
 class Regions:
     """The registered regions, by name."""
 
-    def __init__(self, directory: str = SHM_DIRECTORY) -> None:
+    def __init__(self, directory: str = SHM_DIRECTORY, max_bytes: int = MAX_REGION_BYTES) -> None:
         self._directory = directory
+        self._max_bytes = max_bytes
         self._lock = threading.Lock()
         self._regions: dict[tuple[int, str], Region] = {}
         """By (user, name): each user's names are its own."""
 
     def register(self, name: str, key: str, offset: int, byte_size: int, peer: Peer) -> None:
         """Register ``byte_size`` bytes at ``offset`` of segment ``key`` as ``name``."""
-        uid = self._registrant(name, peer)
+        uid = self._registrant(name, peer, byte_size)
         segment = key[1:] if key.startswith("/") else key
         if not segment or "/" in segment or segment in (".", "..") or "\0" in segment:
             raise ServiceError(
@@ -153,7 +158,7 @@ class Regions:
                 INVALID_ARGUMENT for a size past its end, ALREADY_EXISTS for a name in use.
         """
         try:
-            uid = self._registrant(name, peer)
+            uid = self._registrant(name, peer, byte_size)
             try:
                 seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
                 size = os.fstat(fd).st_size
@@ -180,18 +185,26 @@ class Regions:
                     f"region {name!r}: the daemon cannot map the file passed for reading and "
                     f"writing ({exc.strerror}); pass a memfd sealed against shrinking only",
                 ) from None
-            self._add(Region(name, "memfd", 0, byte_size, uid, peer.pid, -1, mapping=mapped))
+            # The descriptor is kept, to ask where the file's holes are (_written)
+            self._add(Region(name, "memfd", 0, byte_size, uid, peer.pid, fd, mapping=mapped))
         except BaseException:
             os.close(fd)
             raise
-        os.close(fd)  # the mapping keeps a descriptor of its own (Python's mmap dups it)
 
-    def _registrant(self, name: str, peer: Peer) -> int:
-        """The user registering region ``name`` (after the dead's regions are released)."""
+    def _registrant(self, name: str, peer: Peer, byte_size: int) -> int:
+        """The user registering region ``name`` of ``byte_size`` bytes (after the dead's
+        regions are released)."""
         uid = _owner(peer)
         self.sweep()
         if not name:
             raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "a region needs a name")
+        if byte_size > self._max_bytes:
+            raise ServiceError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"region {name!r}: byte_size {byte_size} is over this daemon's limit of "
+                f"{self._max_bytes} bytes (max_region_bytes); register smaller regions, or "
+                "start crossrt serve with a larger --max-region-bytes",
+            )
         return uid
 
     def _add(self, region: Region) -> None:
@@ -258,6 +271,7 @@ class Regions:
         """``size`` bytes at ``offset`` of the peer's region ``name``: a view of a mapped
         region (no copy), else copied out."""
         with self._slice(name, offset, size, peer) as region:
+            _written(region, offset, size)
             if region.mapping is not None:
                 return region.mapping[offset : offset + size]
             data = np.empty(size, np.uint8)
@@ -312,6 +326,27 @@ class Regions:
             self._regions.clear()
 
 
+def _written(region: Region, offset: int, size: int) -> None:
+    """Refuse a slice that holds a hole: bytes its client never wrote (a sparse file costs
+    its client nothing, and reading it would cost the daemon its whole size: a 1 GiB sparse
+    region cost 6.2 GiB; a model reading a hole of a mapped memfd fills it with pages the
+    daemon is charged for)."""
+    start = region.offset + offset
+    try:
+        hole = os.lseek(region.fd, start, os.SEEK_HOLE) if size else start
+    except OSError as exc:
+        if exc.errno != errno.ENXIO:  # a file system that cannot tell: read it
+            return
+        hole = start  # past the end: it shrank
+    if hole < start + size:
+        raise ServiceError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"region {region.name!r}: bytes {hole - region.offset} to {offset + size} of the "
+            f"slice asked for were never written (a hole in segment {region.key!r}, or past "
+            "its end); write the tensor into the region before the request",
+        )
+
+
 def _release(region: Region) -> None:
     """Close the region's descriptor now, or after the last read or write under way (under
     the registry's lock): a number reused by another file must never be read."""
@@ -321,5 +356,4 @@ def _release(region: Region) -> None:
 
 
 def _close(region: Region) -> None:
-    if region.fd >= 0:  # a mapped region has none: its mapping holds the file
-        os.close(region.fd)
+    os.close(region.fd)  # a mapping keeps a descriptor of its own (Python's mmap dups it)

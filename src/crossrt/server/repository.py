@@ -23,6 +23,7 @@ from ..host import parse_cpu_set, process_alive
 from ..runtime import LoadedModel, Runtime
 from .forms import check_servable
 from .response_cache import CacheCounts
+from .snapshot import snapshot, stamp_of
 from .status import ServiceError
 
 log = logging.getLogger("crossrt.serve")
@@ -141,7 +142,7 @@ class Entry:
     model: LoadedModel | None = None
     state: str = "UNAVAILABLE"
     reason: str = "not loaded"
-    stamp: tuple[int, int] = (0, 0)  # the file's (mtime_ns, size) when loaded
+    stamp: tuple[int, ...] = ()  # the file's version when loaded (snapshot.stamp_of)
     owner: int = 0  # the process that sent it (crossrt.v1 Load): unloaded when it dies
     user: str | None = None  # who sent it (Peer.principal); None: the operator's repository
     refused: int = 0  # requests the daemon refused before they reached the model
@@ -282,7 +283,7 @@ class Repository:
             options = entry.options.with_values(values or {})
             entry.state, entry.reason = "LOADING", ""
             try:
-                model = self._load(entry.path, options, name)
+                model, stamp = self._load(entry.path, options, name)
                 _servable(name, model)
             except BaseException as exc:
                 entry.state, entry.reason = "UNAVAILABLE", str(exc)
@@ -292,13 +293,17 @@ class Repository:
             model.served_as = f"{name}:{entry.version}"  # how crossrt top and profile name it
             old, entry.model, entry.options, entry.refused = entry.model, model, options, 0
             entry.cache = CacheCounts()
-            entry.state, entry.reason, entry.stamp = "READY", "", _stamp(entry.path)
+            entry.state, entry.reason, entry.stamp = "READY", "", stamp
             log.info("loaded model %s version %s from %s", name, entry.version, entry.path)
         if old is not None:
             old.unload()
         return entry
 
-    def _load(self, path: Path, options: LoadOptions, name: str) -> LoadedModel:
+    def _load(
+        self, path: Path, options: LoadOptions, name: str
+    ) -> tuple[LoadedModel, tuple[int, ...]]:
+        """The model loaded from ``path`` as ``name``, and the version of the file it was
+        loaded from."""
         if options.response_cache and not self.caches:
             raise InvalidArgumentError(
                 "response_cache asks for the daemon's response cache, which is off; start "
@@ -320,10 +325,14 @@ class Repository:
                     f"precision applies when an .onnx model is compiled; {path.name} is "
                     "compiled already: compile it again with crossrt compile --precision"
                 )
-            return self._runtime.load(load_executable(path), options.device, **kwargs)
+            # From the daemon's own copy: the file may be written, truncated or deleted under
+            # a mapping of it at any time (snapshot.py). Loaded, the model's mappings hold the
+            # copy's pages; its name is not needed any more.
+            with snapshot(path) as (copy, stamp):
+                return self._runtime.load(load_executable(copy), options.device, **kwargs), stamp
         if options.precision is not None:
             kwargs["precision"] = options.precision
-        return self._runtime.load(str(path), options.device, **kwargs)
+        return self._runtime.load(str(path), options.device, **kwargs), _stamp(path)
 
     def adopt(self, name: str, model: LoadedModel, owner: int, user: str | None = None) -> Entry:
         """Serve ``model``, loaded from bytes ``user`` sent, as ``name`` (version 1) until
@@ -451,14 +460,13 @@ def short(name: str, limit: int = 64) -> str:
     return repr(name) if len(name) <= limit else repr(name[:limit]) + f"... ({len(name)} chars)"
 
 
-def _stamp(path: Path | None) -> tuple[int, int]:
+def _stamp(path: Path | None) -> tuple[int, ...]:
     if path is None:
-        return (0, 0)
+        return ()
     try:
-        st = path.stat()
+        return stamp_of(path.stat())
     except OSError:
-        return (0, 0)
-    return (st.st_mtime_ns, st.st_size)
+        return ()
 
 
 def _changed(entry: Entry) -> bool:

@@ -30,17 +30,27 @@ operator's. Inputs and outputs may name registered system shared-memory regions
 client sends its tensors in the request. Errors are ``{"error": message}`` with the HTTP
 status for their gRPC code; a request whose JSON does not have KServe's form (a shape that is
 not a list of dimensions, a dimension past 2**63, nesting too deep to parse) is 400.
+
+Bounded before anything is paid for: at most ``connections`` are served at once (one more is
+answered 503 and closed, without a thread); a client has ``timeout`` seconds to send a
+request's headers (or to start the next one on a kept-alive connection), and its body
+``timeout`` more plus a second per MiB; the token is checked before the body is read; a
+``Content-Length`` over ``max_body``, or a JSON part over ``max_json``, is answered 413
+unread; the body is read as it arrives, never reserved whole from what the client declares;
+and JSON numbers are parsed straight into the tensor (:mod:`.rest_json`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import secrets
 import socket
 import threading
+import time
 from collections.abc import Callable
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import unquote
 
@@ -50,17 +60,21 @@ from tritonclient.grpc import service_pb2 as pb
 
 from .. import dtypes
 from .gate import Gate
+from .http_bounds import BoundedServer, Refused
 from .kserve import InferenceService
 from .peers import Peer, identify
+from .rest_checks import json_count, json_object, json_shape, json_shared_memory
 from .rest_extensions import model_config, shared_memory_get, shared_memory_post
-from .rest_json import json_count, json_object, json_shape, json_shared_memory
+from .rest_json import Numbers, loads
 from .status import ServiceError, status_of
 from .tensors import decode_bytes, encode_bytes
 
 log = logging.getLogger("crossrt.serve")
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
-MAX_BODY = 2**31 - 1
+MiB = 2**20
+BODY_SECONDS_PER_MIB = 1.0
+"""A body may take ``timeout`` seconds plus this per MiB to arrive."""
 
 _HTTP_STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: HTTPStatus.BAD_REQUEST,
@@ -88,6 +102,10 @@ class HttpFront:
         address: ``(host, port)`` to listen on (port 0: any free one, see :attr:`port`).
         service: the daemon's KServe service.
         gate: the daemon's token and drain.
+        max_body: the largest body taken (``max_message_bytes``).
+        max_json: the largest JSON part taken (``max_json_bytes``).
+        connections: connections served at once (``http_connections``).
+        timeout: seconds a client has to send a request's headers (``http_timeout``).
     """
 
     def __init__(
@@ -95,19 +113,25 @@ class HttpFront:
         address: tuple[str, int],
         service: InferenceService,
         gate: Gate,
+        max_body: int = 256 * MiB,
+        max_json: int = 32 * MiB,
+        connections: int = 64,
+        timeout: float = 30.0,
     ) -> None:
         front = self
 
         class Handler(_Handler):
             owner = front
 
-        class Server(ThreadingHTTPServer):
+        class Server(BoundedServer):
             address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
 
         self.service = service
         self.gate = gate
-        self._server = Server(address, Handler)
-        self._server.daemon_threads = True
+        self.max_body = max_body
+        self.max_json = max_json
+        self.timeout = timeout
+        self._server = Server(address, Handler, connections)
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="crossrt-http", daemon=True
@@ -163,7 +187,7 @@ class HttpFront:
         request = pb.ModelStatisticsRequest(name=name, version=version)
         return plain(self.service.ModelStatistics(request, None))
 
-    def repository(self, path: list[str], body: bytes, peer: Peer) -> Any:
+    def repository(self, path: list[str], body: bytes | bytearray, peer: Peer) -> Any:
         """A POST under ``/v2/repository``: the index, or a model's load or unload (Triton's
         HTTP paths) by ``peer``; its JSON answer."""
         doc = _json(body) if body.strip() else {}
@@ -187,7 +211,11 @@ class HttpFront:
         )
 
     def infer(
-        self, path: list[str], body: bytes, header_length: int | None, peer: Callable[[], Peer]
+        self,
+        path: list[str],
+        body: bytes | bytearray,
+        header_length: int | None,
+        peer: Callable[[], Peer],
     ) -> tuple[bytes, int | None]:
         """A POST .../infer: the answer's body, and its JSON part's length when binary
         data follows it."""
@@ -197,7 +225,7 @@ class HttpFront:
         length = len(body) if header_length is None else header_length
         if not 0 <= length <= len(body):
             raise _bad(f"{HEADER_LENGTH} {length} is beyond the body's {len(body)} bytes")
-        doc = _json(body[:length])
+        doc = _json(memoryview(body)[:length])
         try:
             request = _request(doc, name, version, memoryview(body)[length:])
         except (TypeError, ValueError, OverflowError, RecursionError) as exc:
@@ -218,6 +246,19 @@ class _Handler(BaseHTTPRequestHandler):
         # The headers and the body go out in two writes: with Nagle's algorithm the body
         # waited for the client's delayed ACK, 40 ms a request.
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._deadline = float("inf")
+
+    def handle_one_request(self) -> None:
+        # The headers of each request (the next one on a kept-alive connection too) within
+        # the timeout, else the connection is shut (BaseHTTPRequestHandler sees it end).
+        server: BoundedServer = self.server  # type: ignore[assignment]
+        self._deadline = server.watch(self.connection, self.owner.timeout)
+        super().handle_one_request()
+
+    def finish(self) -> None:
+        server: BoundedServer = self.server  # type: ignore[assignment]
+        server.forget(self.connection)  # before it is closed
+        super().finish()
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("http %s " + format, self.client_address[0], *args)
@@ -233,14 +274,31 @@ class _Handler(BaseHTTPRequestHandler):
         def post(path: list[str]) -> None:
             given_size = self.headers.get("Content-Length") or "0"
             size = int(given_size) if given_size.isdigit() else -1
-            if not 0 <= size <= MAX_BODY:
-                raise _bad(f"Content-Length {given_size!r} is not a body this daemon takes")
-            body = self.rfile.read(size)
+            if size < 0:
+                raise _bad(f"Content-Length {given_size!r} is not a number of bytes")
             given = self.headers.get(HEADER_LENGTH)
             try:
                 header_length = None if given is None else int(given)
             except ValueError:
                 raise _bad(f"{HEADER_LENGTH} {given!r} is not a number of bytes") from None
+            owner = self.owner
+            if size > owner.max_body:
+                raise Refused(
+                    HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                    f"a body of {size} bytes is over this daemon's limit of {owner.max_body} "
+                    "(max_message_bytes); send large tensors over gRPC or the lane through "
+                    "shared memory, or start crossrt serve with a larger --max-message-bytes",
+                )
+            json_size = size if header_length is None else header_length
+            if json_size > owner.max_json:
+                raise Refused(
+                    HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                    f"a JSON request of {json_size} bytes is over this daemon's limit of "
+                    f"{owner.max_json} (max_json_bytes); send tensors as binary data "
+                    f"({HEADER_LENGTH}), or start crossrt serve with a larger "
+                    "--max-json-bytes",
+                )
+            body = self._body(size)
             # Counted by the drain until the answer is sent, not only computed: the daemon
             # stops once the drain ends.
             self.owner.gate.enter()
@@ -265,7 +323,31 @@ class _Handler(BaseHTTPRequestHandler):
 
         self._handle(post)
 
+    def _body(self, size: int) -> bytes | bytearray:
+        """The body, read as it arrives (never reserved whole from what the client declares),
+        within the timeout plus a second per MiB."""
+        server: BoundedServer = self.server  # type: ignore[assignment]
+        seconds = self.owner.timeout + size / MiB * BODY_SECONDS_PER_MIB
+        self._deadline = server.watch(self.connection, seconds)
+        if size <= MiB:
+            body: bytes | bytearray = self.rfile.read(size)
+        else:
+            body = bytearray()
+            while len(body) < size:
+                chunk = self.rfile.read1(min(size - len(body), MiB))
+                if not chunk:
+                    break
+                body += chunk
+        if len(body) != size:
+            if time.monotonic() > self._deadline:  # shut by the reaper
+                raise TimeoutError("the body did not arrive in time")
+            raise _bad(f"the body ended after {len(body)} of its {size} bytes")
+        server.watch(self.connection, float("inf"))  # answered in its own time
+        return body
+
     def _handle(self, action: Callable[[list[str]], None]) -> None:
+        server: BoundedServer = self.server  # type: ignore[assignment]
+        server.watch(self.connection, float("inf"))  # the headers came: no deadline while served
         try:
             parts = [unquote(p) for p in self.path.split("?")[0].split("/") if p]
             if parts[:1] != ["v2"]:
@@ -276,6 +358,17 @@ class _Handler(BaseHTTPRequestHandler):
                 kind = "ipv6" if ":" in host else "ipv4"
                 self.peer = identify(f"{kind}:{host}:{port}", {}, grant)
             action(parts[1:])
+        except (Refused, TimeoutError) as exc:
+            # The body is not read: the connection cannot carry another request.
+            self.close_connection = True
+            if isinstance(exc, TimeoutError):
+                log.debug("http %s: %s", self.client_address[0], exc)
+                exc = Refused(
+                    HTTPStatus.REQUEST_TIMEOUT,
+                    f"the request did not arrive within {self.owner.timeout:g} s plus "
+                    f"{BODY_SECONDS_PER_MIB:g} s per MiB of body (http_timeout)",
+                )
+            self._json(exc.status, {"error": exc.message})
         except Exception as exc:
             code, message = status_of(exc)
             if code is grpc.StatusCode.INTERNAL:
@@ -299,10 +392,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
-def _json(body: bytes) -> dict[str, Any]:
-    """A request body's JSON object."""
+def _json(body: bytes | bytearray | memoryview) -> dict[str, Any]:
+    """A request body's JSON object (long arrays of numbers as :class:`rest_json.Numbers`)."""
     try:
-        doc = json.loads(body)
+        doc = loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise _bad(f"the request is not JSON ({str(exc)[:200]})") from None
     except RecursionError:
@@ -369,10 +462,11 @@ def _request(
         input_name = str(item["name"])
         what = f"input {input_name[:64]!r}"
         params = json_object(item.get("parameters"), f"{what}: 'parameters'")
+        shape = item["shape"]
         tensor = request.inputs.add(
             name=input_name,
             datatype=str(item["datatype"]),
-            shape=json_shape(input_name, item["shape"]),
+            shape=json_shape(input_name, shape.plain() if isinstance(shape, Numbers) else shape),
         )
         if json_shared_memory(tensor, params, what):
             request.raw_input_contents.append(b"")  # read from the region, kept in order
@@ -389,7 +483,10 @@ def _request(
             continue
         if "data" not in item:
             raise _bad(f"input {tensor.name!r} has no 'data' (nor binary_data_size)")
-        request.raw_input_contents.append(_raw(tensor.name, tensor.datatype, item["data"]))
+        # taken out of the document: its text is freed once its tensor is made
+        data = item.pop("data")
+        request.raw_input_contents.append(_raw(tensor.name, tensor.datatype, data, tensor.shape))
+        del data
     outputs = doc.get("outputs") or []
     if not isinstance(outputs, list):
         raise _bad("'outputs' is a list: [{name, parameters}]")
@@ -404,7 +501,7 @@ def _request(
     return request
 
 
-def _raw(name: str, datatype: str, data: Any) -> bytes:
+def _raw(name: str, datatype: str, data: Any, shape: Any) -> bytes:
     """A JSON input's data (nested or flat, row-major) as KServe raw contents."""
     if datatype == "BYTES":
         return encode_bytes(np.asarray(_flat(data), dtype=object))
@@ -413,8 +510,19 @@ def _raw(name: str, datatype: str, data: Any) -> bytes:
     except Exception:
         raise _bad(f"input {name!r}: unknown datatype {datatype!r}") from None
     try:
+        if isinstance(data, Numbers):
+            # counted from the text and checked before the tensor is allocated
+            needed = 1
+            for dim in shape:
+                needed *= max(int(dim), 0)
+            if data.count != needed:
+                raise _bad(
+                    f"input {name!r}: its data hold {data.count} values, its shape "
+                    f"{list(shape)} needs {needed}; send as many values as the shape says"
+                )
+            return data.array(np.dtype(dtype)).tobytes()
         return np.asarray(_flat(data), dtype=dtype).tobytes()
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
         raise _bad(f"input {name!r}: its data are not {datatype} values ({exc})") from None
 
 
@@ -428,7 +536,10 @@ def _flat(data: Any) -> list[Any]:
             if isinstance(item, list):
                 stack.append(iter(item))
                 break
-            out.append(item)
+            if isinstance(item, Numbers):
+                out.extend(item.plain())
+            else:
+                out.append(item)
         else:
             stack.pop()
     return out
@@ -445,6 +556,8 @@ def _response(response: pb.ModelInferResponse, doc: dict[str, Any]) -> tuple[byt
     }
     outputs = []
     tail: list[bytes] = []
+    numbers: dict[str, bytes] = {}  # a placeholder in the JSON -> the numbers' text
+    marker = secrets.token_hex(8)
     for i, out in enumerate(response.outputs):
         raw = response.raw_output_contents[i]
         item: dict[str, Any] = {
@@ -462,7 +575,13 @@ def _response(response: pb.ModelInferResponse, doc: dict[str, Any]) -> tuple[byt
             item["data"] = decode_bytes(raw, count, f"output {out.name!r}").tolist()
         else:
             dtype = dtypes.from_kserve(out.datatype).numpy
-            item["data"] = np.frombuffer(raw, dtype=dtype).tolist()
+            values = np.frombuffer(raw, dtype=dtype)
+            if len(values) <= OUTPUT_CHUNK:
+                item["data"] = values.tolist()
+            else:  # written a chunk at a time: a list of them all cost 8 times the tensor
+                placeholder = f"{marker}-{i}"
+                numbers[json.dumps(placeholder)] = _numbers_text(values)
+                item["data"] = placeholder
         outputs.append(item)
     head = json.dumps(
         {
@@ -472,6 +591,22 @@ def _response(response: pb.ModelInferResponse, doc: dict[str, Any]) -> tuple[byt
             "outputs": outputs,
         }
     ).encode()
+    for placeholder, text in numbers.items():
+        before, after = head.split(placeholder.encode(), 1)
+        head = b"".join((before, text, after))
     if not tail:
         return head, None
     return head + b"".join(tail), len(head)
+
+
+OUTPUT_CHUNK = 1 << 16
+"""Output values made into Python numbers at a time, for a JSON answer."""
+
+
+def _numbers_text(values: np.ndarray) -> bytes:
+    """``json.dumps(values.tolist())``, made a chunk at a time."""
+    parts = [
+        json.dumps(values[i : i + OUTPUT_CHUNK].tolist())[1:-1].encode()
+        for i in range(0, len(values), OUTPUT_CHUNK)
+    ]
+    return b"[" + b", ".join(parts) + b"]"

@@ -22,7 +22,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from .kserve import NO_CUDA_REGIONS, InferenceService
 from .peers import Peer
-from .rest_json import json_count
+from .rest_checks import json_count
 from .status import ServiceError
 
 _INT64 = {

@@ -1,58 +1,151 @@
-"""Checks of a KServe JSON request's parts (:mod:`.rest`, :mod:`.rest_extensions`): each
-wrong type or number is INVALID_ARGUMENT (HTTP 400) with a message that says what to send,
-never an exception from deeper down (a 500)."""
+"""JSON requests read without an object per number.
+
+``json.loads`` makes a Python float (24 bytes) and a list slot (8) of every number: 16 MiB of
+``"0.5,"`` cost 176 MiB, 11 times the body, before any check of the request's shape. Here a
+large body is decoded with the standard library's pure-Python scanner, whose arrays this
+module parses itself: an array of numbers (flat or nested) is kept as the place of its text
+in the document (:class:`Numbers`), counted with ``str.count`` and checked against the
+input's shape before anything is allocated for it, then parsed by NumPy straight into the
+tensor's dtype, a MiB of text at a time. The rest of the document (names, shapes,
+parameters: small) is parsed as ``json`` would. python-rapidjson (in the lock) makes the
+same objects as json, and orjson is not in the lock. ``benchmarks/json_requests.py``
+(``results/json_requests.md``) measures the three.
+"""
 
 from __future__ import annotations
 
+import json
+import json.decoder
+import json.scanner
+import re
 from typing import Any
 
-import grpc
+import numpy as np
 
-from .status import ServiceError
+SMALL = 64 * 1024
+"""Bodies shorter than this are parsed by ``json.loads``: at most a few MiB either way, and
+the C scanner is faster on small documents."""
 
+MARKED = 1024
+"""Arrays of numbers whose text is at least this long are kept as :class:`Numbers`."""
 
-def _bad(message: str) -> ServiceError:
-    return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, message)
-
-
-def json_object(value: Any, what: str) -> dict[str, Any]:
-    """``value`` when it is a JSON object, ``{}`` when absent."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise _bad(f"{what} is a JSON object ({{name: value}}), not {type(value).__name__}")
-    return value
+_FLAT = re.compile(r"[0-9eE.+\-,\s]*")
+_NESTED = re.compile(r"[0-9eE.+\-,\s\[\]]*")
+_BRACKET = re.compile(r"[\[\]]")
 
 
-def json_shape(name: str, shape: Any) -> list[int]:
-    """An input's JSON shape, checked: a list of dimensions, each 0 <= d < 2**63."""
-    if not isinstance(shape, list) or not all(
-        isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**63 for d in shape
-    ):
-        raise _bad(
-            f"input {name[:64]!r}: shape {str(shape)[:64]} is not a list of dimensions "
-            "(whole numbers, 0 to 2**63-1): 'shape': [4, 8]"
-        )
-    return shape
+CHUNK = 1 << 20
+"""Characters of numbers parsed at a time: the text is never copied whole."""
+
+_DIGIT = re.compile(r"[0-9]")
+_GAP = re.compile(r",\s+,")
+"""An empty place between commas, which NumPy reads as -1 (``"1, , 2"``; so it does a
+leading ``" ,1"`` and a trailing ``"1, "``)."""
 
 
-def json_count(value: Any, what: str) -> int:
-    """A non-negative whole number the request gives (a size, an offset, a timeout)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
-        raise _bad(f"{what} {str(value)[:64]!r}: give a whole number >= 0")
-    return value
+class Numbers:
+    """An array of numbers of a JSON document: where its text lies in the document, which
+    it keeps (never a copy of its own).
+
+    Attributes:
+        count: how many numbers there are, from the commas.
+    """
+
+    __slots__ = ("_end", "_nested", "_start", "_text", "count")
+
+    def __init__(self, text: str, start: int, end: int, nested: bool) -> None:
+        self._text, self._start, self._end, self._nested = text, start, end, nested
+        has_numbers = _DIGIT.search(text, start, end) is not None
+        self.count = text.count(",", start, end) + 1 if has_numbers else 0
+
+    def array(self, dtype: np.dtype[Any]) -> np.ndarray:
+        """The numbers as a flat array of ``dtype``, parsed a chunk of the text at a time.
+
+        Raises:
+            ValueError: a value is not a number of that kind, out of its range, or the
+                array's structure is not one of numbers separated by commas.
+        """
+        text, start, end = self._text, self._start, self._end
+        integral = dtype.kind in "iub"
+        if integral and any(text.find(c, start, end) >= 0 for c in ".eE"):
+            raise ValueError("a value is not a whole number")
+        wide = np.dtype(np.uint64 if dtype.kind == "u" else np.int64) if integral else dtype
+        if dtype.kind == "f" and dtype not in (np.float32, np.float64):
+            wide = np.dtype(np.float64)  # float16, bfloat16: parsed wide, then cast
+        out = np.empty(self.count, dtype)
+        done = 0
+        while start < end and self.count:
+            cut = text.rfind(",", start, start + CHUNK) if start + CHUNK < end else end
+            cut = end if cut < 0 else cut
+            piece = text[start:cut]
+            if self._nested:
+                piece = piece.replace("[", " ").replace("]", " ")
+            piece = piece.strip()
+            if piece.startswith(",") or piece.endswith(",") or _GAP.search(piece):
+                raise ValueError("a place between commas holds no number")
+            values = np.fromstring(piece, dtype=wide, sep=",")
+            if len(values) != piece.count(",") + 1 or done + len(values) > self.count:
+                raise ValueError("the values are not numbers separated by commas")
+            if integral and dtype.kind != "b" and wide != dtype and len(values):
+                info = np.iinfo(dtype)
+                if values.min() < info.min or values.max() > info.max:
+                    raise ValueError(f"a value is out of range [{info.min}, {info.max}]")
+            out[done : done + len(values)] = values
+            done += len(values)
+            start = cut + 1
+        if done != self.count:
+            raise ValueError("the values are not numbers separated by commas")
+        return out
+
+    def plain(self) -> list[Any]:
+        """The numbers as a flat list (for a place that takes a small list)."""
+        piece = self._text[self._start : self._end]
+        if self._nested:
+            piece = piece.replace("[", " ").replace("]", " ")
+        return list(json.loads(f"[{piece}]")) if self.count else []
 
 
-def json_shared_memory(tensor: Any, params: dict[str, Any], what: str) -> bool:
-    """Copy an input's or output's shared-memory parameters into its protobuf ``tensor``;
-    whether it names a region."""
-    if "shared_memory_region" not in params:
-        return False
-    region = params["shared_memory_region"]
-    if not isinstance(region, str):
-        raise _bad(f"{what}: shared_memory_region is a region's name")
-    tensor.parameters["shared_memory_region"].string_param = region
-    for key in ("shared_memory_byte_size", "shared_memory_offset"):
-        if key in params:
-            tensor.parameters[key].int64_param = json_count(params[key], f"{what}: {key}")
-    return True
+def loads(body: bytes | bytearray | memoryview) -> Any:
+    """The JSON document ``body``, its long arrays of numbers as :class:`Numbers`.
+
+    Raises:
+        ValueError: not JSON (``json.JSONDecodeError``), or not UTF-8.
+    """
+    if len(body) < SMALL:
+        return json.loads(bytes(body))
+    text = str(body, "utf-8")  # no copy of the bytes first; UnicodeDecodeError: ValueError
+    return _Decoder().decode(text)
+
+
+class _Decoder(json.JSONDecoder):
+    def __init__(self) -> None:
+        super().__init__()
+        self.parse_array = _array
+        # the pure-Python scanner calls parse_array; the C one parses arrays itself
+        self.scan_once = json.scanner.py_make_scanner(self)  # type: ignore[attr-defined]
+
+
+def _array(s_and_end: tuple[str, int], scan_once: Any) -> tuple[Any, int]:
+    """``json.decoder.JSONArray``, but a long array of numbers is kept as its text."""
+    s, start = s_and_end  # start: just after the '['
+    end = _FLAT.match(s, start).end()  # type: ignore[union-attr]
+    if end - start >= MARKED and s[end : end + 1] == "]":
+        return Numbers(s, start, end, nested=False), end + 1
+    if s[end : end + 1] == "[" and not s[start:end].strip():
+        close = _nested_end(s, start - 1)
+        if close is not None and close - start >= MARKED:
+            return Numbers(s, start, close, nested=True), close + 1
+    array: tuple[Any, int] = json.decoder.JSONArray(s_and_end, scan_once)  # type: ignore[attr-defined]
+    return array
+
+
+def _nested_end(s: str, opening: int) -> int | None:
+    """Where the nested array of numbers opened at ``opening`` closes; ``None`` when what
+    it holds is not only numbers and brackets."""
+    run = _NESTED.match(s, opening + 1).end()  # type: ignore[union-attr]
+    depth = 1
+    for bracket in _BRACKET.finditer(s, opening + 1, run + 1):
+        depth += 1 if bracket.group() == "[" else -1
+        if not depth:
+            return bracket.start()
+    return None

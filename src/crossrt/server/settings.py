@@ -3,7 +3,8 @@
 Every command-line option has a key of the same name in the file (``model_repository``,
 ``model_control``, ``load_model``, ``metrics``, ``token``, ``tokens``, ``cores``,
 ``log_level``, ``console``, ``endpoint``, ``max_connections``, ``user_connections``,
-``idle_timeout``), plus ``drain_seconds``, ``threads``, ``socket_mode``,
+``idle_timeout``, the bounds of :data:`BOUNDS` and ``http_timeout``), plus ``drain_seconds``,
+``threads``, ``socket_mode``,
 ``tls_cert`` / ``tls_key`` / ``tls_client_ca`` (PEM files: TLS on the TCP endpoints, client
 certificates required when a CA is given) and ``[[models]]`` tables (``name``, ``path`` and
 the load parameters) loaded at start. The command line wins.
@@ -28,6 +29,20 @@ LOG_LEVELS = {
     # neuron-rtd's -l numbers (syslog levels): 6 debug, 7 trace
     "0": 50, "1": 50, "2": 50, "3": 40, "4": 30, "5": 20, "6": 10, "7": 5,
 }  # fmt: skip
+
+
+MiB = 2**20
+
+BOUNDS = {
+    "max_message_bytes": "the largest request a client may send: a gRPC message, a lane "
+    "frame, an HTTP body",
+    "max_json_bytes": "the largest JSON part of an HTTP request",
+    "max_region_bytes": "the largest shared-memory region a client may register",
+    "max_posted_bytes": "the bytes of requests and answers a client process may hold posted "
+    "(InferPost) and not waited for",
+    "http_connections": "HTTP connections served at once",
+}
+"""The daemon's bounds on what one request or client may cost (docs/daemon.md, "Bounds")."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +136,12 @@ class ServeOptions:
     """Seconds a Unix-socket connection may stay idle (no bytes, no call under way) before
     the daemon closes it; 0: never."""
     response_cache_bytes: int = 0
+    max_message_bytes: int = 256 * MiB
+    max_json_bytes: int = 32 * MiB
+    max_region_bytes: int = 1024 * MiB
+    max_posted_bytes: int = 256 * MiB
+    http_connections: int = 64
+    http_timeout: float = 30.0
     socket_mode: int = 0o660
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -244,5 +265,23 @@ def _check(options: ServeOptions) -> None:
         raise InvalidOptionError(
             f"response_cache_bytes {cache!r}: give the bytes of answers the response cache "
             "may keep, 0 (the default) for none"
+        )
+    for name, what in BOUNDS.items():
+        value = getattr(options, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InvalidOptionError(
+                f"{name} {value!r}: give {what}, a whole number of 1 or more (default "
+                f"{getattr(ServeOptions, name)})"
+            )
+    if options.max_message_bytes >= 2**31:
+        raise InvalidOptionError(
+            f"max_message_bytes {options.max_message_bytes}: protobuf messages stop below "
+            f"2 GiB; give less than {2**31}"
+        )
+    timeout = options.http_timeout
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+        raise InvalidOptionError(
+            f"http_timeout {timeout!r}: give the seconds an HTTP client has to send a "
+            "request's headers, or to stay idle between requests, more than 0 (default 30)"
         )
     options.endpoints()  # each one checked now

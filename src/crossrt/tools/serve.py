@@ -85,6 +85,26 @@ def parser() -> argparse.ArgumentParser:
         help="keep up to N bytes of answers for the models loaded with response_cache "
         "(default 0: no response cache)",
     )  # fmt: skip
+    for flag, what in (
+        (
+            "--max-message-bytes",
+            "the largest request: gRPC message, lane frame, HTTP body (default 256 MiB)",
+        ),
+        ("--max-json-bytes", "the largest JSON part of an HTTP request (default 32 MiB)"),
+        ("--max-region-bytes", "the largest shared-memory region (default 1 GiB)"),
+        (
+            "--max-posted-bytes",
+            "the bytes a client process may hold posted with InferPost "
+            "and not waited for (default 256 MiB)",
+        ),
+        ("--http-connections", "HTTP connections served at once (default 64)"),
+    ):
+        p.add_argument(flag, type=int, metavar="N", help=what)
+    p.add_argument(
+        "--http-timeout", type=float, metavar="SECONDS",
+        help="the time an HTTP client has to send a request's headers, and may stay idle "
+        "between requests (default 30)",
+    )  # fmt: skip
     p.add_argument(
         "--token", metavar="T",
         help="require the metadata 'authorization: Bearer T' on every call (or set "
@@ -142,6 +162,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "idle_timeout": args.idle_timeout,
         "tokens": args.tokens,
         "response_cache_bytes": args.response_cache_bytes,
+        "max_message_bytes": args.max_message_bytes,
+        "max_json_bytes": args.max_json_bytes,
+        "max_region_bytes": args.max_region_bytes,
+        "max_posted_bytes": args.max_posted_bytes,
+        "http_connections": args.http_connections,
+        "http_timeout": args.http_timeout,
         "token": args.token or os.environ.get("CROSSRT_SERVE_TOKEN") or None,
     }
     try:
