@@ -256,17 +256,23 @@ def test_large_tensors_go_through_a_memfd_the_daemon_maps(daemon: Daemon) -> Non
     # Over the lane, connect() passes a sealed memfd itself: no /dev/shm name, and the daemon
     # reads the inputs where the client wrote them.
     x = np.random.default_rng(9).random(1 << 18, dtype=np.float32)
+
+    def memfds() -> set[str]:
+        # Regions are per user: this user's other clients (earlier tests on this daemon, whose
+        # connections may still be closing) list theirs too.
+        with daemon.client() as c:  # gRPC lists and serves the same regions
+            regions = c.get_system_shared_memory_status(as_json=True).get("regions", {})
+        return {name for name, r in regions.items() if r.get("key") == "memfd"}
+
+    before = memfds()
     with connect(daemon.url, shm_threshold=1024) as remote:
         assert remote.lane
         adder = remote.load("adder")
         for _ in range(3):  # the segment is reused
             np.testing.assert_array_equal(adder.run(x)["y"], x + 1)
-        with daemon.client() as c:  # gRPC lists and serves the same regions
-            regions = c.get_system_shared_memory_status(as_json=True).get("regions", {})
-        assert any(r.get("key") == "memfd" for r in regions.values()), regions
-    with daemon.client() as c:  # unregistered when the client closes
-        regions = c.get_system_shared_memory_status(as_json=True).get("regions", {})
-    assert not any(r.get("key") == "memfd" for r in regions.values()), regions
+        mine = memfds() - before
+        assert mine
+    assert not mine & memfds()  # unregistered when the client closes
 
 
 def test_only_a_sealed_memfd_is_mapped(daemon: Daemon, wire: Wire, tmp_path: Path) -> None:

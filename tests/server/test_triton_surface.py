@@ -378,7 +378,7 @@ def _x(**item: object) -> bytes:
         ("models/tiny/infer", json.dumps({"inputs": [], "parameters": {"timeout": "x"}}).encode()),
         ("models/tiny/infer", _x()[:-1] + b', "outputs": 5}'),
         ("repository/models/tiny/load", json.dumps({"parameters": ["instances"]}).encode()),
-        ("repository/index", DEEP),
+        # (A deep but empty array in a repository/index body is valid JSON it ignores: 200.)
         ("systemsharedmemory/region/r/register", json.dumps({"key": 5, "byte_size": "x"}).encode()),
     ],
 )
