@@ -12,7 +12,10 @@ For each model (tiny, the ResNet-50-like model of models.py with its 600 KB inpu
   read where the client wrote them);
 - **daemon gRPC, protobuf / shm**: the same two with ``lane=False``: every request a gRPC
   call, as any KServe client makes it (shm: a POSIX segment registered by name, which the
-  daemon reads and writes with pread/pwrite).
+  daemon reads and writes with pread/pwrite);
+- **daemon TCP, protobuf / shm**: gRPC over loopback TCP with a per-user token (a TCP client
+  is anonymous without one, and only a proven user may name shared memory: issue 24's target,
+  shm no slower than the tensor in the message at 16 MB).
 
 Each with 1 client and with N client threads (``--clients``, default 4), for ``--seconds``
 each (every request's latency recorded): p50/p99 latency and throughput. Outputs are checked
@@ -36,6 +39,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import pwd
 import signal
 import socket
 import subprocess
@@ -179,22 +183,39 @@ def unix_round_trip_us(count: int = 20_000) -> float:
     return float(np.percentile(times[count // 10 :], 50) / 1e3)
 
 
+def free_address() -> str:
+    """A free loopback ``HOST:PORT``."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{probe.getsockname()[1]}"
+
+
 def rss_kib(pid: int) -> int:
     """A process's resident memory (``VmRSS``), KiB."""
     with open(f"/proc/{pid}/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS"))
 
 
-def start_daemon(folder: Path, http: str) -> subprocess.Popen[str]:
-    """``crossrt serve`` on ``folder/d.sock`` (and HTTP on ``http``) serving
-    ``folder/models``; once it is ready."""
+TOKEN = "bench-" + os.urandom(12).hex()
+"""This user's per-user token (a tokens file the daemon reads): over TCP a client is anonymous
+without one, and shared memory is a proven local user's (docs/security.md)."""
+
+
+def start_daemon(folder: Path, http: str, tcp: str) -> subprocess.Popen[str]:
+    """``crossrt serve`` on ``folder/d.sock``, loopback TCP ``tcp`` (and HTTP on ``http``)
+    serving ``folder/models``; once it is ready."""
+    tokens = folder / "tokens.toml"
+    user = pwd.getpwuid(os.getuid()).pw_name
+    tokens.write_text(f'[[tokens]]\ntoken = "{TOKEN}"\nuser = "{user}"\n')
+    tokens.chmod(0o600)
     command = [sys.executable, "-m", "crossrt", "serve", "-x", "-g", f"unix:{folder}/d.sock"]
+    command += ["-g", tcp, "--tokens", str(tokens)]
     command += ["--model-repository", str(folder / "models"), "--http", http]
     env = dict(os.environ, CROSSRT_RUNTIME_DIR=str(folder / "run"))
     proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
     assert proc.stderr is not None
     for line in proc.stderr:
-        if line.rstrip().endswith(" ready"):
+        if line.rstrip().endswith(" INFO ready"):  # not a model's "... is ready"
             threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep draining
             return proc
     raise SystemExit(f"crossrt serve did not start (exit {proc.wait()})")
@@ -231,10 +252,8 @@ def run_all(
             build, shape = MODELS[name]
             crossrt.compile(build(), "cpu").save(folder / "models" / f"{name}.crm")
             inputs[name] = np.random.default_rng(0).random(shape, dtype=np.float32)
-        with socket.socket() as probe:  # a free loopback port for --http
-            probe.bind(("127.0.0.1", 0))
-            http = f"127.0.0.1:{probe.getsockname()[1]}"
-        daemon = start_daemon(folder, http)
+        http, tcp = free_address(), free_address()
+        daemon = start_daemon(folder, http, tcp)
         try:
             sock = f"unix:{folder}/d.sock"
             clients_by_variant = {  # the default client (the direct lane), and gRPC's
@@ -242,6 +261,9 @@ def run_all(
                 "daemon lane shm": connect(sock, shm_threshold=0),
                 "daemon gRPC protobuf": connect(sock, shm_threshold=None, lane=False),
                 "daemon gRPC shm": connect(sock, shm_threshold=0, lane=False),
+                # Loopback TCP, as a proven user (a per-user token): shared memory by name.
+                "daemon TCP protobuf": connect(tcp, token=TOKEN, shm_threshold=None),
+                "daemon TCP shm": connect(tcp, token=TOKEN, shm_threshold=0),
             }
             # What the machine and gRPC cost before crossrt does anything: a message to
             # another process and back over a Unix socket, and an empty call (ServerReady)
@@ -305,6 +327,11 @@ def ratios(rows: list[dict[str, Any]], clients: int) -> dict[str, float]:
     """The issue's three targets, as measured."""
     by = {(r["model"], r["variant"], r["clients"]): r for r in rows}
     out = {}
+    if ("big", "daemon TCP shm", 1) in by:  # issue 24: no slower than the tensor sent
+        out["big shm/protobuf throughput, TCP, a proven user (target >= 1)"] = (
+            by["big", "daemon TCP shm", 1]["throughput"]
+            / by["big", "daemon TCP protobuf", 1]["throughput"]
+        )
     for transport in ("lane", "gRPC"):
         if ("big", f"daemon {transport} shm", 1) in by:
             out[f"big shm/protobuf throughput, {transport} (target >= 3)"] = (
