@@ -177,6 +177,21 @@ def test_a_crm_file_is_a_model(tmp_path: Path) -> None:
         assert sess.get_modelmeta().graph_name == exe.name
 
 
+def test_an_ortvalue_in_the_feed_is_its_tensor() -> None:
+    """``sess.run(names, {"x": OrtValue})`` as ORT takes it: the value's memory, no copy of
+    the feed made to find it."""
+    x = np.arange(32, dtype=np.float32).reshape(4, 8)
+    ours = crossrt_ort.InferenceSession(tiny().to_bytes())
+    theirs = ort.InferenceSession(tiny().to_bytes())
+    want = theirs.run(None, {"x": ort.OrtValue.ortvalue_from_numpy(x)})[0]
+    got = ours.run(None, {"x": crossrt_ort.OrtValue.ortvalue_from_numpy(x)})[0]
+    np.testing.assert_array_equal(got, want)
+    got = ours.run(["y"], {"x": crossrt_ort.OrtValue.ortvalue_from_numpy(x)})[0]
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(state.InvalidArgument):
+        ours.run(None, {"x": crossrt_ort.OrtValue.ortvalue_from_numpy(x[:, :4].copy())})
+
+
 def test_terminate_stops_runs_until_cleared() -> None:
     model, feed = MODELS["tiny"]
     sess = crossrt_ort.InferenceSession(model)

@@ -31,7 +31,6 @@ from .options import GraphOptimizationLevel, RunOptions, SessionOptions
 from .providers import Target, provider_name, target
 from .values import OrtValue, spec_type, type_string
 
-_ndarray = np.ndarray
 _CONTAINER_MAGIC = b"CROSSRTM"
 _UNSET_VERSION = 2**63 - 1  # ORT's ModelMetadata.version when the model sets none
 _runtime: Runtime | None = None
@@ -239,10 +238,8 @@ class InferenceSession:
         """Run once: the outputs ``output_names`` (every output when empty or ``None``), in
         that order. ``input_feed`` values are NumPy arrays, :class:`OrtValue` objects or
         anything NumPy makes an array of; ``run_options.terminate`` stops the run."""
-        for value in input_feed.values():
-            if type(value) is not _ndarray:  # an OrtValue is fed as its tensor
-                input_feed = _unwrapped(input_feed)
-                break
+        # An OrtValue in the feed is fed as its tensor (values.py registers it with the
+        # input check), so the feed goes to the model as it is.
         try:
             if run_options is None and (not output_names or output_names == self._output_names):
                 result = self._run(input_feed)  # every output: the plain run, the cheapest

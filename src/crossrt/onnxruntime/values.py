@@ -11,6 +11,7 @@ from onnx import TypeProto
 
 from .. import dtypes
 from ..model import TensorSpec
+from ..runtime.inputs import feed_as_tensor
 from ..runtime.memory.tensor import Tensor
 from ..runtime.memory.tensordesc import Placement
 from .capi.onnxruntime_pybind11_state import invalid_argument
@@ -162,3 +163,6 @@ def host_array(address: int, element_type: Any, shape: Sequence[int]) -> np.ndar
     count = int(np.prod(shape)) if len(shape) else 1
     raw = (ctypes.c_byte * (count * dtype.itemsize)).from_address(int(address))
     return np.frombuffer(raw, dtype=dtype, count=count).reshape(tuple(shape))
+
+
+feed_as_tensor(OrtValue, lambda value: value.tensor)  # run() takes an OrtValue as its tensor
