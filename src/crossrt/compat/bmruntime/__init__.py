@@ -21,6 +21,8 @@ from .cpp import *  # noqa: F403
 from .cpp import __all__ as _cpp_all
 from .device import *  # noqa: F403
 from .device import __all__ as _device_all
+from .facts import *  # noqa: F403
+from .facts import __all__ as _facts_all
 from .launch import *  # noqa: F403
 from .launch import __all__ as _launch_all
 from .multicore import *  # noqa: F403
@@ -41,6 +43,7 @@ __all__ = [
     *_copies_all,
     *_cpp_all,
     *_device_all,
+    *_facts_all,
     *_launch_all,
     *_multicore_all,
     *_parallel_all,

@@ -17,6 +17,7 @@ from ...errors import InvalidArgumentError, InvalidInputError
 from ...model import TensorSpec
 from ...runtime.memory.tensor import Tensor as CrossrtTensor
 from ..bmlib import Device, DeviceMemory
+from . import envvars
 from .contract import seed_call
 from .device import bm_handle_t
 from .runtime import Bmruntime, _Network
@@ -118,6 +119,9 @@ def launch(
             for spec, t in zip(exe.inputs, input_tensors, strict=False)
         }
         specs = _output_specs(exe, feed)
+        saving = envvars.enabled(envvars.SAVE_IO)
+        if saving:
+            envvars.save_io("input", (_tensor_bytes(feed[s.name]) for s in exe.inputs))
         if not all(s.is_static for s in specs):
             for spec, t in zip(specs, output_tensors, strict=False):
                 if user_stmode:  # the layout is checked; the shape comes after the run
@@ -127,8 +131,14 @@ def launch(
                             f"output {spec.name!r}: a dynamic network's outputs are stored "
                             "BM_STORE_1N; give user_stmode=false"
                         )
+            if user_mem:  # refused before the run, not after it
+                for spec, t in zip(exe.outputs, output_tensors, strict=False):
+                    if t.device_mem is None:
+                        _user_mem(t, spec, 0, net.info.max_output_bytes[exe.outputs.index(spec)])
             _run_now(handle, net, model, feed, output_tensors[:output_num], user_mem)
             _free(device, temps)
+            if saving:
+                envvars.save_io("output", _outputs_bytes(device, output_tensors[:output_num]))
             return
         outputs: dict[str, CrossrtTensor] = {}
         layouts: list[tuple[DeviceMemory, DeviceMemory, int, tuple[int, ...], Any]] = []
@@ -169,6 +179,8 @@ def launch(
                     data = np.empty(dims, numpy_type)
                     device.memcpy_d2s(data, temp)
                     device.memcpy_s2d(mem, from_1n(data, k))
+                if saving:
+                    envvars.save_io("output", _outputs_bytes(device, output_tensors[:output_num]))
         finally:
             _free(device, temps)
             for mem in mems:
@@ -177,14 +189,45 @@ def launch(
     handle.launched(future, done)
 
 
+def _tensor_bytes(tensor: CrossrtTensor) -> bytes:
+    buf = bytearray(tensor.byte_size)
+    tensor.read(buf, 0, len(buf))
+    return bytes(buf)
+
+
+def _outputs_bytes(device: Device, tensors: Sequence[bm_tensor_t]) -> list[bytes]:
+    """The bytes of each output as stored (its shape's, in its store mode's layout)."""
+    chunks = []
+    for t in tensors:
+        if t.device_mem is None:
+            continue
+        dtype = crossrt_dtype(t.dtype)
+        k = batches_per_word(t.st_mode, dtype, "output")
+        buf = bytearray(stored_bytes(tuple(t.shape.shape), max(1, dtype.itemsize), k))
+        device.memcpy_d2s(buf, t.device_mem, len(buf))
+        chunks.append(bytes(buf))
+    return chunks
+
+
 def _free(device: Device, mems: Sequence[DeviceMemory]) -> None:
     for mem in mems:
         device.free(mem)
 
 
-def _user_mem(t: bm_tensor_t, spec: TensorSpec, size: int) -> DeviceMemory:
+def _user_mem(
+    t: bm_tensor_t, spec: TensorSpec, size: int, bound: int | None = None
+) -> DeviceMemory:
     mem = t.device_mem
     if mem is None:
+        if bound == 0:  # a dynamic network's output with no declared bound
+            raise InvalidArgumentError(
+                f"output {spec.name!r}: user_mem is true but its device_mem is not set, and "
+                "its size has no bound (max_output_bytes is 0: the network is dynamic and "
+                "declares no range for the dimensions it depends on); declare the inputs' "
+                "ranges in the model's 'crossrt.dim_ranges' metadata (docs/memory.md), "
+                "compile it with stages, or pass user_mem=false",
+                details={"output": spec.name},
+            )
         raise InvalidArgumentError(
             f"output {spec.name!r}: user_mem is true but its device_mem is not set; allocate "
             f"max_output_bytes with bm_malloc_device_byte, or pass user_mem=false"

@@ -15,18 +15,33 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ... import Executable, LoadedModel, Runtime, list_networks, load_executable
+from ... import (
+    Executable,
+    LoadedModel,
+    Profile,
+    Runtime,
+    __version__,
+    list_networks,
+    load_executable,
+)
 from ...compiler.io_quant import read_io_quantization
-from ...errors import CrossrtError, InvalidArgumentError, OperationForbiddenError
+from ...errors import (
+    CrossrtError,
+    InvalidArgumentError,
+    InvalidModelError,
+    OperationForbiddenError,
+)
 from ...model import TensorSpec
+from ...runtime.shapes import DimRange, declared_ranges, default_ranges
 from ..bmlib import DeviceMemory
+from . import envvars
 from .contract import seed_call
 from .device import bm_handle_t
-from .status import ERRORS, failed
+from .status import ERRORS, failed, log
 from .types import (
     BM_RUNTIME_AUTO,
     BM_RUNTIME_CHECK_MEM,
@@ -90,6 +105,7 @@ class Bmruntime:
         self.networks: dict[str, _Network] = {}
         self.flags = int(BM_RUNTIME_AUTO)  # bmrt_set_flags
         self.slots: dict[int, mem_info_t] = {}  # bmrt_pre_alloc_mem_multi_thread
+        self.profiles: list[Profile] = []  # BMRUNTIME_ENABLE_PROFILE: written at destroy
         self._lock = threading.Lock()
 
     @property
@@ -184,17 +200,66 @@ class Bmruntime:
                 self.networks[exe.name] = _Network(
                     exe, models, _net_info(exe), memory=tuple(memory)
                 )
+            if envvars.enabled(envvars.PROFILE):
+                these = [m for models in loaded for m in models.values()]
+                self.profiles.append(self.runtime.profile(envvars.profile_path(), these).start())
 
 
 def _stage_list(exe: Executable) -> list[Executable]:
     return list(exe.stages) or [exe]
 
 
-def _bytes(spec: TensorSpec) -> int:
-    dims = shape_dims(spec.shape)
-    if spec.dtype is None or any(d < 0 for d in dims):
+def _bytes(spec: TensorSpec, bounds: Mapping[str, int] | None = None) -> int:
+    """The most bytes ``spec`` can hold: a dynamic dimension takes its symbol's bound from
+    ``bounds``; 0 when one has none (or the rank or type is unknown)."""
+    if spec.dtype is None or spec.shape is None:
+        return 0
+    dims = [d if isinstance(d, int) else (bounds or {}).get(str(d), -1) for d in spec.shape]
+    if any(d < 0 for d in dims):
         return 0
     return math.prod(dims) * max(1, spec.dtype.itemsize)
+
+
+def _ranges(exe: Executable) -> dict[str, tuple[DimRange, ...]]:
+    """The declared input ranges; none (logged) when the declaration is invalid, which only
+    leaves max_*_bytes 0: the network still loads and runs."""
+    try:
+        return declared_ranges(exe)
+    except InvalidModelError as exc:
+        log.warning("network %r: no max_*_bytes bounds: %s", exe.name, exc)
+        return default_ranges(exe.inputs)
+
+
+def _dim_bounds(exe: Executable) -> dict[str, int]:
+    """The largest value of each symbolic input dimension (``"N"``) that the network declares
+    (``crossrt.dim_ranges`` metadata, runtime/shapes.py): outputs that share the symbol are
+    bounded by it. A symbol several inputs bound takes the smallest bound, as it is one
+    value; an unbounded range (max null) bounds nothing."""
+    bounds: dict[str, int] = {}
+    ranges = _ranges(exe)
+    for spec in exe.inputs:
+        for dim, (_, high) in zip(spec.shape or (), ranges.get(spec.name, ()), strict=False):
+            if isinstance(dim, str) and high is not None:
+                bounds[dim] = min(high, bounds.get(dim, high))
+    return bounds
+
+
+def _input_bytes(exe: Executable, bounds: Mapping[str, int]) -> list[int]:
+    """Each input's most bytes: its declared range per axis, else its symbol's bound."""
+    ranges = _ranges(exe)
+    sizes = []
+    for spec in exe.inputs:
+        axes = ranges.get(spec.name, ())
+        dims = [
+            d if isinstance(d, int) else (axes[i][1] if i < len(axes) else None)
+            for i, d in enumerate(spec.shape or ())
+        ]
+        shape = tuple(
+            d if d is not None else bounds.get(str(s), -1)
+            for d, s in zip(dims, spec.shape or (), strict=True)
+        )
+        sizes.append(_bytes(TensorSpec(spec.name, spec.dtype, shape)))
+    return sizes
 
 
 def _net_info(exe: Executable) -> bm_net_info_t:
@@ -205,6 +270,7 @@ def _net_info(exe: Executable) -> bm_net_info_t:
     ins = [q_in.get(s.name, (1.0, 0)) for s in exe.inputs]
     outs = [q_out.get(s.name, (1.0, 0)) for s in exe.outputs]
     dynamic = not all(s.is_static for s in (*exe.inputs, *exe.outputs)) and not exe.stages
+    bounds = _dim_bounds(exe) if dynamic else {}
     return bm_net_info_t(
         name=exe.name,
         is_dynamic=dynamic,
@@ -224,8 +290,13 @@ def _net_info(exe: Executable) -> bm_net_info_t:
             )
             for st in stages
         ],
-        max_input_bytes=[max(_bytes(st.inputs[i]) for st in stages) for i in range(n_in)],
-        max_output_bytes=[max(_bytes(st.outputs[i]) for st in stages) for i in range(n_out)],
+        # A dynamic network without stages: the bounds it declares, 0 where it has none.
+        max_input_bytes=_input_bytes(exe, bounds)
+        if dynamic
+        else [max(_bytes(st.inputs[i]) for st in stages) for i in range(n_in)],
+        max_output_bytes=[_bytes(s, bounds) for s in exe.outputs]
+        if dynamic
+        else [max(_bytes(st.outputs[i]) for st in stages) for i in range(n_out)],
         input_zero_point=[zero for _, zero in ins],
         output_zero_point=[zero for _, zero in outs],
         input_loc_devices=[0] * n_in,
@@ -253,6 +324,8 @@ def bmrt_create_ex(bm_handles: Sequence[bm_handle_t], num_handles: int) -> Bmrun
             raise InvalidArgumentError(f"num_handles={num_handles}: give that many handles")
         for h in handles:
             h.check()
+        if os.environ.get(envvars.LOG_VERSION) is not None:
+            log.info("bmrt_create: crossrt %s (BMRuntime compatibility layer)", __version__)
         return Bmruntime(handles)
     except CrossrtError as exc:
         failed("bmrt_create", exc)
@@ -261,7 +334,14 @@ def bmrt_create_ex(bm_handles: Sequence[bm_handle_t], num_handles: int) -> Bmrun
 
 @seed_call
 def bmrt_destroy(p_bmrt: Bmruntime) -> None:
-    """Unload every network and close the runtime."""
+    """Unload every network and close the runtime (writing its BMRUNTIME_ENABLE_PROFILE
+    traces first)."""
+    for profile in p_bmrt.profiles:
+        try:
+            profile.stop()
+        except (CrossrtError, OSError) as exc:
+            log.warning("%s: could not write %s: %s", envvars.PROFILE, profile.path, exc)
+    p_bmrt.profiles.clear()
     p_bmrt.runtime.close()
     p_bmrt.networks.clear()
 
