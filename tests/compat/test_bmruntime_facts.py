@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
@@ -152,6 +153,15 @@ def test_bm_get_stat_has_bm_dev_stat_ts_fields(handle) -> None:
     assert after.mem_used >= before.mem_used + 3
     assert after.heap_stat[0].mem_avail == after.mem_total - after.mem_used
     bm_free_device(handle, mem)
+
+
+def test_tpu_util_is_100_while_a_launch_on_the_device_runs(handle) -> None:
+    running: Future[None] = Future()  # a launch the device has not finished: queued, as
+    handle.launched(running, lambda: None)  # bmrt_launch_tensor records one
+    assert bm_get_stat(handle)[1].tpu_util == 100
+    running.set_result(None)
+    assert bm_get_stat(handle)[1].tpu_util == 0
+    assert bm_thread_sync(handle) == BM_SUCCESS
 
 
 # -- logging -----------------------------------------------------------------------------------

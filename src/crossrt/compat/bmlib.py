@@ -326,7 +326,8 @@ class Device:
             mapping.after_device_write()
 
     def stats(self) -> MemoryStats:
-        """This device's memory statistics (``bm_get_stat``)."""
+        """This device's memory statistics (crossrt's record; ``bm_get_stat`` gives them as
+        ``bm_dev_stat_t``: compat/bmruntime/facts.py)."""
         return self._allocator.stats()
 
     def __repr__(self) -> str:
