@@ -24,6 +24,8 @@ from crossrt.compat.bmruntime import (
     BMLIB_LOG_ERROR,
     BMLIB_LOG_WARNING,
     CROSSRT_CHIPID,
+    Context,
+    Network,
     bm_dev_getcount,
     bm_dev_query,
     bm_free_device,
@@ -111,6 +113,27 @@ def test_a_dynamic_networks_max_bytes_come_from_its_declared_ranges(handle) -> N
     bm_free_device(handle, in_mem)
     bm_free_device(handle, out_mem)
     bmrt_destroy(p)
+
+
+def test_a_bounded_dynamic_network_runs_in_the_memory_network_allocates(handle) -> None:
+    # Network allocates max_*_bytes for each input and output, as BMRuntime does: with the
+    # bounds, a dynamic network's outputs go into that memory, not memory made per Forward.
+    with Context(handle) as ctx:
+        assert ctx.load_bmodel(_neg('{"x": [[1, 8], [4, 4]]}')) == BM_SUCCESS
+        with Network(ctx, "neg") as net:
+            out_mem = net.Outputs()[0].tensor().device_mem
+            assert out_mem is not None and out_mem.size == 8 * 4 * 4
+            for n in (3, 8):
+                x = np.arange(4 * n, dtype=np.float32)
+                assert net.Inputs()[0].Reshape(bm_shape_t(2, [n, 4])) == BM_SUCCESS
+                assert net.Inputs()[0].CopyFrom(x) == BM_SUCCESS
+                assert net.Forward() == BM_SUCCESS
+                y = net.Outputs()[0]
+                assert y.tensor().device_mem is out_mem
+                assert y.tensor().shape == bm_shape_t(2, [n, 4])
+                out = np.empty(4 * n, np.float32)
+                assert y.CopyTo(out) == BM_SUCCESS
+                np.testing.assert_array_equal(out, -x)
 
 
 def test_without_a_bound_max_bytes_is_0_and_user_mem_is_refused_saying_why(handle, caplog) -> None:

@@ -10,7 +10,7 @@ card is one device (card ``i`` is ``devid`` ``i``), DDR ECC is off, there is no 
 A53 and no PCIe address. ``tpu_util`` is 100 while a launch through a handle on the device
 is running, else 0 (an instant figure, as ``bm-smi``'s).
 
-Logging: bmlib's levels (``BMLIB_LOG_*``, 0 quietest... 24 most verbose, as ``bmlib_log.h``)
+Logging: bmlib's levels (``BMLIB_LOG_*``, from -8 quietest to 56 most verbose, as ``bmlib_log.h``)
 set the level of the ``crossrt`` logger, so they quieten or open crossrt's own messages as
 well as this layer's; a callback set with ``bmlib_log_set_callback`` receives every record
 of the ``crossrt`` loggers at or above that level as ``(level, message)``.
