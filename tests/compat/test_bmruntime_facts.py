@@ -47,6 +47,7 @@ from crossrt.compat.bmruntime import (
     bmrt_create,
     bmrt_destroy,
     bmrt_get_network_info,
+    bmrt_launch_data,
     bmrt_launch_tensor,
     bmrt_launch_tensor_ex,
     bmrt_load_bmodel,
@@ -236,6 +237,23 @@ def test_save_io_tensors_writes_each_launchs_inputs_and_outputs(
     assert bmrt_load_bmodel(p, bmodel)
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
     _run_double(handle, p, x)
+    bmrt_destroy(p)
+    assert (tmp_path / "input_ref_data.dat.bmrt").read_bytes() == x.tobytes()
+    assert (tmp_path / "output_ref_data.dat.bmrt").read_bytes() == (2 * x).tobytes()
+
+
+def test_save_io_tensors_covers_launch_data(
+    handle, bmodel: Path, tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("BMRT_SAVE_IO_TENSORS", "1")
+    p = bmrt_create(handle)
+    assert bmrt_load_bmodel(p, bmodel)
+    x = np.full((2, 4), 3, np.float32)
+    outs: list = [None]
+    assert bmrt_launch_data(
+        p, "double", [x], [bm_shape_t.of([2, 4])], 1, outs, [bm_shape_t()], 1, False
+    )
     bmrt_destroy(p)
     assert (tmp_path / "input_ref_data.dat.bmrt").read_bytes() == x.tobytes()
     assert (tmp_path / "output_ref_data.dat.bmrt").read_bytes() == (2 * x).tobytes()

@@ -366,6 +366,9 @@ def launch_data(
         array = np.frombuffer(data, dtype=spec.dtype.numpy, count=count)
         feed[spec.name] = array.reshape(shape.shape)
     result = model.run(feed)
+    if envvars.enabled(envvars.SAVE_IO):
+        envvars.save_io("input", (feed[s.name].tobytes() for s in exe.inputs))
+        envvars.save_io("output", (np.asarray(result[s.name]).tobytes() for s in exe.outputs))
     for i, spec in enumerate(exe.outputs):
         value = np.ascontiguousarray(result[spec.name])
         if user_mem:
