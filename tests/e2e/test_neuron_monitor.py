@@ -180,7 +180,7 @@ def test_documents_have_neuron_monitors_layout_and_export_its_metrics(
     registry = CollectorRegistry(auto_describe=False)
     registry.register(metrics)
     samples = _samples(generate_latest(registry).decode())
-    assert NEURON_NAMES <= samples.keys(), NEURON_NAMES - samples.keys()
+    assert samples.keys() >= NEURON_NAMES, NEURON_NAMES - samples.keys()
     status = {s.labels["status_type"]: s.value for s in samples["execution_status_total"]}
     completed = sum(
         d["neuron_runtime_data"][0]["report"]["execution_stats"]["execution_summary"]["completed"]

@@ -140,10 +140,10 @@ def _list(doc: Mapping[str, Any], key: str, where: object) -> list[Any]:
 def _groups(
     doc: Mapping[str, Any], key: str, known: Sequence[str], period: float, where: str
 ) -> dict[str, float]:
-    groups = {}
+    groups: dict[str, float] = {}
     for j, metric in enumerate(_list(doc, key, where)):
         kind = metric.get("type") if isinstance(metric, dict) else None
-        if kind not in known:
+        if not isinstance(kind, str) or kind not in known:
             raise InvalidArgumentError(
                 f"{where}.{key}[{j}]: type {kind!r} is not one of {', '.join(known)}"
             )
