@@ -264,4 +264,4 @@ def test_prometheus_serves_neuron_monitor_prometheus_names(
         server.kill()
         server.communicate(timeout=WAIT_S)
     assert {"instance_info", "neuron_hardware_info", "system_memory_total_bytes"} <= samples.keys()
-    assert "nv_inference_count" not in samples  # crossrt's own names are the other format's
+    assert "crossrt_inference_request_success_total" not in samples  # the crossrt format's

@@ -34,15 +34,13 @@ from ..runtime.statistics import (
     histogram_percentile_us,
     statistics_from_dict,
 )
-from .common import fail
+from .common import fail, require_psutil
 
 DEFAULT_PERIOD = 5.0
 """Seconds between documents when ``--period`` is not given."""
 
 SNAPSHOT_TIMEOUT = 2.0
 """Seconds each process has to answer a snapshot."""
-
-TOOLS_EXTRA = "pip install 'crossrt[tools]'"
 
 
 def positive_seconds(text: str) -> float:
@@ -287,21 +285,6 @@ SCRAPE_SECONDS = 0.5
 
 
 # -- sampling ---------------------------------------------------------------------------------
-
-
-def require_psutil() -> Any:
-    """The ``psutil`` module.
-
-    Raises:
-        CrossrtError: it is not installed (the ``tools`` extra brings it).
-    """
-    try:
-        import psutil  # type: ignore[import-untyped]
-    except ImportError as exc:
-        raise CrossrtError(
-            f"psutil is missing ({exc}); install the tools extra: {TOOLS_EXTRA}"
-        ) from None
-    return psutil
 
 
 class Sampler:

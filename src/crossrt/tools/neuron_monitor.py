@@ -35,7 +35,7 @@ from typing import Any
 
 from ..errors import InvalidArgumentError
 from ..runtime import observer
-from .monitor import require_psutil
+from .common import require_psutil
 from .neuron_groups import runtime_group
 
 RUNTIME_GROUPS = (
@@ -186,6 +186,10 @@ class NeuronSampler:
     def sample(self) -> dict[str, Any]:
         """One document of every watched process and the machine."""
         now = time.monotonic()
+        # Documents come every tick, give or take a late one: a group whose period is all
+        # but half a tick over is due now, not a whole tick late (or skipped when the
+        # previous document came late and this one on time).
+        slack = self.config.tick() / 2
         runtimes = []
         for snap in self._snapshots():
             if "error" in snap:
@@ -197,7 +201,7 @@ class NeuronSampler:
             for group, period in found.groups.items():
                 key = (snap["pid"], snap.get("started"), group)
                 at, before = self._runtime_at.get(key, (now - period, None))
-                if key in self._runtime_at and now - at < period * 0.999:
+                if key in self._runtime_at and now - at < period - slack:
                     continue  # not due: a consumer adds counts up, so each is said once
                 report[group] = runtime_group(group, before, snap, max(now - at, 1e-9))
                 self._runtime_at[key] = (now, snap)
@@ -212,7 +216,7 @@ class NeuronSampler:
             )
         system = {}
         for group, period in self.config.system.items():
-            if now - self._system_at[group] >= period * 0.999 or group not in self._said:
+            if now - self._system_at[group] >= period - slack or group not in self._said:
                 system[group] = self._system_group(group, now - self._system_at[group])
                 self._system_at[group] = now
                 self._said.add(group)
