@@ -103,8 +103,8 @@ class Settings:
             ``2G``...); ``None``: half of the host's usable memory. A model estimated to need
             more is checked against another oracle (``runtime/oracle.py``).
         process_tag: the name ``crossrt top`` and ``monitor`` show for this process
-            (``CROSSRT_PROCESS_TAG``, like Neuron's ``NEURON_PROCESS_TAG``; at most 255
-            characters); ``None``: the program's name.
+            (``CROSSRT_PROCESS_TAG``; where it is unset, Neuron's ``NEURON_PROCESS_TAG``;
+            at most 255 characters); ``None``: the program's name.
     """
 
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
@@ -198,12 +198,15 @@ class Settings:
 
     @cached_property
     def process_tag(self) -> str | None:
-        tag = self._text("CROSSRT_PROCESS_TAG")
+        # NEURON_PROCESS_TAG is read where CROSSRT_PROCESS_TAG is unset, so that a program
+        # tagged for neuron-monitor keeps its tag (and its tag_filter) under crossrt.
+        name = "CROSSRT_PROCESS_TAG" if self._text("CROSSRT_PROCESS_TAG") else "NEURON_PROCESS_TAG"
+        tag = self._text(name)
         if len(tag) > 255 or not tag.isprintable():
             raise InvalidOptionError(
-                f"CROSSRT_PROCESS_TAG={tag[:40]!r}...: a tag is at most 255 printable "
+                f"{name}={tag[:40]!r}...: a tag is at most 255 printable "
                 "characters; shorten it, or unset it to show the program's name",
-                details={"setting": "CROSSRT_PROCESS_TAG"},
+                details={"setting": name},
             )
         return tag or None
 

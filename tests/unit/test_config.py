@@ -124,3 +124,13 @@ def test_default_device_follows_the_environment(monkeypatch):
     monkeypatch.setenv("CROSSRT_DEFAULT_DEVICE", "")
     assert default_device() == "cpu"
     assert default_device({"CROSSRT_DEFAULT_DEVICE": "cpu:0"}) == "cpu:0"
+
+
+def test_neuron_process_tag_is_the_tag_where_crossrt_process_tag_is_unset() -> None:
+    # neuron-monitor's tag_filter selects by NEURON_PROCESS_TAG: a program tagged for it
+    # keeps its tag under crossrt; CROSSRT_PROCESS_TAG, when set, wins.
+    assert Settings({"NEURON_PROCESS_TAG": "neuron-app"}).process_tag == "neuron-app"
+    both = {"NEURON_PROCESS_TAG": "neuron-app", "CROSSRT_PROCESS_TAG": "crossrt-app"}
+    assert Settings(both).process_tag == "crossrt-app"
+    with pytest.raises(crossrt.InvalidOptionError, match="NEURON_PROCESS_TAG"):
+        _ = Settings({"NEURON_PROCESS_TAG": "tab\there"}).process_tag

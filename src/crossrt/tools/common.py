@@ -136,3 +136,21 @@ def decision_lines(decision: Mapping[str, Any]) -> list[str]:
         f"{decision.get('why', '')}"
     )
     return [printable(line) for line in lines]
+
+
+TOOLS_EXTRA = "pip install 'crossrt[tools]'"
+
+
+def require_psutil() -> Any:
+    """The ``psutil`` module (``monitor``, ``top``).
+
+    Raises:
+        CrossrtError: it is not installed (the ``tools`` extra brings it).
+    """
+    try:
+        import psutil  # type: ignore[import-untyped]
+    except ImportError as exc:
+        raise CrossrtError(
+            f"psutil is missing ({exc}); install the tools extra: {TOOLS_EXTRA}"
+        ) from None
+    return psutil

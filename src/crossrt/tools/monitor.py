@@ -34,15 +34,13 @@ from ..runtime.statistics import (
     histogram_percentile_us,
     statistics_from_dict,
 )
-from .common import fail
+from .common import fail, require_psutil
 
 DEFAULT_PERIOD = 5.0
 """Seconds between documents when ``--period`` is not given."""
 
 SNAPSHOT_TIMEOUT = 2.0
 """Seconds each process has to answer a snapshot."""
-
-TOOLS_EXTRA = "pip install 'crossrt[tools]'"
 
 
 def positive_seconds(text: str) -> float:
@@ -90,6 +88,22 @@ def parser() -> argparse.ArgumentParser:
         help="stop after N documents (default: run until interrupted)",
     )
     p.add_argument(
+        "--format",
+        choices=("crossrt", "neuron-monitor"),
+        default="crossrt",
+        help="crossrt's documents (default), or AWS neuron-monitor's layout "
+        "(neuron_runtime_data, system_data...) and, with --prometheus, the metric names of "
+        "neuron-monitor-prometheus.py",
+    )
+    p.add_argument(
+        "-c",
+        "--config-file",
+        metavar="FILE",
+        help="with --format neuron-monitor: a neuron-monitor JSON config file (period, "
+        "neuron_runtimes with tag_filter and metrics, system_metrics); default: every "
+        "group of every process every --period",
+    )
+    p.add_argument(
         "--prometheus",
         metavar="[HOST:]PORT",
         help="instead of printing, serve the processes' metrics for Prometheus on "
@@ -102,9 +116,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``crossrt monitor``."""
     p = parser()
     args = p.parse_args(argv)
-    if args.prometheus is not None and (args.count is not None or args.period != DEFAULT_PERIOD):
+    if args.prometheus is not None and args.count is not None:
         p.error("--prometheus serves each scrape as it comes: --period and --count do not apply")
+    if args.prometheus is not None and args.format == "crossrt" and args.period != DEFAULT_PERIOD:
+        p.error("--prometheus serves each scrape as it comes: --period and --count do not apply")
+    if args.config_file is not None and args.format != "neuron-monitor":
+        p.error("-c/--config-file is neuron-monitor's: add --format neuron-monitor")
+    if args.config_file is not None and args.period != DEFAULT_PERIOD:
+        p.error("the config file gives the periods: leave --period out with -c")
     try:
+        if args.format == "neuron-monitor":
+            return neuron_main(args.config_file, args.period, args.count, args.prometheus)
         if args.prometheus is not None:
             return serve_prometheus(args.prometheus)
         sampler = Sampler()
@@ -120,6 +142,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def neuron_main(
+    config_file: str | None, period: float, count: int | None, prometheus: str | None
+) -> int:
+    """``--format neuron-monitor``: print neuron-monitor's documents, or serve its
+    Prometheus metrics (``tools/neuron_monitor.py``, ``tools/neuron_prometheus.py``)."""
+    from .neuron_monitor import NeuronConfig, NeuronSampler, load_config
+
+    config = load_config(config_file) if config_file else NeuronConfig.default(period)
+    sampler = NeuronSampler(config)
+    if prometheus is not None:
+        from .neuron_prometheus import Feed
+
+        return serve_collectors(prometheus, Feed(sampler, config.tick()))
+    for made, pause in enumerate(pauses(config.tick()), 1):
+        time.sleep(pause)
+        sys.stdout.write(json.dumps(sampler.sample(), separators=(",", ":")) + "\n")
+        sys.stdout.flush()
+        if count is not None and made >= count:
+            break
+    return 0
+
+
 # -- Prometheus -------------------------------------------------------------------------------
 
 
@@ -132,29 +176,39 @@ def serve_prometheus(address: str) -> int:
         CrossrtError: prometheus-client or psutil is missing, or the address is taken.
     """
     try:
-        from ..server.metrics import (
-            CacheCollector,
-            ModelCollector,
-            ProcessCollector,
-            serve_metrics,
-        )
+        from ..server.metrics import CacheCollector, ModelCollector, ProcessCollector
     except ImportError as exc:
         raise CrossrtError(
             f"prometheus-client is missing ({exc}); install the serve extra: "
             "pip install 'crossrt[serve]'"
         ) from None
-    psutil = require_psutil()
-    scrape = Scrape(psutil)
+    scrape = Scrape(require_psutil())
+    return serve_collectors(
+        address,
+        ModelCollector(scrape.models),
+        ProcessCollector(scrape.processes),
+        CacheCollector(scrape.caches),
+    )
+
+
+def serve_collectors(address: str, *collectors: Any) -> int:
+    """Serve ``collectors`` on ``[HOST:]PORT`` (``/metrics``) until interrupted.
+
+    Raises:
+        CrossrtError: prometheus-client is missing, or the address is malformed or taken.
+    """
+    try:
+        from ..server.metrics import serve_metrics
+    except ImportError as exc:
+        raise CrossrtError(
+            f"prometheus-client is missing ({exc}); install the serve extra: "
+            "pip install 'crossrt[serve]'"
+        ) from None
     host, _, port = address.rpartition(":")
     if not port.isdigit() or not 0 < int(port) < 65536:
         raise InvalidArgumentError(f"--prometheus {address!r}: give [HOST:]PORT, e.g. 9100")
     try:
-        server, _ = serve_metrics(
-            f"{host or '127.0.0.1'}:{port}",
-            ModelCollector(scrape.models),
-            ProcessCollector(scrape.processes),
-            CacheCollector(scrape.caches),
-        )
+        server, _ = serve_metrics(f"{host or '127.0.0.1'}:{port}", *collectors)
     except OSError as exc:
         raise OutOfResourcesError(
             f"cannot serve metrics on {address}: {exc.strerror or exc}; choose another "
@@ -231,21 +285,6 @@ SCRAPE_SECONDS = 0.5
 
 
 # -- sampling ---------------------------------------------------------------------------------
-
-
-def require_psutil() -> Any:
-    """The ``psutil`` module.
-
-    Raises:
-        CrossrtError: it is not installed (the ``tools`` extra brings it).
-    """
-    try:
-        import psutil  # type: ignore[import-untyped]
-    except ImportError as exc:
-        raise CrossrtError(
-            f"psutil is missing ({exc}); install the tools extra: {TOOLS_EXTRA}"
-        ) from None
-    return psutil
 
 
 class Sampler:

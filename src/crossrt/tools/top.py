@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 from ..errors import CrossrtError
 from ..host import format_cpus
 from ..runtime import observer
-from .common import fail, human_bytes, printable
-from .monitor import TOOLS_EXTRA, Sampler, diff_processes, pauses, positive_seconds
+from .common import TOOLS_EXTRA, fail, human_bytes, printable
+from .monitor import Sampler, diff_processes, pauses, positive_seconds
 
 if TYPE_CHECKING:
     from rich.console import Console, Group
