@@ -19,6 +19,8 @@ from .devices import *  # noqa: F403
 from .devices import __all__ as _devices_all
 from .executor import *  # noqa: F403
 from .executor import __all__ as _executor_all
+from .legacy import *  # noqa: F403
+from .legacy import __all__ as _legacy_all
 from .model import *  # noqa: F403
 from .model import __all__ as _model_all
 from .optypes import *  # noqa: F403
@@ -57,6 +59,7 @@ __all__ = [
     *_compilation_all,
     *_devices_all,
     *_executor_all,
+    *_legacy_all,
     *_model_all,
     *_optypes_all,
     *_quant_all,
