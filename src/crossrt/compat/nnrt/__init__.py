@@ -12,6 +12,8 @@ constants (``OH_NN_SUCCESS``, ``OH_NN_FLOAT32``, ``OH_NN_OPS_CONV2D``,
 
 from __future__ import annotations
 
+from .cache_names import *  # noqa: F403
+from .cache_names import __all__ as _cache_names_all
 from .compilation import *  # noqa: F403
 from .compilation import __all__ as _compilation_all
 from .constants import *  # noqa: F403
@@ -56,6 +58,7 @@ for _enum in _ENUMS:
     globals().update(_enum.__members__)
 
 __all__ = [
+    *_cache_names_all,
     *_compilation_all,
     *_devices_all,
     *_executor_all,
