@@ -521,12 +521,12 @@ def test_devices() -> None:
     ret, ids = nn.OH_NNDevice_GetAllDevicesID()
     assert ret == 0 and ids and ids[0] == 0
     names = [nn.OH_NNDevice_GetName(i)[1] for i in ids]
-    assert "reference/cpu:0" in names and names[REF] == "reference/cpu:0"
+    assert "reference/cpu:0" in names and nn.OH_NNDevice_GetName(REF)[1] == "reference/cpu:0"
     assert nn.OH_NNDevice_GetType(REF) == (0, nn.OH_NN_CPU)
     sims = [i for i, n in zip(ids, names, strict=True) if n and n.startswith("sim/")]
     if sims:
         assert nn.OH_NNDevice_GetType(sims[0]) == (0, nn.OH_NN_ACCELERATOR)
-    assert nn.OH_NNDevice_GetName(len(ids)) == (R.OH_NN_INVALID_PARAMETER, None)
+    assert nn.OH_NNDevice_GetName(max(ids) + 1) == (R.OH_NN_INVALID_PARAMETER, None)
     assert nn.OH_NNDevice_GetType(-1) == (R.OH_NN_INVALID_PARAMETER, None)
     # Device 0 (the first) builds and runs too.
     e = nn.OH_NNExecutor_Construct(built(device=0))
