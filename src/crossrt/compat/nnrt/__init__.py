@@ -12,6 +12,7 @@ constants (``OH_NN_SUCCESS``, ``OH_NN_FLOAT32``, ``OH_NN_OPS_CONV2D``,
 
 from __future__ import annotations
 
+from . import ops_api12  # noqa: F401  (REFUSED: the operations refused, and why)
 from .cache_names import *  # noqa: F403
 from .cache_names import __all__ as _cache_names_all
 from .compilation import *  # noqa: F403
