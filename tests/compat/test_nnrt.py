@@ -277,10 +277,11 @@ def test_unsupported_parameter_value_at_finish() -> None:
     nn.OH_NNModel_AddTensorToModel(model, desc(shape=[4]))
     nn.OH_NNModel_SetTensorData(model, 1, np.array([[1, 1]], np.int32))
     nn.OH_NNModel_SetTensorType(model, 2, nn.OH_NN_PAD_PADDING_MODE)
-    nn.OH_NNModel_SetTensorData(model, 2, np.array([2], np.int32))  # SYMMETRIC
+    nn.OH_NNModel_SetTensorData(model, 2, np.array([2], np.int32))  # SYMMETRIC: translated
+    nn.OH_NNModel_SetTensorData(model, 1, np.array([[3, 0]], np.int32))  # but wider than x
     assert nn.OH_NNModel_AddOperation(model, nn.OH_NN_OPS_PAD, [2], [0, 1], [3]) == 0
     nn.OH_NNModel_SpecifyInputsAndOutputs(model, [0], [3])
-    assert nn.OH_NNModel_Finish(model) == R.OH_NN_UNSUPPORTED
+    assert nn.OH_NNModel_Finish(model) == R.OH_NN_INVALID_PARAMETER
 
 
 # -- compilations ------------------------------------------------------------------------------

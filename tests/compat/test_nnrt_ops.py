@@ -485,7 +485,13 @@ def _pad() -> Any:
     got = run_op(
         nn.OH_NN_OPS_PAD, [x, Const(i32(1, 0, 0, 2).reshape(2, 2))], params, [(F32, [3, 5])]
     )
-    return got, [np.pad(x, [(1, 0), (0, 2)], constant_values=7.0)]
+    symmetric = [(nn.OH_NN_PAD_PADDING_MODE, i32(2))]
+    pads = Const(i32(2, 1, 0, 3).reshape(2, 2))
+    got += run_op(nn.OH_NN_OPS_PAD, [x, pads], symmetric, [(F32, [5, 6])])
+    return got, [
+        np.pad(x, [(1, 0), (0, 2)], constant_values=7.0),
+        np.pad(x, [(2, 1), (0, 3)], mode="symmetric"),
+    ]
 
 
 @case("POW")
@@ -554,7 +560,22 @@ def _strided_slice() -> Any:
         (nn.OH_NN_STRIDED_SLICE_SHRINK_AXIS_MASK, i64(2)),
     ]
     got += run_op(nn.OH_NN_OPS_STRIDED_SLICE, [x, *consts], masks, [(F32, [3])])
-    return got, [x[1:3, 0:6:2], x[0:3, 0]]
+    # TensorFlow's ellipsis and new-axis masks: y[1:3, ..., None, ::2] and y[None, ..., 1].
+    y = rand(4, 2, 3, 6)
+    spec = [Const(i32(1, 0, 0, 0)), Const(i32(3, 0, 0, 6)), Const(i32(1, 1, 1, 2))]
+    masks = [
+        (nn.OH_NN_STRIDED_SLICE_ELLIPSIS_MASK, i64(2)),
+        (nn.OH_NN_STRIDED_SLICE_NEW_AXIS_MASK, i64(4)),
+    ]
+    got += run_op(nn.OH_NN_OPS_STRIDED_SLICE, [y, *spec], masks, [(F32, [2, 2, 3, 1, 3])])
+    spec = [Const(i32(0, 0, 1)), Const(i32(0, 0, 2)), Const(i32(1, 1, 1))]
+    masks = [
+        (nn.OH_NN_STRIDED_SLICE_NEW_AXIS_MASK, i64(1)),
+        (nn.OH_NN_STRIDED_SLICE_ELLIPSIS_MASK, i64(2)),
+        (nn.OH_NN_STRIDED_SLICE_SHRINK_AXIS_MASK, i64(4)),
+    ]
+    got += run_op(nn.OH_NN_OPS_STRIDED_SLICE, [y, *spec], masks, [(F32, [1, 4, 2, 3])])
+    return got, [x[1:3, 0:6:2], x[0:3, 0], y[1:3, ..., None, ::2], y[None, ..., 1]]
 
 
 @case("TILE")
