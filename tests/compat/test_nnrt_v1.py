@@ -139,3 +139,26 @@ def test_api9_bad_arguments_are_the_seeds_statuses() -> None:
         == bad
     )
     nn.OH_NNExecutor_Destroy(e)
+
+
+def test_api9_dynamic_input_takes_the_dims_set_input_gives() -> None:
+    model = nn.OH_NNModel_Construct()
+    dynamic = nn.OH_NN_Tensor(nn.OH_NN_FLOAT32, 2, [-1, 3])
+    for _ in range(3):
+        assert nn.OH_NNModel_AddTensor(model, dynamic) == R.OH_NN_SUCCESS
+    assert nn.OH_NNModel_AddOperation(model, nn.OH_NN_OPS_MUL, [], [0, 1], [2]) == 0
+    assert nn.OH_NNModel_SpecifyInputsAndOutputs(model, [0, 1], [2]) == 0
+    assert nn.OH_NNModel_Finish(model) == R.OH_NN_SUCCESS
+    e = executor(model)
+    x = rng.standard_normal((5, 3)).astype(np.float32)
+    t = nn.OH_NN_Tensor(nn.OH_NN_FLOAT32, 2, [5, 3])
+    assert nn.OH_NNExecutor_SetInput(e, 0, t, x, x.nbytes) == R.OH_NN_SUCCESS
+    assert nn.OH_NNExecutor_SetInput(e, 1, t, x, x.nbytes) == R.OH_NN_SUCCESS
+    out = np.zeros(64, np.float32)  # larger than the result: its first 15 floats are written
+    assert nn.OH_NNExecutor_SetOutput(e, 0, out, out.nbytes) == R.OH_NN_SUCCESS
+    assert nn.OH_NNExecutor_Run(e) == R.OH_NN_SUCCESS
+    assert nn.OH_NNExecutor_GetOutputShape(e, 0) == (R.OH_NN_SUCCESS, [5, 3])
+    np.testing.assert_array_equal(out[:15].reshape(5, 3), x * x)
+    wrong_rank = nn.OH_NN_Tensor(nn.OH_NN_FLOAT32, 1, [15])
+    assert nn.OH_NNExecutor_SetInput(e, 0, wrong_rank, x, x.nbytes) == R.OH_NN_INVALID_PARAMETER
+    nn.OH_NNExecutor_Destroy(e)
