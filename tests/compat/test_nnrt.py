@@ -277,10 +277,11 @@ def test_unsupported_parameter_value_at_finish() -> None:
     nn.OH_NNModel_AddTensorToModel(model, desc(shape=[4]))
     nn.OH_NNModel_SetTensorData(model, 1, np.array([[1, 1]], np.int32))
     nn.OH_NNModel_SetTensorType(model, 2, nn.OH_NN_PAD_PADDING_MODE)
-    nn.OH_NNModel_SetTensorData(model, 2, np.array([2], np.int32))  # SYMMETRIC
+    nn.OH_NNModel_SetTensorData(model, 2, np.array([2], np.int32))  # SYMMETRIC: translated
+    nn.OH_NNModel_SetTensorData(model, 1, np.array([[3, 0]], np.int32))  # but wider than x
     assert nn.OH_NNModel_AddOperation(model, nn.OH_NN_OPS_PAD, [2], [0, 1], [3]) == 0
     nn.OH_NNModel_SpecifyInputsAndOutputs(model, [0], [3])
-    assert nn.OH_NNModel_Finish(model) == R.OH_NN_UNSUPPORTED
+    assert nn.OH_NNModel_Finish(model) == R.OH_NN_INVALID_PARAMETER
 
 
 # -- compilations ------------------------------------------------------------------------------
@@ -521,12 +522,12 @@ def test_devices() -> None:
     ret, ids = nn.OH_NNDevice_GetAllDevicesID()
     assert ret == 0 and ids and ids[0] == 0
     names = [nn.OH_NNDevice_GetName(i)[1] for i in ids]
-    assert "reference/cpu:0" in names and names[REF] == "reference/cpu:0"
+    assert "reference/cpu:0" in names and nn.OH_NNDevice_GetName(REF)[1] == "reference/cpu:0"
     assert nn.OH_NNDevice_GetType(REF) == (0, nn.OH_NN_CPU)
     sims = [i for i, n in zip(ids, names, strict=True) if n and n.startswith("sim/")]
     if sims:
         assert nn.OH_NNDevice_GetType(sims[0]) == (0, nn.OH_NN_ACCELERATOR)
-    assert nn.OH_NNDevice_GetName(len(ids)) == (R.OH_NN_INVALID_PARAMETER, None)
+    assert nn.OH_NNDevice_GetName(max(ids) + 1) == (R.OH_NN_INVALID_PARAMETER, None)
     assert nn.OH_NNDevice_GetType(-1) == (R.OH_NN_INVALID_PARAMETER, None)
     # Device 0 (the first) builds and runs too.
     e = nn.OH_NNExecutor_Construct(built(device=0))

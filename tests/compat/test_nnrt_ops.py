@@ -49,8 +49,10 @@ def run_op(
     inputs: Sequence[Any],
     params: Sequence[tuple[int, Any]] = (),
     outputs: Sequence[tuple[Any, Sequence[int]]] = (),
+    driver: str = "reference",
 ) -> list[np.ndarray]:
-    """Build, compile (reference driver) and run a one-op model; its outputs."""
+    """Build, compile (the ``reference`` driver unless told) and run a one-op model; its
+    outputs."""
     model = nn.OH_NNModel_Construct()
     index = 0
     in_idx, feeds, param_idx = [], [], []
@@ -78,7 +80,7 @@ def run_op(
     assert nn.OH_NNModel_AddOperation(model, op, param_idx, in_idx, out_idx) == 0
     assert nn.OH_NNModel_SpecifyInputsAndOutputs(model, [i for i, _ in feeds], out_idx) == 0
     assert nn.OH_NNModel_Finish(model) == 0
-    device = nn.device_id("reference")
+    device = nn.device_id(driver)
     compilation = nn.OH_NNCompilation_Construct(model)
     assert nn.OH_NNCompilation_SetDevice(compilation, device) == 0
     assert nn.OH_NNCompilation_Build(compilation) == 0
@@ -483,7 +485,13 @@ def _pad() -> Any:
     got = run_op(
         nn.OH_NN_OPS_PAD, [x, Const(i32(1, 0, 0, 2).reshape(2, 2))], params, [(F32, [3, 5])]
     )
-    return got, [np.pad(x, [(1, 0), (0, 2)], constant_values=7.0)]
+    symmetric = [(nn.OH_NN_PAD_PADDING_MODE, i32(2))]
+    pads = Const(i32(2, 1, 0, 3).reshape(2, 2))
+    got += run_op(nn.OH_NN_OPS_PAD, [x, pads], symmetric, [(F32, [5, 6])])
+    return got, [
+        np.pad(x, [(1, 0), (0, 2)], constant_values=7.0),
+        np.pad(x, [(2, 1), (0, 3)], mode="symmetric"),
+    ]
 
 
 @case("POW")
@@ -552,7 +560,22 @@ def _strided_slice() -> Any:
         (nn.OH_NN_STRIDED_SLICE_SHRINK_AXIS_MASK, i64(2)),
     ]
     got += run_op(nn.OH_NN_OPS_STRIDED_SLICE, [x, *consts], masks, [(F32, [3])])
-    return got, [x[1:3, 0:6:2], x[0:3, 0]]
+    # TensorFlow's ellipsis and new-axis masks: y[1:3, ..., None, ::2] and y[None, ..., 1].
+    y = rand(4, 2, 3, 6)
+    spec = [Const(i32(1, 0, 0, 0)), Const(i32(3, 0, 0, 6)), Const(i32(1, 1, 1, 2))]
+    masks = [
+        (nn.OH_NN_STRIDED_SLICE_ELLIPSIS_MASK, i64(2)),
+        (nn.OH_NN_STRIDED_SLICE_NEW_AXIS_MASK, i64(4)),
+    ]
+    got += run_op(nn.OH_NN_OPS_STRIDED_SLICE, [y, *spec], masks, [(F32, [2, 2, 3, 1, 3])])
+    spec = [Const(i32(0, 0, 1)), Const(i32(0, 0, 2)), Const(i32(1, 1, 1))]
+    masks = [
+        (nn.OH_NN_STRIDED_SLICE_NEW_AXIS_MASK, i64(1)),
+        (nn.OH_NN_STRIDED_SLICE_ELLIPSIS_MASK, i64(2)),
+        (nn.OH_NN_STRIDED_SLICE_SHRINK_AXIS_MASK, i64(4)),
+    ]
+    got += run_op(nn.OH_NN_OPS_STRIDED_SLICE, [y, *spec], masks, [(F32, [1, 4, 2, 3])])
+    return got, [x[1:3, 0:6:2], x[0:3, 0], y[1:3, ..., None, ::2], y[None, ..., 1]]
 
 
 @case("TILE")
@@ -700,6 +723,173 @@ def _unsqueeze() -> Any:
         nn.OH_NN_OPS_UNSQUEEZE, [x], [(nn.OH_NN_UNSQUEEZE_AXIS, i64(0))], [(F32, [1, 2, 3])]
     )
     return got, [x[None]]
+
+
+# -- API 12 operations of ops_api12.py, against NumPy ------------------------------------------
+
+_reduce("ALL", np.all, lambda: rand(2, 3, 4) > -1)
+_reduce("REDUCE_L2", lambda x, axis, keepdims=False: np.sqrt((x * x).sum(axis, keepdims=keepdims)))
+
+
+def _dcr(x: np.ndarray, bs: int) -> np.ndarray:
+    """TensorFlow's depth_to_space on NHWC."""
+    n, h, w, c = x.shape
+    y = x.reshape(n, h, w, bs, bs, c // (bs * bs)).transpose(0, 1, 3, 2, 4, 5)
+    return np.ascontiguousarray(y.reshape(n, h * bs, w * bs, c // (bs * bs)))
+
+
+@case("DEPTH_TO_SPACE")
+def _depth_to_space() -> Any:
+    x = rand(1, 2, 3, 8)
+    params = [(nn.OH_NN_DEPTH_TO_SPACE_BLOCK_SIZE, i64(2))]
+    return run_op(nn.OH_NN_OPS_DEPTH_TO_SPACE, [x], params, [(F32, [1, 4, 6, 2])]), [_dcr(x, 2)]
+
+
+@case("SPACE_TO_DEPTH")
+def _space_to_depth() -> Any:
+    y = rand(1, 4, 6, 2)
+    n, h, w, c = y.shape
+    want = y.reshape(n, h // 2, 2, w // 2, 2, c).transpose(0, 1, 3, 2, 4, 5).reshape(1, 2, 3, 8)
+    params = [(nn.OH_NN_SPACE_TO_DEPTH_BLOCK_SIZE, i64(2))]
+    got = run_op(nn.OH_NN_OPS_SPACE_TO_DEPTH, [y], params, [(F32, [1, 2, 3, 8])])
+    np.testing.assert_array_equal(_dcr(want, 2), y)  # the two are inverses
+    return got, [want]
+
+
+@case("LRN")
+def _lrn() -> Any:
+    x = rand(1, 2, 2, 7)
+    r, bias, alpha, beta = 2, 1.5, 0.3, 0.75
+    sq = np.pad(x * x, [(0, 0)] * 3 + [(r, r)])
+    sums = np.stack([sq[..., c : c + 2 * r + 1].sum(-1) for c in range(7)], -1)
+    params = [
+        (nn.OH_NN_LRN_DEPTH_RADIUS, i64(r)),
+        (nn.OH_NN_LRN_BIAS, np.float32(bias)),
+        (nn.OH_NN_LRN_ALPHA, np.float32(alpha)),
+        (nn.OH_NN_LRN_BETA, np.float32(beta)),
+    ]
+    # onnxruntime: onnx's ReferenceEvaluator (the reference driver) miscomputes LRN.
+    got = run_op(nn.OH_NN_OPS_LRN, [x], params, [(F32, [1, 2, 2, 7])], driver="onnxruntime")
+    return got, [(x / (bias + alpha * sums) ** beta).astype(F32)]
+
+
+@case("INSTANCE_NORM")
+def _instance_norm() -> Any:
+    x, scale, bias = rand(2, 3, 4, 5), rand(5), rand(5)
+    mean, var = x.mean((1, 2), keepdims=True), x.var((1, 2), keepdims=True)
+    want = ((x - mean) / np.sqrt(var + 1e-3) * scale + bias).astype(F32)
+    params = [(nn.OH_NN_INSTANCE_NORM_EPSILON, np.float32(1e-3))]
+    got = run_op(
+        nn.OH_NN_OPS_INSTANCE_NORM, [x, Const(scale), Const(bias)], params, [(F32, x.shape)]
+    )
+    return got, [want]
+
+
+@case("GATHER_ND")
+def _gather_nd() -> Any:
+    x = rand(3, 4, 2)
+    idx = np.array([[0, 1], [2, 3], [1, 0]], np.int32)
+    got = run_op(nn.OH_NN_OPS_GATHER_ND, [x, Const(idx)], outputs=[(F32, [3, 2])])
+    return got, [x[idx[:, 0], idx[:, 1]]]
+
+
+@case("SCATTER_ND")
+def _scatter_nd() -> Any:
+    idx = np.array([[1], [3], [1]], np.int32)  # index 1 twice: the updates sum
+    updates = rand(3, 2)
+    want = np.zeros((5, 2), F32)
+    np.add.at(want, idx[:, 0], updates)
+    inputs = [Const(idx), updates, Const(i32(5, 2))]
+    return run_op(nn.OH_NN_OPS_SCATTER_ND, inputs, outputs=[(F32, [5, 2])]), [want]
+
+
+@case("SPARSE_TO_DENSE")
+def _sparse_to_dense() -> Any:
+    idx = np.array([[0, 1], [2, 0]], np.int32)
+    values = rand(2)
+    want = np.zeros((3, 2), F32)
+    want[idx[:, 0], idx[:, 1]] = values
+    inputs = [Const(idx), values, Const(i32(3, 2))]
+    return run_op(nn.OH_NN_OPS_SPARSE_TO_DENSE, inputs, outputs=[(F32, [3, 2])]), [want]
+
+
+_unary("HARD_SIGMOID", lambda x: np.clip(x / 6 + 0.5, 0, 1).astype(F32), lambda: rand(4, 5) * 5)
+
+
+@case("MOD")
+def _mod() -> Any:
+    a = np.array([[7, -7, 5], [-5, 9, 0]], np.int32)
+    b = np.array([[3, 3, -3], [2, 4, 7]], np.int32)
+    x, y = rand(2, 3) * 5, rand(2, 3) + 3
+    got = run_op(nn.OH_NN_OPS_MOD, [a, b], outputs=[(np.int32, [2, 3])])
+    got += run_op(nn.OH_NN_OPS_MOD, [x, y], outputs=[(F32, [2, 3])])
+    return got, [np.array([[1, -1, 2], [-1, 1, 0]], np.int32), np.fmod(x, y)]
+
+
+@case("L2_NORMALIZE")
+def _l2_normalize() -> Any:
+    x = rand(2, 3, 4)
+    x[0, 0] = 1e-4  # a row whose norm is under epsilon
+    params = [(nn.OH_NN_L2_NORMALIZE_AXIS, i64(2)), (nn.OH_NN_L2_NORMALIZE_EPSILON, F32(1e-4))]
+    got = run_op(nn.OH_NN_OPS_L2_NORMALIZE, [x], params, [(F32, x.shape)])
+    want = x / np.sqrt(np.maximum((x * x).sum(2, keepdims=True), 1e-4))
+    relu = [(nn.OH_NN_L2_NORMALIZE_ACTIVATION_TYPE, np.int8(nn.OH_NN_FUSED_RELU))]
+    got += run_op(nn.OH_NN_OPS_L2_NORMALIZE, [x], relu, [(F32, x.shape)])
+    last = x / np.sqrt(np.maximum((x * x).sum(-1, keepdims=True), 1e-4))  # the defaults
+    return got, [want.astype(F32), np.maximum(last, 0).astype(F32)]
+
+
+@case("BROADCAST_TO")
+def _broadcast_to() -> Any:
+    x = rand(3, 1)
+    params = [(nn.OH_NN_BROADCAST_TO_SHAPE, i64(2, -1, 4))]
+    got = run_op(nn.OH_NN_OPS_BROADCAST_TO, [x], params, [(F32, [2, 3, 4])])
+    return got, [np.broadcast_to(x, (2, 3, 4))]
+
+
+@case("CONSTANT_OF_SHAPE")
+def _constant_of_shape() -> Any:
+    shape = np.array([2, 3], np.int64)
+    params = [
+        (nn.OH_NN_CONSTANT_OF_SHAPE_DATA_TYPE, i64(nn.OH_NN_FLOAT32)),
+        (nn.OH_NN_CONSTANT_OF_SHAPE_VALUE, np.array([2.5], F32)),
+    ]
+    got = run_op(nn.OH_NN_OPS_CONSTANT_OF_SHAPE, [shape], params, [(F32, [2, 3])])
+    return got, [np.full((2, 3), 2.5, F32)]
+
+
+@case("RANGE")
+def _range() -> Any:
+    x = np.zeros(1, np.int32)  # NNRt's input only gives the type
+    params = [
+        (nn.OH_NN_RANGE_START, i64(2)),
+        (nn.OH_NN_RANGE_LIMIT, i64(11)),
+        (nn.OH_NN_RANGE_DELTA, i64(3)),
+    ]
+    got = run_op(nn.OH_NN_OPS_RANGE, [x], params, [(np.int32, [3])])
+    return got, [np.arange(2, 11, 3, dtype=np.int32)]
+
+
+@case("UNSTACK")
+def _unstack() -> Any:
+    x = rand(2, 3, 4)
+    params = [(nn.OH_NN_UNSTACK_AXIS, i64(1))]
+    got = run_op(nn.OH_NN_OPS_UNSTACK, [x], params, [(F32, [2, 4])] * 3)
+    return got, [x[:, i] for i in range(3)]
+
+
+def test_refused_api12_operations_say_why(caplog: pytest.LogCaptureFixture) -> None:
+    model = nn.OH_NNModel_Construct()
+    for _ in range(2):
+        assert nn.OH_NNModel_AddTensorToModel(model, _desc(F32, [2])) == 0
+    for name in ("LSTM", "ASSERT", "DETECTION_POST_PROCESS", "CROP"):
+        op = nn.OH_NN_OperationType[f"OH_NN_OPS_{name}"]
+        assert nn.OH_NNModel_AddOperation(model, op, [], [0], [1]) == nn.OH_NN_UNSUPPORTED
+        assert f"OH_NN_OPS_{name} is not translated: " in caplog.text, name
+    # Every operation type is translated or refused with a reason.
+    short = {op.name.removeprefix("OH_NN_OPS_") for op in nn.OH_NN_OperationType}
+    done = {op.name.removeprefix("OH_NN_OPS_") for op in OPS}
+    assert short - done == set(nn.ops_api12.REFUSED)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -12,6 +12,9 @@ constants (``OH_NN_SUCCESS``, ``OH_NN_FLOAT32``, ``OH_NN_OPS_CONV2D``,
 
 from __future__ import annotations
 
+from . import ops_api12  # noqa: F401  (REFUSED: the operations refused, and why)
+from .cache_names import *  # noqa: F403
+from .cache_names import __all__ as _cache_names_all
 from .compilation import *  # noqa: F403
 from .compilation import __all__ as _compilation_all
 from .constants import *  # noqa: F403
@@ -19,6 +22,8 @@ from .devices import *  # noqa: F403
 from .devices import __all__ as _devices_all
 from .executor import *  # noqa: F403
 from .executor import __all__ as _executor_all
+from .legacy import *  # noqa: F403
+from .legacy import __all__ as _legacy_all
 from .model import *  # noqa: F403
 from .model import __all__ as _model_all
 from .optypes import *  # noqa: F403
@@ -54,9 +59,11 @@ for _enum in _ENUMS:
     globals().update(_enum.__members__)
 
 __all__ = [
+    *_cache_names_all,
     *_compilation_all,
     *_devices_all,
     *_executor_all,
+    *_legacy_all,
     *_model_all,
     *_optypes_all,
     *_quant_all,

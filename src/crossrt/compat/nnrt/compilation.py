@@ -13,6 +13,7 @@ from ...compiler import Executable, load_executable
 from ...compiler import compile as crossrt_compile
 from ...compiler.cache import CompileCache
 from ...model.model import Model
+from .cache_names import model_name, named_entry, renamed, write_info
 from .devices import device
 from .model import model_of
 from .status import NNError, OH_NN_ReturnCode, forbidden, guarded, invalid
@@ -258,10 +259,11 @@ def OH_NNCompilation_Build(compilation: OH_NNCompilation) -> OH_NN_ReturnCode:
     if c.cache_dir is not None:
         _cache_dir(c.cache_dir)  # it may have gone since SetCache
         _check_cache(c.cache_dir)
+    name = model_name(c.extensions)
     if c.model is not None:
         extensions = {k: v.decode("latin-1") for k, v in c.extensions.items() if k not in NNRT_KEYS}
         c.exe = crossrt_compile(
-            c.model,
+            c.model if name is None else renamed(c.model, name),
             info.id,
             driver=info.driver,
             cache_dir=c.cache_dir,
@@ -271,10 +273,14 @@ def OH_NNCompilation_Build(compilation: OH_NNCompilation) -> OH_NN_ReturnCode:
             precision="fp16" if c.fp16 else None,
             extensions=extensions,
         )
+        if name is not None and c.cache_dir is not None:
+            write_info(c.cache_dir, name, c.cache_version)
     elif c.offline is not None:
         c.exe = load_executable(c.offline if isinstance(c.offline, str) else bytes(c.offline))
     elif c.cache_buffer is not None:
         c.exe = load_executable(bytes(c.cache_buffer), validate_hash=True)
+    elif c.cache_dir is not None and name is not None:
+        c.exe = load_executable(named_entry(c.cache_dir, name, c.cache_version), validate_hash=True)
     elif c.cache_dir is not None:
         c.exe = _restore(c.cache_dir, c.cache_version)
     else:

@@ -61,6 +61,9 @@ class OH_NNExecutor:  # the seed's name
     on_service_died: Callable[..., Any] | None = None
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     alive: bool = True
+    v1: dict[str, dict[int, Any]] = field(
+        default_factory=lambda: {"inputs": {}, "outputs": {}}
+    )  # API 9's per-index bindings (legacy.py)
 
 
 def executor_of(e: Any) -> OH_NNExecutor:

@@ -18,6 +18,7 @@ from ...model.builder import GraphBuilder
 from ...model.model import Model
 from .devices import device
 from .graph import Ctx, ModelTensor, Operation
+from .ops_api12 import API12_OPS, REFUSED
 from .ops_basic import BASIC_OPS
 from .ops_extra import EXTRA_OPS
 from .ops_nn import LAYER_OPS
@@ -47,7 +48,7 @@ _OK = OH_NN_ReturnCode.OH_NN_SUCCESS
 
 OPS = {
     OH_NN_OperationType[f"OH_NN_OPS_{name}"]: spec
-    for name, spec in {**BASIC_OPS, **LAYER_OPS, **EXTRA_OPS}.items()
+    for name, spec in {**BASIC_OPS, **LAYER_OPS, **EXTRA_OPS, **API12_OPS}.items()
 }
 """Every operation this layer translates: (translator, inputs (min, max), outputs (min, max))."""
 
@@ -197,7 +198,8 @@ def OH_NNModel_AddOperation(
     except ValueError:
         raise invalid(f"operation type {op!r} is not an OH_NN_OperationType") from None
     if kind not in OPS:
-        raise NNError(OH_NN_ReturnCode.OH_NN_UNSUPPORTED, f"{kind.name} is not translated yet")
+        why = REFUSED.get(kind.name.removeprefix("OH_NN_OPS_"), "no translation yet")
+        raise NNError(OH_NN_ReturnCode.OH_NN_UNSUPPORTED, f"{kind.name} is not translated: {why}")
     _, (in_lo, in_hi), (out_lo, out_hi) = OPS[kind]
     params, ins, outs = (
         indices(paramIndices, "paramIndices"),

@@ -9,7 +9,8 @@ import numpy as np
 from onnx import helper
 
 from .graph import Ctx, Translator
-from .status import NNError, OH_NN_ReturnCode, invalid
+from .ops_index import pad_symmetric, strided_spec
+from .status import invalid
 from .types import numpy_dtype
 
 __all__ = ["BASIC_OPS"]
@@ -86,13 +87,13 @@ _PAD_MODES = {0: "constant", 1: "reflect"}
 
 
 def pad(c: Ctx) -> list[str]:
-    """PAD -> Pad; paddings [[before, after]...] become ONNX's [befores..., afters...]."""
+    """PAD -> Pad; paddings [[before, after]...] become ONNX's [befores..., afters...].
+    SYMMETRIC (2) is Slice and Concat (ops_index.py)."""
     mode = c.pi("PADDING_MODE", 0)
+    if mode == 2:
+        return [pad_symmetric(c, c.x(0))]
     if mode not in _PAD_MODES:
-        raise NNError(
-            OH_NN_ReturnCode.OH_NN_UNSUPPORTED,
-            f"{c.op.name}: padding mode {mode} (SYMMETRIC) has no ONNX equivalent",
-        )
+        raise invalid(f"{c.op.name}: padding mode {mode}: give 0 constant, 1 reflect, 2 symmetric")
     data = c.tensor(1).data
     if data is not None:
         pads = c.i64(np.asarray(data).reshape(-1, 2).T.reshape(-1))
@@ -178,31 +179,21 @@ def stack(c: Ctx) -> list[str]:
 
 
 def strided_slice(c: Ctx) -> list[str]:
-    """STRIDED_SLICE -> Slice, then Squeeze of the shrunk axes (begin/end/shrink masks;
-    ellipsis and new-axis masks are not translated)."""
-    begin = c.const(1).astype(np.int64).reshape(-1).copy()
-    end = c.const(2).astype(np.int64).reshape(-1).copy()
+    """STRIDED_SLICE -> Unsqueeze of the new axes, Slice, Squeeze of the shrunk axes
+    (TensorFlow's begin, end, ellipsis, new-axis and shrink masks: ops_index.py)."""
+    begin = c.const(1).astype(np.int64).reshape(-1)
+    end = c.const(2).astype(np.int64).reshape(-1)
     steps = c.const(3).astype(np.int64).reshape(-1) if c.has(3) else np.ones_like(begin)
-    if c.pi("ELLIPSIS_MASK", 0) or c.pi("NEW_AXIS_MASK", 0):
-        raise NNError(
-            OH_NN_ReturnCode.OH_NN_UNSUPPORTED,
-            f"{c.op.name}: ellipsisMask and newAxisMask are not translated; reshape instead",
-        )
-    bmask, emask, shrink = c.pi("BEGIN_MASK", 0), c.pi("END_MASK", 0), c.pi("SHRINK_AXIS_MASK", 0)
-    squeeze = []
-    for i in range(len(begin)):
-        up = steps[i] > 0
-        if bmask >> i & 1:
-            begin[i] = 0 if up else -1
-        if emask >> i & 1:
-            end[i] = _INT64_MAX if up else -_INT64_MAX
-        if shrink >> i & 1:
-            end[i] = begin[i] + 1 if begin[i] != -1 else _INT64_MAX
-            squeeze.append(i)
-    axes = c.i64(list(range(len(begin))))
-    y = c.op_("Slice", [c.x(0), c.i64(begin), c.i64(end), axes, c.i64(steps)])
+    if not len(begin) == len(end) == len(steps):
+        raise invalid(f"{c.op.name}: begin, end and strides differ in length")
+    new, begins, ends, axes, strides, squeeze = strided_spec(c, begin, end, steps, len(c.shape(0)))
+    y = c.op_("Unsqueeze", [c.x(0), c.i64(new)]) if new else c.x(0)
+    if axes:
+        y = c.op_("Slice", [y, c.i64(begins), c.i64(ends), c.i64(axes), c.i64(strides)])
     if squeeze:
         y = c.op_("Squeeze", [y, c.i64(squeeze)])
+    elif not new and not axes:
+        y = c.op_("Identity", [y])
     return [str(y)]
 
 
