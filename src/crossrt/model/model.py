@@ -101,13 +101,25 @@ class Model:
         # The skeleton (every name, type and shape), then the bytes it leaves out, in order:
         # serializing a graph with its weights would copy them all first.
         light = self.skeleton
-        h.update(light.proto.graph.SerializeToString(deterministic=True))
+        h.update(self._graph_bytes())
         initializers = self.proto.graph.initializer
         for index in light.stubbed:
             h.update(initializers[index].raw_data)
         for fn in self.proto.functions:
             h.update(fn.SerializeToString(deterministic=True))
         return h.hexdigest()
+
+    def _graph_bytes(self) -> bytes | memoryview:
+        """The skeleton's graph serialized: cut out of the skeleton's bytes validation kept
+        (the same bytes: ONNX has no map fields, whose order would vary), else serialized."""
+        if self._light_bytes is not None:
+            try:
+                found = wire.graph_bytes(self._light_bytes)
+            except ValueError:
+                found = None
+            if found is not None:
+                return found
+        return bytes(self.skeleton.proto.graph.SerializeToString(deterministic=True))
 
     def value_types(self) -> dict[str, onnx.TypeProto]:
         """The ONNX type of every named value shape inference could type."""

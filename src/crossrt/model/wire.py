@@ -44,6 +44,18 @@ def graph_fields(data: bytes | memoryview, numbers: frozenset[int]) -> onnx.Grap
     return slim
 
 
+def graph_bytes(data: bytes | memoryview) -> memoryview | None:
+    """The encoded main graph of the serialized ModelProto ``data`` (what
+    ``proto.graph.SerializeToString()`` gives), or ``None`` when it is not one field.
+
+    Raises:
+        ValueError: ``data`` is not a well-formed encoding.
+    """
+    view = memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data)
+    graphs = [view[body:end] for number, _, body, end in _fields(view) if number == _GRAPH]
+    return graphs[0] if len(graphs) == 1 else None
+
+
 def _fields(view: memoryview) -> list[tuple[int, int, int, int]]:
     """Each field of the message ``view``: (number, start, body, end): the whole encoded
     field (tag included) is ``start:end``, a length-delimited one's payload ``body:end``."""

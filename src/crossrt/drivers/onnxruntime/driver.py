@@ -433,7 +433,8 @@ def _model_bytes(model: Model) -> int:
     large weights again)."""
     light = model.skeleton
     initializers = model.proto.graph.initializer
-    return int(light.proto.ByteSize()) + sum(len(initializers[i].raw_data) for i in light.stubbed)
+    # The skeleton's bytes, not ByteSize(): protobuf's upb serializes the message to size it.
+    return len(model.skeleton_bytes()) + sum(len(initializers[i].raw_data) for i in light.stubbed)
 
 
 def _names_read(graph: onnx.GraphProto) -> set[str]:
