@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import onnx
 
@@ -54,14 +55,38 @@ def skeleton(proto: onnx.ModelProto) -> Skeleton:
     )
     if not stubbed:
         return Skeleton(proto, ())
+    # Built field by field, the stubs without their bytes: a copy of the whole model and then
+    # clearing them would copy every weight first (0.2 s of 190 MB).
     light = onnx.ModelProto()
-    light.CopyFrom(proto)
-    for index in stubbed:
-        init = light.graph.initializer[index]
-        init.ClearField("raw_data")
-        init.data_location = onnx.TensorProto.EXTERNAL
-        init.external_data.add(key="location", value=_LOCATION)
+    _copy_except(proto, light, "graph")
+    _copy_except(proto.graph, light.graph, "initializer")
+    stubs = set(stubbed)
+    for index, init in enumerate(proto.graph.initializer):
+        copied = light.graph.initializer.add()
+        if index not in stubs:
+            copied.CopyFrom(init)
+            continue
+        _copy_except(init, copied, "raw_data")
+        copied.data_location = onnx.TensorProto.EXTERNAL
+        copied.external_data.add(key="location", value=_LOCATION)
     return Skeleton(light, stubbed)
+
+
+def _copy_except(source: Any, target: Any, skipped: str) -> None:
+    """Copy every field of the message ``source`` into ``target`` but ``skipped``, which is
+    not even read (protobuf hands a bytes field over as a copy)."""
+    for field in source.DESCRIPTOR.fields:
+        name = field.name
+        if name == skipped:
+            continue
+        if field.is_repeated:
+            if len(getattr(source, name)):
+                getattr(target, name).extend(getattr(source, name))
+        elif source.HasField(name):
+            if field.message_type is not None:
+                getattr(target, name).CopyFrom(getattr(source, name))
+            else:
+                setattr(target, name, getattr(source, name))
 
 
 def misfit_weights(proto: onnx.ModelProto, stubbed: tuple[int, ...]) -> str | None:
