@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from onnx.onnx_cpp2py_export import shape_inference as cpp_inference
 
 import crossrt
 from benchmark_models import models
@@ -99,13 +100,20 @@ def test_compiling_a_model_file_parses_and_serializes_it_once_and_never_copies_i
     inference and ORT) and never copied: each was a second or more of a 160 MB tree ensemble
     (4 parses, 5 serializations and 2 copies before). A model of large weights is never
     serialized whole, and its skeleton is built without copying the weights (it was copied
-    whole, then the weights cleared: 0.2 s of 190 MB)."""
+    whole, then the weights cleared: 0.2 s of 190 MB). The checker and shape inference run
+    once each."""
     model = models.build_trees(trees=40, depth=8) if name == "trees" else wide()
     size = model.proto.ByteSize()
     path = tmp_path / f"{name}.onnx"
     model.save(path)
     crossrt.compile(relu(), "cpu")  # the driver's one-time probes of ORT, not counted
-    steps: dict[str, list[int]] = {"parsed": [], "serialized": [], "copied": []}
+    steps: dict[str, list[int]] = {
+        "parsed": [],
+        "serialized": [],
+        "copied": [],
+        "checked": [],
+        "inferred": [],
+    }
     parse, from_string = onnx.ModelProto.ParseFromString, onnx.ModelProto.FromString
     serialize, copy = onnx.ModelProto.SerializeToString, onnx.ModelProto.CopyFrom
 
@@ -130,6 +138,18 @@ def test_compiling_a_model_file_parses_and_serializes_it_once_and_never_copies_i
         count("copied", other.ByteSize())
         copy(self, other)
 
+    check, infer = onnx.checker.check_model, cpp_inference.infer_shapes
+
+    def counted_check(model: Any, *args: Any) -> None:
+        steps["checked"].append(1)
+        check(model, *args)
+
+    def counted_infer(data: bytes, *args: Any) -> bytes:
+        steps["inferred"].append(len(data))
+        return bytes(infer(data, *args))
+
+    monkeypatch.setattr(onnx.checker, "check_model", counted_check)
+    monkeypatch.setattr(cpp_inference, "infer_shapes", counted_infer)
     monkeypatch.setattr(onnx.ModelProto, "ParseFromString", counted_parse)
     monkeypatch.setattr(onnx.ModelProto, "FromString", staticmethod(counted_from_string))
     monkeypatch.setattr(onnx.ModelProto, "SerializeToString", counted_serialize)
@@ -140,6 +160,8 @@ def test_compiling_a_model_file_parses_and_serializes_it_once_and_never_copies_i
         "parsed": 1,
         "serialized": serialized,
         "copied": 0,
+        "checked": 1,
+        "inferred": 1,
     }, steps
     rng = np.random.default_rng(1)
     feed = {s.name: rng.standard_normal((2, s.shape[1]), dtype=np.float32) for s in exe.inputs}
