@@ -601,3 +601,31 @@ def test_a_large_packed_weight_is_not_mistaken_for_a_misfit(dtype: str) -> None:
     proto.ir_version = 11
     model = load_model(proto)
     assert model.skeleton.stubbed == ()  # left to the checker, which knows the packing
+
+
+def test_a_model_without_weights_to_stub_is_its_own_skeleton_and_hashes_as_before() -> None:
+    """Nothing to stub: no copy (a tree ensemble's bulk is in its attributes); the hash cut
+    out of the bytes validation kept is the one serialized on its own, and the value types
+    read from inference's output are those of the whole inferred model."""
+    proto = big_proto(np.ones((64, 2), np.float32))  # 512 bytes: under the stub size
+    proto.graph.output[0].type.tensor_type.shape.dim[1].dim_value = 2
+    model = load_model(proto)
+    assert model.skeleton.stubbed == () and model.skeleton.proto is model.proto
+    assert model.content_hash == load_model(proto, validate=False).content_hash
+    inferred = onnx.shape_inference.infer_shapes(model.proto, check_type=True, strict_mode=True)
+    whole = {v.name: v.type for v in (*inferred.graph.value_info, *inferred.graph.output)}
+    assert {n: model.value_types()[n] for n in whole} == whole
+
+
+def test_graph_fields_are_sliced_out_of_the_bytes_and_malformed_bytes_refused() -> None:
+    from crossrt.model import wire
+
+    data = big_proto().SerializeToString()
+    slim = wire.graph_fields(data, frozenset({wire.INPUT, wire.OUTPUT}))
+    assert [v.name for v in slim.input] == ["x"] and [v.name for v in slim.output] == ["y"]
+    assert not slim.node and not slim.initializer
+    graph = onnx.load_from_string(data).graph.SerializeToString()
+    assert bytes(wire.graph_bytes(data) or b"") == graph
+    for bad in (data[:-3], b"\x3f\x01", b"\x08\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01"):
+        with pytest.raises(ValueError):
+            wire.graph_fields(bad, frozenset({wire.INPUT}))

@@ -12,9 +12,10 @@ from typing import Any
 
 import onnx
 from google.protobuf.message import DecodeError
+from onnx.onnx_cpp2py_export import shape_inference as _cpp_inference
 
 from ..errors import InvalidModelError, ModelNotFoundError, OutOfResourcesError, StatusCode
-from . import limits
+from . import limits, wire
 from .skeleton import Skeleton, checkable, misfit_weights, skeleton
 from .spec import TensorSpec, spec_from_value_info
 from .tensors import files_named, location, read_external
@@ -38,10 +39,11 @@ class Model:
         _refuse_unsavable(proto)
         self.proto = proto
         _name_nodes(proto.graph)
-        self._inferred: onnx.ModelProto | None = None
+        self._typed: onnx.GraphProto | None = None
+        self._light_bytes: bytes | None = None
         if validate:
             try:
-                self._inferred = _validate(proto, self.skeleton)
+                self._typed, self._light_bytes = _validate(proto, self.skeleton)
             except MemoryError:
                 # onnx's checker and inference run in C++: std::bad_alloc arrives as a bare
                 # MemoryError, which callers cannot tell from their own.
@@ -53,6 +55,13 @@ class Model:
         validated, hashed and handed to engines with the weights beside it, so that nothing
         serializes hundreds of megabytes of weights."""
         return skeleton(self.proto)
+
+    def skeleton_bytes(self) -> bytes:
+        """The skeleton serialized: kept from validation when the skeleton is the model
+        itself (nothing to stub, as in a tree ensemble), so that it is serialized once."""
+        if self._light_bytes is not None:
+            return self._light_bytes
+        return bytes(self.skeleton.proto.SerializeToString())
 
     @property
     def name(self) -> str:
@@ -92,7 +101,7 @@ class Model:
         # The skeleton (every name, type and shape), then the bytes it leaves out, in order:
         # serializing a graph with its weights would copy them all first.
         light = self.skeleton
-        h.update(light.proto.graph.SerializeToString(deterministic=True))
+        h.update(self._graph_bytes())
         initializers = self.proto.graph.initializer
         for index in light.stubbed:
             h.update(initializers[index].raw_data)
@@ -100,10 +109,21 @@ class Model:
             h.update(fn.SerializeToString(deterministic=True))
         return h.hexdigest()
 
+    def _graph_bytes(self) -> bytes | memoryview:
+        """The skeleton's graph serialized: cut out of the skeleton's bytes validation kept
+        (the same bytes: ONNX has no map fields, whose order would vary), else serialized."""
+        if self._light_bytes is not None:
+            try:
+                found = wire.graph_bytes(self._light_bytes)
+            except ValueError:
+                found = None
+            if found is not None:
+                return found
+        return bytes(self.skeleton.proto.graph.SerializeToString(deterministic=True))
+
     def value_types(self) -> dict[str, onnx.TypeProto]:
         """The ONNX type of every named value shape inference could type."""
-        model = self._inferred or self.proto
-        graph = model.graph
+        graph = self._typed if self._typed is not None else self.proto.graph
         types: dict[str, onnx.TypeProto] = {}
         for info in (*graph.input, *graph.value_info, *graph.output):
             types[info.name] = info.type
@@ -380,10 +400,13 @@ def _name_nodes(graph: onnx.GraphProto) -> None:
             taken.add(name)
 
 
-def _validate(proto: onnx.ModelProto, light: Skeleton) -> onnx.ModelProto:
-    """The checker and strict shape inference, on the skeleton; the model with types."""
+def _validate(proto: onnx.ModelProto, light: Skeleton) -> tuple[onnx.GraphProto, bytes | None]:
+    """The checker and strict shape inference, on the skeleton serialized once: the graph's
+    typed values (:func:`_infer`), and the skeleton's bytes when they are the model's own."""
+    checked = checkable(light)
+    data = bytes(checked.SerializeToString())
     try:
-        onnx.checker.check_model(checkable(light))
+        onnx.checker.check_model(data)
         misfit = misfit_weights(proto, light.stubbed)
         if misfit is not None:
             raise onnx.checker.ValidationError(misfit)
@@ -392,16 +415,17 @@ def _validate(proto: onnx.ModelProto, light: Skeleton) -> onnx.ModelProto:
             f"model failed the ONNX checker: {_first_lines(str(exc))}",
             details={"stage": "checker"},
         ) from None
+    kept = data if checked is light.proto else None
     try:
-        return _infer(light.proto)
+        return _infer(data), kept
     except (onnx.shape_inference.InferenceError, RuntimeError, ValueError) as exc:
         # onnx infers the body of a function operator (MeanVarianceNormalization...) without
         # the schema's defaults for attributes the node omits, and fails on a valid node.
         # An omitted attribute means its default, so infer again with defaults written out.
-        explicit = _with_default_attributes(light.proto)
+        explicit = _with_default_attributes(checked)
         if explicit is not None:
             try:
-                return _infer(explicit)
+                return _infer(bytes(explicit.SerializeToString())), kept
             except (onnx.shape_inference.InferenceError, RuntimeError, ValueError):
                 pass
         raise InvalidModelError(
@@ -410,13 +434,23 @@ def _validate(proto: onnx.ModelProto, light: Skeleton) -> onnx.ModelProto:
         ) from None
 
 
-def _infer(proto: onnx.ModelProto) -> onnx.ModelProto:
+_TYPED = frozenset({wire.INITIALIZER, wire.INPUT, wire.OUTPUT, wire.VALUE_INFO})
+
+
+def _infer(data: bytes) -> onnx.GraphProto:
+    """Strict shape inference on the serialized model ``data``: its main graph with only
+    inputs, outputs, initializers and the inferred value types."""
     # No data propagation: it computes the values of shape-like tensors, and a 178-byte model
     # (Range(0, 2**40, 1) into Add) makes it allocate terabytes. Without it, types are still
     # checked and static shapes inferred; only shapes computed at run time stay symbolic.
-    return onnx.shape_inference.infer_shapes(
-        proto, check_type=True, strict_mode=True, data_prop=False
-    )
+    # onnx's own binding (onnx.shape_inference.infer_shapes wraps it) returns the model as
+    # bytes; parsing them whole would parse every node again (0.7 s of a 160 MB tree
+    # ensemble) for the value types only.
+    inferred = _cpp_inference.infer_shapes(data, True, True, False)
+    try:
+        return wire.graph_fields(inferred, _TYPED)
+    except ValueError:  # not expected of onnx's own encoding: parse it whole
+        return onnx.load_from_string(inferred).graph
 
 
 def _with_default_attributes(proto: onnx.ModelProto) -> onnx.ModelProto | None:

@@ -200,6 +200,8 @@ class OnnxRuntimeDriver(Driver):
         onnx_opset = model.opsets.get("", model.opsets.get("ai.onnx", 0))
         if proto.ir_version > known.max_ir or onnx_opset > known.max_opset:
             proto = lower.lowered(proto, known.max_ir, known.max_opset)
+        if proto is light.proto:  # serialized once, by validation where it could be
+            return model.skeleton_bytes(), arrays
         return bytes(proto.SerializeToString()), arrays
 
     def _optimize(
@@ -249,7 +251,7 @@ class OnnxRuntimeDriver(Driver):
         artifact from memory), each as slow to create as the model is large."""
         try:
             with spill.spilled(artifact) as file:
-                self.load(artifact, device, CoreSet((0,)), options, file=file).close()
+                self._load(artifact, device, CoreSet((0,)), options, file, fresh=True).close()
         except CrossrtError:
             return False
         return True
@@ -272,6 +274,20 @@ class OnnxRuntimeDriver(Driver):
         *,
         file: ArtifactFile | None = None,
     ) -> Program:
+        return self._load(artifact, device, cores, options, file)
+
+    def _load(
+        self,
+        artifact: bytes | memoryview,
+        device: DeviceInfo,
+        cores: CoreSet,
+        options: CompileOptions,
+        file: ArtifactFile | None,
+        *,
+        fresh: bool = False,
+    ) -> Program:
+        """:meth:`load`; ``fresh``: ``artifact`` is the one this process just packed, whose
+        graph ORT may take as it is (see :meth:`_model_and_weights`)."""
         so = ort.SessionOptions()
         mode = options.performance_mode
         threads = mode.threads(cores.threads)
@@ -290,7 +306,7 @@ class OnnxRuntimeDriver(Driver):
             so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         _onnx_only(so)
         try:
-            model, weights, mapped = self._model_and_weights(artifact, device, file, so)
+            model, weights, mapped = self._model_and_weights(artifact, device, file, so, fresh)
         except CrossrtError:
             raise
         except Exception as exc:  # crossrt's own unpacking: the artifact, not ORT, is at fault
@@ -374,11 +390,15 @@ class OnnxRuntimeDriver(Driver):
         device: DeviceInfo,
         file: ArtifactFile | None,
         so: ort.SessionOptions,
+        fresh: bool = False,
     ) -> tuple[bytes, tuple[np.ndarray, ...], bool]:
         """The model bytes to create a session from, the weight arrays handed to ORT, and
         whether ORT maps the weights from ``file``.
 
-        Sets the optimization level on ``so``, and where the weights come from.
+        Sets the optimization level on ``so``, and where the weights come from. An artifact
+        that is not ``fresh`` is untrusted: its graph is parsed, checked and serialized again
+        (``artifact.parse_graph``); a fresh one without weights is handed to ORT as it is
+        (its graph is ORT's own output, which ``artifact.pack`` left unchanged or wrote).
         """
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         unpacked = ort_artifact.unpack(artifact)
@@ -399,6 +419,8 @@ class OnnxRuntimeDriver(Driver):
         # read-only view of the mapping or of bytes is enough; graph_in_memory checked that
         # each matches the name, type and shape of its stub. A writable buffer (a bytearray
         # the caller loaded from) is copied first: its owner may overwrite it meanwhile.
+        if fresh and not unpacked.names:
+            return bytes(unpacked.graph), (), False
         graph = ort_artifact.graph_in_memory(unpacked)  # names no file ORT would read
         arrays = tuple(a.copy() if a.flags.writeable else a for a in unpacked.arrays)
         values = [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays]
@@ -411,7 +433,8 @@ def _model_bytes(model: Model) -> int:
     large weights again)."""
     light = model.skeleton
     initializers = model.proto.graph.initializer
-    return int(light.proto.ByteSize()) + sum(len(initializers[i].raw_data) for i in light.stubbed)
+    # The skeleton's bytes, not ByteSize(): protobuf's upb serializes the message to size it.
+    return len(model.skeleton_bytes()) + sum(len(initializers[i].raw_data) for i in light.stubbed)
 
 
 def _names_read(graph: onnx.GraphProto) -> set[str]:
