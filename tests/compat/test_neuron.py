@@ -158,6 +158,20 @@ def test_before_init_calls_are_uninitialized_and_after_close_closed() -> None:
     assert nrt.nrt_close() == nrt.NRT_CLOSED
 
 
+def test_a_model_used_after_nrt_close_is_closed_not_an_invalid_handle() -> None:
+    """Seed 002: after nrt_close every call returns NRT_CLOSED, a model's too; after a new
+    nrt_init, a model of the closed runtime is a stale handle (INVALID_HANDLE)."""
+    _init()
+    model = _load(_crm())
+    assert nrt.nrt_get_model_tensor_info(model)[0] == nrt.NRT_SUCCESS
+    assert nrt.nrt_close() == nrt.NRT_SUCCESS
+    assert nrt.nrt_get_model_tensor_info(model) == (nrt.NRT_CLOSED, None)
+    assert nrt.nrt_get_model_nc_count(model) == (nrt.NRT_CLOSED, None)
+    assert nrt.nrt_unload(model) == nrt.NRT_CLOSED
+    _init()
+    assert nrt.nrt_get_model_tensor_info(model) == (nrt.NRT_INVALID_HANDLE, None)
+
+
 def test_an_invalid_framework_is_refused() -> None:
     assert nrt.nrt_init(nrt.NRT_FRAMEWORK_TYPE_INVALID, "", "") == nrt.NRT_INVALID
     assert nrt.nrt_init(99, "", "") == nrt.NRT_INVALID

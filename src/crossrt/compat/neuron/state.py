@@ -93,6 +93,7 @@ def _model(model: Any) -> nrt_model_t:
     if not isinstance(model, nrt_model_t):
         raise NrtError(NRT_STATUS.NRT_INVALID_HANDLE, f"{model!r} is not an nrt_model_t")
     if model not in _state.models:
+        _state.require()  # after nrt_close: NRT_CLOSED, as every call then (issue 27)
         raise NrtError(NRT_STATUS.NRT_INVALID_HANDLE, "the model was unloaded")
     return model
 
