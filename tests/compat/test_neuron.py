@@ -172,6 +172,30 @@ def test_a_model_used_after_nrt_close_is_closed_not_an_invalid_handle() -> None:
     assert nrt.nrt_get_model_tensor_info(model) == (nrt.NRT_INVALID_HANDLE, None)
 
 
+def test_neuron_variables_not_read_are_warned_of_once_by_name(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 27: a diagnostics variable a port relies on is never ignored silently."""
+    from crossrt.compat.neuron import env
+
+    monkeypatch.setattr(env, "_warned", set())
+    monkeypatch.setenv("NEURON_RT_DBG_DUMP_INPUTS_ON_ERR", "1")
+    monkeypatch.setenv("NEURON_RT_LOG_LEVEL_NRT", "DEBUG")
+    monkeypatch.setenv("NEURON_RT_STOCHASTIC_ROUNDING_EN", "1")
+    monkeypatch.setenv("NEURON_RT_EXEC_TIMEOUT", "30")  # read: no warning
+    with caplog.at_level(logging.WARNING, logger="crossrt"):
+        _init()
+        nrt.nrt_close()
+        _init()  # once per process, not per nrt_init
+    warned = [r.getMessage() for r in caplog.records if "has no effect here" in r.getMessage()]
+    assert [w.split()[0] for w in warned] == [
+        "NEURON_RT_DBG_DUMP_INPUTS_ON_ERR",
+        "NEURON_RT_LOG_LEVEL_NRT",
+        "NEURON_RT_STOCHASTIC_ROUNDING_EN",
+    ]
+    assert "round to nearest" in warned[2]
+
+
 def test_an_invalid_framework_is_refused() -> None:
     assert nrt.nrt_init(nrt.NRT_FRAMEWORK_TYPE_INVALID, "", "") == nrt.NRT_INVALID
     assert nrt.nrt_init(99, "", "") == nrt.NRT_INVALID

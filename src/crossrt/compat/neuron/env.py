@@ -22,6 +22,9 @@ that call fail with ``NRT_INVALID``, naming the variable.
   begin.
 - NEURON_RT_STOCHASTIC_ROUNDING_EN / _SEED, NEURON_RT_ROOT_COMM_ID: accepted, no effect
   (crossrt's engines round to nearest, as inf1 does; collectives run on one host here).
+
+Any other ``NEURON_*`` variable set (and these three) is warned of once per process at
+``nrt_init``, by name, as having no effect here (:func:`warn_unread`).
 """
 
 from __future__ import annotations
@@ -41,7 +44,55 @@ __all__ = [
     "LoadSettings",
     "init_settings",
     "load_settings",
+    "warn_unread",
 ]
+
+READ = frozenset(
+    {
+        "NEURON_RT_VISIBLE_CORES",
+        "NEURON_RT_NUM_CORES",
+        "NEURON_RT_LOG_LEVEL",
+        "NEURON_RT_LOG_LOCATION",
+        "NEURON_RT_EXEC_TIMEOUT",
+        "NEURON_RT_VALIDATE_HASH",
+        "NEURON_RT_NUMERICAL_ERRORS_VERIFICATION",
+        "NEURON_RT_NUMERICAL_ERRORS_VERBOSITY",
+        "NEURON_FAIL_ON_NAN",
+        "NEURON_RT_DEBUG_MEMLOG_MAX_SIZE",
+        "NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS",
+        "NEURON_PROCESS_TAG",
+    }
+)
+"""The Neuron variables this layer reads (``NEURON_RT_INSPECT_*`` too, by prefix)."""
+
+NO_EFFECT = {
+    "NEURON_RT_STOCHASTIC_ROUNDING_EN": "crossrt's engines round to nearest",
+    "NEURON_RT_STOCHASTIC_ROUNDING_SEED": "crossrt's engines round to nearest",
+    "NEURON_RT_ROOT_COMM_ID": "collectives run on one host here",
+}
+"""Variables accepted with no effect, and why."""
+
+_warned: set[str] = set()
+
+
+def warn_unread(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Warn once per process, by name, of each ``NEURON_*`` variable set that this layer does
+    not read or that has no effect here (``NEURON_RT_DBG_DUMP_INPUTS_ON_ERR``,
+    ``NEURON_RT_LOG_LEVEL_<COMPONENT>``, ``NEURON_RT_VIRTUAL_CORE_SIZE``,
+    ``NEURON_RT_RESET_CORES``...): a setting a port relies on is never ignored silently.
+    Returns the names warned of now."""
+    env = os.environ if environ is None else environ
+    warned = []
+    for name in sorted(env):
+        if not name.startswith("NEURON_") or name in _warned:
+            continue
+        if name in READ or name.startswith("NEURON_RT_INSPECT_"):
+            continue
+        why = NO_EFFECT.get(name, "crossrt does not read it")
+        log.warning("%s is set but has no effect here: %s", name, why)
+        _warned.add(name)
+        warned.append(name)
+    return warned
 
 
 TRACE = 5

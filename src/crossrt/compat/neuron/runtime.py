@@ -27,7 +27,7 @@ from ...runtime.memory.memlog import reset_memory_log
 from ...runtime.memory.tensorset import TensorSet
 from ...runtime.runtime import Runtime
 from . import completion, recording
-from .env import apply_logging, init_settings, load_settings
+from .env import apply_logging, init_settings, load_settings, warn_unread
 from .profiling import timed
 from .state import _model, _state, nrt_model_t
 from .status import NRT_STATUS, NrtError, guarded, log
@@ -96,6 +96,7 @@ def nrt_init(framework: int, fw_version: str = "", fal_version: str = "") -> NRT
                 f"framework {framework!r} is not valid; use NRT_FRAMEWORK_TYPE_NO_FW",
             )
         settings = init_settings()
+        warn_unread()
         _state.runtime = Runtime(visible_cores=settings.visible_cores, num_cores=settings.num_cores)
         _state.log_handler = apply_logging(settings)
         reset_memory_log(settings.memlog_max_entries)
