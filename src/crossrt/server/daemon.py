@@ -18,6 +18,7 @@ import signal
 import socket
 import tempfile
 import threading
+from collections import ChainMap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ from .proto import runtime_pb2_grpc as v1_grpc
 from .regions import Regions
 from .relay import UnixRelay
 from .repository import LoadOptions, Repository
-from .response_cache import CacheCounts, ResponseCache, with_cache_hits
+from .response_cache import CacheCounts, ResponseCache
 from .rest import HttpFront
 from .settings import ServeOptions
 from .tokens import load_tokens
@@ -196,9 +197,8 @@ class Daemon:
     def identify(self, context: Any) -> Peer:
         """Who is behind a gRPC call: its connection (``context.peer()``) and its token (the
         gate has checked it already)."""
-        relayed: dict[str, Peer] = {}
-        for relay in self.relays:
-            relayed.update(relay.peers)
+        # A view of every relay's table, not a copy of them all on each call.
+        relayed = ChainMap(*(relay.peers for relay in self.relays))
         grant = self.gate.grant(authorization(context.invocation_metadata()))
         return identify(context.peer(), relayed, grant)
 
@@ -206,16 +206,11 @@ class Daemon:
         """Whether the daemon takes requests."""
         return self._ready and not self.gate.closing
 
-    def statistics(self) -> list[tuple[dict[str, str], ModelStatistics, int]]:
-        """(its model and version labels, statistics, requests refused before the model) of
-        every loaded model; the requests its response cache answered are successes too, as
-        ModelStatistics counts them."""
+    def statistics(self) -> list[tuple[dict[str, str], ModelStatistics]]:
+        """(its model and version labels, statistics as served: ``Entry.statistics``) of
+        every loaded model."""
         return [
-            (
-                {"model": e.name, "version": e.version},
-                with_cache_hits(e.model.statistics(), e.cache),
-                e.refused,
-            )
+            ({"model": e.name, "version": e.version}, e.statistics())
             for e in self.repository.loaded()
             if e.model is not None
         ]

@@ -18,7 +18,7 @@ import threading
 import time
 from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -36,7 +36,6 @@ from .proto import runtime_pb2 as v1
 from .proto import runtime_pb2_grpc as v1_grpc
 from .regions import Regions
 from .repository import LoadOptions, Repository
-from .response_cache import with_cache_hits
 from .status import ServiceError
 from .tensors import decode_inputs, encode_outputs, requested_outputs
 
@@ -265,13 +264,8 @@ class RuntimeService(v1_grpc.RuntimeServicer):
         return v1.CancelResponse(cancelled=posted.future.cancel())
 
     def Statistics(self, request: Any, context: Any) -> v1.StatisticsResponse:
-        entry, model = self._repository.get(request.name)
-        stats = with_cache_hits(model.statistics(), entry.cache)
-        if entry.refused:  # turned away before the model: failures, as KServe's fail counts them
-            failures = {**stats.failures, "REFUSED": stats.failures.get("REFUSED", 0)}
-            failures["REFUSED"] += entry.refused
-            stats = replace(stats, requests=stats.requests + entry.refused, failures=failures)
-        return v1.StatisticsResponse(statistics_json=json.dumps(stats.to_dict()))
+        entry = self._repository.get(request.name)[0]
+        return v1.StatisticsResponse(statistics_json=json.dumps(entry.statistics().to_dict()))
 
     def _mine(self, cookie: int, context: Any) -> Posted:
         with self._lock:

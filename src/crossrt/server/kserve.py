@@ -22,11 +22,10 @@ from tritonclient.grpc import service_pb2_grpc as pbg
 
 from ..drivers.base import CancelToken
 from ..errors import OperationForbiddenError
-from ..runtime.statistics import ModelStatistics
 from .peers import Peer, need_operator, need_owner
 from .regions import Regions
-from .repository import Repository
-from .response_cache import CacheCounts, ResponseCache, with_cache_hits
+from .repository import Entry, Repository
+from .response_cache import ResponseCache
 from .status import ServiceError, status_of
 from .tensors import (
     bound_outputs,
@@ -52,36 +51,29 @@ except PackageNotFoundError:  # a source tree
     VERSION = "0.0.0+source"
 
 
-def model_statistics(
-    name: str,
-    model_version: str,
-    s: ModelStatistics,
-    refused: int = 0,
-    cache: CacheCounts | None = None,
-) -> pb.ModelStatistics:
-    """One model's statistics in Triton's fields (the runtime keeps them:
-    ``LoadedModel.statistics()``, docs/statistics.md), with the ``refused`` requests the
-    daemon turned away before they reached the model counted as failures, and the requests
-    its response cache answered (``cache``) as successes and cache hits."""
+def model_statistics(entry: Entry) -> pb.ModelStatistics:
+    """A loaded model's statistics in Triton's fields, from those the daemon serves
+    (:meth:`Entry.statistics`: the runtime's, docs/statistics.md, with the response cache's
+    answers as successes and the requests refused before the model as failures), and its
+    response cache's hits and misses."""
 
     def duration(count: int, ns: int) -> pb.StatisticDuration:
         return pb.StatisticDuration(count=count, ns=ns)
 
-    cache = cache or CacheCounts()
-    s = with_cache_hits(s, cache)
+    s, cache = entry.statistics(), entry.cache
     infer = pb.InferStatistics(
         success=duration(s.success, s.latency.ns),
         cache_hit=duration(cache.hits, cache.hit_ns),
         cache_miss=duration(cache.misses, cache.miss_ns),
-        fail=duration(s.failure + refused, 0),
+        fail=duration(s.failure, 0),
         queue=duration(s.queue.count, s.queue.ns),
         compute_input=duration(s.compute_input.count, s.compute_input.ns),
         compute_infer=duration(s.compute_infer.count, s.compute_infer.ns),
         compute_output=duration(s.compute_output.count, s.compute_output.ns),
     )
     return pb.ModelStatistics(
-        name=name,
-        version=model_version,
+        name=entry.name,
+        version=entry.version,
         last_inference=s.last_inference_ms,
         inference_count=s.success,
         execution_count=sum(d.count for d in s.instances),
@@ -320,11 +312,7 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
             entries = [self.repository.get(request.name, request.version)[0]]
         else:
             entries = self.repository.loaded()
-        stats = [
-            model_statistics(e.name, e.version, e.model.statistics(), e.refused, e.cache)
-            for e in entries
-            if e.model is not None
-        ]
+        stats = [model_statistics(e) for e in entries if e.model is not None]
         return pb.ModelStatisticsResponse(model_stats=stats)
 
     def RepositoryIndex(self, request: Any, context: Any) -> pb.RepositoryIndexResponse:

@@ -50,7 +50,6 @@ And the daemon's own, labelled ``socket`` (each Unix socket's path), which Trito
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
 from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -63,11 +62,10 @@ from .response_cache import CacheCounts
 ConnectionSource = Callable[[], list[tuple[str, int, int]]]
 """``() -> [(socket path, open connections, connections refused)]`` of the Unix sockets."""
 
-StatisticsSource = Callable[[], list[tuple[dict[str, str], ModelStatistics, int]]]
-"""``() -> [(labels, statistics, refused)]`` of the loaded models: the daemon labels each
-``model`` and ``version`` (``crossrt monitor --prometheus`` adds ``pid`` and ``tag``);
-``refused`` requests the daemon turned away before they reached the model count as
-failures."""
+StatisticsSource = Callable[[], list[tuple[dict[str, str], ModelStatistics]]]
+"""``() -> [(labels, statistics)]`` of the loaded models: the daemon labels each ``model``
+and ``version`` (``crossrt monitor --prometheus`` adds ``pid`` and ``tag``); a daemon's
+count the requests it refused before they reached the model as failures ``"REFUSED"``."""
 
 _COUNTERS: tuple[tuple[str, str, Callable[[ModelStatistics], float]], ...] = (
     ("inference_request_success", "successful inference requests", lambda s: s.success),
@@ -152,11 +150,7 @@ class ModelCollector(_Collector):
     """A Prometheus collector over the loaded models' statistics (a :data:`StatisticsSource`)."""
 
     def collect(self) -> Iterator[Metric]:
-        rows = []
-        for labels, stats, refused in self._source():
-            if refused:  # turned away by the daemon before the model: failures all the same
-                stats = replace(stats, failures={**stats.failures, "REFUSED": refused})
-            rows.append((labels, stats))
+        rows = self._source()
         yield from _counters(self._prefix, _COUNTERS, rows)
         yield from self._failures(rows)
         yield from self._latency(rows)

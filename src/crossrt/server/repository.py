@@ -21,8 +21,9 @@ from ..compiler import load_executable
 from ..errors import InvalidArgumentError
 from ..host import parse_cpu_set, process_alive
 from ..runtime import LoadedModel, Runtime
+from ..runtime.statistics import ModelStatistics
 from .forms import check_servable
-from .response_cache import CacheCounts
+from .response_cache import CacheCounts, with_cache_hits
 from .snapshot import snapshot, stamp_of
 from .status import ServiceError
 
@@ -147,6 +148,19 @@ class Entry:
     user: str | None = None  # who sent it (Peer.principal); None: the operator's repository
     refused: int = 0  # requests the daemon refused before they reached the model
     cache: CacheCounts = field(default_factory=CacheCounts)  # its response cache's use
+
+    def statistics(self) -> ModelStatistics:
+        """The model's statistics as the daemon serves it: the requests its response cache
+        answered count as successes (as Triton counts them), and those the daemon refused
+        before they reached the model as requests failed ``"REFUSED"``. KServe's statistics,
+        crossrt.v1's and the metrics all read this."""
+        assert self.model is not None
+        stats = with_cache_hits(self.model.statistics(), self.cache)
+        if not self.refused:
+            return stats
+        failures = dict(stats.failures)
+        failures["REFUSED"] = failures.get("REFUSED", 0) + self.refused
+        return replace(stats, requests=stats.requests + self.refused, failures=failures)
 
     def count_refused(self) -> None:
         """One more request refused before it reached the model (its runtime statistics

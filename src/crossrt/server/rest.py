@@ -146,7 +146,7 @@ class HttpFront:
 
     # -- the requests ----------------------------------------------------------------------
 
-    def get(self, path: list[str], peer: Callable[[], Peer]) -> tuple[int, Any]:
+    def get(self, path: list[str], peer: Peer) -> tuple[int, Any]:
         """A GET's status and JSON answer (``peer``: who asks, for shared memory)."""
         ready = self.service.ServerReady(pb.ServerReadyRequest(), None).ready
         if path == ["health", "live"]:
@@ -163,7 +163,7 @@ class HttpFront:
         if path == ["models", "stats"]:
             return HTTPStatus.OK, self._statistics("", "")
         if path[:1] in (["systemsharedmemory"], ["cudasharedmemory"]):
-            return HTTPStatus.OK, shared_memory_get(self.service, path, peer())
+            return HTTPStatus.OK, shared_memory_get(self.service, path, peer)
         name, version, rest = _model_path(path)
         if rest == ["stats"]:
             return HTTPStatus.OK, self._statistics(name, version)
@@ -215,7 +215,7 @@ class HttpFront:
         path: list[str],
         body: bytes | bytearray,
         header_length: int | None,
-        peer: Callable[[], Peer],
+        peer: Peer,
     ) -> tuple[bytes, int | None]:
         """A POST .../infer: the answer's body, and its JSON part's length when binary
         data follows it."""
@@ -231,7 +231,7 @@ class HttpFront:
         except (TypeError, ValueError, OverflowError, RecursionError) as exc:
             # what the checks in _request did not name: still the client's JSON, not a fault
             raise _bad(f"the request does not have KServe's form ({str(exc)[:200]})") from None
-        return _response(self.service.infer(request, peer), doc)
+        return _response(self.service.infer(request, lambda: peer), doc)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -264,11 +264,7 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("http %s " + format, self.client_address[0], *args)
 
     def do_GET(self) -> None:
-        self._handle(lambda path: self._json(*self.owner.get(path, self._peer)))
-
-    def _peer(self) -> Peer:
-        """Who sent this request (:meth:`_handle` identified it by its token)."""
-        return self.peer
+        self._handle(lambda path: self._json(*self.owner.get(path, self.peer)))
 
     def do_POST(self) -> None:
         def post(path: list[str]) -> None:
@@ -308,12 +304,12 @@ class _Handler(BaseHTTPRequestHandler):
                     return
                 if path[:1] in (["systemsharedmemory"], ["cudasharedmemory"]):
                     doc = _json(body) if body.strip() else {}
-                    peer = self.peer
                     self._json(
-                        HTTPStatus.OK, shared_memory_post(self.owner.service, path, doc, peer)
+                        HTTPStatus.OK,
+                        shared_memory_post(self.owner.service, path, doc, self.peer),
                     )
                     return
-                answer, json_length = self.owner.infer(path, body, header_length, self._peer)
+                answer, json_length = self.owner.infer(path, body, header_length, self.peer)
                 extra = {} if json_length is None else {HEADER_LENGTH: str(json_length)}
                 binary = json_length is not None
                 content = "application/octet-stream" if binary else "application/json"
@@ -352,11 +348,12 @@ class _Handler(BaseHTTPRequestHandler):
             parts = [unquote(p) for p in self.path.split("?")[0].split("/") if p]
             if parts[:1] != ["v2"]:
                 raise ServiceError(grpc.StatusCode.NOT_FOUND, f"no such path: {self.path}")
+            grant = None  # health needs no token
             if parts[1:3] not in (["health", "live"], ["health", "ready"]):
                 grant = self.owner.gate.grant(self.headers.get("Authorization"))
-                host, port = self.client_address[:2]
-                kind = "ipv6" if ":" in host else "ipv4"
-                self.peer = identify(f"{kind}:{host}:{port}", {}, grant)
+            host, port = self.client_address[:2]
+            kind = "ipv6" if ":" in host else "ipv4"
+            self.peer = identify(f"{kind}:{host}:{port}", {}, grant)
             action(parts[1:])
         except (Refused, TimeoutError) as exc:
             # The body is not read: the connection cannot carry another request.

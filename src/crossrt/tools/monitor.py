@@ -237,8 +237,8 @@ class Scrape:
             self._at = time.monotonic()
         return self._found
 
-    def models(self) -> list[tuple[dict[str, str], ModelStatistics, int]]:
-        """``(labels, statistics, 0)`` per model of every process."""
+    def models(self) -> list[tuple[dict[str, str], ModelStatistics]]:
+        """``(labels, statistics)`` per model of every process."""
         rows = []
         for process in self._snapshots():
             for model in process["models"]:
@@ -255,7 +255,7 @@ class Scrape:
                     statistics = statistics_from_dict(model["statistics"])
                 except InvalidArgumentError:
                     continue  # another crossrt version's: one model, not the whole scrape
-                rows.append((labels, statistics, 0))
+                rows.append((labels, statistics))
         return rows
 
     def caches(self) -> list[tuple[dict[str, str], CacheStats]]:
