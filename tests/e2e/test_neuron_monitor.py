@@ -28,36 +28,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from crossrt.tools import cli
 from crossrt.tools.neuron_prometheus import NeuronMetrics
+from observing import worker_script
 
 TAG = "neuron-app"
 WAIT_S = 30.0  # for the worker to load its model, however slow this machine is
-
-WORKER = """
-import time
-import numpy as np
-from onnx import TensorProto, helper
-import crossrt
-
-graph = helper.make_graph(
-    [helper.make_node("Relu", ["x"], ["y"])],
-    "relu64",
-    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
-    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])],
-)
-model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-loaded = crossrt.Runtime().load(crossrt.compile(model))
-good, bad = np.ones((1, 64), np.float32), np.ones((2, 3), np.float32)
-print("ready", loaded.name, flush=True)
-deadline = time.monotonic() + 300  # a safety net: the test kills it long before
-n = 0
-while time.monotonic() < deadline:
-    n += 1
-    try:
-        loaded.run({"x": bad if n % 20 == 0 else good})
-    except crossrt.CrossrtError:
-        pass
-    time.sleep(0.001)  # leave the CPU to the command under test on a small machine
-"""
 
 
 @pytest.fixture
@@ -67,7 +41,7 @@ def worker(runtime_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.delenv("CROSSRT_OBSERVE", raising=False)
     monkeypatch.delenv("CROSSRT_PROCESS_TAG", raising=False)
     script = tmp_path / "worker.py"
-    script.write_text(WORKER)
+    script.write_text(worker_script(20))
     env = os.environ | {"CROSSRT_RUNTIME_DIR": str(runtime_dir), "NEURON_PROCESS_TAG": TAG}
     errors = tmp_path / "worker.err"
     with errors.open("w") as err:

@@ -23,32 +23,10 @@ import pytest
 from crossrt.runtime.statistics import BUCKETS_US, Duration, ModelStatistics
 from crossrt.tools import cli
 from crossrt.tools.monitor import Sampler, diff_processes, percentiles_us
-from observing import hanging_up
+from observing import hanging_up, worker_script
 
 TAG = "worker-tag"
 WAIT_S = 30.0  # for the worker to load its model, however slow this machine is
-
-WORKER = """
-import sys, time
-import numpy as np
-from onnx import TensorProto, helper
-import crossrt
-
-graph = helper.make_graph(
-    [helper.make_node("Relu", ["x"], ["y"])],
-    "relu64",
-    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
-    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])],
-)
-model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-loaded = crossrt.Runtime().load(crossrt.compile(model))
-x = np.ones((1, 64), np.float32)
-print("ready", loaded.name, flush=True)
-deadline = time.monotonic() + 300  # a safety net: the test kills it long before
-while time.monotonic() < deadline:
-    loaded.run({"x": x})
-    time.sleep(0.001)  # leave the CPU to the command under test on a small machine
-"""
 
 
 @pytest.fixture
@@ -65,7 +43,7 @@ def _worker(runtime_dir: Path, folder: Path) -> Iterator[tuple[int, str]]:
     """``(pid, model name)`` of a child running a model, tagged :data:`TAG`, once it has
     loaded it; killed on the way out, whatever happened."""
     script = folder / "worker.py"
-    script.write_text(WORKER)
+    script.write_text(worker_script())
     env = os.environ | {"CROSSRT_RUNTIME_DIR": str(runtime_dir), "CROSSRT_PROCESS_TAG": TAG}
     # stderr to a file: a pipe nobody reads would block a worker that logs much.
     errors = folder / "worker.err"
