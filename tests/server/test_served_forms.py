@@ -8,7 +8,9 @@ as the reference."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,7 +51,22 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[onnx.Mod
     }
     for name, proto in built.items():
         onnx.save(proto, repository / f"{name}.onnx")
-    return {name: (proto, repository / f"{name}.onnx") for name, proto in built.items()}
+    served = {name: (proto, repository / f"{name}.onnx") for name, proto in built.items()}
+    wheel_detector = _nudenet_file()
+    if wheel_detector is not None:  # the real file, byte for byte, as its exporter wrote it
+        shutil.copyfile(wheel_detector, repository / "nudenet.onnx")
+        served["nudenet"] = (onnx.load(str(wheel_detector)), repository / "nudenet.onnx")
+    return served
+
+
+def _nudenet_file() -> Path | None:
+    """nudenet's YOLOv8n detector (installed --no-deps by make test), or None."""
+    try:
+        dist = importlib.metadata.distribution("nudenet")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    files = [f for f in dist.files or () if str(f).endswith(".onnx")]
+    return Path(str(dist.locate_file(files[0]))) if files else None
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +133,24 @@ def test_exporter_dimension_names_are_served_and_rank_65_refused_at_load(forms_c
     index = {m.name: m for m in forms_client.get_model_repository_index().models}
     assert index["rank65"].state == "UNAVAILABLE"
     assert "has 65 dimensions, more than the 64" in index["rank65"].reason
+
+
+def test_a_wheel_detector_with_exporter_written_dimensions_is_served(forms_client, models):
+    """nudenet's detector as torch 2.3 wrote it (a 330-character output dimension name):
+    READY, its metadata says the dimension is dynamic, and a request gets raw ONNX Runtime's
+    answer."""
+    if "nudenet" not in models:
+        pytest.skip("nudenet is not installed (`pip install --no-deps nudenet`; make test does)")
+    assert forms_client.is_model_ready("nudenet")
+    meta = forms_client.get_model_metadata("nudenet")
+    assert [list(t.shape) for t in meta.outputs] == [[-1, 22, -1]]
+    x = np.random.default_rng(5).uniform(0, 1, (1, 3, 320, 320)).astype(np.float32)
+    images = tc.InferInput("images", list(x.shape), "FP32")
+    images.set_data_from_numpy(x)
+    got = forms_client.infer("nudenet", [images]).as_numpy("output0")
+    (want,) = _raw(models["nudenet"][1], x)
+    assert got.shape == want.shape == (1, 22, 2100)
+    assert float(np.max(np.abs(got - want))) <= 1e-5
 
 
 def test_forty_thousand_inputs_are_served(forms_client):
