@@ -10,8 +10,9 @@ by importing the packages (their ``__init__`` imports cv2 / torch, which are not
 
 Issue 23's shapes of model are here too, on real files: nudenet's detector as its exporter
 wrote it, rapidocr's text detector with its dimension names replaced by such expressions, and
-sklearn classifiers with ZipMap outputs built by skl2onnx from a small fit (no wheel found ships
-one); test_served_forms.py serves those through the daemon.
+sklearn classifiers with ZipMap outputs: the logistic regression onnxruntime's own wheel ships
+(``onnxruntime/datasets/logreg_iris.onnx``, converted by onnxmltools) and ones built by skl2onnx
+from a small fit; test_served_forms.py serves those through the daemon.
 """
 
 from __future__ import annotations
@@ -335,6 +336,27 @@ def test_a_real_detector_with_exporter_written_dimension_names(tmp_path):
         got = rt.load(crossrt.compile(path, device="cpu", cache_dir=cache)).run({"x": x})
     for name, want in _raw_ort(path, {"x": x}).items():
         assert float(np.max(np.abs(got[name] - want))) <= TOLERANCE
+
+
+@pytest.mark.parametrize("driver", ["onnxruntime", "openvino"])
+def test_a_wheel_zipmap_classifier_matches_raw_onnxruntime(driver: str):
+    """onnxruntime's wheel ships a scikit-learn logistic regression converted by onnxmltools:
+    its probabilities are a sequence of maps (class -> probability), one per row. On OpenVINO
+    the classifier and ZipMap fall back to onnxruntime; the answer is raw ORT's either way."""
+    from onnxruntime.datasets import get_example
+
+    path = Path(get_example("logreg_iris.onnx"))
+    exe = _compile(path, driver) if driver != "onnxruntime" else crossrt.compile(path)
+    assert exe.outputs[1].kind == "sequence"
+    x = np.random.default_rng(7).uniform(0.0, 8.0, (3, 2)).astype(np.float32)
+    with crossrt.Runtime() as rt:
+        got = rt.load(exe).run({"float_input": x})
+    labels, maps = _raw_ort(path, {"float_input": x}).values()
+    np.testing.assert_array_equal(got["label"], labels)
+    assert len(got["probabilities"]) == len(maps) == 3
+    for mine, theirs in zip(got["probabilities"], maps, strict=True):
+        assert mine.keys() == theirs.keys() == {0, 1, 2}
+        assert all(abs(mine[k] - theirs[k]) <= OTHER_ENGINE_TOLERANCE for k in theirs)
 
 
 @pytest.mark.parametrize("string_labels", [False, True], ids=["int64-labels", "string-labels"])

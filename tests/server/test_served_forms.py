@@ -56,6 +56,13 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[onnx.Mod
     if wheel_detector is not None:  # the real file, byte for byte, as its exporter wrote it
         shutil.copyfile(wheel_detector, repository / "nudenet.onnx")
         served["nudenet"] = (onnx.load(str(wheel_detector)), repository / "nudenet.onnx")
+    from onnxruntime.datasets import get_example  # a ZipMap classifier that ships in a wheel
+
+    shutil.copyfile(get_example("logreg_iris.onnx"), repository / "logreg_iris.onnx")
+    served["logreg_iris"] = (
+        onnx.load(get_example("logreg_iris.onnx")),
+        repository / "logreg_iris.onnx",
+    )
     return served
 
 
@@ -111,6 +118,22 @@ def test_a_zipmap_classifier_is_served_as_json_maps_equal_to_raw_onnxruntime(
     assert len(served) == len(x) and len(served[0]) == 3
     assert served == [{str(k): v for k, v in m.items()} for m in maps]
     assert result.get_output("output_probability").datatype == "BYTES"
+
+
+def test_the_zipmap_classifier_onnxruntime_ships_is_served_as_json_maps(forms_client, models):
+    """onnxruntime's own logreg_iris.onnx (onnxmltools): READY, probabilities as BYTES JSON
+    maps equal to raw ONNX Runtime's."""
+    assert forms_client.is_model_ready("logreg_iris")
+    x = np.random.default_rng(3).uniform(0, 8, (3, 2)).astype(np.float32)
+    tensor = tc.InferInput("float_input", [3, 2], "FP32")
+    tensor.set_data_from_numpy(x)
+    result = forms_client.infer("logreg_iris", [tensor])
+    labels, maps = _raw(models["logreg_iris"][1], x)
+    np.testing.assert_array_equal(result.as_numpy("label"), labels)
+    served = [json.loads(t) for t in result.as_numpy("probabilities")]
+    assert [m.keys() for m in served] == [{"0", "1", "2"}] * 3
+    for mine, theirs in zip(served, maps, strict=True):
+        assert all(abs(mine[str(k)] - v) <= 1e-6 for k, v in theirs.items())
 
 
 def test_a_sequence_of_tensors_is_refused_at_load_with_the_reason(forms_client):
