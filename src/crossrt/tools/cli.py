@@ -26,6 +26,10 @@ COMMANDS = {
         "crossrt.tools.inspect",
         "show a .crm container, or an ONNX model and its placement",
     ),
+    "container": (
+        "crossrt.tools.container",
+        "combine, extract, dump .crm files and list their weights (model_tool)",
+    ),
 }
 
 

@@ -30,6 +30,7 @@ from ..runtime import Runtime
 from ..runtime.auto import compile as compile_model
 from ..runtime.oracle import compare, expected_outputs
 from ..runtime.probe import spelled_as, tolerance
+from . import verify_compare
 from .bench import random_inputs
 from .common import AUTO_FLAGS, fail, parse_shapes, say
 from .run import read_inputs
@@ -94,6 +95,14 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="the largest error allowed, relative to max(1, max |reference|) of each output",
     )
+    p.add_argument(
+        "--compare",
+        default=None,
+        metavar="DIR",
+        help="check against reference data files in DIR instead (bmrt_test --compare: "
+        "input_ref_data.dat and output_ref_data.dat, or the .dat.bmrt ones "
+        "BMRT_SAVE_IO_TENSORS=1 writes); MODEL may then be a .crm; tolerance 1e-2",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document instead")
     return p
 
@@ -102,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``crossrt verify``."""
     args = parser().parse_args(argv)
     try:
-        report = verify(args)
+        report = verify_compare.report(args) if args.compare else verify(args)
     except CrossrtError as exc:
         return fail("verify", exc)
     if args.json:
