@@ -33,7 +33,7 @@ LAYERING = REPO / "tests" / "unit" / "test_layering.py"
 # files; others (``model.crm``, ``<key>.json``) name what a user or the runtime writes.
 CHECKED_SUFFIXES = (".py", ".md", ".toml", ".proto", ".sh", ".txt", ".cfg")
 # Folders a relative path may start from, tried in order.
-BASES = (REPO, SRC, REPO / "docs", REPO / "tests")
+BASES = (REPO, SRC, REPO / "src", REPO / "docs", REPO / "tests")
 SKIPPED_DIRS = frozenset({".git", ".venv", "build", "dist", "results", "__pycache__"})
 SPAN = re.compile(r"`([^`\n]+)`")
 MODULE = re.compile(r"crossrt(?:\.[A-Za-z_]\w*)+")
@@ -84,6 +84,10 @@ def top_level_names(path: Path) -> frozenset[str]:
         elif isinstance(node, ast.Assign | ast.AnnAssign):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             names.update(t.id for t in targets if isinstance(t, ast.Name))
+            is_all = any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets)
+            if is_all and isinstance(node.value, ast.List | ast.Tuple):
+                # Names served by a module __getattr__ (crossrt.connect) are in __all__.
+                names.update(e.value for e in node.value.elts if isinstance(e, ast.Constant))
     return frozenset(names)
 
 
@@ -131,7 +135,8 @@ def name_problems(text: str, doc: str) -> list[str]:
         word = span.removesuffix("()")
         why: str | None = None
         if MODULE.fullmatch(word.split(":")[0]) and word.count(":") <= 1:
-            why = module_problem(word)
+            # A file may look like a module (packaging/crossrt.service).
+            why = None if word in basenames() else module_problem(word)
         elif PATHLIKE.fullmatch(word) and not word.startswith("."):
             if "/" in word or word.endswith(CHECKED_SUFFIXES):
                 why = path_problem(word)
