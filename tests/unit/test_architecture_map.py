@@ -18,6 +18,7 @@ same rule for the names it writes.
 from __future__ import annotations
 
 import ast
+import os
 import re
 import tomllib
 from collections.abc import Iterator
@@ -34,7 +35,7 @@ LAYERING = REPO / "tests" / "unit" / "test_layering.py"
 CHECKED_SUFFIXES = (".py", ".md", ".toml", ".proto", ".sh", ".txt", ".cfg")
 # Folders a relative path may start from, tried in order.
 BASES = (REPO, SRC, REPO / "src", REPO / "docs", REPO / "tests")
-SKIPPED_DIRS = frozenset({".git", ".venv", "build", "dist", "results", "__pycache__"})
+SKIPPED_DIRS = frozenset({"build", "dist", "__pycache__", "node_modules"})
 SPAN = re.compile(r"`([^`\n]+)`")
 MODULE = re.compile(r"crossrt(?:\.[A-Za-z_]\w*)+")
 BLOCK_PATH = re.compile(r"(?<![\w/.])(?:src|tests|docs|benchmarks|examples)/[\w./-]*\w/?")
@@ -62,12 +63,13 @@ def spans(text: str) -> list[str]:
 
 @cache
 def basenames() -> frozenset[str]:
-    """The names of the project's files, wherever they lie."""
+    """The names of the project's files and folders, wherever they lie (hidden folders, the
+    virtual environment and build outputs not walked)."""
     names: set[str] = set()
-    for path in REPO.rglob("*"):
-        if any(part in SKIPPED_DIRS or part.startswith(".") for part in path.parts[1:]):
-            continue
-        names.add(path.name)
+    for _, dirs, files in os.walk(REPO):
+        dirs[:] = [d for d in dirs if d not in SKIPPED_DIRS and not d.startswith(".")]
+        names.update(dirs)
+        names.update(files)
     return frozenset(names)
 
 
@@ -137,9 +139,12 @@ def name_problems(text: str, doc: str) -> list[str]:
         if MODULE.fullmatch(word.split(":")[0]) and word.count(":") <= 1:
             # A file may look like a module (packaging/crossrt.service).
             why = None if word in basenames() else module_problem(word)
-        elif PATHLIKE.fullmatch(word) and not word.startswith("."):
-            if "/" in word or word.endswith(CHECKED_SUFFIXES):
-                why = path_problem(word)
+        elif (
+            PATHLIKE.fullmatch(word)
+            and not word.startswith(".")
+            and ("/" in word or word.endswith(CHECKED_SUFFIXES))
+        ):
+            why = path_problem(word)
         if why:
             problems.append(f"{doc}: `{span}`: {why}; correct or remove it")
     return problems
@@ -298,24 +303,60 @@ def test_the_architecture_map_names_only_what_exists() -> None:
     )
 
 
+def readme_problems(text: str) -> list[str]:
+    """tests/README.md's folders table against the folders of tests/ that hold tests, and the
+    folders it says ``make test-fast`` runs against the Makefile's target."""
+    problems = name_problems(text, "tests/README.md")
+    listed = {row[0].strip("`/ ") for row in table_with(text, "folder")}
+    folders = {p.parent.name for p in (REPO / "tests").glob("*/test_*.py")}
+    problems += [
+        f"tests/README.md: no row for `{f}/` in the folders table" for f in folders - listed
+    ]
+    problems += [f"tests/README.md: `{f}/` has a row but no tests" for f in listed - folders]
+    makefile = (REPO / "Makefile").read_text(encoding="utf-8")
+    recipe = re.search(r"^test-fast:.*\n((?:\t.*\n)+)", makefile, re.M)
+    make_fast = set(re.findall(r"tests/(\w+)", recipe.group(1))) if recipe else set()
+    bullet = re.search(r"^- `make test-fast`(.*?)(?=^- |\n\n)", text, re.M | re.S)
+    said_fast = set(re.findall(r"`tests/(\w+)`", bullet.group(1))) if bullet else set()
+    if said_fast != make_fast:
+        problems.append(
+            f"tests/README.md: its `make test-fast` bullet names {sorted(said_fast)}, the "
+            f"Makefile's test-fast runs {sorted(make_fast)}; make them agree"
+        )
+    return problems
+
+
 def test_the_tests_readme_names_only_what_exists() -> None:
-    readme = REPO / "tests" / "README.md"
-    problems = name_problems(readme.read_text(encoding="utf-8"), "tests/README.md")
+    problems = readme_problems((REPO / "tests" / "README.md").read_text(encoding="utf-8"))
     assert not problems, "\n".join(problems)
 
 
 def test_the_checker_catches_a_lie() -> None:
-    """Each check can fail: a made-up module, path, driver and layer are all reported."""
+    """Each check can fail: a made-up module, path, driver, layer, concept and folder, and a
+    module left out of the layout, are all reported."""
     lie = (
         "## 1. Drivers\n\n| driver | entry point |\n| --- | --- |\n"
         "| `torch` | `crossrt.drivers.torch:TorchDriver` |\n\n"
         "## 2. Layers\n\n```\nbase (errors)\nmodel\n```\n\n"
+        "## 3. Package layout\n\n| name | what it is |\n| --- | --- |\n| `Device` | a device |\n\n"
         "See `crossrt.runtime.devices`, `crossrt.NoSuchName`, `tests/models.py` and `nothere.py`.\n"
     )
     found = "\n".join(
-        [*name_problems(lie, "lie"), *driver_problems(lie), *layer_problems(lie)]
+        [
+            *name_problems(lie, "lie"),
+            *driver_problems(lie),
+            *layer_problems(lie),
+            *concept_problems(lie),
+            *layout_problems(lie),
+        ]
+    )
+    found += "\n" + "\n".join(
+        readme_problems("| folder | needs |\n| --- | --- |\n| `nowhere/` | x |\n")
     )
     for expected in (
+        "no row for `unit/`",
+        "`nowhere/` has a row but no tests",
+        "the Makefile's test-fast runs",
         "`crossrt.runtime.devices`",
         "`crossrt.NoSuchName`",
         "`tests/models.py`",
@@ -324,5 +365,7 @@ def test_the_checker_catches_a_lie() -> None:
         "`onnxruntime` is an entry point",
         "the map lists ['base', 'model']",
         "lacks BASE_MODULES",
+        "crossrt defines no 'Device'",
+        "`errors.py` (src/crossrt/errors.py) is not named",
     ):
         assert expected in found, f"{expected!r} not reported in:\n{found}"
