@@ -406,6 +406,58 @@ def test_export_import_and_offline_models(tmp_path: Path) -> None:
     assert nn.OH_NNCompilation_Build(damaged) == R.OH_NN_INVALID_FILE
 
 
+def _offline(device: int) -> tuple[bytes, int]:
+    """add_model compiled for ``device``, exported as an offline model's bytes."""
+    c = built(device=device)
+    buf = bytearray(1 << 20)
+    ret, size = nn.OH_NNCompilation_ExportCacheToBuffer(c, buf, len(buf))
+    assert ret == 0
+    return bytes(buf[:size]), size
+
+
+def test_an_offline_model_takes_the_settings_it_can_and_refuses_the_rest() -> None:
+    """Issue 27.4: SetDevice and the performance mode were silently ignored for an offline
+    model. Now the mode takes effect (it is read at load: ORT's thread count), and a device
+    the compiled model is not for is refused. (No CPU driver honours priorities: SetPriority
+    refuses them at once, OH_NN_UNAVALIDABLE_DEVICE.)"""
+    ort = nn.device_id("onnxruntime")
+    blob, size = _offline(ort)
+    other = nn.OH_NNCompilation_ConstructWithOfflineModelBuffer(blob, size)
+    assert nn.OH_NNCompilation_SetDevice(other, REF) == 0
+    assert nn.OH_NNCompilation_Build(other) == R.OH_NN_INVALID_PARAMETER  # was SUCCESS
+    same = nn.OH_NNCompilation_ConstructWithOfflineModelBuffer(blob, size)
+    assert nn.OH_NNCompilation_SetDevice(same, ort) == 0
+    assert nn.OH_NNCompilation_SetPerformanceMode(same, nn.OH_NN_PERFORMANCE_LOW) == 0
+    assert nn.OH_NNCompilation_Build(same) == 0
+    assert same.exe.options.performance_mode.name == "LOW"  # what the runtime loads with
+    e = nn.OH_NNExecutor_Construct(same)
+    x, y = np.ones((2, 3), np.float32), np.full((2, 3), 2, np.float32)
+    ins, outs = tensors(e, [x, y])
+    assert nn.OH_NNExecutor_RunSync(e, ins, 2, outs, 1) == 0
+    assert np.array_equal(nn.OH_NNTensor_GetDataBuffer(outs[0]), x + y)
+    nn.OH_NNExecutor_Destroy(e)
+
+
+def test_float16_on_an_offline_model_compiled_at_float32_is_refused() -> None:
+    import crossrt
+
+    able = [
+        (s.name, d.id)
+        for s in crossrt.driver_statuses()
+        if s.driver is not None
+        for d in s.driver.devices()
+        if d.capabilities.fp16
+    ]
+    if not able:
+        pytest.skip("no device here computes in float16")
+    device = nn.device_id(*able[0])
+    blob, size = _offline(device)
+    half = nn.OH_NNCompilation_ConstructWithOfflineModelBuffer(blob, size)
+    assert nn.OH_NNCompilation_SetDevice(half, device) == 0
+    assert nn.OH_NNCompilation_EnableFloat16(half, True) == 0
+    assert nn.OH_NNCompilation_Build(half) == R.OH_NN_OPERATION_FORBIDDEN  # was SUCCESS
+
+
 # -- executors ---------------------------------------------------------------------------------
 
 

@@ -4,6 +4,7 @@ or reads an offline model or a cache (a ``.crm``: crossrt's compiled container).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 from ...compiler import Executable, load_executable
 from ...compiler import compile as crossrt_compile
 from ...compiler.cache import CompileCache
+from ...drivers import PerformanceMode, Priority
 from ...model.model import Model
 from .cache_names import model_name, named_entry, renamed, write_info
 from .devices import device
@@ -57,6 +59,7 @@ class OH_NNCompilation:  # the seed's name
     offline: Any = None  # a path, or the caller's buffer (kept, not copied)
     cache_buffer: Any = None  # ImportCacheFromBuffer's buffer (kept, not copied)
     device_id: int = 0
+    device_set: bool = False  # SetDevice was called: an offline model must be for that device
     cache_dir: str | None = None
     cache_version: int = 0
     performance_mode: OH_NN_PerformanceMode = OH_NN_PerformanceMode.OH_NN_PERFORMANCE_NONE
@@ -171,6 +174,7 @@ def OH_NNCompilation_SetDevice(compilation: OH_NNCompilation, deviceID: int) -> 
     c = compilation_of(compilation, open_=True)
     device(deviceID)
     c.device_id = deviceID
+    c.device_set = True
     return _OK
 
 
@@ -275,17 +279,58 @@ def OH_NNCompilation_Build(compilation: OH_NNCompilation) -> OH_NN_ReturnCode:
         )
         if name is not None and c.cache_dir is not None:
             write_info(c.cache_dir, name, c.cache_version)
-    elif c.offline is not None:
-        c.exe = load_executable(c.offline if isinstance(c.offline, str) else bytes(c.offline))
-    elif c.cache_buffer is not None:
-        c.exe = load_executable(bytes(c.cache_buffer), validate_hash=True)
-    elif c.cache_dir is not None and name is not None:
-        c.exe = load_executable(named_entry(c.cache_dir, name, c.cache_version), validate_hash=True)
-    elif c.cache_dir is not None:
-        c.exe = _restore(c.cache_dir, c.cache_version)
     else:
-        raise invalid("a compilation for cache needs SetCache or ImportCacheFromBuffer first")
+        c.exe = _as_set(c, _compiled(c, name))
     return _OK
+
+
+def _compiled(c: OH_NNCompilation, name: str | None) -> Executable:
+    """The executable of an offline model or a cache: compiled already."""
+    if c.offline is not None:
+        return load_executable(c.offline if isinstance(c.offline, str) else bytes(c.offline))
+    if c.cache_buffer is not None:
+        return load_executable(bytes(c.cache_buffer), validate_hash=True)
+    if c.cache_dir is not None and name is not None:
+        return load_executable(named_entry(c.cache_dir, name, c.cache_version), validate_hash=True)
+    if c.cache_dir is not None:
+        return _restore(c.cache_dir, c.cache_version)
+    raise invalid("a compilation for cache needs SetCache or ImportCacheFromBuffer first")
+
+
+def _as_set(c: OH_NNCompilation, exe: Executable) -> Executable:
+    """An offline model or cache entry with the compilation's settings: the performance mode
+    and priority take effect (the driver reads them at load); a device or float16 that the
+    compiled model cannot honour is refused by name, never ignored."""
+    if c.device_set:
+        info = device(c.device_id)
+        drivers = sorted({n.driver for n in exe.nodes})
+        if exe.device != info.id or info.driver not in drivers:
+            raise invalid(
+                f"OH_NNCompilation_SetDevice({c.device_id}) is {info.driver} on {info.id}, but "
+                f"the compiled model is for {', '.join(drivers)} on {exe.device}: set the "
+                "device it was compiled for, or compile it again for this one"
+            )
+    if c.fp16 and exe.options.precision != "fp16":
+        raise forbidden(
+            "OH_NNCompilation_EnableFloat16(true) cannot change a compiled model: it was "
+            f"compiled at {exe.options.precision or 'its own precision'}; compile it again "
+            "with float16 enabled"
+        )
+    changes: dict[str, Any] = {}
+    if c.performance_mode != OH_NN_PerformanceMode.OH_NN_PERFORMANCE_NONE:
+        changes["performance_mode"] = PerformanceMode(int(c.performance_mode))
+    if c.priority != OH_NN_Priority.OH_NN_PRIORITY_NONE:
+        changes["priority"] = Priority(int(c.priority))
+    if not changes:
+        return exe
+    return dataclasses.replace(
+        exe,
+        options=dataclasses.replace(exe.options, **changes),
+        stages=tuple(
+            dataclasses.replace(s, options=dataclasses.replace(s.options, **changes))
+            for s in exe.stages
+        ),
+    )
 
 
 def _check_cache(folder: str) -> None:
