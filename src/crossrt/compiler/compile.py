@@ -14,6 +14,7 @@ from ..drivers.base import CompileOptions, DeviceInfo, Driver
 from ..drivers.registry import available_drivers, parse_device, resolve_device
 from ..errors import DeviceUnavailableError, InvalidOptionError, UnsupportedError
 from ..model import Model, load_model
+from . import calibrate
 from .cache import shared_cache
 from .executable import Executable, ExecutableNode
 from .io_quant import io_quantization
@@ -60,7 +61,10 @@ def compile(
         shapes: compile the model with these static input shapes (``{"x": [1, 2048]}``), as a
             NEFF has: the executable's inputs and outputs are concrete, and a run takes those
             shapes only. Inputs not named must be static already. Not with ``stages``.
-        **options: ``performance_mode``, ``priority``, ``fp16``, ``portable``, ``extensions``.
+        **options: ``performance_mode``, ``priority``, ``fp16``, ``precision``, ``portable``,
+            ``extensions``; ``calibration`` with ``precision="int8"``: the samples to quantize
+            from (``calibrate.py``: a list of ``{input: array}``, a dict of arrays whose first
+            axis counts samples, or a folder of ``.npz``/``NAME.npy``).
 
     Returns:
         The :class:`Executable`.
@@ -76,6 +80,7 @@ def compile(
     """
     if shapes is not None:
         model = fixed_shapes(load_model(model), shapes, stages, load_model)
+    model, options = calibrate.prepare(model, options)  # precision="int8": a QDQ model
     cache = shared_cache(cache_dir, cache_version)
     if cache is None:
         model = load_model(model)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -121,7 +122,11 @@ class Executable:
         A value to print or compare, never a surprise: a strict compile gives one entry, a
         compile with ``fallback`` one per region.
         """
-        why = {} if self.decision is None else {"chosen_by": str(self.decision.get("why", ""))}
+        why: dict[str, Any] = {}
+        if self.decision is not None:
+            why["chosen_by"] = str(self.decision.get("why", ""))
+        if self.quantization is not None:
+            why["quantization"] = self.quantization
         return [
             {
                 "node": n.name,
@@ -133,6 +138,19 @@ class Executable:
             }
             for n in self.nodes
         ]
+
+    @property
+    def quantization(self) -> dict[str, Any] | None:
+        """For ``compile(precision="int8", calibration=...)``: how the model was quantized and
+        the error measured on the held-back samples (``compiler/calibrate.py``); else None."""
+        text = self.metadata.get("crossrt.quantization")
+        if text is None:
+            return None
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) else None
 
     def placement_summary(self) -> str:
         """``onnxruntime 2 nodes (12 operators), reference 1 node (1 operator)``."""
@@ -213,6 +231,7 @@ class Executable:
             "nodes": nodes(self),
             "metadata": dict(self.metadata),
             **({} if self.decision is None else {"decision": dict(self.decision)}),
+            **({} if self.quantization is None else {"quantization": self.quantization}),
         }
 
     def describe(self) -> dict[str, Any]:
@@ -230,6 +249,7 @@ class Executable:
                 {s.name: list(s.shape or ()) for s in stage.inputs} for stage in self.stages
             ],
             **({} if self.decision is None else {"decision": dict(self.decision)}),
+            **({} if self.quantization is None else {"quantization": self.quantization}),
         }
 
 

@@ -16,12 +16,13 @@ KNOWN_OPTIONS = {
     "performance_mode": "NONE, LOW, MEDIUM, HIGH or EXTREME (OH_NN_PerformanceMode)",
     "priority": "NONE, LOW, MEDIUM or HIGH (OH_NN_Priority)",
     "fp16": "True to allow reduced-precision arithmetic (the same as precision='fp16')",
-    "precision": "None (the model's own), 'fp32', 'bf16', 'fp16' or 'int8-dynamic'",
+    "precision": "None (the model's own), 'fp32', 'bf16', 'fp16', 'int8-dynamic' or 'int8' "
+    "(static, with calibration=)",
     "portable": "True to compile for any device of the kind, not only this one (slower loads)",
     "extensions": "a dict of driver-specific settings",
 }
 
-PRECISIONS = ("fp32", "bf16", "fp16", "int8-dynamic")
+PRECISIONS = ("fp32", "bf16", "fp16", "int8-dynamic", "int8")
 """The precisions ``compile(precision=...)`` names; the default (``None``) is the model's own."""
 
 _E = TypeVar("_E", bound=enum.IntEnum)

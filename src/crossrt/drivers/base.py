@@ -548,6 +548,13 @@ class Driver(ABC):
         by ``crossrt inspect``. The default says nothing."""
         return {}
 
+    def artifact_weights(self, artifact: bytes | memoryview) -> list[dict[str, Any]] | None:
+        """The weights an artifact stores where they can be read (``crossrt container
+        weights``, model_tool's ``--weight``): one ``{"name", "dtype", "shape", "bytes",
+        "offset", "prepacked_bytes"}`` per weight, ``offset`` from the artifact's first byte;
+        ``None`` (the default) for an artifact whose layout is the engine's own."""
+        return None
+
     @abstractmethod
     def load(
         self,

@@ -33,6 +33,7 @@ from ..compiler import Executable
 from ..compiler import compile as compile_for_device
 from ..compiler.cache import shared_cache
 from ..compiler.cache_keys import fallback_material, fingerprint
+from ..compiler.calibrate import prepare as prepare_int8
 from ..compiler.options import parse_options
 from ..compiler.stages import fixed_shapes
 from ..config import settings
@@ -116,6 +117,7 @@ def compile(
         InvalidOptionError: ``driver`` with ``"auto"``, or ``probe``/``auto_seconds``
             without it.
     """
+    model, options = prepare_int8(model, options)  # quantized once, for every candidate
     if (device or settings().default_device) != AUTO:
         if probe is not None or probe_shapes is not None or auto_seconds is not None:
             raise InvalidOptionError(

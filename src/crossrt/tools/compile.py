@@ -78,7 +78,15 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         choices=PRECISIONS,
         help="compute in this reduced precision where the driver supports it (default: the "
-        "model's own)",
+        "model's own); int8 quantizes from --calibration",
+    )
+    p.add_argument(
+        "--calibration",
+        default=None,
+        metavar="DIR",
+        help="with --precision int8: calibration samples, one .npz per sample (its arrays "
+        "named as the inputs) or one NAME.npy per input (first axis: the samples); the last "
+        "fifth is held back to measure the error against fp32",
     )
     p.add_argument(
         "--auto-seconds",
@@ -142,6 +150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         options["fp16"] = True
     if args.precision is not None:
         options["precision"] = args.precision
+    if args.calibration is not None:
+        options["calibration"] = args.calibration
     if args.portable:
         options["portable"] = True
     if args.auto_seconds is not None:

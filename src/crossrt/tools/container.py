@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..compiler import Executable, read_container, save_executables
+from ..drivers import get_driver
 from ..errors import CrossrtError, InvalidArgumentError
 from .common import fail, human_bytes, say
 
@@ -169,7 +170,7 @@ def weights(file: str, network: str | None = None) -> list[dict[str, Any]]:
     for exe in chosen:
         for node in (n for stage in (exe, *exe.stages) for n in stage.nodes):
             base = node.artifact_file.offset if node.artifact_file is not None else None
-            reader = _WEIGHT_READERS.get(node.driver)
+            listed = get_driver(node.driver).artifact_weights(node.artifact)
             row: dict[str, Any] = {
                 "network": exe.name,
                 "node": node.name,
@@ -177,43 +178,13 @@ def weights(file: str, network: str | None = None) -> list[dict[str, Any]]:
                 "artifact_bytes": len(memoryview(node.artifact)),
                 "weights": None,
             }
-            if reader is not None:
+            if listed is not None:
                 row["weights"] = [
                     {**w, "file_offset": None if base is None else base + w["offset"]}
-                    for w in reader(node.artifact)
+                    for w in listed
                 ]
             rows.append(row)
     return rows
-
-
-def _onnxruntime_weights(artifact: bytes | memoryview) -> list[dict[str, Any]]:
-    """The weights an onnxruntime artifact stores beside its graph (its small initializers
-    stay inside the graph and are not listed)."""
-    from ..drivers.onnxruntime.artifact import unpack
-
-    unpacked = unpack(artifact)
-    return [
-        {
-            "name": name,
-            "dtype": str(array.dtype),
-            "shape": list(array.shape),
-            "bytes": array.nbytes,
-            "offset": offset,
-            "prepacked_bytes": sum(n for _, buffers in packs for _, n in buffers),
-        }
-        for name, array, offset, packs in zip(
-            unpacked.names,
-            unpacked.arrays,
-            unpacked.offsets,
-            unpacked.prepacked or [[]] * len(unpacked.names),
-            strict=True,
-        )
-    ]
-
-
-_WEIGHT_READERS: dict[str, Callable[[bytes | memoryview], list[dict[str, Any]]]] = {
-    "onnxruntime": _onnxruntime_weights,
-}
 
 
 def _file_name(name: str) -> str:

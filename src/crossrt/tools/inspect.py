@@ -157,6 +157,17 @@ def _summary(container: Container, path: str) -> list[str]:
     ]
 
 
+def _quantization(exe: Executable) -> list[str]:
+    q = exe.quantization
+    if q is None:
+        return []
+    return [
+        f"  quantization    {q.get('method')}: {q.get('calibration_samples')} calibration "
+        f"samples, error {q.get('error', float('nan')):.3g} on {q.get('holdout_samples')} "
+        f"held back (tolerance {q.get('tolerance')})"
+    ]
+
+
 def _network(container: Container, exe: Executable) -> list[str]:
     entry = next(n for n in container.header["networks"] if n["name"] == exe.name)
     opts = exe.options.to_dict()
@@ -168,6 +179,7 @@ def _network(container: Container, exe: Executable) -> list[str]:
         "  options         " + " ".join(f"{k}={v}" for k, v in opts.items()),
         f"  stages          {_stages(entry['stages'])}",
         f"  placement       {exe.placement_summary()}",
+        *_quantization(exe),
         "",
         "  INPUTS",
         *(f"    {printable(s.name):<24} {s.describe()}" for s in exe.inputs),

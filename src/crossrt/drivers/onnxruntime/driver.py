@@ -243,6 +243,24 @@ class OnnxRuntimeDriver(Driver):
         cpu = " ".join(unpacked.features) if unpacked.level == "all" else "any (portable)"
         return {"optimization": unpacked.level, "cpu": cpu}
 
+    def artifact_weights(self, artifact: bytes | memoryview) -> list[dict[str, Any]] | None:
+        """The weights stored beside the graph (small initializers stay inside it)."""
+        unpacked = ort_artifact.unpack(artifact)
+        packs = unpacked.prepacked or [[] for _ in unpacked.names]
+        return [
+            {
+                "name": name,
+                "dtype": str(array.dtype),
+                "shape": list(array.shape),
+                "bytes": array.nbytes,
+                "offset": offset,
+                "prepacked_bytes": sum(n for _, buffers in packed for _, n in buffers),
+            }
+            for name, array, offset, packed in zip(
+                unpacked.names, unpacked.arrays, unpacked.offsets, packs, strict=True
+            )
+        ]
+
     def _loads(self, artifact: bytes, device: DeviceInfo, options: CompileOptions) -> bool:
         """Whether ``artifact`` loads as a ``.crm`` will: from a file, the weights and their
         pre-packed forms mapped from it, without optimizing again. One session checks both

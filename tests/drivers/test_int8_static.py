@@ -1,0 +1,117 @@
+"""``compile(precision="int8", calibration=...)``: static quantization to QDQ from the user's
+samples, measured against fp32 on held-back samples and refused when over the tolerance
+(issue 28.5). The model: a convolution and a matrix product, big enough that ORT's quantizer
+quantizes them and small enough to take a second."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+import crossrt
+from crossrt.compiler.calibrate import METADATA_KEY
+from crossrt.tools import compile as compile_tool
+from crossrt.tools import inspect as inspect_tool
+
+RNG = np.random.default_rng(11)
+CONV_W = RNG.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.3
+FC_W = RNG.standard_normal((8 * 8 * 8, 10)).astype(np.float32) * 0.05
+
+
+def _model(tolerance: str | None = None) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "cw"], ["c"], pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", ["c"], ["r"]),
+            helper.make_node("Flatten", ["r"], ["f"]),
+            helper.make_node("MatMul", ["f", "fw"], ["y"]),
+        ],
+        "convnet",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", 3, 8, 8])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 10])],
+        [numpy_helper.from_array(CONV_W, "cw"), numpy_helper.from_array(FC_W, "fw")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    if tolerance is not None:
+        model.metadata_props.add(key="crossrt.tolerance", value=tolerance)
+    return model
+
+
+def _samples(n: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [{"x": rng.uniform(0, 1, (1, 3, 8, 8)).astype(np.float32)} for _ in range(n)]
+
+
+def _fp32(x: np.ndarray) -> np.ndarray:
+    with crossrt.Runtime() as rt:
+        return rt.load(crossrt.compile(_model(), driver="onnxruntime")).run({"x": x})["y"]
+
+
+@pytest.mark.parametrize("driver", ["onnxruntime", "openvino"])
+def test_an_int8_model_is_qdq_and_close_to_fp32(driver: str):
+    if driver == "openvino":
+        pytest.importorskip("openvino")
+    exe = crossrt.compile(_model(), driver=driver, precision="int8", calibration=_samples(10))
+    report = exe.quantization
+    assert report is not None and report["calibration_samples"] == 8
+    assert report["holdout_samples"] == 2 and 0 <= report["error"] <= report["tolerance"]
+    assert report["quantized_nodes"] >= 2  # the convolution's and the product's inputs
+    assert exe.placement[0]["quantization"] == report
+    x = _samples(1, seed=99)[0]["x"]
+    with crossrt.Runtime() as rt:
+        got = rt.load(exe).run({"x": x})["y"]
+    want = _fp32(x)
+    error = float(np.max(np.abs(got - want))) / max(1.0, float(np.max(np.abs(want))))
+    assert 0 < error <= 0.1  # quantized: close, and not bit-equal to fp32
+
+
+def test_an_error_over_the_tolerance_is_refused_with_the_number():
+    with pytest.raises(crossrt.CompileError, match=r"off by .* over the tolerance 1e-09"):
+        crossrt.compile(_model(tolerance="1e-9"), precision="int8", calibration=_samples(5))
+
+
+@pytest.mark.parametrize(
+    ("calibration", "message"),
+    [
+        (None, "give calibration="),
+        (_samples(1), "at least 2 calibration samples"),
+        ([{"z": np.zeros((1, 3, 8, 8), np.float32)}] * 3, r"has inputs \['z'\]"),
+        ([{"x": np.zeros((1, 3, 8, 8), np.float64)}] * 3, "is float64"),
+        ([{"x": np.zeros((1, 3, 4, 4), np.float32)}] * 3, r"has shape \[1, 3, 4, 4\]"),
+        (42, "calibration= takes"),
+    ],
+)
+def test_bad_calibration_is_refused_before_any_work(calibration, message):
+    with pytest.raises(crossrt.CrossrtError, match=message):
+        crossrt.compile(_model(), precision="int8", calibration=calibration)
+
+
+def test_calibration_without_int8_is_refused():
+    with pytest.raises(crossrt.InvalidOptionError, match="is for precision='int8'"):
+        crossrt.compile(_model(), calibration=_samples(3))
+
+
+def test_the_command_line_quantizes_from_a_folder_and_inspect_says_so(tmp_path: Path, capsys):
+    model = tmp_path / "convnet.onnx"
+    onnx.save(_model(), model)
+    folder = tmp_path / "calibration"
+    folder.mkdir()
+    np.save(folder / "x.npy", np.concatenate([s["x"] for s in _samples(10)]))  # 10 samples
+    out = tmp_path / "convnet.crm"
+    argv = [str(model), "-o", str(out), "--precision", "int8", "--calibration", str(folder)]
+    assert compile_tool.main(argv) == 0
+    exe = crossrt.load_executable(out)
+    assert json.loads(exe.metadata[METADATA_KEY])["calibration_samples"] == 8
+    capsys.readouterr()
+    assert inspect_tool.main([str(out)]) == 0
+    assert "quantization    int8 static (QDQ" in capsys.readouterr().out
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    argv[-1] = str(empty)
+    assert compile_tool.main(argv) == 1
+    assert "holds no .npz or .npy files" in capsys.readouterr().err
