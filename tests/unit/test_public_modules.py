@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import importlib
 import re
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -36,11 +37,19 @@ def test_every_public_name_exists_and_is_documented(name: str) -> None:
     assert module.__doc__ and name in module.__doc__
 
 
+class _Handle:
+    """The owner's handle of the memory (bmlib's DeviceMemory)."""
+
+
 def test_a_tensor_over_an_allocation_leaves_it_to_its_owner() -> None:
     block = allocator_for("cpu").allocate(16, name="block")
-    keep = object()
+    keep = _Handle()
+    kept = weakref.ref(keep)
     try:
         t = Tensor.from_allocation(block, "int32", (2,), offset=8, name="t", keepalive=keep)
+        del keep
+        gc.collect()
+        assert kept() is not None, "the tensor must keep its keepalive referenced"
         assert (t.placement, t.device, t.shape, t.offset, t.size, t.name) == (
             Placement.DEVICE,
             block.allocator.device.id,
