@@ -25,8 +25,8 @@ from concurrency_models import heavy, tiny
 from crossrt import StatusCode
 from crossrt.compat.neuron import NRT_STATUS
 from crossrt.host import host_cpus
+from crossrt.memory import memory_log
 from crossrt.model import GraphBuilder
-from crossrt.runtime.memory.memlog import memory_log
 
 pytestmark = pytest.mark.usefixtures("runtime_dir")
 
@@ -56,7 +56,7 @@ def clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
     nrt.nrt_close()
     logger.setLevel(level)
-    from crossrt.runtime.memory.memlog import reset_memory_log
+    from crossrt.memory import reset_memory_log
 
     reset_memory_log(entries)
 

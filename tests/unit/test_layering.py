@@ -32,6 +32,9 @@ LAYERS = (
     "onnxruntime",
 )
 BASE_MODULES = frozenset({"errors", "dtypes", "config", "host"})
+# The runtime's public modules for layers built over it (docs/runtime-api.md): top-level
+# modules of the runtime layer.
+RUNTIME_FACES = frozenset({"memory", "profiling", "executables"})
 EXEMPT = frozenset({"crossrt", "crossrt.__main__"})
 
 
@@ -43,6 +46,8 @@ def layer_of(module: str) -> int | None:
     top = parts[1]
     if top in BASE_MODULES:
         return 0
+    if top in RUNTIME_FACES:
+        return LAYERS.index("runtime")
     return LAYERS.index(top) if top in LAYERS[1:] else None
 
 
@@ -119,7 +124,11 @@ def target_layer(target: str, exports: Mapping[str, str], known: set[str]) -> in
         layers = [layer_of(m) for m in exports.values()]
         return max((x for x in layers if x is not None), default=0)
     parts = target.split(".")
-    if len(parts) == 2 and target not in known and parts[1] not in BASE_MODULES | set(LAYERS):
+    if (
+        len(parts) == 2
+        and target not in known
+        and parts[1] not in BASE_MODULES | RUNTIME_FACES | set(LAYERS)
+    ):
         name = parts[1]
         return layer_of(exports[name]) if name in exports else 0
     return layer_of(target)
@@ -434,3 +443,170 @@ def test_import_crossrt_needs_no_serve_extra() -> None:
         "assert 'connect' in crossrt.__all__\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# -- compat over the public face ---------------------------------------------------------------
+
+# What the seed layers (crossrt.compat) may import: the package root (the users' tier), the base
+# modules, the public packages of the earlier layers (their ``__init__`` only, never a module
+# inside) and the runtime's public modules for layers built over it (docs/runtime-api.md).
+COMPAT_MAY_IMPORT = frozenset(
+    {
+        "crossrt",
+        "crossrt.errors",
+        "crossrt.dtypes",
+        "crossrt.config",
+        "crossrt.model",
+        "crossrt.drivers",
+        "crossrt.compiler",
+        "crossrt.memory",
+        "crossrt.profiling",
+        "crossrt.executables",
+    }
+)
+
+
+def private_imports(
+    module: str,
+    source: str,
+    is_package: bool,
+    known: set[str],
+    exports: Mapping[str, set[str]] | None = None,
+) -> list[str]:
+    """``"module -> import"`` for every import in a ``crossrt.compat`` module of a crossrt
+    module outside :data:`COMPAT_MAY_IMPORT` (compat's own modules aside).
+
+    ``from pkg import name`` counts as ``pkg`` when ``exports[pkg]`` (what the package's
+    ``__init__`` re-exports) holds ``name``, else as ``pkg.name`` when that is a module, else
+    as ``pkg``; so ``from crossrt import Runtime`` is the root and ``from crossrt.compiler
+    import compile`` the compiler's package (not its ``compile`` module), while ``from
+    crossrt.runtime import memory`` and ``from ...runtime.memory.tensor import Tensor`` are
+    runtime internals.
+    """
+    if module != "crossrt.compat" and not module.startswith("crossrt.compat."):
+        return []
+    bad = []
+    for target, written in imported_modules(module, source, is_package):
+        package, _, name = target.rpartition(".")
+        owner = package if name in (exports or {}).get(package, ()) else target
+        while owner not in known and "." in owner:
+            owner = owner.rsplit(".", 1)[0]
+        if owner == "crossrt.compat" or owner.startswith("crossrt.compat."):
+            continue
+        if owner not in COMPAT_MAY_IMPORT:
+            bad.append(f"{module} -> {written} ({owner})")
+    return bad
+
+
+def test_compat_imports_only_public_modules() -> None:
+    """The seed layers sit over the public face: no ``crossrt.runtime.*``,
+    ``crossrt.compiler.*`` or other internal module (issue 25, point 3)."""
+    sources = _sources()
+    known = {name for name, _, _ in sources}
+    exports = {
+        name: set(root_exports(source)) for name, is_package, source in sources if is_package
+    }
+    offending = [
+        line
+        for name, is_package, source in sources
+        for line in private_imports(name, source, is_package, known, exports)
+    ]
+    assert not offending, (
+        "compat imports internals; import the name from crossrt.memory, crossrt.profiling, "
+        "crossrt.executables or another public module (docs/runtime-api.md):\n"
+        + "\n".join(offending)
+    )
+
+
+FACE_KNOWN = {
+    "crossrt",
+    "crossrt.errors",
+    "crossrt.dtypes",
+    "crossrt.model",
+    "crossrt.model.builder",
+    "crossrt.compiler",
+    "crossrt.compiler.cache",
+    "crossrt.runtime",
+    "crossrt.runtime.memory",
+    "crossrt.runtime.memory.tensor",
+    "crossrt.memory",
+    "crossrt.compat",
+    "crossrt.compat.guard",
+    "crossrt.compat.neuron",
+    "crossrt.compat.neuron.tensors",
+}
+
+
+@pytest.mark.parametrize(
+    ("module", "is_package", "source", "expected"),
+    [
+        (
+            "crossrt.compat.neuron.tensors",
+            False,
+            "from ...runtime.memory.tensor import Tensor\n",
+            [
+                "crossrt.compat.neuron.tensors -> from ...runtime.memory.tensor import Tensor "
+                "(crossrt.runtime.memory.tensor)"
+            ],
+        ),
+        (
+            "crossrt.compat.neuron.tensors",
+            False,
+            "from crossrt.runtime import Runtime\n",
+            [
+                "crossrt.compat.neuron.tensors -> from crossrt.runtime import Runtime "
+                "(crossrt.runtime)"
+            ],
+        ),
+        (
+            "crossrt.compat.neuron.tensors",
+            False,
+            "def f():\n    from ...compiler.cache import CompileCache\n",
+            [
+                "crossrt.compat.neuron.tensors -> from ...compiler.cache import CompileCache "
+                "(crossrt.compiler.cache)"
+            ],
+        ),
+        (
+            "crossrt.compat.neuron",
+            True,
+            "from ...model import builder\n",
+            ["crossrt.compat.neuron -> from ...model import builder (crossrt.model.builder)"],
+        ),
+        (
+            "crossrt.compat.neuron.tensors",
+            False,
+            "import crossrt.runtime.memory\n",
+            [
+                "crossrt.compat.neuron.tensors -> import crossrt.runtime.memory "
+                "(crossrt.runtime.memory)"
+            ],
+        ),
+    ],
+    ids=["relative-deep", "runtime-package", "lazy-compiler-module", "submodule-name", "import"],
+)
+def test_private_import_checker_catches(
+    module: str, is_package: bool, source: str, expected: list[str]
+) -> None:
+    assert private_imports(module, source, is_package, FACE_KNOWN) == expected
+
+
+@pytest.mark.parametrize(
+    ("module", "source"),
+    [
+        ("crossrt.compat.neuron.tensors", "from ...memory import Tensor\n"),
+        ("crossrt.compat.neuron.tensors", "from crossrt import Runtime, __version__\n"),
+        ("crossrt.compat.neuron.tensors", "from ... import dtypes\nfrom ...errors import X\n"),
+        ("crossrt.compat.neuron.tensors", "from ...compiler import Executable\n"),
+        ("crossrt.compat.neuron.tensors", "from ..guard import guarded\nfrom . import state\n"),
+        ("crossrt.runtime.memory.tensor", "from ...compiler.cache import CompileCache\n"),
+        ("crossrt.compat.neuron.tensors", "from ...compiler import compile\n"),
+    ],
+    ids=["face", "root", "base", "package-root", "compat-own", "not-compat", "re-export"],
+)
+def test_private_import_checker_accepts(module: str, source: str) -> None:
+    exports = {"crossrt.compiler": {"Executable", "compile"}}
+    assert (
+        private_imports(module, source, False, FACE_KNOWN | {"crossrt.compiler.compile"}, exports)
+        == []
+    )

@@ -18,7 +18,6 @@ memory is not host-coherent the contract is enforced, as a cache would punish br
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,17 +25,15 @@ import numpy as np
 
 from ..drivers import DeviceInfo, Driver, resolve_device
 from ..errors import InvalidArgumentError, InvalidHandleError, OperationForbiddenError
-from ..runtime.memory.allocation import Allocation
-from ..runtime.memory.allocator import Allocator, MemoryStats, device_allocator
-from ..runtime.memory.storage import Storage, byte_view
-from ..runtime.memory.tensor import Tensor
-from ..runtime.memory.tensordesc import (
+from ..memory import (
+    Allocation,
+    Allocator,
     Format,
-    Placement,
-    as_dtype,
-    as_shape,
+    MemoryStats,
+    Tensor,
     byte_index,
-    fixed_size,
+    byte_view,
+    device_allocator,
     owner_key,
 )
 
@@ -291,22 +288,8 @@ class Device:
         """A tensor over device memory (``bmrt_tensor_with_device``); the memory stays the
         caller's to free."""
         block = self._own(mem, "tensor")
-        dt, dims = fixed_size(as_dtype(dtype)), as_shape(shape)
-        nbytes = math.prod(dims) * dt.itemsize
-        _range(block, offset, nbytes, "tensor")
-        storage = Storage(
-            block.nbytes, host=block.host, allocation=block, keepalive=mem, borrowed=True
-        )
-        return Tensor._wrap(
-            storage,
-            dt,
-            dims,
-            name=name or mem.name,
-            format=format,
-            placement=Placement.DEVICE,
-            device=self.id,
-            offset=offset,
-            size=nbytes,
+        return Tensor.from_allocation(
+            block, dtype, shape, offset=offset, name=name or mem.name, format=format, keepalive=mem
         )
 
     def before_device_access(self, mem: DeviceMemory, what: str) -> None:

@@ -18,8 +18,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ...compiler.container import list_networks
 from ...errors import CrossrtError, InvalidArgumentError, InvalidModelError
+from ...executables import list_networks
 from ..bmlib import DeviceMemory
 from .contract import seed_call
 from .runtime import Bmruntime

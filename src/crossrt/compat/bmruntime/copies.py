@@ -12,8 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...errors import InvalidArgumentError, OperationForbiddenError
-from ...runtime.memory.storage import byte_view
-from ...runtime.memory.tensordesc import byte_index
+from ...memory import byte_index, byte_view
 from ..bmlib import Device, DeviceMemory
 from .contract import seed_call
 from .device import bm_handle_t, call

@@ -23,8 +23,7 @@ from ...errors import (
     InvalidArgumentError,
     StatusCode,
 )
-from ...runtime.memory.storage import byte_view
-from ...runtime.memory.tensordesc import byte_index
+from ...memory import byte_index, byte_view
 from ..bmlib import Device, DeviceMemory
 from ..device0 import default_device_info
 from .contract import seed_call

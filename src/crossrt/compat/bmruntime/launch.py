@@ -12,10 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from ... import Executable, LoadedModel
+from ... import LoadedModel
 from ...errors import InvalidArgumentError, InvalidInputError
+from ...executables import Executable
+from ...memory import Tensor as CrossrtTensor
 from ...model import TensorSpec
-from ...runtime.memory.tensor import Tensor as CrossrtTensor
 from ..bmlib import Device, DeviceMemory
 from . import envvars
 from .contract import seed_call

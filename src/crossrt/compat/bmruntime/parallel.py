@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ...errors import InvalidArgumentError
-from ...runtime.memory.storage import byte_view
+from ...memory import byte_view
 from ..bmlib import Device, DeviceMemory
 from .contract import seed_call
 from .runtime import Bmruntime

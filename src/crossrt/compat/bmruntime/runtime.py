@@ -19,24 +19,24 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ... import (
-    Executable,
-    LoadedModel,
-    Profile,
-    Runtime,
-    __version__,
-    list_networks,
-    load_executable,
-)
-from ...compiler.io_quant import read_io_quantization
+from ... import LoadedModel, Runtime, __version__
 from ...errors import (
     CrossrtError,
     InvalidArgumentError,
     InvalidModelError,
     OperationForbiddenError,
 )
+from ...executables import (
+    DimRange,
+    Executable,
+    declared_ranges,
+    default_ranges,
+    list_networks,
+    load_executable,
+    read_io_quantization,
+)
 from ...model import TensorSpec
-from ...runtime.shapes import DimRange, declared_ranges, default_ranges
+from ...profiling import Profile
 from ..bmlib import DeviceMemory
 from . import envvars
 from .contract import seed_call

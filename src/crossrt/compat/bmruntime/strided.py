@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import InvalidArgumentError
-from ...runtime.memory.tensordesc import byte_index
+from ...memory import byte_index
 from ..bmlib import Device, DeviceMemory
 
 __all__ = ["StridedCopy"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...runtime.memory.tensor import Tensor
+from ...memory import Tensor
 from . import completion
 from .completion import NRT_ASYNC_EXEC_STATUS_CALLBACK
 from .state import _state, nrt_model_t

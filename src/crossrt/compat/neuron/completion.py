@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import ExecutionError, StatusCode
-from ...runtime.memory.tensor import Tensor
-from ...runtime.memory.tensorset import TensorSet
+from ...memory import Tensor, TensorSet
 from .profiling import execution_failed
 from .state import nrt_model_t
 from .status import NRT_STATUS, NrtError, status_of

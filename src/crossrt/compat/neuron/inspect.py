@@ -23,7 +23,7 @@ import os
 import threading
 from typing import Any
 
-from ...runtime.profiler import save_trace
+from ...profiling import save_trace
 from . import recording
 from .inspect_config import (
     CATEGORIES,

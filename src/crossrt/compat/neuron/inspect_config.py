@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...runtime.profiler import MAX_REQUESTS
+from ...profiling import MAX_REQUESTS
 from .env import _boolean, _integer
 from .profiling import live_options, output_directory
 from .recording import MEMORY_CATEGORY

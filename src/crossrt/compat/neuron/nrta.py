@@ -22,8 +22,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ...runtime.memory.tensor import Tensor
-from ...runtime.memory.tensorset import TensorSet
+from ...memory import Tensor, TensorSet
 from .execution_units import (
     NRTA_QUEUE_DEPTH,
     NRTA_QUEUES,

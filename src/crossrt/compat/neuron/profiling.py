@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ...errors import ExecutionError, StatusCode
-from ...runtime.profiler import Profile, save_trace
+from ...profiling import Profile, save_trace
 from . import recording
 from .recording import API_TRACK, Recording
 from .state import _model, _state, nrt_model_t

@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ...runtime.memory.memlog import memory_log
-from ...runtime.profiler import MAX_REQUESTS, Profile
+from ...memory import memory_log
+from ...profiling import MAX_REQUESTS, Profile
 from .state import _state, nrt_model_t
 from .status import NRT_STATUS
 

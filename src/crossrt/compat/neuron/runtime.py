@@ -17,15 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from ... import __version__
-from ...compiler import Executable
-from ...compiler.container import load_executable
+from ... import LoadedModel, Runtime, __version__
 from ...config import default_device
-from ...runtime.loaded import LoadedModel
-from ...runtime.memory.allocator import allocator_for
-from ...runtime.memory.memlog import reset_memory_log
-from ...runtime.memory.tensorset import TensorSet
-from ...runtime.runtime import Runtime
+from ...executables import Executable, load_executable
+from ...memory import TensorSet, allocator_for, reset_memory_log
 from . import completion, recording
 from .env import apply_logging, init_settings, load_settings, warn_unread
 from .profiling import timed

@@ -14,10 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...runtime.loaded import LoadedModel
-from ...runtime.memory.tensor import Tensor
-from ...runtime.profiler import Profile
-from ...runtime.runtime import Runtime
+from ... import LoadedModel, Runtime
+from ...memory import Tensor
+from ...profiling import Profile
 from .status import NRT_STATUS, NrtError
 from .types import nrt_framework_type_t
 

@@ -14,9 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ...runtime.memory.tensor import Tensor
-from ...runtime.memory.tensordesc import Placement
-from ...runtime.memory.tensorset import TensorSet, read_batch, write_batch
+from ...memory import Placement, Tensor, TensorSet, read_batch, write_batch
 from . import completion
 from .state import _state, set_tensor_nc, tensor_nc
 from .status import NRT_STATUS, NrtError, guarded

@@ -15,8 +15,7 @@ from typing import ClassVar, TypeVar
 
 from ...dtypes import DType, from_name
 from ...errors import CrossrtError
-from ...runtime.memory.tensor import Tensor
-from ...runtime.memory.tensorset import TensorSet
+from ...memory import Tensor, TensorSet
 from .status import NRT_STATUS, NrtError
 
 __all__ = [

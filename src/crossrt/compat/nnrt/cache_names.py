@@ -17,8 +17,8 @@ from typing import Any
 
 import onnx
 
-from ...compiler.cache import CompileCache
-from ...model.model import Model
+from ...executables import CompileCache
+from ...model import Model
 from .status import NNError, OH_NN_ReturnCode, invalid
 
 __all__ = ["OH_NNModel_HasCache"]

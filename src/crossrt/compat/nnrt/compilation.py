@@ -10,11 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...compiler import Executable, load_executable
 from ...compiler import compile as crossrt_compile
-from ...compiler.cache import CompileCache
 from ...drivers import PerformanceMode, Priority
-from ...model.model import Model
+from ...executables import CompileCache, Executable, load_executable
+from ...model import Model
 from .cache_names import model_name, named_entry, renamed, write_info
 from .devices import device
 from .model import model_of

@@ -11,9 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from ... import LoadedModel, Runtime
 from ...errors import ClosedError, InvalidHandleError
-from ...runtime.loaded import LoadedModel
-from ...runtime.runtime import Runtime
 from .compilation import compilation_of
 from .status import OH_NN_ReturnCode, forbidden, guarded, invalid, log, status_of
 from .tensors import NN_Tensor, NN_TensorDesc, tensor_of

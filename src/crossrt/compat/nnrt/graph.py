@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from onnx import helper
 
-from ...model.builder import GraphBuilder
+from ...model import GraphBuilder
 from .optypes import OH_NN_OperationType, OH_NN_TensorType
 from .quant import NN_QuantParam
 from .status import invalid

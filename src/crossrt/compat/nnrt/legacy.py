@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ...runtime.memory.tensor import Tensor
+from ...memory import Tensor
 from .executor import OH_NNExecutor, executor_of
 from .model import OH_NNModel_AddTensorToModel, model_of
 from .optypes import OH_NN_TensorType

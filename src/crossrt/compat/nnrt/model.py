@@ -14,8 +14,7 @@ import numpy as np
 
 from ...drivers import get_driver
 from ...errors import CrossrtError
-from ...model.builder import GraphBuilder
-from ...model.model import Model
+from ...model import GraphBuilder, Model
 from .devices import device
 from .graph import Ctx, ModelTensor, Operation
 from .ops_api12 import API12_OPS, REFUSED

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ...model.builder import GraphBuilder
+from ...model import GraphBuilder
 from .graph import Ctx, ModelTensor, Operation, Translator
 from .quant import NN_QuantParam, quant_range
 from .status import forbidden

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ...runtime.memory.tensor import Tensor
+from ...memory import Tensor
 from .devices import device
 from .status import NNError, OH_NN_ReturnCode, guarded, invalid
 from .types import OH_NN_DataType, OH_NN_Format, crossrt_format, numpy_dtype

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ...runtime.memory.tensordesc import Format
+from ...memory import Format
 from .status import invalid
 
 __all__ = [

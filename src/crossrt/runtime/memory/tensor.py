@@ -18,8 +18,9 @@ import numpy as np
 from ... import dtypes
 from ...config import default_device
 from ...dtypes import DType
-from ...errors import InvalidArgumentError
+from ...errors import InvalidArgumentError, OperationForbiddenError
 from . import dlpack, shm
+from .allocation import Allocation
 from .allocator import allocator_for, host_allocator
 from .storage import Storage, buffer_storage, byte_view
 from .tensorbase import TensorBase
@@ -241,6 +242,62 @@ class Tensor(TensorBase):
         """
         storage, dt, dims = shm.fd_storage(fd, size, offset, dtype, shape)
         return cls._wrap(storage, dt, dims, name=name, format=format, placement=Placement.HOST)
+
+    @classmethod
+    def from_allocation(
+        cls,
+        allocation: Allocation,
+        dtype: Any,
+        shape: Sequence[int] | int,
+        *,
+        offset: int = 0,
+        name: str = "",
+        format: Format = Format.ND,
+        keepalive: Any = None,
+    ) -> Tensor:
+        """A DEVICE tensor over ``allocation``'s bytes from ``offset``, without a copy
+        (``bmrt_tensor_with_device``).
+
+        The allocation stays its owner's: freeing the tensor leaves it allocated, and the
+        owner frees it when it is done (after the tensor). ``keepalive`` (the owner's handle
+        of the memory) is kept referenced while the tensor lives.
+
+        Raises:
+            InvalidArgumentError: the elements do not fit in the allocation from ``offset``.
+            OperationForbiddenError: the allocation was freed.
+        """
+        dt, dims = fixed_size(as_dtype(dtype)), as_shape(shape)
+        at = byte_index(offset, "offset")
+        nbytes = math.prod(dims) * dt.itemsize
+        if allocation.freed:
+            raise OperationForbiddenError(
+                f"tensor {name!r}: allocation {allocation.name!r} was freed; allocate again"
+            )
+        if at + nbytes > allocation.nbytes:
+            raise InvalidArgumentError(
+                f"tensor {name!r}: {nbytes} bytes of {dt} {list(dims)} at offset {at} do not "
+                f"fit in the {allocation.nbytes}-byte allocation; give a smaller shape or offset",
+                details={"offset": at, "bytes": nbytes, "allocation_bytes": allocation.nbytes},
+            )
+        storage = Storage(
+            allocation.nbytes,
+            host=allocation.host,
+            allocation=allocation,
+            keepalive=keepalive,
+            borrowed=True,
+        )
+        device = allocation.allocator.device.id
+        return cls._wrap(
+            storage,
+            dt,
+            dims,
+            name=name,
+            format=format,
+            placement=Placement.DEVICE,
+            device=device,
+            offset=at,
+            size=nbytes,
+        )
 
     # -- attach, detach, free ----------------------------------------------------------------
 

@@ -144,6 +144,12 @@ def owner_key(owner: Any) -> str:
 
 
 def byte_index(value: Any, what: str) -> int:
+    """``value`` as an offset or a size in bytes: a whole number >= 0 (a NumPy integer too).
+
+    Raises:
+        InvalidArgumentError: anything else (a bool, a float, a negative number), naming
+            ``what``.
+    """
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
         raise InvalidArgumentError(f"{what}={value!r} must be a whole number of bytes >= 0")
     return int(value)
