@@ -19,7 +19,9 @@ pytestmark = pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="needs Lin
 
 
 def _shm_names() -> set[str]:
-    return set(os.listdir("/dev/shm"))
+    """This process's segments: crossrt names them crossrt-<pid namespace>-<pid>-... (other
+    processes on the machine create and remove theirs meanwhile)."""
+    return {n for n in os.listdir("/dev/shm") if f"-{os.getpid()}-" in n}
 
 
 def test_memfd_tensor_has_fd_offset_size_and_owner_only_mode() -> None:
