@@ -16,7 +16,11 @@ engine's spinning threads slow them alike):
   ``fallback="cpu"`` where the driver cannot run every node: marked ``+fallback``);
 - ``auto``: ``crossrt.compile(model, device="auto", fallback="cpu")``;
 - ``<driver> <precision>`` and ``auto <precision>`` for each reduced precision a driver
-  accepts (bf16, fp16, int8-dynamic; a driver that refuses one is left out).
+  accepts (bf16, fp16, int8-dynamic; a driver that refuses one is left out);
+- ``<driver> int8``: ``precision="int8"``, static quantization from 12 calibration samples
+  (random inputs of the model's shapes and range, other seeds than the measured input),
+  quantized once and compiled for each driver (the quantization's own hold-out error is in
+  the JSON, ``int8``).
 
 Reported per variant: median ms per call; ``vs raw``: crossrt / the raw engine at the same
 precision; ``vs best raw``: the variant / the fastest raw engine at fp32 (under 1: faster);
@@ -155,7 +159,7 @@ def crossrt_variants(
 
 
 def _compile(
-    path: Path, driver: str, precision: str | None
+    path: Any, driver: str, precision: str | None
 ) -> tuple[crossrt.Executable | None, bool]:
     try:
         return crossrt.compile(path, "cpu", driver=driver, precision=precision), False
@@ -237,6 +241,8 @@ def bench_model(name: str, threads: int, rounds: int, seconds: float) -> dict[st
     rt = crossrt.Runtime()
     found, decisions = crossrt_variants(rt, path, feed, seconds)
     calls.update(found)
+    int8, int8_report = int8_variants(rt, name, path, feed)
+    calls.update(int8)
     median, samples = measure(calls, rounds)
     raws = [k for k in ("raw onnxruntime", "raw openvino") if k in median]
     best_label = min(raws, key=lambda k: median[k])
@@ -261,7 +267,50 @@ def bench_model(name: str, threads: int, rounds: int, seconds: float) -> dict[st
         "rows": rows,
         "raw_errors": raw_errors,
         "auto": decisions,
+        "int8": int8_report,
     }
+
+
+CALIBRATION_SAMPLES = 12
+
+
+def calibration(name: str, feed: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """Calibration samples like ``feed``: other seeds of the same generator."""
+    if name in models.BUILDERS:
+        return [models.example_input(name, seed=s) for s in range(2, 2 + CALIBRATION_SAMPLES)]
+    out = []
+    for s in range(2, 2 + CALIBRATION_SAMPLES):
+        rng = np.random.default_rng(s)
+        out.append(
+            {
+                k: v
+                if v.dtype.kind != "f" or v.ndim == 0 or not v.any()
+                else rng.uniform(-1, 1, v.shape).astype(v.dtype)
+                for k, v in feed.items()
+            }
+        )
+    return out
+
+
+def int8_variants(
+    rt: crossrt.Runtime, name: str, path: Path, feed: dict[str, np.ndarray]
+) -> tuple[dict[str, Callable[[], Any]], dict[str, Any]]:
+    """``precision="int8"`` on each driver: the model quantized once, then compiled."""
+    from crossrt.compiler.calibrate import quantize
+    from crossrt.model import load_model
+
+    started = time.perf_counter()
+    try:
+        quantized = quantize(load_model(path), calibration(name, feed))
+    except crossrt.CrossrtError as exc:
+        return {}, {"error": exc.message[:300]}
+    report = {**quantized.report, "quantize_s": round(time.perf_counter() - started, 1)}
+    found = {}
+    for driver in ("onnxruntime", "openvino"):
+        exe, fell_back = _compile(quantized.model, driver, None)
+        if exe is not None:
+            found[f"{driver} int8" + (" +fallback" if fell_back else "")] = _runner(rt, exe, feed)
+    return found, report
 
 
 _SAME_ENGINE = {
@@ -310,6 +359,18 @@ def table(doc: dict[str, Any]) -> str:
             lines.append(f"| {m['model']} | {precision} | {who} | {why} |")
         for label, why in m["raw_errors"].items():
             lines.append(f"| {m['model']} | - | ({label} cannot run it) | {why[:160]} |")
+    lines += ["", "| model | int8 quantization | hold-out error (tolerance) | quantize s |"]
+    lines += ["|---|---|---:|---:|"]
+    for m in doc["models"]:
+        q = m.get("int8") or {}
+        if "error" in q and "method" not in q:
+            lines.append(f"| {m['model']} | refused: {str(q['error'])[:120]} | - | - |")
+        elif q:
+            lines.append(
+                f"| {m['model']} | {q['calibration_samples']} calibration samples, "
+                f"{q['holdout_samples']} held back | {q['error']:.3g} ({q['tolerance']}) | "
+                f"{q['quantize_s']} |"
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -1,7 +1,8 @@
 """What reading a KServe JSON request costs the daemon: ``json.loads`` (what ``crossrt serve
---http`` used), python-rapidjson (in the lock) and ``server/rest_json.py`` (what it uses now:
-long arrays of numbers parsed by NumPy straight into the tensor), each from a body of 4 Mi
-FP32 values to the tensor.
+--http`` used), python-rapidjson, orjson (whole, then NumPy) and ``server/rest_json.py`` (what
+it uses now: orjson whole for bodies under 4 MiB; above, long arrays of numbers kept as text
+and parsed by orjson a chunk at a time straight into the tensor), from a ResNet input
+(3x224x224 random FP32, ~1.6 MiB) and two bodies of 4 Mi FP32 values, to the tensor.
 
 Each row runs in a process of its own (peak RSS is per process): the body is read from a
 file, then parsed, and the row reports the seconds taken and the peak RSS added
@@ -41,7 +42,8 @@ def hwm():  # VmHWM: this process's peak RSS (ru_maxrss keeps the parent's acros
     for line in open("/proc/self/status"):
         if line.startswith("VmHWM:"):
             return int(line.split()[1])
-which, path = sys.argv[1], sys.argv[2]
+which, path, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+import orjson
 import rapidjson  # imported before the measure: crossrt.server's imports alone take 30 MiB
 from crossrt.server import rest_json
 body = open(path, "rb").read()
@@ -53,27 +55,44 @@ if which == "json.loads":
 elif which == "rapidjson.loads":
     doc = rapidjson.loads(body)
     x = np.asarray(doc["inputs"][0]["data"], np.float32)
+elif which == "orjson.loads":
+    doc = orjson.loads(body)
+    x = np.asarray(doc["inputs"][0]["data"], np.float32)
 else:
     doc = rest_json.loads(memoryview(body))
-    x = doc["inputs"][0]["data"].array(np.dtype(np.float32))
+    data = doc["inputs"][0]["data"]
+    if isinstance(data, rest_json.Numbers):
+        x = data.array(np.dtype(np.float32))
+    else:
+        x = rest_json.tensor(data, np.dtype(np.float32))
 seconds = time.perf_counter() - start
 grew = hwm() - before
-assert x.shape == (COUNT,), x.shape
+assert x.shape == (count,), x.shape
 print(json.dumps({"seconds": seconds, "peak_kib": grew}))
-""".replace("COUNT", str(COUNT))
+"""
 
-PARSERS = ("json.loads", "rapidjson.loads", "rest_json.loads")
+PARSERS = ("json.loads", "rapidjson.loads", "orjson.loads", "rest_json.loads")
+RESNET = 3 * 224 * 224
 
 
-def bodies(folder: Path) -> dict[str, Path]:
-    """Two bodies of COUNT values: one short number each, and random float32s."""
-    short = folder / "short.json"
-    head = f'{{"inputs": [{{"name": "x", "shape": [{COUNT}], "datatype": "FP32", "data": ['
-    short.write_text(head + "0.5, " * (COUNT - 1) + "0.5]}]}")
-    random = folder / "random.json"
-    values = np.random.default_rng(0).random(COUNT, dtype=np.float32)
-    random.write_text(head + ", ".join(map(str, values.tolist())) + "]}]}")
-    return {"0.5 each": short, "random float32": random}
+def bodies(folder: Path) -> dict[str, tuple[Path, int]]:
+    """A ResNet input, and two bodies of COUNT values: one short number each, and random
+    float32s."""
+    out = {}
+    for label, count, random in (
+        ("ResNet input", RESNET, True),
+        ("0.5 each", COUNT, False),
+        ("random float32", COUNT, True),
+    ):
+        path = folder / f"{count}-{random}.json"
+        head = f'{{"inputs": [{{"name": "x", "shape": [{count}], "datatype": "FP32", "data": ['
+        if random:
+            values = np.random.default_rng(0).random(count, dtype=np.float32)
+            path.write_text(head + ", ".join(map(str, values.tolist())) + "]}]}")
+        else:
+            path.write_text(head + "0.5, " * (count - 1) + "0.5]}]}")
+        out[label] = (path, count)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,11 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as folder:
-        for body, path in bodies(Path(folder)).items():
+        for body, (path, count) in bodies(Path(folder)).items():
             size = path.stat().st_size
             for which in PARSERS:
                 done = subprocess.run(
-                    [sys.executable, "-c", ROW, which, str(path)],
+                    [sys.executable, "-c", ROW, which, str(path), str(count)],
                     capture_output=True, text=True, check=True,
                 )  # fmt: skip
                 measured = json.loads(done.stdout)
@@ -117,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for r in rows:
         lines.append(
-            f"| {r['body']} ({r['body_mib']:.0f} MiB) | {r['parser']} | {r['seconds']:.2f} | "
+            f"| {r['body']} ({r['body_mib']:.1f} MiB) | {r['parser']} | {r['seconds']:.3f} | "
             f"{r['peak_mib']:.0f} MiB | {r['peak_x_body']:.1f} | "
             f"{r['peak_vs_json']:.2f}, {r['time_vs_json']:.2f} |"
         )

@@ -13,10 +13,10 @@ from crossrt.server.rest_json import Numbers
 
 
 def _doc(data: object, **extra: object) -> bytes:
-    """A request body long enough to be read by the scanner (SMALL and more)."""
+    """A request body long enough to be read by the scanner (WHOLE and more)."""
     doc = {"inputs": [{"name": "x", "shape": [1], "data": data}], **extra}
     body = json.dumps(doc).encode()
-    return body + b" " * max(0, rest_json.SMALL - len(body))
+    return body + b" " * max(0, rest_json.WHOLE - len(body))
 
 
 def test_long_arrays_become_numbers_and_the_rest_is_json() -> None:
@@ -43,19 +43,19 @@ def test_nested_arrays_flatten_row_major_across_chunks(monkeypatch: pytest.Monke
     [
         ("[" + "1, " * 3000 + "1.5]", np.int32, "not a whole number"),
         ("[" + "1, " * 3000 + "300]", np.int8, "out of range"),
-        ("[" + "1, " * 3000 + "-1]", np.uint8, "unmatched"),
-        ("[" + "1, " * 3000 + "1-2]", np.float32, "unmatched"),
+        ("[" + "1, " * 3000 + "-1]", np.uint8, "out of range"),
+        ("[" + "1, " * 3000 + "1-2]", np.float32, "not numbers separated by commas"),
         ("[" + "1, " * 3000 + ", 2]", np.float32, "no number"),  # NumPy read -1 there
         ("[" + "1, " * 3000 + "2, ]", np.float32, "no number"),
         ("[ ," + "1, " * 3000 + "2]", np.float32, "no number"),
         ("[[" + "1, " * 3000 + "2], []]", np.float32, "no number"),
-        ("[[" + "1, " * 3000 + "2] [3]]", np.float32, "unmatched"),
+        ("[[" + "1, " * 3000 + "2] [3]]", np.float32, "not numbers separated by commas"),
     ],
 )
 def test_what_is_not_a_number_of_the_type_is_a_value_error(
     text: str, dtype: type, why: str
 ) -> None:
-    body = b'{"d": ' + text.encode() + b"}" + b" " * rest_json.SMALL
+    body = b'{"d": ' + text.encode() + b"}" + b" " * rest_json.WHOLE
     data = rest_json.loads(body)["d"]
     assert isinstance(data, Numbers)
     with pytest.raises(ValueError, match=why):
@@ -67,5 +67,8 @@ def test_what_is_not_json_is_refused_as_json_refuses_it() -> None:
         rest_json.loads(b'{"d": [' + b"1, " * 30000 + b"nope]}")
     with pytest.raises(ValueError):
         rest_json.loads(b'{"d": [' + b"1, " * 30000 + b"1}")
-    deep = rest_json.loads(b"[" * 100_000 + b"]" * 100_000)  # json: RecursionError
+    nest = b"[" * 100_000 + b"]" * 100_000  # json: RecursionError
+    with pytest.raises(ValueError):  # read whole: orjson refuses what nests over 1024 deep
+        rest_json.loads(nest)
+    deep = rest_json.loads(nest + b" " * rest_json.WHOLE)  # read in chunks: kept as text
     assert isinstance(deep, Numbers) and deep.count == 0

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import json
 import logging
-import secrets
 import socket
 import threading
 import time
@@ -56,9 +55,11 @@ from urllib.parse import unquote
 
 import grpc
 import numpy as np
+import orjson
 from tritonclient.grpc import service_pb2 as pb
 
 from .. import dtypes
+from . import rest_json
 from .gate import Gate
 from .http_bounds import BoundedServer, Refused
 from .kserve import InferenceService
@@ -518,6 +519,9 @@ def _raw(name: str, datatype: str, data: Any, shape: Any) -> bytes:
                     f"{list(shape)} needs {needed}; send as many values as the shape says"
                 )
             return data.array(np.dtype(dtype)).tobytes()
+        whole = rest_json.tensor(data, np.dtype(dtype))  # a regular nest: NumPy at once
+        if whole is not None:
+            return whole.tobytes()
         return np.asarray(_flat(data), dtype=dtype).tobytes()
     except (TypeError, ValueError, OverflowError) as exc:
         raise _bad(f"input {name!r}: its data are not {datatype} values ({exc})") from None
@@ -553,8 +557,6 @@ def _response(response: pb.ModelInferResponse, doc: dict[str, Any]) -> tuple[byt
     }
     outputs = []
     tail: list[bytes] = []
-    numbers: dict[str, bytes] = {}  # a placeholder in the JSON -> the numbers' text
-    marker = secrets.token_hex(8)
     for i, out in enumerate(response.outputs):
         raw = response.raw_output_contents[i]
         item: dict[str, Any] = {
@@ -571,39 +573,25 @@ def _response(response: pb.ModelInferResponse, doc: dict[str, Any]) -> tuple[byt
             count = int(np.prod(out.shape)) if out.shape else 1
             item["data"] = decode_bytes(raw, count, f"output {out.name!r}").tolist()
         else:
-            dtype = dtypes.from_kserve(out.datatype).numpy
-            values = np.frombuffer(raw, dtype=dtype)
-            if len(values) <= OUTPUT_CHUNK:
-                item["data"] = values.tolist()
-            else:  # written a chunk at a time: a list of them all cost 8 times the tensor
-                placeholder = f"{marker}-{i}"
-                numbers[json.dumps(placeholder)] = _numbers_text(values)
-                item["data"] = placeholder
+            values = np.frombuffer(raw, dtype=dtypes.from_kserve(out.datatype).numpy)
+            # orjson writes a NumPy array from its memory, no Python number per value (a
+            # float32 as the shortest text that reads back as the same float32)
+            item["data"] = values if _orjson_writes(values.dtype) else values.tolist()
         outputs.append(item)
-    head = json.dumps(
+    head = orjson.dumps(
         {
             "model_name": response.model_name,
             "model_version": response.model_version,
             "id": response.id,
             "outputs": outputs,
-        }
-    ).encode()
-    for placeholder, text in numbers.items():
-        before, after = head.split(placeholder.encode(), 1)
-        head = b"".join((before, text, after))
+        },
+        option=orjson.OPT_SERIALIZE_NUMPY,
+    )
     if not tail:
         return head, None
     return head + b"".join(tail), len(head)
 
 
-OUTPUT_CHUNK = 1 << 16
-"""Output values made into Python numbers at a time, for a JSON answer."""
-
-
-def _numbers_text(values: np.ndarray) -> bytes:
-    """``json.dumps(values.tolist())``, made a chunk at a time."""
-    parts = [
-        json.dumps(values[i : i + OUTPUT_CHUNK].tolist())[1:-1].encode()
-        for i in range(0, len(values), OUTPUT_CHUNK)
-    ]
-    return b"[" + b", ".join(parts) + b"]"
+def _orjson_writes(dtype: np.dtype[Any]) -> bool:
+    """Whether orjson serializes arrays of ``dtype`` itself (not float16, bfloat16...)."""
+    return dtype.kind in "biuf" and dtype.itemsize <= 8 and dtype != np.float16

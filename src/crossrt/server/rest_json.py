@@ -7,9 +7,11 @@ module parses itself: an array of numbers (flat or nested) is kept as the place 
 in the document (:class:`Numbers`), counted with ``str.count`` and checked against the
 input's shape before anything is allocated for it, then parsed by NumPy straight into the
 tensor's dtype, a MiB of text at a time. The rest of the document (names, shapes,
-parameters: small) is parsed as ``json`` would. python-rapidjson (in the lock) makes the
-same objects as json, and orjson is not in the lock. ``benchmarks/json_requests.py``
-(``results/json_requests.md``) measures the three.
+parameters: small) is parsed as ``json`` would. The numbers themselves are read by orjson
+(its C parser, 5-8x ``json``'s), a chunk of text at a time, and the chunk's list made into the
+tensor's dtype at once; a body under :data:`WHOLE` is read by orjson whole, its arrays then
+made into tensors by NumPy (no Python flattening): its objects cost at most ~11 times
+``WHOLE``. ``benchmarks/json_requests.py`` (``results/json_requests.md``) measures them.
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ import re
 from typing import Any
 
 import numpy as np
+import orjson
 
-SMALL = 64 * 1024
-"""Bodies shorter than this are parsed by ``json.loads``: at most a few MiB either way, and
-the C scanner is faster on small documents."""
+WHOLE = 4 * 1024 * 1024
+"""Bodies shorter than this are parsed by orjson whole (an object per number: at most ~44 MiB
+for a request, against the 11x of a body up to ``max_json_bytes``)."""
 
 MARKED = 1024
 """Arrays of numbers whose text is at least this long are kept as :class:`Numbers`."""
@@ -83,7 +86,7 @@ class Numbers:
             piece = piece.strip()
             if piece.startswith(",") or piece.endswith(",") or _GAP.search(piece):
                 raise ValueError("a place between commas holds no number")
-            values = np.fromstring(piece, dtype=wide, sep=",")
+            values = _parsed(piece, wide)
             if len(values) != piece.count(",") + 1 or done + len(values) > self.count:
                 raise ValueError("the values are not numbers separated by commas")
             if integral and dtype.kind != "b" and wide != dtype and len(values):
@@ -111,8 +114,8 @@ def loads(body: bytes | bytearray | memoryview) -> Any:
     Raises:
         ValueError: not JSON (``json.JSONDecodeError``), or not UTF-8.
     """
-    if len(body) < SMALL:
-        return json.loads(bytes(body))
+    if len(body) < WHOLE:
+        return orjson.loads(body)
     text = str(body, "utf-8")  # no copy of the bytes first; UnicodeDecodeError: ValueError
     return _Decoder().decode(text)
 
@@ -125,18 +128,67 @@ class _Decoder(json.JSONDecoder):
         self.scan_once = json.scanner.py_make_scanner(self)  # type: ignore[attr-defined]
 
 
+def _parsed(piece: str, dtype: np.dtype[Any]) -> np.ndarray:
+    """Comma-separated numbers as an array of ``dtype``: orjson's parser, then one NumPy
+    conversion of its list (a chunk's objects only, never the whole tensor's)."""
+    try:
+        return np.array(orjson.loads(f"[{piece}]"), dtype=dtype)
+    except orjson.JSONDecodeError as exc:
+        raise ValueError(f"the values are not numbers separated by commas ({exc})") from None
+    except OverflowError:
+        raise ValueError(f"a value is out of range of {dtype}") from None
+
+
+def tensor(data: Any, dtype: np.dtype[Any]) -> np.ndarray | None:
+    """Nested lists of numbers (as orjson gives them) as a flat array of ``dtype``, made by
+    NumPy in one step; ``None`` when they are not a regular nest of numbers of that kind
+    (then the caller flattens them itself, and says what is wrong)."""
+    if not isinstance(data, list):
+        return None
+    try:
+        array = np.array(data)  # NumPy's own kind first: 1.5 or true must not become 1
+    except (ValueError, TypeError, OverflowError):
+        return None
+    kind = array.dtype.kind
+    if kind not in "biuf" or (dtype.kind in "iu" and kind not in "iu"):
+        return None
+    if (dtype.kind == "b") != (kind == "b"):
+        return None
+    if dtype.kind in "iu" and array.size:
+        info = np.iinfo(dtype)
+        if array.min() < info.min or array.max() > info.max:
+            return None
+    return array.astype(dtype, copy=False).reshape(-1)
+
+
 def _array(s_and_end: tuple[str, int], scan_once: Any) -> tuple[Any, int]:
     """``json.decoder.JSONArray``, but a long array of numbers is kept as its text."""
     s, start = s_and_end  # start: just after the '['
-    end = _FLAT.match(s, start).end()  # type: ignore[union-attr]
-    if end - start >= MARKED and s[end : end + 1] == "]":
+    end = _numbers_end(s, start)
+    if end is not None and end - start >= MARKED:
         return Numbers(s, start, end, nested=False), end + 1
-    if s[end : end + 1] == "[" and not s[start:end].strip():
+    flat = _FLAT.match(s, start).end()  # type: ignore[union-attr]
+    if s[flat : flat + 1] == "[" and not s[start:flat].strip():
         close = _nested_end(s, start - 1)
         if close is not None and close - start >= MARKED:
             return Numbers(s, start, close, nested=True), close + 1
     array: tuple[Any, int] = json.decoder.JSONArray(s_and_end, scan_once)  # type: ignore[attr-defined]
     return array
+
+
+_NOT_NUMBERS = ("[", '"', "{", "t", "f", "n", "N", "I")
+"""What an array of plain numbers cannot hold: a nest, a string, an object, true, false,
+null, NaN, Infinity. Looked for with ``str.find`` (C's memchr): a regular expression over
+tens of MiB of digits took longer than parsing them."""
+
+
+def _numbers_end(s: str, start: int) -> int | None:
+    """Where the flat array of numbers that starts at ``start`` closes, or ``None`` when it
+    is something else. The numbers themselves are checked when they are parsed."""
+    end = s.find("]", start)
+    if end < 0 or any(s.find(c, start, end) >= 0 for c in _NOT_NUMBERS):
+        return None
+    return end
 
 
 def _nested_end(s: str, opening: int) -> int | None:
