@@ -26,7 +26,7 @@ def parser() -> argparse.ArgumentParser:
         "model repository, statistics and system shared-memory extensions), so tritonclient "
         "works unchanged, and with --http over HTTP/REST too. Default endpoint: crossrt.sock "
         "in the runtime directory. SIGTERM drains and stops; SIGHUP rescans the model "
-        "repository.",
+        "repository. As a KServe runtime: crossrt serve --kserve --model NAME=/mnt/models.",
     )
     p.add_argument(
         "-g", dest="endpoint", action="append", metavar="ENDPOINT",
@@ -55,6 +55,24 @@ def parser() -> argparse.ArgumentParser:
         "--load-model", action="append", metavar="NAME",
         help="with --model-control explicit, load this repository model at start (repeat "
         "for several; '*': every one), as Triton's --load-model",
+    )  # fmt: skip
+    p.add_argument(
+        "--model", action="append", metavar="NAME=PATH",
+        help="serve the model at PATH under NAME, loaded at start (repeat for several): a "
+        ".crm or .onnx file, or a folder holding one as KServe downloads it to /mnt/models "
+        "(or VERSION/model.onnx, or NAME/VERSION/model.onnx). Ready only when every one is "
+        "loaded; one that cannot be loaded stops the daemon (exit status 1)",
+    )  # fmt: skip
+    p.add_argument(
+        "--kserve", action="store_true", default=None,
+        help="run as a KServe serving runtime: where not set otherwise, HTTP/REST on "
+        "0.0.0.0:8080, gRPC on 0.0.0.0:8081 (the h2c port), metrics on 0.0.0.0:8082, logs on "
+        "stderr, and a 20 s drain on SIGTERM (Kubernetes' grace period is 30 s)",
+    )  # fmt: skip
+    p.add_argument(
+        "--drain-seconds", type=float, metavar="S",
+        help="on SIGTERM, the seconds the calls under way get to finish before the daemon "
+        "cuts them and exits (default 30; --kserve: 20)",
     )  # fmt: skip
     p.add_argument(
         "--metrics", metavar="HOST:PORT",
@@ -155,6 +173,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "model_repository": args.model_repository,
         "model_control": args.model_control,
         "load_model": tuple(args.load_model or ()),
+        "model": tuple(args.model or ()),
+        "kserve": args.kserve,
+        "drain_seconds": args.drain_seconds,
         "metrics": args.metrics,
         "http": args.http,
         "max_connections": args.max_connections,
