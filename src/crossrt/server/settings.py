@@ -201,6 +201,9 @@ def build(file: str | None, given: Mapping[str, Any]) -> ServeOptions:
             raise InvalidOptionError(f"config file {file} is not valid TOML: {exc}") from None
     values = {k.replace("-", "_"): v for k, v in values.items()}
     values.update({k: v for k, v in given.items() if v is not None and v != ()})
+    if values.get("kserve"):
+        for key, value in KSERVE.items():
+            values.setdefault(key, value)
     known = {f.name for f in fields(ServeOptions)}
     unknown = sorted(set(values) - known)
     if unknown:
@@ -213,9 +216,6 @@ def build(file: str | None, given: Mapping[str, Any]) -> ServeOptions:
     if isinstance(values.get("endpoint"), str):
         values["endpoint"] = (values["endpoint"],)
     values["endpoint"] = tuple(values.get("endpoint", ()))
-    if values.get("kserve"):
-        for key, value in KSERVE.items():
-            values.setdefault(key, value)
     if isinstance(values.get("model"), str):
         values["model"] = (values["model"],)
     values["model"] = tuple(str(m) for m in values.get("model", ()))

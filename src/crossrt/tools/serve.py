@@ -136,6 +136,37 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def given(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings the command line gives (``None``: not given), as :func:`build` takes
+    them over the config file's."""
+    return {
+        "endpoint": tuple(args.endpoint or ()),
+        "log_level": args.log_level,
+        "console": args.console,
+        "cores": args.cores,
+        "model_repository": args.model_repository,
+        "model_control": args.model_control,
+        "load_model": tuple(args.load_model or ()),
+        "model": tuple(args.model or ()),
+        "kserve": args.kserve,
+        "drain_seconds": args.drain_seconds,
+        "metrics": args.metrics,
+        "http": args.http,
+        "max_connections": args.max_connections,
+        "user_connections": args.user_connections,
+        "idle_timeout": args.idle_timeout,
+        "tokens": args.tokens,
+        "response_cache_bytes": args.response_cache_bytes,
+        "max_message_bytes": args.max_message_bytes,
+        "max_json_bytes": args.max_json_bytes,
+        "max_region_bytes": args.max_region_bytes,
+        "max_posted_bytes": args.max_posted_bytes,
+        "http_connections": args.http_connections,
+        "http_timeout": args.http_timeout,
+        "token": args.token or os.environ.get("CROSSRT_SERVE_TOKEN") or None,
+    }
+
+
 def configure_logging(level: int, console: bool) -> logging.Handler:
     """A console or syslog handler on the ``crossrt`` logger (returned, to remove)."""
     logger = logging.getLogger("crossrt")
@@ -165,34 +196,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    given = {
-        "endpoint": tuple(args.endpoint or ()),
-        "log_level": args.log_level,
-        "console": args.console,
-        "cores": args.cores,
-        "model_repository": args.model_repository,
-        "model_control": args.model_control,
-        "load_model": tuple(args.load_model or ()),
-        "model": tuple(args.model or ()),
-        "kserve": args.kserve,
-        "drain_seconds": args.drain_seconds,
-        "metrics": args.metrics,
-        "http": args.http,
-        "max_connections": args.max_connections,
-        "user_connections": args.user_connections,
-        "idle_timeout": args.idle_timeout,
-        "tokens": args.tokens,
-        "response_cache_bytes": args.response_cache_bytes,
-        "max_message_bytes": args.max_message_bytes,
-        "max_json_bytes": args.max_json_bytes,
-        "max_region_bytes": args.max_region_bytes,
-        "max_posted_bytes": args.max_posted_bytes,
-        "http_connections": args.http_connections,
-        "http_timeout": args.http_timeout,
-        "token": args.token or os.environ.get("CROSSRT_SERVE_TOKEN") or None,
-    }
     try:
-        options = build(args.config, given)
+        options = build(args.config, given(args))
     except CrossrtError as exc:
         return fail("serve", exc)
     handler = configure_logging(options.level, options.console)
