@@ -85,9 +85,7 @@ def _in_folder(folder: Path, name: str) -> tuple[str, Path] | None:
             files = [p for p in files if p.stem == wanted]
         # A .crm wins over the .onnx it was compiled from, as in the repository.
         return "1", min(files, key=lambda p: SUFFIXES.index(p.suffix))
-    versions = sorted(
-        (int(v.name), v) for v in folder.iterdir() if v.is_dir() and v.name.isdigit()
-    )
+    versions = sorted((int(v.name), v) for v in folder.iterdir() if v.is_dir() and v.name.isdigit())
     for number, version in reversed(versions):
         for suffix in SUFFIXES:
             if (version / f"model{suffix}").is_file():

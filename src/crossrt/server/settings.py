@@ -224,8 +224,7 @@ def build(file: str | None, given: Mapping[str, Any]) -> ServeOptions:
     names = [m.name for m in values["models"]]
     if twice := sorted({n for n in names if names.count(n) > 1}):
         raise InvalidOptionError(
-            f"model(s) {twice} given more than once (--model and [[models]]): serve each name "
-            "once"
+            f"model(s) {twice} given more than once (--model and [[models]]): serve each name once"
         )
     if isinstance(values.get("socket_mode"), str):
         values["socket_mode"] = int(values["socket_mode"], 8)
