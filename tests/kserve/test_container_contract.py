@@ -177,7 +177,10 @@ def test_sigterm_during_a_request_completes_it_and_exits_within_the_grace_period
     pod = start(tmp_path, "slow", model)
     try:
         wait_ready(pod)
-        x = np.random.default_rng(0).standard_normal((512, 512), dtype=np.float32)
+        # Half a second of work here (13 GFLOP): the drain has a request to wait for, well
+        # inside its 20 s even on a loaded machine.
+        x = np.random.default_rng(0).standard_normal((256, 512), dtype=np.float32)
+        tensor = {"name": "x", "shape": [1, 512], "datatype": "FP32"}
         client = pod.grpc()
         given = tc.InferInput("x", list(x.shape), "FP32")
         given.set_data_from_numpy(x)
@@ -190,6 +193,21 @@ def test_sigterm_during_a_request_completes_it_and_exits_within_the_grace_period
         assert _pending(pod, "slow") == 1, "".join(pod.log)
         pod.proc.send_signal(signal.SIGTERM)
         stopped = time.monotonic()
+        # While it drains: not ready (a probe takes the pod out of its Service), and a new
+        # request is refused with 503, not queued behind the drain.
+        deadline = time.monotonic() + 10
+        while pod.get("/v2/health/ready") == 200 and time.monotonic() < deadline:
+            pass  # until the signal is taken
+        assert pod.get("/v2/health/ready") == 400
+        late = urllib.request.Request(
+            pod.url("/v2/models/slow/infer"),
+            json.dumps({"inputs": [{**tensor, "data": [0.0] * 512}]}).encode(),
+            {"Content-Type": "application/json"},
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(late, timeout=30)
+        assert refused.value.code == 503
+        assert "shutting down" in refused.value.read().decode()
         code = pod.proc.wait(GRACE)  # past the grace period, the kubelet would SIGKILL
         took = time.monotonic() - stopped
         running.join(30)
