@@ -6,7 +6,8 @@ namespace of its own as a pod has one, so that it binds 0.0.0.0:8080/8081/8082 a
 - ``/v2/health/ready`` says 400 while the model loads and 200 only after;
 - an inference over HTTP/REST and over gRPC (tritonclient) equals raw onnxruntime's;
 - SIGTERM during a request: the request completes, and the process exits 0 within the
-  InferenceService's grace period.
+  InferenceService's grace period; a request longer than the drain is cut, and the process
+  still exits within a few seconds of the drain's end.
 """
 
 from __future__ import annotations
@@ -80,9 +81,10 @@ class Pod:
             forward.close()
 
 
-def start(folder: Path, name: str, model: Path) -> Pod:
-    """The container's command for InferenceService ``name`` serving ``model``."""
-    args = container_args(name, mount(folder, model))
+def start(folder: Path, name: str, model: Path, *more: str) -> Pod:
+    """The container's command for InferenceService ``name`` serving ``model`` (``more``:
+    flags added after the manifest's)."""
+    args = [*container_args(name, mount(folder, model)), *more]
     command = netns.isolated([sys.executable, "-m", "crossrt", "serve", *args])
     env = dict(
         os.environ,
@@ -218,6 +220,52 @@ def test_sigterm_during_a_request_completes_it_and_exits_within_the_grace_period
         assert took < GRACE
         log = "".join(pod.log)
         assert "draining 1 calls" in log and "stopped" in log
+        client.close()
+    finally:
+        pod.close()
+
+
+STOP_SECONDS = 5.0
+"""What the process may take after its drain (cut calls, unload, exit): the runtime's preStop
+pause (5 s) and drain (20 s) leave 5 s of the 30 s grace period."""
+
+
+def test_a_request_longer_than_the_drain_is_cut_and_the_process_exits_in_time(
+    tmp_path: Path,
+) -> None:
+    model = tmp_path / "slow.onnx"
+    slow_rows(chain=100, size=512).save(model)
+    drain = 1.0
+    pod = start(tmp_path, "slow", model, "--drain-seconds", str(drain))
+    try:
+        wait_ready(pod)
+        x = np.ones((4096, 512), np.float32)  # 8 s of work here: longer than the drain
+        client = pod.grpc()
+        given = tc.InferInput("x", list(x.shape), "FP32")
+        given.set_data_from_numpy(x)
+        failures: list[Exception] = []
+
+        def run() -> None:
+            try:
+                client.infer("slow", [given])
+            except Exception as exc:
+                failures.append(exc)
+
+        running = threading.Thread(target=run)
+        running.start()
+        deadline = time.monotonic() + 30
+        while _pending(pod, "slow") < 1 and time.monotonic() < deadline:
+            pass
+        pod.proc.send_signal(signal.SIGTERM)
+        stopped = time.monotonic()
+        code = pod.proc.wait(GRACE)
+        took = time.monotonic() - stopped
+        running.join(30)
+        assert code == 0, "".join(pod.log)
+        assert took < drain + STOP_SECONDS, "".join(pod.log)
+        (failure,) = failures  # cut, and told so
+        assert "UNAVAILABLE" in str(failure)
+        assert "1 calls still running after 1 s; cutting them" in "".join(pod.log)
         client.close()
     finally:
         pod.close()
