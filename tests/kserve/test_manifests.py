@@ -25,9 +25,9 @@ try:
 except ImportError as exc:  # pragma: no cover - make installs them
     pytest.skip(f"KServe's SDK is not installed ({exc}): make", allow_module_level=True)
 
-STOP_SECONDS = 3
-"""What the daemon needs after its drain to unload and exit (under 1 s measured here), within
-the grace period."""
+STOP_SECONDS = 5
+"""What the daemon may take after its drain to cut calls, unload and exit (1 to 3.3 s measured
+here; test_container_contract.py holds it to this), within the grace period."""
 
 
 def _kept(data: Any, back: Any, where: str = "") -> None:
