@@ -117,3 +117,34 @@ def test_a_model_that_cannot_be_loaded_stops_the_daemon(tmp_path: Path) -> None:
     assert done.returncode == 1, done.stderr
     assert "crossrt serve: error [INVALID_MODEL" in done.stderr
     assert "ready" not in done.stderr.replace("already", "")
+
+
+def test_ready_only_while_every_model_given_is_loaded(tmp_path: Path) -> None:
+    """ServerReady (and HTTP /v2/health/ready) follow the --model models: unloaded, the
+    daemon is not ready (a KServe pod leaves its Service); loaded again, it is."""
+    tc = pytest.importorskip("tritonclient.grpc")
+    from concurrency_models import tiny
+
+    tiny().save(tmp_path / "tiny.onnx")
+    sock = tmp_path / "d.sock"
+    env = dict(os.environ, CROSSRT_RUNTIME_DIR=str(tmp_path / "run"))
+    command = [sys.executable, "-m", "crossrt", "serve", "-x", "-g", f"unix:{sock}",
+               "--model-control", "explicit", "--model", f"m={tmp_path / 'tiny.onnx'}"]  # fmt: skip
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stderr is not None
+        log = []
+        for line in proc.stderr:  # until it says it is ready, or ends
+            log.append(line)
+            if line.rstrip().endswith(" INFO ready"):
+                break
+        client = tc.InferenceServerClient(f"unix://{sock}")
+        assert client.is_server_ready(), "".join(log)
+        client.unload_model("m")
+        assert not client.is_server_ready()
+        client.load_model("m")
+        assert client.is_server_ready()
+        client.close()
+    finally:
+        proc.terminate()
+        assert proc.wait(60) == 0
