@@ -3,6 +3,7 @@ ClusterServingRuntime gives the container."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,24 @@ def runtime() -> dict[str, Any]:
 def inference_service() -> dict[str, Any]:
     """inferenceservice.yaml."""
     return yaml.safe_load((DEPLOY / "inferenceservice.yaml").read_text())  # type: ignore[no-any-return]
+
+
+def containerfile() -> list[tuple[str, str]]:
+    """The Containerfile's instructions in order, (``FROM``, ``python:3.11-slim``)...,
+    continuation lines joined."""
+    text = (DEPLOY / "Containerfile").read_text().replace("\\\n", " ")
+    found = []
+    for line in text.splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            word, _, rest = line.strip().partition(" ")
+            found.append((word.upper(), " ".join(rest.split())))
+    return found
+
+
+def entrypoint() -> list[str]:
+    """The image's ENTRYPOINT (exec form)."""
+    (last,) = [rest for word, rest in containerfile() if word == "ENTRYPOINT"][-1:]
+    return json.loads(last)  # type: ignore[no-any-return]
 
 
 def container_args(name: str, models: Path) -> list[str]:

@@ -1,5 +1,5 @@
 """The container's contract with KServe, exercised by running the command line the
-ClusterServingRuntime gives the container (``crossrt serve`` and the manifest's args, the
+ClusterServingRuntime gives the container (the image's entrypoint and the manifest's args, the
 InferenceService's name for ``{{.Name}}``, a temporary folder for /mnt/models), in a network
 namespace of its own as a pod has one, so that it binds 0.0.0.0:8080/8081/8082 as written:
 
@@ -37,7 +37,7 @@ pytest.importorskip("tritonclient.grpc", reason="the serve extra is not installe
 import netns
 import onnxruntime as ort
 import tritonclient.grpc as tc
-from manifests import DIGITS, container_args, inference_service, mount
+from manifests import DIGITS, container_args, entrypoint, inference_service, mount
 
 from concurrency_models import slow_rows
 
@@ -85,7 +85,11 @@ def start(folder: Path, name: str, model: Path, *more: str) -> Pod:
     """The container's command for InferenceService ``name`` serving ``model`` (``more``:
     flags added after the manifest's)."""
     args = [*container_args(name, mount(folder, model)), *more]
-    command = netns.isolated([sys.executable, "-m", "crossrt", "serve", *args])
+    # The image's entrypoint, its console script from this environment's bin/.
+    program, *rest = entrypoint()
+    script = Path(sys.executable).parent / program
+    assert script.is_file(), f"{script}: install crossrt (pip install -e .) for its script"
+    command = netns.isolated([str(script), *rest, *args])
     env = dict(
         os.environ,
         CROSSRT_RUNTIME_DIR=str(folder / "run"),

@@ -15,7 +15,15 @@ pytest.importorskip("grpc", reason="the serve extra is not installed: pip instal
 
 import kserve_sdk
 from kserve_sdk import plain, typed
-from manifests import DIGITS, container_args, inference_service, mount, runtime
+from manifests import (
+    DIGITS,
+    container_args,
+    containerfile,
+    entrypoint,
+    inference_service,
+    mount,
+    runtime,
+)
 
 from crossrt.server.settings import build, parse_endpoint
 from crossrt.tools.serve import given, parser
@@ -142,3 +150,18 @@ def test_a_misspelt_or_mistyped_field_is_refused(
     target[path[-1]] = value
     with pytest.raises(ValueError, match=expected):
         typed(data, "V1alpha1ClusterServingRuntime")
+
+
+def test_the_image_runs_crossrt_serve_as_a_user_of_its_own() -> None:
+    """The Containerfile the runtime's image is built from: crossrt with its serve extra at
+    the lock's versions, the args above going to its entrypoint, run as a numbered user
+    (runAsNonRoot can check only a number)."""
+    image = containerfile()
+    last = {word: rest for word, rest in image}
+    assert image[0] == ("FROM", "python:3.11-slim")
+    assert any(
+        word == "RUN" and '-c requirements/lock.txt ".[serve]"' in rest for word, rest in image
+    )
+    assert entrypoint() == ["crossrt", "serve"]
+    assert last["USER"].isdigit() and last["USER"] != "0"
+    assert set(last["EXPOSE"].split()) == {"8080", "8081", "8082"}
