@@ -46,12 +46,12 @@ def entrypoint() -> list[str]:
 
 
 def container_args(name: str, models: Path) -> list[str]:
-    """The runtime container's args as KServe hands them to ``crossrt serve`` for the
-    InferenceService ``name`` (``{{.Name}}``), with ``models`` standing for /mnt/models."""
+    """The container's args as KServe hands them to ``crossrt serve`` for the
+    InferenceService ``name`` (``{{.Name}}``), with ``models`` standing for /mnt/models: the
+    runtime's, then the InferenceService model's own (KServe appends them)."""
     (container,) = runtime()["spec"]["containers"]
-    return [
-        str(a).replace("{{.Name}}", name).replace(MOUNT, str(models)) for a in container["args"]
-    ]
+    args = [*container["args"], *inference_service()["spec"]["predictor"]["model"]["args"]]
+    return [str(a).replace("{{.Name}}", name).replace(MOUNT, str(models)) for a in args]
 
 
 def mount(folder: Path, model: Path) -> Path:

@@ -170,6 +170,8 @@ def test_http_and_grpc_inference_equal_raw_onnxruntime(digits: Pod) -> None:
     got = result.as_numpy("probabilities")
     np.testing.assert_allclose(got, probabilities, rtol=1e-5, atol=1e-6)
     assert client.get_model_metadata("digits").name == "digits"  # the InferenceService's name
+    # its own args (--load-parameter max_batch_size=32) reached the load
+    assert client.get_model_config("digits").config.max_batch_size == 32
     client.close()
 
 

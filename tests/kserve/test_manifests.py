@@ -107,6 +107,10 @@ def test_the_runtime_args_are_crossrt_serves_and_match_the_declared_ports(tmp_pa
     assert options.metrics == f"0.0.0.0:{metrics}"
     assert [m.name for m in options.models] == [name]  # the InferenceService's name
     assert options.models[0].path == tmp_path / "mnt" / "models" / DIGITS.name
+    # the InferenceService's own args: dynamic batching
+    assert (options.models[0].options.max_batch_size, options.models[0].options.batch_delay) == (
+        32, 0.001,
+    )  # fmt: skip
     assert options.console  # a container's log is its stderr
     # The kubelet counts the grace period from the preStop hook: the pause, the drain and
     # the stop fit in it.

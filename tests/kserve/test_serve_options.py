@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("grpc", reason="the serve extra is not installed: pip install crossrt[serve]")
 
-from crossrt import InvalidOptionError
+from crossrt import InvalidArgumentError, InvalidOptionError
 from crossrt.server.model_path import model_file, parse_model
 from crossrt.server.settings import KSERVE, ServeOptions, build
 from crossrt.tools.serve import given, parser
@@ -94,6 +94,29 @@ def test_the_kserve_preset_and_what_overrides_it(tmp_path: Path) -> None:
     options = _options()
     assert (options.http, options.endpoint, options.metrics) == (None, (), None)
     assert not options.console and options.drain_seconds == 30
+
+
+def test_load_parameters_of_the_models_given(tmp_path: Path) -> None:
+    """Under KServe, the InferenceService's args (appended to the runtime's) keep crossrt's
+    instances, batching and response cache."""
+    model = _touch(tmp_path / "m.onnx")
+    options = _options(
+        "--model", f"m={model}", "--load-parameter", "instances=2",
+        "--load-parameter", "max_batch_size=8", "--load-parameter", "batch_delay=0.002",
+    )  # fmt: skip
+    (entry,) = options.models
+    assert (entry.options.instances, entry.options.max_batch_size) == (2, 8)
+    assert entry.options.batch_delay == 0.002
+    with pytest.raises(InvalidArgumentError, match="unknown load parameter 'instance'"):
+        _options("--model", f"m={model}", "--load-parameter", "instance=2")
+    with pytest.raises(
+        InvalidArgumentError, match="instances='0' is not valid; give a whole number >= 1"
+    ):
+        _options("--model", f"m={model}", "--load-parameter", "instances=0")
+    with pytest.raises(InvalidOptionError, match="give KEY=VALUE"):
+        _options("--model", f"m={model}", "--load-parameter", "instances")
+    with pytest.raises(InvalidOptionError, match="applies to the --model models"):
+        _options("--load-parameter", "instances=2")
 
 
 def test_a_model_name_given_twice_is_refused(tmp_path: Path) -> None:

@@ -9,17 +9,20 @@ what was found, so a pod fails with the reason in its log instead of serving not
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import InvalidOptionError
-from .repository import SUFFIXES, Entry, LoadOptions
+from .repository import LOAD_PARAMETERS, SUFFIXES, Entry, LoadOptions
 
 
-def parse_model(text: str) -> Entry:
-    """The model of one ``--model NAME=PATH``, served under NAME.
+def parse_model(text: str, parameters: Sequence[str] = ()) -> Entry:
+    """The model of one ``--model NAME=PATH``, served under NAME, loaded with the load
+    ``parameters`` (``KEY=VALUE``: ``instances=2``, ``max_batch_size=8``...).
 
     Raises:
         InvalidOptionError: no ``=``, an empty name, or no model file at PATH.
+        InvalidArgumentError: a load parameter unknown or not valid.
     """
     name, sep, path = str(text).partition("=")
     name = name.strip()
@@ -30,7 +33,26 @@ def parse_model(text: str) -> Entry:
             "/mnt/models)"
         )
     version, file = model_file(Path(path.strip()), name)
-    return Entry(name, version, file, LoadOptions())
+    return Entry(name, version, file, LoadOptions().with_values(load_parameters(parameters)))
+
+
+def load_parameters(given: Sequence[str]) -> dict[str, str]:
+    """``--load-parameter KEY=VALUE`` options as a mapping (checked by
+    :meth:`LoadOptions.with_values`).
+
+    Raises:
+        InvalidOptionError: one without ``=``.
+    """
+    values = {}
+    for text in given:
+        key, sep, value = str(text).partition("=")
+        if not sep or not key.strip():
+            raise InvalidOptionError(
+                f"--load-parameter {text!r}: give KEY=VALUE, KEY one of "
+                f"{', '.join(LOAD_PARAMETERS)} (instances=2, max_batch_size=8)"
+            )
+        values[key.strip()] = value.strip()
+    return values
 
 
 def model_file(path: Path, name: str) -> tuple[str, Path]:

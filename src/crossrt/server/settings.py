@@ -1,9 +1,10 @@
 """The daemon's settings: the config file (TOML) and the command line, checked in one place.
 
 Every command-line option has a key of the same name in the file (``model_repository``,
-``model_control``, ``load_model``, ``model``, ``kserve``, ``metrics``, ``token``, ``tokens``,
-``cores``, ``log_level``, ``console``, ``endpoint``, ``max_connections``, ``user_connections``,
-``idle_timeout``, the bounds of :data:`BOUNDS`, ``http_timeout`` and ``drain_seconds``), plus
+``model_control``, ``load_model``, ``model``, ``load_parameter``, ``kserve``, ``metrics``,
+``token``, ``tokens``, ``cores``, ``log_level``, ``console``, ``endpoint``,
+``max_connections``, ``user_connections``, ``idle_timeout``, the bounds of :data:`BOUNDS`,
+``http_timeout`` and ``drain_seconds``), plus
 ``threads``, ``socket_mode``,
 ``tls_cert`` / ``tls_key`` / ``tls_client_ca`` (PEM files: TLS on the TCP endpoints, client
 certificates required when a CA is given) and ``[[models]]`` tables (``name``, ``path`` and
@@ -138,6 +139,8 @@ class ServeOptions:
     model: tuple[str, ...] = ()
     """``NAME=PATH`` of each model served under NAME (``--model``): loaded at start, and the
     daemon is ready only while every one is loaded (:mod:`.model_path` reads PATH)."""
+    load_parameter: tuple[str, ...] = ()
+    """``KEY=VALUE`` load parameters of every ``--model`` model (``instances=2``)."""
     kserve: bool = False
     """The :data:`KSERVE` preset was asked for."""
     metrics: str | None = None
@@ -220,7 +223,16 @@ def build(file: str | None, given: Mapping[str, Any]) -> ServeOptions:
         values["model"] = (values["model"],)
     values["model"] = tuple(str(m) for m in values.get("model", ()))
     values["models"] = tuple(_model(m, file) for m in values.get("models", ()))
-    values["models"] += tuple(parse_model(m) for m in values["model"])
+    if isinstance(values.get("load_parameter"), str):
+        values["load_parameter"] = (values["load_parameter"],)
+    values["load_parameter"] = tuple(str(p) for p in values.get("load_parameter", ()))
+    if values["load_parameter"] and not values["model"]:
+        raise InvalidOptionError(
+            "--load-parameter applies to the --model models: give --model NAME=PATH (the "
+            "repository's models take load parameters from RepositoryModelLoad, the config "
+            "file's from their [[models]] table)"
+        )
+    values["models"] += tuple(parse_model(m, values["load_parameter"]) for m in values["model"])
     names = [m.name for m in values["models"]]
     if twice := sorted({n for n in names if names.count(n) > 1}):
         raise InvalidOptionError(

@@ -64,6 +64,12 @@ def parser() -> argparse.ArgumentParser:
         "loaded; one that cannot be loaded stops the daemon (exit status 1)",
     )  # fmt: skip
     p.add_argument(
+        "--load-parameter", action="append", metavar="KEY=VALUE",
+        help="load every --model with this load parameter (repeat for several): instances, "
+        "cores, queue_depth, timeout, precision, max_batch_size, batch_delay, "
+        "response_cache, device; e.g. instances=2, max_batch_size=8",
+    )  # fmt: skip
+    p.add_argument(
         "--kserve", action="store_true", default=None,
         help="run as a KServe serving runtime: where not set otherwise, HTTP/REST on "
         "0.0.0.0:8080, gRPC on 0.0.0.0:8081 (the h2c port), metrics on 0.0.0.0:8082, logs on "
@@ -148,6 +154,7 @@ def given(args: argparse.Namespace) -> dict[str, Any]:
         "model_control": args.model_control,
         "load_model": tuple(args.load_model or ()),
         "model": tuple(args.model or ()),
+        "load_parameter": tuple(args.load_parameter or ()),
         "kserve": args.kserve,
         "drain_seconds": args.drain_seconds,
         "metrics": args.metrics,
