@@ -93,9 +93,7 @@ class Daemon:
     def __init__(self, options: ServeOptions) -> None:
         self.options = options
         self._ready = False
-        # The --model names, in their order: loaded first, and needed for readiness.
-        self._named = [m.partition("=")[0].strip() for m in options.model]
-        self._required = frozenset(self._named)
+        self._required = frozenset(options.named)  # needed for readiness
         grants = load_tokens(options.tokens) if options.tokens else None
         files = raise_file_limit()
         if files < 8 * options.max_connections:
@@ -290,7 +288,7 @@ class Daemon:
         everything = not explicit or "*" in self.options.load_model
         if self.options.load_model and not explicit:
             log.warning("--load-model applies to --model-control explicit: every model loads")
-        for name in self._named:
+        for name in self.options.named:
             # A --model that cannot be loaded stops the daemon with its own error: under
             # KServe the pod restarts and its log says why, as Triton's --exit-on-error.
             self.repository.load(name)

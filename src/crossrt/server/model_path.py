@@ -24,9 +24,8 @@ def parse_model(text: str, parameters: Sequence[str] = ()) -> Entry:
         InvalidOptionError: no ``=``, an empty name, or no model file at PATH.
         InvalidArgumentError: a load parameter unknown or not valid.
     """
-    name, sep, path = str(text).partition("=")
-    name = name.strip()
-    if not sep or not name or not path.strip():
+    name, path = model_name(text), str(text).partition("=")[2]
+    if not name or not path.strip():
         raise InvalidOptionError(
             f"--model {text!r}: give NAME=PATH (the name clients call, as KServe's "
             "InferenceService name; PATH a .crm or .onnx file, or a folder such as "
@@ -34,6 +33,12 @@ def parse_model(text: str, parameters: Sequence[str] = ()) -> Entry:
         )
     version, file = model_file(Path(path.strip()), name)
     return Entry(name, version, file, LoadOptions().with_values(load_parameters(parameters)))
+
+
+def model_name(text: str) -> str:
+    """The NAME of ``--model NAME=PATH`` (``''`` when there is no ``=``)."""
+    name, sep, _ = str(text).partition("=")
+    return name.strip() if sep else ""
 
 
 def load_parameters(given: Sequence[str]) -> dict[str, str]:

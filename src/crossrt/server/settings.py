@@ -24,7 +24,7 @@ from typing import Any
 from ..config import settings
 from ..errors import InvalidOptionError
 from ..runtime.cores.reservation import runtime_directory
-from .model_path import parse_model
+from .model_path import model_name, parse_model
 from .repository import Entry, LoadOptions
 
 LOG_LEVELS = {
@@ -177,6 +177,11 @@ class ServeOptions:
         if any(e.kind == "unix" for e in named):
             return named
         return [default_endpoint(), *named]
+
+    @property
+    def named(self) -> list[str]:
+        """The names of the ``--model`` models, in their order."""
+        return [model_name(text) for text in self.model]
 
     @property
     def user_share(self) -> int:
