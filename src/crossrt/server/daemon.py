@@ -1,7 +1,8 @@
 """The daemon: a Runtime, its repository and regions, behind a gRPC server on its endpoints.
 
-Lifecycle: :meth:`Daemon.start` listens (ServerLive answers at once), loads the repository
-(unless model control is explicit), then ServerReady says true. SIGTERM (or SIGINT) drains:
+Lifecycle: :meth:`Daemon.start` listens (ServerLive answers at once), loads each ``--model``
+(one that fails stops the daemon), then the repository (unless model control is explicit),
+then ServerReady says true, while every ``--model`` stays loaded. SIGTERM (or SIGINT) drains:
 new calls get UNAVAILABLE, those under way have ``drain_seconds`` to finish, then models are
 unloaded (their cores released), regions closed, sockets removed. SIGHUP rescans the
 repository: new models are loaded, changed ones reloaded, removed ones unloaded.
@@ -92,6 +93,7 @@ class Daemon:
     def __init__(self, options: ServeOptions) -> None:
         self.options = options
         self._ready = False
+        self._required = frozenset(options.named)  # needed for readiness
         grants = load_tokens(options.tokens) if options.tokens else None
         files = raise_file_limit()
         if files < 8 * options.max_connections:
@@ -203,8 +205,11 @@ class Daemon:
         return identify(context.peer(), relayed, grant)
 
     def ready(self) -> bool:
-        """Whether the daemon takes requests."""
-        return self._ready and not self.gate.closing
+        """Whether the daemon takes requests: started, not draining, and every ``--model``
+        loaded (a KServe pod is sent requests only then)."""
+        if not self._ready or self.gate.closing:
+            return False
+        return not self._required or self._required <= {e.name for e in self.repository.loaded()}
 
     def statistics(self) -> list[tuple[dict[str, str], ModelStatistics]]:
         """(its model and version labels, statistics as served: ``Entry.statistics``) of
@@ -283,6 +288,10 @@ class Daemon:
         everything = not explicit or "*" in self.options.load_model
         if self.options.load_model and not explicit:
             log.warning("--load-model applies to --model-control explicit: every model loads")
+        for name in self.options.named:
+            # A --model that cannot be loaded stops the daemon with its own error: under
+            # KServe the pod restarts and its log says why, as Triton's --exit-on-error.
+            self.repository.load(name)
         self.repository.load_all(pinned_only=not everything)
         for name in () if everything else self.options.load_model:
             self.repository.try_load(name)

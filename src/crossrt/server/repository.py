@@ -262,10 +262,10 @@ class Repository:
                 self.try_load(entry.name)
 
     def load_all(self, pinned_only: bool = False) -> None:
-        """Load every known model, or only those of the config file (a failure is logged
-        and shown in the index)."""
-        for name in list(self._entries):
-            if name in self._pinned or not pinned_only:
+        """Load every known model not loaded yet, or only those of the config file and
+        ``--model`` (a failure is logged and shown in the index)."""
+        for name, entry in list(self._entries.items()):
+            if entry.model is None and (name in self._pinned or not pinned_only):
                 self.try_load(name)
 
     def try_load(self, name: str) -> None:

@@ -1,13 +1,15 @@
 """The daemon's settings: the config file (TOML) and the command line, checked in one place.
 
 Every command-line option has a key of the same name in the file (``model_repository``,
-``model_control``, ``load_model``, ``metrics``, ``token``, ``tokens``, ``cores``,
-``log_level``, ``console``, ``endpoint``, ``max_connections``, ``user_connections``,
-``idle_timeout``, the bounds of :data:`BOUNDS` and ``http_timeout``), plus ``drain_seconds``,
+``model_control``, ``load_model``, ``model``, ``load_parameter``, ``kserve``, ``metrics``,
+``token``, ``tokens``, ``cores``, ``log_level``, ``console``, ``endpoint``,
+``max_connections``, ``user_connections``, ``idle_timeout``, the bounds of :data:`BOUNDS`,
+``http_timeout`` and ``drain_seconds``), plus
 ``threads``, ``socket_mode``,
 ``tls_cert`` / ``tls_key`` / ``tls_client_ca`` (PEM files: TLS on the TCP endpoints, client
 certificates required when a CA is given) and ``[[models]]`` tables (``name``, ``path`` and
-the load parameters) loaded at start. The command line wins.
+the load parameters) loaded at start. The command line wins; ``kserve`` (``--kserve``) fills
+in :data:`KSERVE` for the keys neither gives.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 from ..config import settings
 from ..errors import InvalidOptionError
 from ..runtime.cores.reservation import runtime_directory
+from .model_path import model_name, parse_model
 from .repository import Entry, LoadOptions
 
 LOG_LEVELS = {
@@ -43,6 +46,18 @@ BOUNDS = {
     "http_connections": "HTTP connections served at once",
 }
 """The daemon's bounds on what one request or client may cost (docs/daemon.md, "Bounds")."""
+
+KSERVE = {
+    "http": "0.0.0.0:8080",
+    "endpoint": ("0.0.0.0:8081",),
+    "metrics": "0.0.0.0:8082",
+    "console": True,
+    "drain_seconds": 20.0,
+}
+"""What ``--kserve`` sets where neither the command line nor the config file does: the ports
+a KServe ServingRuntime declares (HTTP 8080, gRPC 8081 as its ``h2c`` port, Prometheus 8082),
+logs on stderr (a container has no syslog), and a drain that ends inside Kubernetes' default
+grace period of 30 s with time left to unload (deploy/kserve/, docs/scale-out.md)."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +136,13 @@ class ServeOptions:
     load_model: tuple[str, ...] = ()
     """Under explicit model control, the repository's models loaded at start (Triton's
     ``--load-model``; ``*``: every one)."""
+    model: tuple[str, ...] = ()
+    """``NAME=PATH`` of each model served under NAME (``--model``): loaded at start, and the
+    daemon is ready only while every one is loaded (:mod:`.model_path` reads PATH)."""
+    load_parameter: tuple[str, ...] = ()
+    """``KEY=VALUE`` load parameters of every ``--model`` model (``instances=2``)."""
+    kserve: bool = False
+    """The :data:`KSERVE` preset was asked for."""
     metrics: str | None = None
     http: str | None = None
     token: str | None = None
@@ -157,6 +179,11 @@ class ServeOptions:
         return [default_endpoint(), *named]
 
     @property
+    def named(self) -> list[str]:
+        """The names of the ``--model`` models, in their order."""
+        return [model_name(text) for text in self.model]
+
+    @property
     def user_share(self) -> int:
         """The connections one user may hold: ``user_connections``, else half of
         ``max_connections`` (at least 1)."""
@@ -182,6 +209,9 @@ def build(file: str | None, given: Mapping[str, Any]) -> ServeOptions:
             raise InvalidOptionError(f"config file {file} is not valid TOML: {exc}") from None
     values = {k.replace("-", "_"): v for k, v in values.items()}
     values.update({k: v for k, v in given.items() if v is not None and v != ()})
+    if values.get("kserve"):
+        for key, value in KSERVE.items():
+            values.setdefault(key, value)
     known = {f.name for f in fields(ServeOptions)}
     unknown = sorted(set(values) - known)
     if unknown:
@@ -194,7 +224,25 @@ def build(file: str | None, given: Mapping[str, Any]) -> ServeOptions:
     if isinstance(values.get("endpoint"), str):
         values["endpoint"] = (values["endpoint"],)
     values["endpoint"] = tuple(values.get("endpoint", ()))
+    if isinstance(values.get("model"), str):
+        values["model"] = (values["model"],)
+    values["model"] = tuple(str(m) for m in values.get("model", ()))
     values["models"] = tuple(_model(m, file) for m in values.get("models", ()))
+    if isinstance(values.get("load_parameter"), str):
+        values["load_parameter"] = (values["load_parameter"],)
+    values["load_parameter"] = tuple(str(p) for p in values.get("load_parameter", ()))
+    if values["load_parameter"] and not values["model"]:
+        raise InvalidOptionError(
+            "--load-parameter applies to the --model models: give --model NAME=PATH (the "
+            "repository's models take load parameters from RepositoryModelLoad, the config "
+            "file's from their [[models]] table)"
+        )
+    values["models"] += tuple(parse_model(m, values["load_parameter"]) for m in values["model"])
+    names = [m.name for m in values["models"]]
+    if twice := sorted({n for n in names if names.count(n) > 1}):
+        raise InvalidOptionError(
+            f"model(s) {twice} given more than once (--model and [[models]]): serve each name once"
+        )
     if isinstance(values.get("socket_mode"), str):
         values["socket_mode"] = int(values["socket_mode"], 8)
     for key in ("metrics", "http"):  # one form for every TCP option, as -g takes it

@@ -26,7 +26,7 @@ def parser() -> argparse.ArgumentParser:
         "model repository, statistics and system shared-memory extensions), so tritonclient "
         "works unchanged, and with --http over HTTP/REST too. Default endpoint: crossrt.sock "
         "in the runtime directory. SIGTERM drains and stops; SIGHUP rescans the model "
-        "repository.",
+        "repository. As a KServe runtime: crossrt serve --kserve --model NAME=/mnt/models.",
     )
     p.add_argument(
         "-g", dest="endpoint", action="append", metavar="ENDPOINT",
@@ -55,6 +55,30 @@ def parser() -> argparse.ArgumentParser:
         "--load-model", action="append", metavar="NAME",
         help="with --model-control explicit, load this repository model at start (repeat "
         "for several; '*': every one), as Triton's --load-model",
+    )  # fmt: skip
+    p.add_argument(
+        "--model", action="append", metavar="NAME=PATH",
+        help="serve the model at PATH under NAME, loaded at start (repeat for several): a "
+        ".crm or .onnx file, or a folder holding one as KServe downloads it to /mnt/models "
+        "(or VERSION/model.onnx, or NAME/VERSION/model.onnx). Ready only when every one is "
+        "loaded; one that cannot be loaded stops the daemon (exit status 1)",
+    )  # fmt: skip
+    p.add_argument(
+        "--load-parameter", action="append", metavar="KEY=VALUE",
+        help="load every --model with this load parameter (repeat for several): instances, "
+        "cores, queue_depth, timeout, precision, max_batch_size, batch_delay, "
+        "response_cache, device; e.g. instances=2, max_batch_size=8",
+    )  # fmt: skip
+    p.add_argument(
+        "--kserve", action="store_true", default=None,
+        help="run as a KServe serving runtime: where not set otherwise, HTTP/REST on "
+        "0.0.0.0:8080, gRPC on 0.0.0.0:8081 (the h2c port), metrics on 0.0.0.0:8082, logs on "
+        "stderr, and a 20 s drain on SIGTERM (Kubernetes' grace period is 30 s)",
+    )  # fmt: skip
+    p.add_argument(
+        "--drain-seconds", type=float, metavar="S",
+        help="on SIGTERM, the seconds the calls under way get to finish before the daemon "
+        "cuts them and exits (default 30; --kserve: 20)",
     )  # fmt: skip
     p.add_argument(
         "--metrics", metavar="HOST:PORT",
@@ -118,6 +142,38 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def given(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings the command line gives (``None``: not given), as :func:`build` takes
+    them over the config file's."""
+    return {
+        "endpoint": tuple(args.endpoint or ()),
+        "log_level": args.log_level,
+        "console": args.console,
+        "cores": args.cores,
+        "model_repository": args.model_repository,
+        "model_control": args.model_control,
+        "load_model": tuple(args.load_model or ()),
+        "model": tuple(args.model or ()),
+        "load_parameter": tuple(args.load_parameter or ()),
+        "kserve": args.kserve,
+        "drain_seconds": args.drain_seconds,
+        "metrics": args.metrics,
+        "http": args.http,
+        "max_connections": args.max_connections,
+        "user_connections": args.user_connections,
+        "idle_timeout": args.idle_timeout,
+        "tokens": args.tokens,
+        "response_cache_bytes": args.response_cache_bytes,
+        "max_message_bytes": args.max_message_bytes,
+        "max_json_bytes": args.max_json_bytes,
+        "max_region_bytes": args.max_region_bytes,
+        "max_posted_bytes": args.max_posted_bytes,
+        "http_connections": args.http_connections,
+        "http_timeout": args.http_timeout,
+        "token": args.token or os.environ.get("CROSSRT_SERVE_TOKEN") or None,
+    }
+
+
 def configure_logging(level: int, console: bool) -> logging.Handler:
     """A console or syslog handler on the ``crossrt`` logger (returned, to remove)."""
     logger = logging.getLogger("crossrt")
@@ -147,31 +203,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    given = {
-        "endpoint": tuple(args.endpoint or ()),
-        "log_level": args.log_level,
-        "console": args.console,
-        "cores": args.cores,
-        "model_repository": args.model_repository,
-        "model_control": args.model_control,
-        "load_model": tuple(args.load_model or ()),
-        "metrics": args.metrics,
-        "http": args.http,
-        "max_connections": args.max_connections,
-        "user_connections": args.user_connections,
-        "idle_timeout": args.idle_timeout,
-        "tokens": args.tokens,
-        "response_cache_bytes": args.response_cache_bytes,
-        "max_message_bytes": args.max_message_bytes,
-        "max_json_bytes": args.max_json_bytes,
-        "max_region_bytes": args.max_region_bytes,
-        "max_posted_bytes": args.max_posted_bytes,
-        "http_connections": args.http_connections,
-        "http_timeout": args.http_timeout,
-        "token": args.token or os.environ.get("CROSSRT_SERVE_TOKEN") or None,
-    }
     try:
-        options = build(args.config, given)
+        options = build(args.config, given(args))
     except CrossrtError as exc:
         return fail("serve", exc)
     handler = configure_logging(options.level, options.console)
