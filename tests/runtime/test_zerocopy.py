@@ -18,15 +18,14 @@ from crossrt import (
     InvalidArgumentError,
     InvalidInputError,
     InvalidModelError,
-    OperationForbiddenError,
     OutOfResourcesError,
-    Placement,
     Tensor,
-    TensorDesc,
     TensorSet,
 )
+from crossrt.errors import OperationForbiddenError
 from crossrt.model import GraphBuilder
 from crossrt.runtime.memory.allocator import copied_bytes
+from crossrt.runtime.memory.tensordesc import Placement, TensorDesc
 from small_models import add_one, sequence_length
 
 DRIVERS = ("onnxruntime", "reference")

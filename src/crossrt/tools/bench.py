@@ -30,6 +30,7 @@ from ..errors import CrossrtError, InvalidArgumentError
 from ..model import TensorSpec
 from ..runtime import LoadedModel, Runtime
 from ..runtime.probe import random_tensor
+from ..runtime.runnable import RunnableModel
 from .common import fail, parse_shapes, say
 
 WARMUP = 3
@@ -271,10 +272,11 @@ def random_inputs(
 
 
 def measure(
-    model: Any, feed: dict[str, np.ndarray], seconds: float, clients: int
+    model: RunnableModel, feed: dict[str, np.ndarray], seconds: float, clients: int
 ) -> dict[str, Any]:
-    """Every call's latency from ``clients`` threads running ``model`` (a
-    :class:`LoadedModel`, or a daemon's :class:`RemoteModel`) for ``seconds``."""
+    """Every call's latency from ``clients`` threads running ``model`` (any
+    :class:`~crossrt.RunnableModel`: a :class:`LoadedModel`, or a daemon's model) for
+    ``seconds``."""
     latencies: list[list[float]] = [[] for _ in range(clients)]
     errors: list[BaseException] = []
     start = time.perf_counter()

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..config import problems, settings, simulated_devices_asked
-from ..drivers import describe_devices, device_order, driver_statuses, parse_device
+from ..drivers import driver_statuses
+from ..drivers.registry import describe_devices, device_order, parse_device
 from ..errors import CrossrtError
 from ..host import format_cpus, host_cpus
 from ..runtime.cores.reservation import core_owners

@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from ..compiler.options import PRECISIONS
-from ..drivers import CompileOptions, driver_statuses, parse_device
+from ..drivers import CompileOptions, driver_statuses
+from ..drivers.registry import parse_device
 from ..errors import CrossrtError, InvalidArgumentError, InvalidOptionError, UnsupportedError
 from ..model import load_model
 from ..runtime import Runtime

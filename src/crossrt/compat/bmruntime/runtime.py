@@ -19,15 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ... import (
-    Executable,
-    LoadedModel,
-    Profile,
-    Runtime,
-    __version__,
-    list_networks,
-    load_executable,
-)
+from ... import Executable, LoadedModel, Runtime, __version__, load_executable
+from ...compiler import list_networks
 from ...compiler.io_quant import read_io_quantization
 from ...errors import (
     CrossrtError,
@@ -36,6 +29,7 @@ from ...errors import (
     OperationForbiddenError,
 )
 from ...model import TensorSpec
+from ...runtime import Profile
 from ...runtime.shapes import DimRange, declared_ranges, default_ranges
 from ..bmlib import DeviceMemory
 from . import envvars

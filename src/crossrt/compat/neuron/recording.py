@@ -1,7 +1,7 @@
 """A recording of the whole runtime for ``nrt_trace_*`` and ``nrt_inspect_*``: every model,
 the ones loaded after it started included, as one Chrome trace.
 
-A :class:`crossrt.Profile` records the models it is given when it starts. A Neuron trace or
+A :class:`crossrt.runtime.Profile` records the models it is given when it starts. A Neuron trace or
 inspect session covers "all visible NeuronCores" and usually starts before any model is
 loaded (``NEURON_RT_INSPECT_ENABLE`` at ``nrt_init``), so a recording keeps one Profile per
 model (its requests and its nrt API calls, on one clock), starts one for each model
