@@ -21,7 +21,7 @@ import pytest
 import crossrt
 from concurrency_models import tiny
 from crossrt.config import SimSettings, parse_sim, settings
-from crossrt.drivers import get_driver, registry, resolve_device, sim_artifact
+from crossrt.drivers import get_driver, registry, sim_artifact
 from crossrt.drivers.base import (
     ArtifactFile,
     CancelToken,
@@ -32,6 +32,7 @@ from crossrt.drivers.base import (
     DeviceKind,
     Residence,
 )
+from crossrt.drivers.registry import resolve_device
 from crossrt.drivers.sim import SimDriver, grid, links
 from crossrt.drivers.sim_memory import SimBuffer
 from crossrt.errors import StatusCode
@@ -445,7 +446,7 @@ def test_damaged_or_foreign_artifacts_are_refused(sim: SimDriver) -> None:
         "bad tensor": artifact.replace(b'"float32"', b'"float99"', 1),
     }
     for what, damaged in cases.items():
-        with pytest.raises(crossrt.InvalidContainerError) as error:
+        with pytest.raises(crossrt.errors.InvalidContainerError) as error:
             sim.load(damaged, info, CoreSet((0,)), OPTIONS)
         assert "the sim artifact is corrupt" in error.value.message, what
         assert "recompile" in error.value.message
