@@ -24,8 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..drivers import DeviceInfo, Driver
-from ..drivers.registry import resolve_device
+from ..drivers import DeviceInfo, Driver, resolve_device
 from ..errors import InvalidArgumentError, InvalidHandleError, OperationForbiddenError
 from ..runtime.memory.allocation import Allocation
 from ..runtime.memory.allocator import Allocator, MemoryStats, device_allocator
