@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 import crossrt
-from crossrt.drivers import DriverStatus, get_driver
+from crossrt.drivers import DriverStatus, get_driver, parse_device, resolve_device
 from crossrt.drivers.base import (
     CancelToken,
     CompileOptions,
@@ -38,7 +38,6 @@ from crossrt.drivers.base import (
     Priority,
     Program,
 )
-from crossrt.drivers.registry import parse_device, resolve_device
 from crossrt.errors import StatusCode
 from crossrt.runtime.memory.allocator import allocator_for
 from crossrt.runtime.memory.transfer import TransferStats

@@ -21,7 +21,7 @@ import pytest
 import crossrt
 from concurrency_models import tiny
 from crossrt.config import SimSettings, parse_sim, settings
-from crossrt.drivers import get_driver, registry, sim_artifact
+from crossrt.drivers import get_driver, registry, resolve_device, sim_artifact
 from crossrt.drivers.base import (
     ArtifactFile,
     CancelToken,
@@ -32,7 +32,6 @@ from crossrt.drivers.base import (
     DeviceKind,
     Residence,
 )
-from crossrt.drivers.registry import resolve_device
 from crossrt.drivers.sim import SimDriver, grid, links
 from crossrt.drivers.sim_memory import SimBuffer
 from crossrt.errors import StatusCode

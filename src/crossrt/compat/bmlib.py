@@ -23,8 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..drivers import DeviceInfo, Driver
-from ..drivers.registry import resolve_device
+from ..drivers import DeviceInfo, Driver, resolve_device
 from ..errors import InvalidArgumentError, InvalidHandleError, OperationForbiddenError
 from ..memory import (
     Allocation,

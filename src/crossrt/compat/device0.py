@@ -11,8 +11,7 @@ order. docs/compat.md says so for the users.
 from __future__ import annotations
 
 from ..config import default_device
-from ..drivers import DeviceInfo
-from ..drivers.registry import resolve_device
+from ..drivers import DeviceInfo, resolve_device
 
 __all__ = ["default_device_info"]
 

@@ -6,10 +6,11 @@ worked example). This package names the contract and nothing else: the classes a
 implements or receives (``Driver``, ``Program``, ``DeviceInfo``, ``Capabilities``,
 ``CompileOptions``, ``CoreSet``, ``ArtifactFile``, the memory hooks' ``DeviceArray`` and
 ``Residence``, the ``CancelToken`` a run is given), the helpers a driver may call
-(``check_range``, ``copy_into``, ``host_cpu``) and the registry's view of drivers
-(``get_driver``, ``available_drivers``, ``driver_statuses``). What only the runtime uses lives
-in ``registry`` (choosing a device: ``parse_device``, ``resolve_device``, ``device_order``,
-``describe_devices``) and ``boundary`` (``program_error``, ``unguarded``); the rest of crossrt
+(``check_range``, ``copy_into``, ``host_cpu``) and the registry's lookups (``get_driver``,
+``available_drivers``, ``driver_statuses``, and ``parse_device`` / ``resolve_device``, which
+turn ``"cpu:0"`` into a driver and its device). What only the runtime uses lives in
+``registry`` (``device_order``, ``describe_devices``: ordering and listing devices) and
+``boundary`` (``program_error``, ``unguarded``: the guard around driver calls); the rest of crossrt
 reaches drivers only through this package, ``registry`` and ``boundary``, never a driver's own
 modules.
 """
@@ -32,7 +33,14 @@ from .base import (
     copy_into,
     host_cpu,
 )
-from .registry import DriverStatus, available_drivers, driver_statuses, get_driver
+from .registry import (
+    DriverStatus,
+    available_drivers,
+    driver_statuses,
+    get_driver,
+    parse_device,
+    resolve_device,
+)
 
 __all__ = [
     "ArtifactFile",
@@ -55,4 +63,6 @@ __all__ = [
     "driver_statuses",
     "get_driver",
     "host_cpu",
+    "parse_device",
+    "resolve_device",
 ]

@@ -7,9 +7,8 @@ import contextlib
 from collections.abc import Sequence
 
 from ..compiler import Executable
-from ..drivers import DeviceInfo, DeviceKind, Driver, Program, get_driver
+from ..drivers import DeviceInfo, DeviceKind, Driver, Program, get_driver, resolve_device
 from ..drivers.base import Residence
-from ..drivers.registry import resolve_device
 from ..errors import InvalidArgumentError
 from .cores.groups import MODES, core_set, node_cores, pinned_cpus
 from .memory.transfer import ResidentProgram, Transfers

@@ -22,8 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..drivers import CompileOptions, driver_statuses
-from ..drivers.registry import parse_device
+from ..drivers import CompileOptions, driver_statuses, parse_device
 from ..errors import CrossrtError, InvalidArgumentError, InvalidOptionError, UnsupportedError
 from ..model import load_model
 from ..runtime import Runtime

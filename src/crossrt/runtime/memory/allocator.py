@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from ...drivers import DeviceInfo, Driver
-from ...drivers.registry import loaded_driver, resolve_device
+from ...drivers import DeviceInfo, Driver, resolve_device
+from ...drivers.registry import loaded_driver
 from ...errors import InvalidArgumentError, OutOfResourcesError
 from .allocation import HOST, Allocation, HostMemory, MemoryHooks, is_coherent
 from .memlog import MemoryEvent, memory_log

@@ -30,9 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...drivers import DeviceInfo, Driver, Program
+from ...drivers import DeviceInfo, Driver, Program, resolve_device
 from ...drivers.base import CancelToken, DeviceArray, Residence
-from ...drivers.registry import resolve_device
 from ...errors import InvalidInputError
 from .allocation import host_contiguous, host_empty
 
