@@ -26,11 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import crossrt
-from crossrt import PerformanceMode, host
+from crossrt import host
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import models  # benchmarks/ is not a package: found through sys.path
 import reporting
+
+from crossrt.drivers import PerformanceMode
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODES = (PerformanceMode.NONE, PerformanceMode.LOW, PerformanceMode.MEDIUM)
@@ -69,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     rounds = 3 if args.quick else 8
-    available = {s.name for s in crossrt.driver_statuses() if s.driver is not None}
+    available = {s.name for s in crossrt.drivers.driver_statuses() if s.driver is not None}
     rows = []
     with crossrt.Runtime() as rt:
         for name in args.models.split(","):

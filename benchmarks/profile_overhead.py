@@ -1,5 +1,5 @@
-"""What observing costs a request: ``run()`` with a :class:`crossrt.Profile` recording against
-without, and with a ``crossrt top``-like observer asking for a snapshot every 0.1 s.
+"""What observing costs a request: ``run()`` with a :class:`crossrt.profiling.Profile` recording
+against without, and with a ``crossrt top``-like observer asking for a snapshot every 0.1 s.
 
 On ``benchmarks/models.py``'s tiny model (a 16x16 MatMul, where per-call costs show most),
 after a warm-up, the variants run in alternating blocks of 2,000 calls, 15 rounds; each
@@ -63,7 +63,7 @@ def measure() -> dict[str, Any]:
         times: dict[str, list[float]] = {"plain": [], "profiled": [], "observed": []}
         for _ in range(ROUNDS):
             times["plain"].append(block(call))
-            with crossrt.Profile(model, max_requests=10**7):
+            with crossrt.profiling.Profile(model, max_requests=10**7):
                 times["profiled"].append(block(call))
             watcher = threading.Thread(target=watch)
             watcher.start()

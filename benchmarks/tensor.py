@@ -32,6 +32,8 @@ import crossrt
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import reporting  # benchmarks/ is not a package: found through sys.path
 
+from crossrt.memory import Placement
+
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGET_US = 5.0
 
@@ -46,7 +48,7 @@ ROWS = {
 
 
 def measure(calls: int, rounds: int) -> dict[str, list[float]]:
-    namespace = {"np": np, "crossrt": crossrt, "HOST": crossrt.Placement.HOST}
+    namespace = {"np": np, "crossrt": crossrt, "HOST": Placement.HOST}
     timers = {name: timeit.Timer(stmt, globals=namespace) for name, stmt in ROWS.items()}
     for timer in timers.values():
         timer.timeit(calls)  # warm-up: drivers, allocators and caches made once

@@ -83,7 +83,7 @@ def main() -> None:
     fallback = "cpu" if args.fallback else None
 
     reference, _ = run_on(crossrt.compile(model, "cpu", driver="reference"), feed)
-    drivers = [s.name for s in crossrt.driver_statuses() if s.driver is not None]
+    drivers = [s.name for s in crossrt.drivers.driver_statuses() if s.driver is not None]
     targets = [(name, dict(device="cpu", driver=name, fallback=fallback)) for name in drivers]
     targets.append(("auto", dict(device="auto", fallback=fallback, probe=feed)))
 

@@ -9,6 +9,17 @@ run it::
     with crossrt.Runtime() as rt:
         model = rt.load(exe)
         outputs = model.run({"x": x})
+
+The API comes in three tiers, each name in one of them:
+
+- ``crossrt`` (this module, ``__all__``): what an application uses to compile, load and run
+  models, in-process or on a daemon, and the errors it catches most;
+- ``crossrt.drivers``: the contract a driver author implements (``Driver``, ``Program``,
+  ``DeviceInfo``, ``CompileOptions``, ``Capabilities``...) and its registration;
+- the rest in its own module: every error in ``crossrt.errors``, the compile cache in
+  ``crossrt.compiler.cache``, multi-network containers in ``crossrt.compiler``, profiles and
+  tensor information in ``crossrt.runtime``; what layers built over the runtime use in
+  ``crossrt.memory``, ``crossrt.profiling`` and ``crossrt.executables``.
 """
 
 from __future__ import annotations
@@ -17,27 +28,8 @@ from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _version
 
 from . import config, dtypes
-from .compiler import (
-    Executable,
-    ExecutableNode,
-    executables_to_bytes,
-    list_networks,
-    load_executable,
-    save_executables,
-)
-from .compiler.cache import CacheEntry, CacheStats, CompileCache, cache_stats
-from .drivers import (
-    CancelToken,
-    Capabilities,
-    CompileOptions,
-    DeviceInfo,
-    DeviceKind,
-    Driver,
-    PerformanceMode,
-    Priority,
-    Program,
-    driver_statuses,
-)
+from .cancel import CancelToken
+from .compiler import Executable, load_executable
 from .dtypes import DType
 from .errors import (
     ClosedError,
@@ -47,28 +39,56 @@ from .errors import (
     DeviceUnavailableError,
     ExecutionError,
     InvalidArgumentError,
-    InvalidContainerError,
-    InvalidHandleError,
     InvalidInputError,
     InvalidModelError,
     InvalidOptionError,
     ModelNotFoundError,
-    OperationForbiddenError,
     OutOfResourcesError,
     StatusCode,
     UnsupportedError,
 )
 from .model import GraphBuilder, Model, TensorSpec, load_model
-from .runtime import LoadedModel, Profile, Runtime, TensorInfo
+from .runtime import LoadedModel, Runtime
 from .runtime.auto import compile
-from .runtime.cores.groups import CoreGroup
-from .runtime.memory.allocator import MemoryStats, OwnerStats
-from .runtime.memory.tensor import Tensor, shared_tensor, tensor_from_fd
-from .runtime.memory.tensordesc import Format, Placement, TensorDesc
-from .runtime.memory.tensorset import TensorSet, from_dlpack, read_batch, write_batch
-from .runtime.request import Request
+from .runtime.memory.tensor import Tensor, shared_tensor
+from .runtime.memory.tensorset import TensorSet, from_dlpack
+from .runtime.runnable import RunnableModel
 
 config.apply_log_level()
+
+# Names the root exported before the tiers were named once (issue 25): each lives in one module
+# now, and asking the root for one says which.
+_MOVED = {
+    **dict.fromkeys(
+        ("InvalidContainerError", "InvalidHandleError", "OperationForbiddenError"), "errors"
+    ),
+    **dict.fromkeys(
+        (
+            "Capabilities",
+            "CompileOptions",
+            "DeviceInfo",
+            "DeviceKind",
+            "Driver",
+            "PerformanceMode",
+            "Priority",
+            "Program",
+            "driver_statuses",
+        ),
+        "drivers",
+    ),
+    **dict.fromkeys(
+        ("ExecutableNode", "executables_to_bytes", "list_networks", "save_executables"),
+        "compiler",
+    ),
+    **dict.fromkeys(("CacheEntry", "CacheStats", "CompileCache", "cache_stats"), "compiler.cache"),
+    "Profile": "profiling",
+    "TensorInfo": "runtime",
+    "Request": "runtime.request",
+    "CoreGroup": "runtime.cores.groups",
+    **dict.fromkeys(("Format", "Placement", "TensorDesc"), "memory"),
+    "tensor_from_fd": "runtime.memory.tensor",
+    **dict.fromkeys(("read_batch", "write_batch", "MemoryStats", "OwnerStats"), "memory"),
+}
 
 
 def __getattr__(name: str) -> object:
@@ -82,6 +102,11 @@ def __getattr__(name: str) -> object:
                 f"crossrt.{name} needs the serve extra: pip install 'crossrt[serve]' ({e})"
             ) from e
         return getattr(client, name)
+    if name in _MOVED:
+        raise AttributeError(
+            f"crossrt.{name} is not part of the users' API; it lives in "
+            f"crossrt.{_MOVED[name]}: from crossrt.{_MOVED[name]} import {name}"
+        )
     raise AttributeError(f"module 'crossrt' has no attribute {name!r}")
 
 
@@ -90,70 +115,40 @@ try:
 except PackageNotFoundError:  # running from a source tree
     __version__ = "0.0.0+source"
 
+
 __all__ = [
-    "CacheEntry",
-    "CacheStats",
     "CancelToken",
-    "Capabilities",
     "ClosedError",
-    "CompileCache",
     "CompileError",
-    "CompileOptions",
-    "CoreGroup",
     "CrossrtError",
     "DType",
     "DeadlineExceededError",
-    "DeviceInfo",
-    "DeviceKind",
     "DeviceUnavailableError",
-    "Driver",
     "Executable",
-    "ExecutableNode",
     "ExecutionError",
-    "Format",
     "GraphBuilder",
     "InvalidArgumentError",
-    "InvalidContainerError",
-    "InvalidHandleError",
     "InvalidInputError",
     "InvalidModelError",
     "InvalidOptionError",
     "LoadedModel",
-    "MemoryStats",
     "Model",
     "ModelNotFoundError",
-    "OperationForbiddenError",
     "OutOfResourcesError",
-    "OwnerStats",
-    "PerformanceMode",
-    "Placement",
-    "Priority",
-    "Profile",
-    "Program",
     "RemoteRuntime",
-    "Request",
+    "RunnableModel",
     "Runtime",
     "StatusCode",
     "Tensor",
-    "TensorDesc",
-    "TensorInfo",
     "TensorSet",
     "TensorSpec",
     "UnsupportedError",
     "__version__",
-    "cache_stats",
     "compile",
     "connect",
-    "driver_statuses",
     "dtypes",
-    "executables_to_bytes",
     "from_dlpack",
-    "list_networks",
     "load_executable",
     "load_model",
-    "read_batch",
-    "save_executables",
     "shared_tensor",
-    "tensor_from_fd",
-    "write_batch",
 ]

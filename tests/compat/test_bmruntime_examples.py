@@ -88,7 +88,7 @@ def exes() -> dict[str, crossrt.Executable]:
 @pytest.fixture(scope="module")
 def bmodel(exes: dict[str, crossrt.Executable], tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("bmodel") / "mtcnn.crm"
-    crossrt.save_executables(exes, path)
+    crossrt.compiler.save_executables(exes, path)
     return path
 
 

@@ -443,7 +443,7 @@ def test_float16_on_an_offline_model_compiled_at_float32_is_refused() -> None:
 
     able = [
         (s.name, d.id)
-        for s in crossrt.driver_statuses()
+        for s in crossrt.drivers.driver_statuses()
         if s.driver is not None
         for d in s.driver.devices()
         if d.capabilities.fp16
@@ -595,7 +595,7 @@ def test_enable_float16_is_precision_fp16() -> None:
 
     able = [
         (s.name, d.id)
-        for s in crossrt.driver_statuses()
+        for s in crossrt.drivers.driver_statuses()
         if s.driver is not None
         for d in s.driver.devices()
         if d.capabilities.fp16

@@ -263,7 +263,9 @@ def own_memory(driver: Driver, device: DeviceInfo | None = None) -> bool:
 def other_device(driver: Driver, device: DeviceInfo) -> tuple[Driver, DeviceInfo] | None:
     """A device with memory of its own other than ``device``: another of the same driver
     first, else one of another available driver; ``None`` when there is none here."""
-    candidates = [driver] + [s.driver for s in crossrt.driver_statuses() if s.driver is not driver]
+    candidates = [driver] + [
+        s.driver for s in crossrt.drivers.driver_statuses() if s.driver is not driver
+    ]
     for candidate in candidates:
         if candidate is None or not own_memory(candidate):
             continue

@@ -49,7 +49,7 @@ def configurations() -> list[Config]:
     driver_statuses()``: a newly registered driver joins without an edit here), then
     onnxruntime with fallback to the other CPU drivers, then each driver of another device
     kind (sim) with fallback to the CPU."""
-    statuses = {s.name: s for s in crossrt.driver_statuses()}
+    statuses = {s.name: s for s in crossrt.drivers.driver_statuses()}
     configs = []
     for status in statuses.values():
         devices = status.driver.devices() if status.driver is not None else []

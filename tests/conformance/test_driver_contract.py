@@ -1,6 +1,6 @@
 """The driver contract (``crossrt/drivers/base.py``), checked on every available driver.
 
-One suite, parametrized over ``crossrt.driver_statuses()``: a driver registered later is
+One suite, parametrized over ``crossrt.drivers.driver_statuses()``: a driver registered later is
 tested with no edit here. Each test runs on the driver's first device, at two levels:
 
 - the driver itself (``Driver`` and ``Program`` called directly): devices, "which nodes can
@@ -72,7 +72,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     expected = load_expected()
     test = metafunc.function.__name__
-    statuses = crossrt.driver_statuses()
+    statuses = crossrt.drivers.driver_statuses()
     params = []
     for status in statuses:
         if "other_name" not in metafunc.fixturenames:

@@ -17,9 +17,9 @@ from crossrt.host import nvidia_gpus
 from small_models import relu
 
 
-def _gpu_device(index: int = 1) -> crossrt.DeviceInfo:
+def _gpu_device(index: int = 1) -> crossrt.drivers.DeviceInfo:
     cpu = next(d for d in get_driver("onnxruntime").devices() if d.id == "cpu:0")
-    return crossrt.DeviceInfo(
+    return crossrt.drivers.DeviceInfo(
         id=f"cuda:{index}",
         name="NVIDIA H100",
         vendor="NVIDIA",

@@ -13,14 +13,10 @@ import onnxruntime as ort
 import pytest
 
 import crossrt
-from crossrt import DeviceKind, DeviceUnavailableError, StatusCode
-from crossrt.drivers import (
-    available_drivers,
-    get_driver,
-    registry,
-    resolve_device,
-)
+from crossrt import DeviceUnavailableError, StatusCode
+from crossrt.drivers import DeviceKind, available_drivers, get_driver, registry
 from crossrt.drivers.onnxruntime import artifact as ort_artifact
+from crossrt.drivers.registry import resolve_device
 from crossrt.model import GraphBuilder
 from small_models import relu
 
@@ -36,7 +32,7 @@ def fresh_registry(monkeypatch):
 
 
 def _by_name() -> dict[str, crossrt.drivers.DriverStatus]:
-    return {s.name: s for s in crossrt.driver_statuses()}
+    return {s.name: s for s in crossrt.drivers.driver_statuses()}
 
 
 # -- the registry -----------------------------------------------------------------------------
@@ -55,8 +51,8 @@ def test_builtin_drivers_pass():
 
 
 def test_driver_statuses_are_cached():
-    first = crossrt.driver_statuses()
-    second = crossrt.driver_statuses()
+    first = crossrt.drivers.driver_statuses()
+    second = crossrt.drivers.driver_statuses()
     assert [s.driver for s in first] == [s.driver for s in second]
     assert all(a.driver is b.driver for a, b in zip(first, second, strict=True))
 
@@ -218,8 +214,8 @@ def test_device_capabilities():
     ort_cpu = next(d for d in ort.devices() if d.id == "cpu:0")  # cuda:N too with a GPU
     (ref_cpu,) = get_driver("reference").devices()
     modes = set(ort_cpu.capabilities.performance_modes)  # only what changes a session
-    assert modes == {crossrt.PerformanceMode(m) for m in range(3)}  # NONE, LOW, MEDIUM
-    assert ref_cpu.capabilities.performance_modes == (crossrt.PerformanceMode.NONE,)
+    assert modes == {crossrt.drivers.PerformanceMode(m) for m in range(3)}  # NONE, LOW, MEDIUM
+    assert ref_cpu.capabilities.performance_modes == (crossrt.drivers.PerformanceMode.NONE,)
     assert not ort_cpu.capabilities.priority and ort_cpu.capabilities.int8
     assert ort_cpu.capabilities.fp16 == precision.has_float16_arithmetic(ort._registry())
 

@@ -12,12 +12,13 @@ import pytest
 from onnx import TensorProto, helper
 
 import crossrt
-from crossrt import InvalidArgumentError, InvalidHandleError, InvalidInputError
+from crossrt import InvalidArgumentError, InvalidInputError
 from crossrt.drivers import get_driver
 from crossrt.drivers.base import DeviceArray, DeviceInfo, DeviceKind, Residence
 from crossrt.drivers.onnxruntime import gpu_memory
 from crossrt.drivers.onnxruntime.gpu_memory import GpuMemory, HostStandIn
 from crossrt.drivers.onnxruntime.gpu_program import GpuProgram
+from crossrt.errors import InvalidHandleError
 
 
 def _device(index: int = 0) -> DeviceInfo:
@@ -84,7 +85,7 @@ def test_bad_handles_and_ranges_are_refused(memory: GpuMemory) -> None:
     with pytest.raises(InvalidArgumentError, match="do not fit"):
         memory.copy_in(a, memoryview(b"x" * 9))
     other = GpuMemory(_device(1), HostStandIn()).allocate(8)
-    with pytest.raises(crossrt.OperationForbiddenError, match="cuda:1"):
+    with pytest.raises(crossrt.errors.OperationForbiddenError, match="cuda:1"):
         memory.copy_in(other, memoryview(b"x"))
     memory.free(a)
     with pytest.raises(InvalidHandleError, match="freed"):

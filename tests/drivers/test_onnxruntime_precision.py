@@ -16,6 +16,7 @@ import pytest
 
 import crossrt
 from crossrt import StatusCode
+from crossrt.compiler.cache import CompileCache
 from crossrt.drivers import get_driver
 from crossrt.drivers.onnxruntime import precision
 from crossrt.model import GraphBuilder
@@ -98,7 +99,7 @@ def test_the_cache_keeps_precisions_apart(tmp_path) -> None:
         _mlp(), "cpu", driver="onnxruntime", cache_dir=tmp_path, precision="int8-dynamic"
     )
     assert one.options.precision is None and two.options.precision == "int8-dynamic"
-    assert len(crossrt.CompileCache(tmp_path).entries()) == 2
+    assert len(CompileCache(tmp_path).entries()) == 2
 
 
 def _benchmark_models() -> ModuleType:

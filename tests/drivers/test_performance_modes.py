@@ -7,12 +7,13 @@ from __future__ import annotations
 import pytest
 
 import crossrt
-from crossrt import PerformanceMode, StatusCode
+from crossrt import StatusCode
+from crossrt.drivers import PerformanceMode
 from small_models import relu
 
 
 def _available(name: str) -> bool:
-    return any(s.name == name and s.driver is not None for s in crossrt.driver_statuses())
+    return any(s.name == name and s.driver is not None for s in crossrt.drivers.driver_statuses())
 
 
 def _loaded(rt: crossrt.Runtime, driver: str, mode: PerformanceMode) -> crossrt.LoadedModel:

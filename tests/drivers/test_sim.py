@@ -445,7 +445,7 @@ def test_damaged_or_foreign_artifacts_are_refused(sim: SimDriver) -> None:
         "bad tensor": artifact.replace(b'"float32"', b'"float99"', 1),
     }
     for what, damaged in cases.items():
-        with pytest.raises(crossrt.InvalidContainerError) as error:
+        with pytest.raises(crossrt.errors.InvalidContainerError) as error:
             sim.load(damaged, info, CoreSet((0,)), OPTIONS)
         assert "the sim artifact is corrupt" in error.value.message, what
         assert "recompile" in error.value.message

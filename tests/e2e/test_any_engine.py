@@ -27,7 +27,7 @@ def test_every_driver_and_auto_give_the_references_answer() -> None:
         m[1]: (m[2], float(m[3]), float(m[4]))
         for m in re.finditer(r"^(\S+) +(.+?) +([0-9.e+-]+) +([0-9.]+)$", proc.stdout, re.M)
     }
-    available = [s.name for s in crossrt.driver_statuses() if s.driver is not None]
+    available = [s.name for s in crossrt.drivers.driver_statuses() if s.driver is not None]
     assert set(rows) == {*available, "auto"}, proc.stdout
     for target, (placement, diff, ms) in rows.items():
         assert diff <= 1e-5, (target, diff)

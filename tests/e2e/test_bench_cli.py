@@ -40,7 +40,7 @@ def test_bench_prints_throughput_and_latency(
     source = tmp_path / "relu.onnx"
     onnx.save(relu().proto, source)
     out = tmp_path / "bench.json"
-    argv = [str(source), "--seconds", "0.2", "--clients", "2", "--json", str(out)]
+    argv = [str(source), "--seconds", "0.2", "--clients", "2", "-o", str(out)]
     assert bench.main(argv) == 0
     printed = capsys.readouterr().out
     assert "'relu' on cpu:0 (onnxruntime), x [2, 3], 2 client(s)" in printed
@@ -49,6 +49,22 @@ def test_bench_prints_throughput_and_latency(
     assert report["requests"] > 0 and report["clients"] == 2
     assert 0 < report["min_ms"] <= report["p50_ms"] <= report["p99_ms"] <= report["max_ms"]
     assert report["inputs"] == {"x": [2, 3]}
+
+
+def test_bench_json_prints_the_numbers_on_stdout_and_the_old_file_form_says_what_to_write(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--json`` means JSON on stdout in every tool (bench's took a FILE before); a file is
+    ``--output FILE``."""
+    source = tmp_path / "relu.onnx"
+    onnx.save(relu().proto, source)
+    assert bench.main([str(source), "--seconds", "0.1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["requests"] > 0 and report["inputs"] == {"x": [2, 3]}
+    with pytest.raises(SystemExit) as usage:
+        bench.main([str(source), "--json", str(tmp_path / "b.json")])
+    assert usage.value.code == 2
+    assert f"write them to a file with --output {tmp_path / 'b.json'}" in capsys.readouterr().err
 
 
 def test_dynamic_dimensions_are_one_unless_given(
@@ -110,7 +126,7 @@ def test_bench_loads_with_instances_and_dynamic_batching(
     source = tmp_path / "rows.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), source)
     out = tmp_path / "bench.json"
-    argv = [str(source), "--seconds", "0.2", "--clients", "3", "--json", str(out)]
+    argv = [str(source), "--seconds", "0.2", "--clients", "3", "-o", str(out)]
     assert bench.main([*argv, "--max-batch-size", "4", "--batch-delay", "0.001"]) == 0
     assert "batches of" in capsys.readouterr().out
     report = json.loads(out.read_text())

@@ -123,7 +123,7 @@ def _cpu_drivers() -> set[str]:
     """The available drivers serving cpu:0 (openvino too where it is installed)."""
     return {
         s.name
-        for s in crossrt.driver_statuses()
+        for s in crossrt.drivers.driver_statuses()
         if s.driver is not None and any(d.id == "cpu:0" for d in s.driver.devices())
     }
 

@@ -19,6 +19,7 @@ import pytest
 from onnx import TensorProto
 
 import crossrt
+from crossrt.compiler.cache import CompileCache
 from crossrt.drivers.onnxruntime import artifact as ort_artifact
 from crossrt.model import GraphBuilder
 from crossrt.tools import cache as cache_tool
@@ -279,7 +280,7 @@ def test_cache_ls_table_and_json(capsys, filled):
 
 
 def test_cache_ls_uses_the_environment_and_says_when_empty(capsys, tmp_path, monkeypatch):
-    crossrt.CompileCache(tmp_path / "empty")
+    CompileCache(tmp_path / "empty")
     monkeypatch.setenv("CROSSRT_CACHE_DIR", str(tmp_path / "empty"))
     assert cache_tool.main(["ls"]) == 0
     assert capsys.readouterr().out.startswith("no entries in ")
@@ -312,7 +313,7 @@ def test_cache_prune_by_size_key_and_all(capsys, filled):
     assert cache_tool.main(["prune", "--cache-dir", str(filled), "--max-size", str(keep)]) == 0
     out = capsys.readouterr().out
     assert "scaled2" in out and "1 left" in out  # the least recently used went first
-    (left,) = crossrt.CompileCache(filled).entries()
+    (left,) = CompileCache(filled).entries()
     assert left.model == "scaled1"
 
     assert cache_tool.main(["prune", "--cache-dir", str(filled), "--key", left.key[:10]]) == 0
@@ -345,7 +346,7 @@ def test_cache_errors_are_one_line(capsys, tmp_path, monkeypatch, argv, code, fr
     monkeypatch.delenv("CROSSRT_CACHE_MAX_SIZE", raising=False)
     (tmp_path / "plain").mkdir()
     (tmp_path / "plain" / "keep.json").write_text("{}")
-    crossrt.CompileCache(tmp_path / "cache")
+    CompileCache(tmp_path / "cache")
     where = {"missing": tmp_path / "nope", "plain": tmp_path / "plain", "cache": tmp_path / "cache"}
     argv = [a.format(**where) for a in argv]
     assert cache_tool.main(argv) == 1

@@ -50,7 +50,7 @@ def test_combine_then_extract_gives_back_networks_that_run_as_before(crms, tmp_p
     assert (
         container.main(["combine", str(crms["first"]), str(crms["second"]), "-o", str(both)]) == 0
     )
-    assert crossrt.list_networks(both) == ["first", "second"]
+    assert crossrt.compiler.list_networks(both) == ["first", "second"]
     assert "2 networks (first, second)" in capsys.readouterr().out
     out = tmp_path / "nets"
     assert container.main(["extract", str(both), "-o", str(out)]) == 0
@@ -73,7 +73,7 @@ def test_combine_refuses_a_name_twice_and_renames_on_request(crms, tmp_path, cap
     assert container.main(["combine", str(crms["first"]), str(crms["first"]), "-o", str(out)]) == 1
     assert "given twice" in capsys.readouterr().err
     assert container.main(["combine", str(crms["first"]), f"copy={again}", "-o", str(out)]) == 0
-    assert crossrt.list_networks(out) == ["first", "copy"]
+    assert crossrt.compiler.list_networks(out) == ["first", "copy"]
     np.testing.assert_array_equal(_answers(out, "copy"), _answers(crms["first"], "first"))
 
 

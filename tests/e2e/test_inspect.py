@@ -31,7 +31,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("inspect")
     fast = crossrt.compile(DIGITS, driver="onnxruntime")
     fast.save(d / "digits.crm")
-    crossrt.save_executables(
+    crossrt.compiler.save_executables(
         {"fast": fast, "exact": crossrt.compile(DIGITS, driver="reference")}, d / "two.crm"
     )
     data = bytearray((d / "digits.crm").read_bytes())

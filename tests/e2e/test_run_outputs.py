@@ -96,7 +96,7 @@ def test_a_failed_write_leaves_no_partial_file(capsys, files, tmp_path):
     assert run_tool.main(argv) == 1
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "Traceback" not in err
-    assert "crossrt run: error [INVALID (2)]" in err and "--output-dir" in err
+    assert "crossrt run: error [INVALID (2)]" in err and "-o DIR" in err
     _no_leftovers(out_dir)
     written = {p.name for p in out_dir.iterdir()}
     assert written <= {"label.npy", "output_probability.json"}

@@ -39,7 +39,7 @@ def test_every_driver_of_the_device_passes_on_a_plain_model(
     rows = {line.split()[0]: line.split()[1] for line in lines[2:]}
     cpu = {
         s.name
-        for s in crossrt.driver_statuses()
+        for s in crossrt.drivers.driver_statuses()
         if s.driver is not None and s.name != "reference"
         and any(d.id.startswith("cpu") for d in s.driver.devices())
     }  # fmt: skip

@@ -148,7 +148,9 @@ def _raw_ort(path: Path, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 def _compile(path: Path, driver: str) -> crossrt.Executable:
     """Strict placement where the driver runs every node, else the rest on the CPU's other
     drivers (silero-vad on OpenVINO: an If whose branches hold a Conv of dynamic rank)."""
-    if not any(s.name == driver and s.driver is not None for s in crossrt.driver_statuses()):
+    if not any(
+        s.name == driver and s.driver is not None for s in crossrt.drivers.driver_statuses()
+    ):
         pytest.skip(f"the {driver} driver is not available here")
     try:
         return crossrt.compile(path, device="cpu", driver=driver)

@@ -121,7 +121,7 @@ def test_every_driver_gives_onnxruntimes_resnet50_outputs_by_default() -> None:
     want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feed)[0]
     checked = []
     with crossrt.Runtime() as rt:
-        for status in crossrt.driver_statuses():
+        for status in crossrt.drivers.driver_statuses():
             if status.driver is None:
                 continue
             device = next(d.id for d in status.driver.devices())

@@ -13,12 +13,8 @@ import numpy as np
 import pytest
 
 import crossrt
-from crossrt import (
-    InvalidHandleError,
-    InvalidInputError,
-    OperationForbiddenError,
-    Tensor,
-)
+from crossrt import InvalidInputError, Tensor
+from crossrt.errors import InvalidHandleError, OperationForbiddenError
 from crossrt.runtime.memory.allocator import copied_bytes
 from small_models import add_one
 

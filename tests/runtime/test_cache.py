@@ -16,12 +16,13 @@ import pytest
 from onnx import TensorProto
 
 import crossrt
-from crossrt import CompileCache, InvalidArgumentError, InvalidContainerError, StatusCode
+from crossrt import InvalidArgumentError, StatusCode
 from crossrt.compiler import cache as cache_module
 from crossrt.compiler import cache_keys, cache_store
-from crossrt.compiler.cache import shared_cache
+from crossrt.compiler.cache import CompileCache, cache_stats, shared_cache
 from crossrt.config import parse_size, settings
 from crossrt.drivers.registry import resolve_device
+from crossrt.errors import InvalidContainerError
 from crossrt.model import GraphBuilder
 
 X = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
@@ -72,13 +73,13 @@ def _crm_files(directory: Path) -> list[Path]:
 
 def test_miss_then_hit_counts_and_runs(tmp_path: Path, model_file: Path) -> None:
     cache_dir = tmp_path / "cache"
-    before = crossrt.cache_stats()
+    before = cache_stats()
     first = crossrt.compile(model_file, "cpu", cache_dir=cache_dir)
     second = crossrt.compile(model_file, "cpu", cache_dir=cache_dir)
     stats = _cache(cache_dir).stats
     assert (stats.hits, stats.misses, stats.rebuilds, stats.evictions) == (1, 1, 0, 0)
     assert stats.compile_seconds > 0
-    after = crossrt.cache_stats()
+    after = cache_stats()
     assert (after.hits - before.hits, after.misses - before.misses) == (1, 1)
     assert len(_crm_files(cache_dir)) == 1
     assert second.content_hash == first.content_hash
@@ -155,19 +156,21 @@ def test_options_driver_and_version_are_in_the_key(tmp_path: Path) -> None:
     content = _model(0).content_hash
     drv, dev = resolve_device("cpu", "onnxruntime")
     ref_drv, ref_dev = resolve_device("cpu", "reference")
-    base = cache.key(content, drv, dev, crossrt.CompileOptions())
+    base = cache.key(content, drv, dev, crossrt.drivers.CompileOptions())
     keys = {
         base,
-        cache.key(content, drv, dev, crossrt.CompileOptions(crossrt.PerformanceMode.LOW)),
-        cache.key(content, drv, dev, crossrt.CompileOptions(), fallback="cpu"),
-        cache.key(content, ref_drv, ref_dev, crossrt.CompileOptions()),
-        cache.key(_model(1).content_hash, drv, dev, crossrt.CompileOptions()),
+        cache.key(
+            content, drv, dev, crossrt.drivers.CompileOptions(crossrt.drivers.PerformanceMode.LOW)
+        ),
+        cache.key(content, drv, dev, crossrt.drivers.CompileOptions(), fallback="cpu"),
+        cache.key(content, ref_drv, ref_dev, crossrt.drivers.CompileOptions()),
+        cache.key(_model(1).content_hash, drv, dev, crossrt.drivers.CompileOptions()),
         CompileCache(tmp_path / "cache", version=1).key(
-            content, drv, dev, crossrt.CompileOptions()
+            content, drv, dev, crossrt.drivers.CompileOptions()
         ),
     }
     assert len(keys) == 6
-    assert cache.key(content, drv, dev, crossrt.CompileOptions()) == base  # deterministic
+    assert cache.key(content, drv, dev, crossrt.drivers.CompileOptions()) == base  # deterministic
     # Compiling with other options stores another entry.
     crossrt.compile(_model(0), "cpu", cache_dir=tmp_path / "c2")
     crossrt.compile(_model(0), "cpu", cache_dir=tmp_path / "c2", performance_mode="LOW")
@@ -261,7 +264,7 @@ def test_corrupt_entry_is_rebuilt_with_a_warning(
 
 def test_lru_eviction_honours_the_budget(tmp_path: Path) -> None:
     drv, dev = resolve_device("cpu", "onnxruntime")
-    opts = crossrt.CompileOptions()
+    opts = crossrt.drivers.CompileOptions()
     cache = CompileCache(tmp_path / "cache")
 
     def get(seed: int) -> crossrt.Executable:

@@ -12,13 +12,11 @@ from crossrt import (
     DeviceUnavailableError,
     InvalidArgumentError,
     InvalidOptionError,
-    PerformanceMode,
-    Priority,
     StatusCode,
     UnsupportedError,
 )
 from crossrt.compiler import KNOWN_OPTIONS
-from crossrt.drivers import get_driver
+from crossrt.drivers import PerformanceMode, Priority, get_driver
 from crossrt.drivers.onnxruntime import artifact as ort_artifact
 from crossrt.model import GraphBuilder
 from small_models import relu
@@ -314,7 +312,7 @@ def test_neutral_options_are_accepted_everywhere():
             fp16=False,
             extensions={},
         )
-        assert exe.options == crossrt.CompileOptions()
+        assert exe.options == crossrt.drivers.CompileOptions()
 
 
 # -- the executable ---------------------------------------------------------------------------

@@ -22,10 +22,8 @@ import pytest
 import crossrt
 from crm_layout import build, edit, patch_header, prelude, split
 from crossrt import (
-    CompileOptions,
     DeviceUnavailableError,
     InvalidArgumentError,
-    InvalidContainerError,
     ModelNotFoundError,
     StatusCode,
     TensorSpec,
@@ -33,8 +31,8 @@ from crossrt import (
 )
 from crossrt.compiler import read_container
 from crossrt.config import settings
-from crossrt.drivers import registry
-from crossrt.errors import InvalidOptionError
+from crossrt.drivers import CompileOptions, registry
+from crossrt.errors import InvalidContainerError, InvalidOptionError
 from crossrt.model import GraphBuilder
 from crossrt.tools import run as run_tool
 
@@ -74,7 +72,7 @@ import crossrt
 path, inputs, out = sys.argv[1:]
 report = {}
 with crossrt.Runtime() as rt:
-    for name in crossrt.list_networks(path):
+    for name in crossrt.compiler.list_networks(path):
         exe = crossrt.load_executable(path, name)
         feed = np.load(f"{inputs}/{name}.npz", allow_pickle=False)
         result = rt.load(exe, cores=1).run({s.name: feed[s.name] for s in exe.inputs})
@@ -93,7 +91,7 @@ def _round_trip_in_new_process(
 ) -> None:
     """Save ``networks`` to one .crm, run each in a fresh interpreter, compare bit for bit."""
     path = tmp_path / "model.crm"
-    crossrt.save_executables(networks, path)
+    crossrt.compiler.save_executables(networks, path)
     (tmp_path / "in").mkdir()
     (tmp_path / "out").mkdir()
     expected = {}
@@ -198,7 +196,7 @@ def test_non_default_options_and_symbolic_dims_round_trip():
     b.output(b.op("Relu", [x]))
     exe = crossrt.compile(b.finish(), performance_mode="LOW", driver="onnxruntime")
     loaded = crossrt.load_executable(exe.to_bytes())
-    assert loaded.options.performance_mode is crossrt.PerformanceMode.LOW
+    assert loaded.options.performance_mode is crossrt.drivers.PerformanceMode.LOW
     assert loaded.inputs[0].shape == ("N", 3)
     assert loaded == exe
 
@@ -206,7 +204,7 @@ def test_non_default_options_and_symbolic_dims_round_trip():
 def test_to_bytes_is_deterministic_and_equals_the_saved_file(tmp_path, digits, digits_bytes):
     digits.save(tmp_path / "d.crm")
     assert (tmp_path / "d.crm").read_bytes() == digits_bytes == digits.to_bytes()
-    assert crossrt.executables_to_bytes([digits]) == digits_bytes
+    assert crossrt.compiler.executables_to_bytes([digits]) == digits_bytes
 
 
 def test_layout_matches_the_documented_format(digits_bytes):
@@ -288,11 +286,11 @@ def test_a_strided_buffer_is_refused(digits_bytes):
 @pytest.fixture(scope="module")
 def two(digits) -> bytes:
     ref = crossrt.compile(DIGITS, driver="reference")
-    return crossrt.executables_to_bytes({"fast": digits, "exact": ref})
+    return crossrt.compiler.executables_to_bytes({"fast": digits, "exact": ref})
 
 
 def test_networks_are_chosen_by_name(two):
-    assert crossrt.list_networks(two) == ["fast", "exact"]
+    assert crossrt.compiler.list_networks(two) == ["fast", "exact"]
     assert crossrt.load_executable(two, "exact").nodes[0].driver == "reference"
     assert crossrt.load_executable(two, network="fast").nodes[0].driver == "onnxruntime"
     images = np.load(IMAGES)[:8]
@@ -311,7 +309,7 @@ def test_an_ambiguous_or_unknown_network_lists_the_names(two, name):
 
 
 def test_identical_artifacts_are_stored_once(digits):
-    data = crossrt.executables_to_bytes({"a": digits, "b": digits})
+    data = crossrt.compiler.executables_to_bytes({"a": digits, "b": digits})
     header, blobs = split(data)
     assert len(blobs) == 1
     assert [n["nodes"][0]["section"] for n in header["networks"]] == [0, 0]
@@ -320,7 +318,7 @@ def test_identical_artifacts_are_stored_once(digits):
 
 def test_same_model_names_are_refused_unless_named(digits):
     with pytest.raises(InvalidArgumentError, match="two networks are called 'digits_mlp'"):
-        crossrt.executables_to_bytes([digits, digits])
+        crossrt.compiler.executables_to_bytes([digits, digits])
 
 
 @pytest.mark.parametrize(
@@ -329,7 +327,7 @@ def test_same_model_names_are_refused_unless_named(digits):
 )
 def test_writing_bad_arguments_is_refused(value, fragment):
     with pytest.raises(InvalidArgumentError, match=fragment):
-        crossrt.executables_to_bytes(value)
+        crossrt.compiler.executables_to_bytes(value)
 
 
 def test_options_json_cannot_hold_are_refused(digits):

@@ -40,7 +40,7 @@ def _small_container() -> bytes:
     x = b.input("x", "float32", ["N", 3])
     b.output(b.op("Relu", [x], outputs=["y"]))
     model = b.finish()
-    return crossrt.executables_to_bytes(
+    return crossrt.compiler.executables_to_bytes(
         {
             "ort": crossrt.compile(model, driver="onnxruntime"),
             "ref": crossrt.compile(model, driver="reference", performance_mode="NONE"),
@@ -169,7 +169,7 @@ def tmp() -> Any:
 
 
 def test_the_unmutated_container_loads():
-    assert crossrt.list_networks(VALID) == ["ort", "ref"]
+    assert crossrt.compiler.list_networks(VALID) == ["ort", "ref"]
     assert crossrt.load_executable(VALID, "ref").nodes[0].driver == "reference"
 
 

@@ -19,22 +19,22 @@ def test_explicit_group_loads_stopped_and_runs_one_model_at_a_time(
     assert group.indices == (0,) and not group.implicit
     a, b = rt.load(tiny_exe, group=group), rt.load(tiny_exe, group=group)
     assert not a.running and not b.running
-    with pytest.raises(crossrt.OperationForbiddenError) as stopped:
+    with pytest.raises(crossrt.errors.OperationForbiddenError) as stopped:
         a.run({"x": X})
     assert "start()" in stopped.value.message
-    with pytest.raises(crossrt.OperationForbiddenError):
+    with pytest.raises(crossrt.errors.OperationForbiddenError):
         a.run_async({"x": X})
     a.start()
     assert a.running and group.running is a
     assert a.run({"x": X})["y"].shape == (4, 8)
-    with pytest.raises(crossrt.OperationForbiddenError) as busy:
+    with pytest.raises(crossrt.errors.OperationForbiddenError) as busy:
         b.start()
     assert busy.value.code is StatusCode.OPERATION_FORBIDDEN
     assert "stop it" in busy.value.message
     a.stop()
     b.start()
     assert b.run({"x": X})["y"].shape == (4, 8)
-    with pytest.raises(crossrt.OperationForbiddenError):
+    with pytest.raises(crossrt.errors.OperationForbiddenError):
         a.run({"x": X})
 
 
@@ -43,13 +43,13 @@ def test_destroy_refuses_a_group_with_models_and_names_them(
 ) -> None:
     group = rt.create_core_group(indices=[0])
     model = rt.load(tiny_exe, group=group)
-    with pytest.raises(crossrt.OperationForbiddenError) as info:
+    with pytest.raises(crossrt.errors.OperationForbiddenError) as info:
         group.destroy()
     assert "'tiny_mm'" in info.value.message
     model.unload()
     group.destroy()
     assert group not in rt.core_groups
-    with pytest.raises(crossrt.InvalidHandleError):
+    with pytest.raises(crossrt.errors.InvalidHandleError):
         rt.load(tiny_exe, group=group)
 
 
@@ -57,9 +57,9 @@ def test_a_core_belongs_to_one_explicit_group(
     rt: crossrt.Runtime, tiny_exe: crossrt.Executable
 ) -> None:
     group = rt.create_core_group(indices=[0])
-    with pytest.raises(crossrt.OperationForbiddenError):
+    with pytest.raises(crossrt.errors.OperationForbiddenError):
         rt.create_core_group(indices=[0])
-    with pytest.raises(crossrt.OperationForbiddenError):
+    with pytest.raises(crossrt.errors.OperationForbiddenError):
         rt.load(tiny_exe, cores=[0])  # an implicit group may not take an explicit group's core
     with pytest.raises(crossrt.OutOfResourcesError) as info:
         rt.create_core_group(cores=len(rt.cores))
@@ -80,7 +80,7 @@ def test_implicit_groups_come_and_go_with_their_model(
     with pytest.raises(crossrt.OutOfResourcesError) as info:
         rt.create_core_group(cores=1)  # the implicit group holds every core
     assert info.value.code is StatusCode.LOAD_NOT_ENOUGH_NC
-    with pytest.raises(crossrt.OperationForbiddenError):
+    with pytest.raises(crossrt.errors.OperationForbiddenError):
         rt.create_core_group(indices=[0])
     other = rt.load(tiny_exe)  # implicit groups may share cores: the CPU is time-shared
     assert len(rt.core_groups) == 2

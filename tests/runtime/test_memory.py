@@ -18,7 +18,6 @@ import pytest
 
 import crossrt
 from crossrt import (
-    DeviceInfo,
     InvalidArgumentError,
     InvalidOptionError,
     OutOfResourcesError,
@@ -26,7 +25,8 @@ from crossrt import (
     Tensor,
 )
 from crossrt.config import settings
-from crossrt.drivers import Driver, get_driver
+from crossrt.drivers import DeviceInfo, Driver, get_driver
+from crossrt.memory import Placement
 from crossrt.runtime.memory import allocator, memlog
 from crossrt.runtime.memory.allocation import HostMemory
 from crossrt.runtime.memory.allocator import Allocator, allocator_for, copied_bytes
@@ -184,7 +184,7 @@ def test_cpu_drivers_are_coherent_and_share_one_allocator() -> None:
 def test_runtime_memory_stats_show_devices_and_models() -> None:
     with crossrt.Runtime() as rt:
         model = rt.load(add_one(256), "cpu")
-        host = Tensor((8,), "float32", placement=crossrt.Placement.HOST)
+        host = Tensor((8,), "float32", placement=Placement.HOST)
         stats = rt.memory_stats()
         assert {"cpu:0", "host"} <= set(stats)
         assert model.memory_owner in stats["cpu:0"].owners

@@ -166,7 +166,7 @@ def test_unload_releases_every_node() -> None:
     with crossrt.Runtime() as rt:
         loaded = rt.load(exe)
         loaded.unload()
-        with pytest.raises(crossrt.InvalidHandleError):
+        with pytest.raises(crossrt.errors.InvalidHandleError):
             loaded.run({"x": X})
 
 
@@ -202,7 +202,9 @@ def test_placement_is_a_value_and_survives_a_crm_round_trip(tmp_path) -> None:
 def test_a_reduced_precision_allows_fallback_nodes_to_keep_the_models() -> None:
     # precision= permits a reduced precision; a fallback driver that has none computes in the
     # model's own precision instead of failing the compile.
-    ov = next((s for s in crossrt.driver_statuses() if s.name == "openvino" and s.driver), None)
+    ov = next(
+        (s for s in crossrt.drivers.driver_statuses() if s.name == "openvino" and s.driver), None
+    )
     if ov is None or ov.driver is None:
         pytest.skip("the openvino driver is not available")
     cpu = next(d for d in ov.driver.devices() if d.id == "cpu:0")

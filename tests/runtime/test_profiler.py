@@ -66,7 +66,7 @@ def test_a_multi_node_executable_has_a_track_per_node(rt: crossrt.Runtime) -> No
     assert len(exe.nodes) == 3
     model = rt.load(exe, queue_depth=16)
     a = np.random.default_rng(0).random((32, 32), dtype=np.float32)
-    with crossrt.Profile(model) as profile:
+    with crossrt.profiling.Profile(model) as profile:
         for _ in range(4):
             model.run({"x": a})  # the walk in the caller's thread
         futures = [model.run_async({"x": a}, block=True, timeout=WAIT) for _ in range(4)]
@@ -87,7 +87,7 @@ def test_a_profile_keeps_at_most_its_limit_and_counts_failures(
     rt: crossrt.Runtime, tiny_exe: crossrt.Executable
 ) -> None:
     model = rt.load(tiny_exe)
-    profile = crossrt.Profile(model, max_requests=10, drawn_requests=3).start()
+    profile = crossrt.profiling.Profile(model, max_requests=10, drawn_requests=3).start()
     assert profile.recording
     for i in range(30):
         model.run({"x": x(i)})
@@ -108,13 +108,13 @@ def test_misuse_is_refused_with_a_clear_error(
 ) -> None:
     model = rt.load(tiny_exe)
     with pytest.raises(crossrt.InvalidArgumentError, match="never started"):
-        crossrt.Profile(model).stop()
-    profile = crossrt.Profile(model).start()
+        crossrt.profiling.Profile(model).stop()
+    profile = crossrt.profiling.Profile(model).start()
     with pytest.raises(crossrt.InvalidArgumentError, match="started already"):
         profile.start()
     profile.stop()
     with pytest.raises(crossrt.InvalidArgumentError, match="max_requests"):
-        crossrt.Profile(model, max_requests=-1)
+        crossrt.profiling.Profile(model, max_requests=-1)
     rt.close()
     with pytest.raises(crossrt.ClosedError):
         rt.profile()
@@ -122,7 +122,7 @@ def test_misuse_is_refused_with_a_clear_error(
 
 def test_an_empty_profile_has_no_numbers(rt: crossrt.Runtime, tiny_exe: crossrt.Executable) -> None:
     model = rt.load(tiny_exe)
-    with crossrt.Profile(model) as profile:
+    with crossrt.profiling.Profile(model) as profile:
         pass
     (summary,) = profile.summary()
     assert summary["requests"] == 0
@@ -134,7 +134,7 @@ def test_spans_of_your_own_are_drawn_on_their_tracks(
 ) -> None:
     model = rt.load(tiny_exe)
     before = time.perf_counter_ns()
-    with crossrt.Profile(model) as profile:
+    with crossrt.profiling.Profile(model) as profile:
         began = time.perf_counter_ns()
         batch = {"x": x(1)}
         profile.mark("prepare", began, time.perf_counter_ns(), "my app", images=1)
@@ -153,7 +153,7 @@ def test_copies_between_host_and_device_memory_are_drawn(rt: crossrt.Runtime) ->
     from concurrency_models import tiny
 
     model = rt.load(crossrt.compile(tiny(), "sim:0"))
-    with crossrt.Profile(model) as profile:
+    with crossrt.profiling.Profile(model) as profile:
         for i in range(3):
             model.run({"x": x(i)})
     (summary,) = profile.summary()

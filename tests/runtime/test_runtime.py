@@ -12,11 +12,11 @@ import crossrt
 from crossrt import (
     ClosedError,
     InvalidArgumentError,
-    InvalidHandleError,
     InvalidInputError,
     OutOfResourcesError,
     StatusCode,
 )
+from crossrt.errors import InvalidHandleError
 from crossrt.model import GraphBuilder
 
 DRIVERS = ("onnxruntime", "reference")
@@ -613,7 +613,7 @@ def test_load_missing_path():
 def test_load_with_compile_options_and_device(executables):
     with crossrt.Runtime() as rt:
         loaded = rt.load(_two_input_model(), "cpu:0", performance_mode="low")
-        assert loaded.executable.options.performance_mode is crossrt.PerformanceMode.LOW
+        assert loaded.executable.options.performance_mode is crossrt.drivers.PerformanceMode.LOW
         with pytest.raises(crossrt.InvalidOptionError, match="bf16"):
             rt.load(_two_input_model(), precision="bf16")
         with pytest.raises(crossrt.DeviceUnavailableError, match="'tpu'"):

@@ -170,7 +170,7 @@ def test_unload_stops_the_workers(rt: crossrt.Runtime, tiny_exe: crossrt.Executa
     assert all(t.is_alive() and t.daemon for t in workers)
     model.unload()
     assert not any(t.is_alive() for t in workers)
-    with pytest.raises(crossrt.InvalidHandleError):
+    with pytest.raises(crossrt.errors.InvalidHandleError):
         model.run_async({"x": x(1)})
 
 

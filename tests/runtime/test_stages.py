@@ -87,7 +87,7 @@ def test_a_shape_no_stage_takes_is_refused_listing_the_stages(staged):
         with pytest.raises(InvalidInputError, match="no stage"):
             model.run_async(_feed(2))
         model.unload()
-        with pytest.raises(crossrt.InvalidHandleError):
+        with pytest.raises(crossrt.errors.InvalidHandleError):
             model.run(_feed(1))
 
 
@@ -157,7 +157,7 @@ def _edited(staged: crossrt.Executable, change: Any) -> bytes:
     ids=["bad-section", "nodes-differ-from-first-stage", "bad-shape", "missing-nodes"],
 )
 def test_a_tampered_stage_entry_is_refused(staged, change, message):
-    with pytest.raises(crossrt.InvalidContainerError) as info:
+    with pytest.raises(crossrt.errors.InvalidContainerError) as info:
         crossrt.load_executable(_edited(staged, change))
     assert info.value.code is StatusCode.INVALID
     assert message in info.value.message

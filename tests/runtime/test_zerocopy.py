@@ -18,13 +18,12 @@ from crossrt import (
     InvalidArgumentError,
     InvalidInputError,
     InvalidModelError,
-    OperationForbiddenError,
     OutOfResourcesError,
-    Placement,
     Tensor,
-    TensorDesc,
     TensorSet,
 )
+from crossrt.errors import OperationForbiddenError
+from crossrt.memory import Placement, TensorDesc
 from crossrt.model import GraphBuilder
 from crossrt.runtime.memory.allocator import copied_bytes
 from small_models import add_one, sequence_length

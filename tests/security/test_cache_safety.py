@@ -20,7 +20,7 @@ import pytest
 
 import crossrt
 from crossrt.compiler import cache_store
-from crossrt.compiler.cache import shared_cache
+from crossrt.compiler.cache import CompileCache, shared_cache
 from crossrt.model import GraphBuilder
 
 X = np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)
@@ -141,7 +141,7 @@ def test_an_unusable_cache_warns_once_and_compiles_without_it(
 
 def test_what_is_asked_of_an_unusable_cache_itself_is_a_crossrt_error(tmp_path: Path) -> None:
     data = crossrt.compile(_model(0), "cpu").to_bytes()
-    cache = crossrt.CompileCache(tmp_path / "cache")
+    cache = CompileCache(tmp_path / "cache")
     (cache.directory / ".lock").mkdir()
     calls: list[Callable[[], object]] = [
         lambda: cache.import_entry(data),
@@ -213,7 +213,7 @@ def test_a_killed_writers_temporaries_go_at_the_next_start_and_count_in_the_budg
     live = cache_dir / cache_store.temp_name(".crm")
     live.write_bytes(bytes(size))
     assert live.name.startswith(f".tmp-{os.getpid()}-")
-    crossrt.CompileCache(cache_dir)  # the next start
+    CompileCache(cache_dir)  # the next start
     assert _temps(cache_dir) == [live]
 
     budget = size + size // 2  # room for the entry or the temporary, not for both

@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 
 import crossrt
-from crossrt import InvalidArgumentError, InvalidContainerError, StatusCode
+from crossrt import InvalidArgumentError, StatusCode
+from crossrt.errors import InvalidContainerError
 from crossrt.model import GraphBuilder
 from limit_models import fanout
 

@@ -390,9 +390,9 @@ def test_a_token_user_and_the_same_user_on_the_socket_are_one_owner(
     with connect(daemon.tcp, token=tokens["user"]) as rt:  # people[0], by its token
         rt.load(data, name="tokened")
     with connect(daemon.tcp) as anonymous:
-        with pytest.raises(crossrt.OperationForbiddenError):
+        with pytest.raises(crossrt.errors.OperationForbiddenError):
             anonymous.load(data, name="nobodys")  # an anonymous client owns nothing
-        with pytest.raises(crossrt.OperationForbiddenError):
+        with pytest.raises(crossrt.errors.OperationForbiddenError):
             anonymous.call(
                 "RepositoryModelUnload", pb.RepositoryModelUnloadRequest(model_name="tiny")
             )

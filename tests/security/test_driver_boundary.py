@@ -127,7 +127,7 @@ def test_a_leak_in_compile_is_a_compile_error_naming_the_driver_and_the_exceptio
 def test_a_leak_in_load_says_to_compile_again(leaky, leak) -> None:
     exe = crossrt.compile(_model(), "cpu", driver="leaky")
     leaky.leaks["load"] = leak
-    with crossrt.Runtime() as rt, pytest.raises(crossrt.InvalidContainerError) as info:
+    with crossrt.Runtime() as rt, pytest.raises(crossrt.errors.InvalidContainerError) as info:
         rt.load(exe)
     assert info.value.code is StatusCode.INVALID
     assert type(leak).__name__ in info.value.message

@@ -35,8 +35,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import crossrt
-from crossrt import CrossrtError, InvalidContainerError, InvalidModelError
+from crossrt import CrossrtError, InvalidModelError
 from crossrt.drivers import sim_artifact
+from crossrt.errors import InvalidContainerError
 from crossrt.model.tensors import names_a_file, walk
 
 SECRET = b"crossrt-test-secret/" + bytes(range(100, 144))  # 64 bytes
@@ -291,7 +292,7 @@ def _run_crm(exe: crossrt.Executable, mode: str, folder: Path) -> dict[str, Any]
         exe.save(folder / "crafted.crm")  # beside the secret: ORT resolves files from here
         loaded = crossrt.load_executable(folder / "crafted.crm")
     else:
-        loaded = crossrt.load_executable(crossrt.executables_to_bytes([exe]))
+        loaded = crossrt.load_executable(crossrt.compiler.executables_to_bytes([exe]))
     with crossrt.Runtime() as rt:
         outputs = rt.load(loaded).run({"x": X})
         return {name: np.array(value) for name, value in outputs.items()}

@@ -119,7 +119,7 @@ def _tiny_model() -> onnx.ModelProto:
 
 def _valid_container() -> bytes:
     model = crossrt.load_model(_tiny_model())
-    return crossrt.executables_to_bytes(
+    return crossrt.compiler.executables_to_bytes(
         {name: crossrt.compile(model, DEVICES[name], driver=name) for name in DRIVERS}
     )
 
@@ -240,7 +240,7 @@ def byte_edits(draw: st.DrawFn) -> bytes:
 def check_container(rt: crossrt.Runtime, data: bytes) -> None:
     """Every network of ``data`` through load_executable, Runtime.load and run."""
     try:
-        names = crossrt.list_networks(data)
+        names = crossrt.compiler.list_networks(data)
     except crossrt.CrossrtError:
         return
     for name in names:
@@ -252,7 +252,7 @@ def check_container(rt: crossrt.Runtime, data: bytes) -> None:
 
 
 def test_the_unmutated_container_loads_and_runs_on_every_driver(runtime) -> None:
-    assert crossrt.list_networks(VALID) == DRIVERS
+    assert crossrt.compiler.list_networks(VALID) == DRIVERS
     for name in DRIVERS:
         model = runtime.load(crossrt.load_executable(VALID, name))
         out = model.run({"x": np.ones((2, 3), np.float32)})

@@ -99,7 +99,7 @@ def test_closing_wakes_every_thread_waiting_in_run(how: str) -> None:
     rt.close()
     # unload: INVALID_HANDLE, as every later call on the model; close: CLOSED, as every call
     # on the runtime. Never another error, and never an error that is not crossrt's.
-    expected = crossrt.InvalidHandleError if how == "unload" else crossrt.ClosedError
+    expected = crossrt.errors.InvalidHandleError if how == "unload" else crossrt.ClosedError
     errors = [o for o in outcomes.values() if isinstance(o, BaseException)]
     assert all(type(e) is expected for e in errors), errors
     assert len(errors) >= len(threads) - 1  # only the run holding the instance may finish
@@ -122,7 +122,7 @@ def test_unload_does_not_wait_behind_queued_requests() -> None:
 
         threading.Thread(target=unload, daemon=True).start()
         _until(lambda: 1 in outcomes, "the queued request failed while the run went on")
-        assert isinstance(outcomes[1], crossrt.InvalidHandleError)
+        assert isinstance(outcomes[1], crossrt.errors.InvalidHandleError)
         long_run.set()
         assert done.wait(WAIT)
         for t in threads:

@@ -85,7 +85,7 @@ def test_a_program_that_does_not_use_the_bad_setting_runs() -> None:
         b = GraphBuilder("m")
         b.output(b.op("Relu", [b.input("x", "float32", [2])], outputs=["y"]))
         exe = crossrt.compile(b.finish(), "cpu")
-        print(crossrt.list_networks(crossrt.executables_to_bytes([exe])))
+        print(crossrt.compiler.list_networks(crossrt.compiler.executables_to_bytes([exe])))
         """,
         {"CROSSRT_VISIBLE_CORES": "1,3"},
     )

@@ -27,7 +27,7 @@ def test_bench_times_a_served_model(
 ) -> None:
     endpoint = f"unix:{daemon.socket}"
     out = tmp_path / "b.json"
-    argv = ["tiny", "--endpoint", endpoint, "--seconds", "0.2", "--json", str(out), *flags]
+    argv = ["tiny", "--endpoint", endpoint, "--seconds", "0.2", "-o", str(out), *flags]
     assert bench.main(argv) == 0
     printed = capsys.readouterr().out
     assert printed.startswith(f"'tiny' at {endpoint} ({transport}), x [4, 8], 1 client(s)")

@@ -152,3 +152,20 @@ def test_outputs_are_written_into_the_arrays_given(
         assert asyncio.run(model.infer({"x": x}, {"y": awaited}))["y"] is awaited
         np.testing.assert_array_equal(later, expected)
         np.testing.assert_array_equal(awaited, expected)
+
+
+def test_a_remote_model_is_a_runnable_model(daemon: Daemon) -> None:
+    """A model of ``connect()`` is a ``crossrt.RunnableModel``, as a ``LoadedModel`` is: code
+    written against the protocol runs either and gets the same outputs."""
+
+    def outputs(model: crossrt.RunnableModel, x: np.ndarray) -> list[np.ndarray]:
+        assert isinstance(model, crossrt.RunnableModel), type(model)
+        assert [s.name for s in model.inputs] == ["x"] and model.name == "tiny"
+        return [model.run({"x": x})["y"], model.run_async({"x": x}).result()["y"]]
+
+    x = np.random.default_rng(5).random((4, 8), dtype=np.float32)
+    with crossrt.Runtime() as rt, connect(daemon.url) as remote:
+        exe = crossrt.load_executable(daemon.repository / "tiny.crm")
+        local = outputs(rt.load(exe, name="tiny"), x)
+        for got, want in zip(outputs(remote.load("tiny"), x), local, strict=True):
+            np.testing.assert_array_equal(got, want)

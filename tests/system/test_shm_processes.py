@@ -53,8 +53,8 @@ def test_another_process_maps_the_segment_through_its_fd() -> None:
     t.numpy()[:] = [1, 2, 3, 4]
     child = _child(
         f"""
-        import crossrt
-        v = crossrt.tensor_from_fd({t.fd}, 16, dtype="int32", shape=(4,))
+        from crossrt.runtime.memory.tensor import tensor_from_fd
+        v = tensor_from_fd({t.fd}, 16, dtype="int32", shape=(4,))
         print(v.numpy().tolist(), flush=True)
         v.numpy()[:] *= 10
         """,

@@ -204,7 +204,7 @@ def test_unload_fails_the_requests_waiting_for_room(
     unloader.start()
     thread.join(WAIT)
     # INVALID_HANDLE, as every call after unload (a runtime's close gives CLOSED)
-    assert len(outcome) == 1 and isinstance(outcome[0], crossrt.InvalidHandleError), outcome
+    assert len(outcome) == 1 and isinstance(outcome[0], crossrt.errors.InvalidHandleError), outcome
     assert "was unloaded" in str(outcome[0])
     gated.gate.set()
     unloader.join(WAIT)

@@ -11,19 +11,11 @@ import numpy as np
 import pytest
 
 import crossrt
-from crossrt import (
-    DeviceInfo,
-    DeviceKind,
-    InvalidArgumentError,
-    InvalidHandleError,
-    OperationForbiddenError,
-    OutOfResourcesError,
-    Placement,
-    Tensor,
-    UnsupportedError,
-)
+from crossrt import InvalidArgumentError, OutOfResourcesError, Tensor, UnsupportedError
 from crossrt.compat.bmlib import POISON, Device, DeviceMemory
-from crossrt.drivers import Driver, registry
+from crossrt.drivers import DeviceInfo, DeviceKind, Driver, registry
+from crossrt.errors import InvalidHandleError, OperationForbiddenError
+from crossrt.memory import Placement
 from crossrt.runtime.memory.allocator import copied_bytes
 from crossrt.runtime.memory.tensorset import TensorSet
 

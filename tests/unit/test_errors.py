@@ -121,14 +121,19 @@ def test_subclass_is_crossrt_error_and_its_builtin(
 
 
 def test_every_public_error_class_is_covered() -> None:
+    """Every error lives in crossrt.errors (the root re-exports only those users catch most)."""
     public = {
         name
-        for name in crossrt.__all__
-        if isinstance(getattr(crossrt, name), type)
-        and issubclass(getattr(crossrt, name), CrossrtError)
-        and getattr(crossrt, name) is not CrossrtError
+        for name, value in vars(crossrt.errors).items()
+        if isinstance(value, type)
+        and issubclass(value, CrossrtError)
+        and value is not CrossrtError
+        and value.__module__ == "crossrt.errors"
+        and not name.startswith("_")
     }
     assert public == {cls.__name__ for cls in CLASSES}
+    root = {n for n in crossrt.__all__ if isinstance(getattr(crossrt, n), type)}
+    assert all(getattr(crossrt, n) is getattr(crossrt.errors, n) for n in root & public)
 
 
 def test_explicit_code_overrides_default_and_str_uses_it() -> None:

@@ -13,7 +13,9 @@ import pytest
 
 import crossrt
 from crossrt import InvalidArgumentError, Tensor, UnsupportedError
+from crossrt.memory import Placement
 from crossrt.runtime.memory.shm import SharedMemorySegment, segment_name
+from crossrt.runtime.memory.tensor import tensor_from_fd
 
 pytestmark = pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="needs Linux /dev/shm")
 
@@ -27,7 +29,7 @@ def _shm_names() -> set[str]:
 def test_memfd_tensor_has_fd_offset_size_and_owner_only_mode() -> None:
     t = crossrt.shared_tensor((4, 4), "float32", name="s")
     assert (t.offset, t.size, t.byte_size) == (0, 64, 64)
-    assert t.placement is crossrt.Placement.HOST and t.is_host
+    assert t.placement is Placement.HOST and t.is_host
     assert t.fd is not None and stat.S_IMODE(os.fstat(t.fd).st_mode) == 0o600
     label = segment_name(t)
     assert label is not None and len(label) >= len("crossrt-") + 32  # 128 random bits
@@ -56,9 +58,9 @@ def test_slices_of_shared_tensors_report_their_offset() -> None:
 def test_from_fd_checks_the_descriptor_and_the_range() -> None:
     t = crossrt.shared_tensor((8,), "uint8")
     with pytest.raises(InvalidArgumentError, match="not an open file descriptor"):
-        crossrt.tensor_from_fd(987654, 8)
+        tensor_from_fd(987654, 8)
     with pytest.raises(InvalidArgumentError, match=r"beyond the end of the file, which holds 8"):
-        crossrt.tensor_from_fd(t.fd, 8, 4)  # type: ignore[arg-type]
+        tensor_from_fd(t.fd, 8, 4)  # type: ignore[arg-type]
 
 
 def test_posix_segments_are_unlinked_right_after_mapping() -> None:
@@ -66,7 +68,7 @@ def test_posix_segments_are_unlinked_right_after_mapping() -> None:
     t = crossrt.shared_tensor((16,), "uint8", kind="posix")
     assert _shm_names() == before and segment_name(t) is None
     t.numpy()[:] = 7
-    assert crossrt.tensor_from_fd(t.fd, 16).numpy().tolist() == [7] * 16  # type: ignore[arg-type]
+    assert tensor_from_fd(t.fd, 16).numpy().tolist() == [7] * 16  # type: ignore[arg-type]
 
 
 def test_named_segment_lives_until_its_last_tensor_is_freed() -> None:

@@ -12,21 +12,18 @@ import pytest
 import crossrt
 from crossrt import (
     CrossrtError,
-    Format,
     InvalidArgumentError,
-    InvalidHandleError,
-    OperationForbiddenError,
-    Placement,
     StatusCode,
     Tensor,
-    TensorDesc,
     TensorSet,
     UnsupportedError,
     dtypes,
 )
+from crossrt.errors import InvalidHandleError, OperationForbiddenError
+from crossrt.memory import Format, Placement, TensorDesc
 from crossrt.model import TensorSpec
 from crossrt.runtime.memory.allocator import allocator_for, host_allocator
-from crossrt.runtime.memory.tensorset import TensorNotFoundError
+from crossrt.runtime.memory.tensorset import TensorNotFoundError, read_batch, write_batch
 
 FLOAT32 = dtypes.from_name("float32")
 
@@ -388,9 +385,9 @@ def test_array_interface_gives_a_view_that_survives_free() -> None:
 
 def test_read_and_write_batch() -> None:
     a, b = Tensor.allocate(4), Tensor.allocate(4)
-    crossrt.write_batch([(a, 0, None, b"\x01\x02\x03\x04"), (b, 2, 2, b"\x09\x08\x07")])
+    write_batch([(a, 0, None, b"\x01\x02\x03\x04"), (b, 2, 2, b"\x09\x08\x07")])
     out_a, out_b = bytearray(2), bytearray(4)
-    crossrt.read_batch([(a, 1, 2, out_a), (b, 0, None, out_b)])
+    read_batch([(a, 1, 2, out_a), (b, 0, None, out_b)])
     assert bytes(out_a) == b"\x02\x03" and bytes(out_b)[2:] == b"\x09\x08"
 
 
@@ -399,7 +396,7 @@ def test_a_bad_op_in_a_write_batch_writes_nothing() -> None:
     a.memset(0)
     b.memset(0)
     with pytest.raises(InvalidArgumentError, match="write op 1"):
-        crossrt.write_batch([(a, 0, None, b"\x05\x05"), (b, 3, None, b"\x05\x05")])
+        write_batch([(a, 0, None, b"\x05\x05"), (b, 3, None, b"\x05\x05")])
     assert a.numpy().tolist() == [0, 0, 0, 0] and b.numpy().tolist() == [0, 0, 0, 0]
 
 

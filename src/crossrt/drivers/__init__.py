@@ -2,8 +2,16 @@
 
 A driver implements :class:`Driver` and :class:`Program` and is found through the
 ``crossrt.drivers`` entry-point group (``docs/writing-a-driver.md``; ``drivers/sim.py`` is the
-worked example). Everything a driver needs from crossrt is named here; the rest of crossrt
-reaches drivers only through this package (``base`` and ``registry``), never a driver's own
+worked example). This package names the contract and nothing else: the classes a driver
+implements or receives (``Driver``, ``Program``, ``DeviceInfo``, ``Capabilities``,
+``CompileOptions``, ``CoreSet``, ``ArtifactFile``, the memory hooks' ``DeviceArray`` and
+``Residence``, the ``CancelToken`` a run is given), the helpers a driver may call
+(``check_range``, ``copy_into``, ``host_cpu``) and the registry's lookups (``get_driver``,
+``available_drivers``, ``driver_statuses``, and ``parse_device`` / ``resolve_device``, which
+turn ``"cpu:0"`` into a driver and its device). What only the runtime uses lives in
+``registry`` (``device_order``, ``describe_devices``: ordering and listing devices) and
+``boundary`` (``program_error``, ``unguarded``: the guard around driver calls); the rest of crossrt
+reaches drivers only through this package, ``registry`` and ``boundary``, never a driver's own
 modules.
 """
 
@@ -25,12 +33,9 @@ from .base import (
     copy_into,
     host_cpu,
 )
-from .boundary import program_error, unguarded
 from .registry import (
     DriverStatus,
     available_drivers,
-    describe_devices,
-    device_order,
     driver_statuses,
     get_driver,
     parse_device,
@@ -55,13 +60,9 @@ __all__ = [
     "available_drivers",
     "check_range",
     "copy_into",
-    "describe_devices",
-    "device_order",
     "driver_statuses",
     "get_driver",
     "host_cpu",
     "parse_device",
-    "program_error",
     "resolve_device",
-    "unguarded",
 ]

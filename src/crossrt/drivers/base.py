@@ -35,7 +35,6 @@ import enum
 import functools
 import os
 import platform
-import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from ..cancel import CancelToken as CancelToken  # re-exported: part of the contract (Program.run)
 from ..errors import (
     ExecutionError,
     InvalidArgumentError,
@@ -403,39 +403,6 @@ class Program(ABC):
     @abstractmethod
     def close(self) -> None:
         """Release the engine's resources. Further calls to ``run`` are not allowed."""
-
-
-class CancelToken:
-    """A one-shot signal that a running call should stop (an execution timeout expired).
-
-    The runtime's watchdog calls :meth:`cancel`; a program registers how to abort its engine
-    with :meth:`on_cancel`. Callbacks run once, in the thread that cancels.
-    """
-
-    __slots__ = ("_callbacks", "_lock", "cancelled")
-
-    def __init__(self) -> None:
-        self.cancelled = False
-        self._callbacks: list[Callable[[], None]] = []
-        self._lock = threading.Lock()
-
-    def on_cancel(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` on :meth:`cancel`, or now when already cancelled."""
-        with self._lock:
-            if not self.cancelled:
-                self._callbacks.append(callback)
-                return
-        callback()
-
-    def cancel(self) -> None:
-        """Trigger the signal; later calls do nothing."""
-        with self._lock:
-            if self.cancelled:
-                return
-            self.cancelled = True
-            callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
-            callback()
 
 
 def copy_into(

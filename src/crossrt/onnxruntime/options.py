@@ -47,7 +47,7 @@ class SessionOptions:
     Fields with a meaning here: ``intra_op_num_threads`` (> 0: the cores the model is loaded
     on, at most this runtime's), ``graph_optimization_level`` (see
     :class:`GraphOptimizationLevel`), ``enable_profiling`` and ``profile_file_prefix`` (a
-    crossrt :class:`~crossrt.Profile` of the session, written by ``end_profiling()`` as a
+    crossrt :class:`~crossrt.profiling.Profile` of the session, written by ``end_profiling()`` as a
     Chrome trace). The others are kept.
     """
 

@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any, overload
 import numpy as np
 
 from ..compiler import Executable
-from ..drivers import DeviceInfo, Program, get_driver, program_error, unguarded
+from ..drivers import DeviceInfo, Program, get_driver
 from ..drivers.base import CancelToken
+from ..drivers.boundary import program_error, unguarded
 from ..errors import (
     ClosedError,
     CrossrtError,

@@ -18,7 +18,14 @@ from ..dtypes import DType
 from ..errors import InvalidOptionError
 from ..model import Model, TensorSpec
 
-TOLERANCES = {None: 1e-4, "fp32": 1e-4, "fp16": 1e-2, "bf16": 6e-2, "int8-dynamic": 1e-1, "int8": 1e-1}
+TOLERANCES = {
+    None: 1e-4,
+    "fp32": 1e-4,
+    "fp16": 1e-2,
+    "bf16": 6e-2,
+    "int8-dynamic": 1e-1,
+    "int8": 1e-1,
+}
 """Largest error allowed against the reference, relative to ``max(1, max |reference|)`` of each
 output, by precision; a model's metadata ``crossrt.tolerance`` overrides it."""
 

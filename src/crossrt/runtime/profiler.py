@@ -60,7 +60,7 @@ class Profile:
         drawn_requests: requests per model drawn in the trace (the first ones kept).
 
     Example:
-        >>> with crossrt.Profile(model, "trace.json") as profile:
+        >>> with crossrt.profiling.Profile(model, "trace.json") as profile:
         ...     for _ in range(100):
         ...         model.run(inputs)
         >>> profile.summary()[0]["infer_us"]["mean"]

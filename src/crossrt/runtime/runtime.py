@@ -12,14 +12,8 @@ from typing import Any
 
 from ..compiler import Executable, compile
 from ..config import settings, simulated_devices_asked
-from ..drivers import (
-    DeviceInfo,
-    DeviceKind,
-    available_drivers,
-    device_order,
-    parse_device,
-    resolve_device,
-)
+from ..drivers import DeviceInfo, DeviceKind, available_drivers
+from ..drivers.registry import device_order, parse_device, resolve_device
 from ..errors import (
     ClosedError,
     DeviceUnavailableError,

@@ -5,7 +5,8 @@ The model (ONNX, compiled here, or a ``.crm``) is loaded on the device, given se
 inputs (floats standard normal, integers and booleans zero: valid indices for any table) of
 its input shapes, each dynamic dimension 1 unless ``--shape`` names it, run a few times
 untimed, then by ``--clients`` threads for ``--seconds``, every call timed. Printed:
-requests, throughput and latency percentiles; ``--json FILE`` writes the same numbers.
+requests, throughput and latency percentiles; ``--json`` prints the same numbers as JSON
+instead, ``--output FILE`` writes them to FILE.
 
 ``--endpoint`` times a model the daemon serves instead, through ``crossrt.connect`` as its
 clients call it (the direct lane, or ``--grpc``; ``--shm`` for every tensor through shared
@@ -30,6 +31,8 @@ from ..errors import CrossrtError, InvalidArgumentError
 from ..model import TensorSpec
 from ..runtime import LoadedModel, Runtime
 from ..runtime.probe import random_tensor
+from ..runtime.runnable import RunnableModel
+from . import flags
 from .common import fail, parse_shapes, say
 
 WARMUP = 3
@@ -49,13 +52,19 @@ def parser() -> argparse.ArgumentParser:
         "then the name the daemon serves it under)",
     )
     add_model_arguments(p)
-    p.add_argument("--seconds", type=float, default=3.0, help="how long to time (default 3)")
-    p.add_argument("--clients", type=int, default=1, help="threads calling at once (default 1)")
-    p.add_argument("--json", metavar="FILE", help="also write the numbers to FILE as JSON")
+    flags.add(p, "--seconds", "--clients", "--json")
+    p.add_argument(
+        "--output",
+        "-o",
+        default=None,
+        metavar="FILE",
+        help="also write the numbers to FILE as JSON",
+    )
     p.add_argument(
         "--instances",
         type=int,
         default=None,
+        metavar="N",
         help="copies of the model run in parallel (default 1)",
     )
     p.add_argument(
@@ -69,7 +78,7 @@ def parser() -> argparse.ArgumentParser:
         "--batch-delay",
         type=float,
         default=None,
-        metavar="SECONDS",
+        metavar="S",
         help="with --max-batch-size: how long to wait for more requests (default 0)",
     )
     p.add_argument(
@@ -93,7 +102,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``crossrt bench``."""
-    args = parser().parse_args(argv)
+    args = parse(parser(), argv)
     try:
         if not args.seconds > 0 or args.clients < 1:
             raise InvalidArgumentError(
@@ -130,22 +139,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail("bench", exc)
     shapes_text = ", ".join(f"{n} {list(a.shape)}" for n, a in feed.items()) or "no inputs"
     report["inputs"] = {n: list(a.shape) for n, a in feed.items()}
-    say(
-        f"{where}, {shapes_text}, {args.clients} client(s), {report['seconds']:.1f} s:",
-        f"  requests    {report['requests']}",
-        f"  throughput  {report['throughput_per_s']:.1f}/s",
-        "  latency ms  "
-        + "  ".join(f"{k} {report[k + '_ms']:.3f}" for k in ("min", "p50", "p90", "p99", "max")),
-    )
     if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        say(
+            f"{where}, {shapes_text}, {args.clients} client(s), {report['seconds']:.1f} s:",
+            f"  requests    {report['requests']}",
+            f"  throughput  {report['throughput_per_s']:.1f}/s",
+            "  latency ms  "
+            + "  ".join(
+                f"{k} {report[k + '_ms']:.3f}" for k in ("min", "p50", "p90", "p99", "max")
+            ),
+        )
+    if args.output:
         try:
-            Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+            Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
         except OSError as exc:
             return fail(
                 "bench",
-                InvalidArgumentError(f"cannot write {args.json!r}: {exc.strerror or exc}"),
+                InvalidArgumentError(f"cannot write {args.output!r}: {exc.strerror or exc}"),
             )
     return 0
+
+
+def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """``p.parse_args(argv)``, saying what to write instead of the old ``--json FILE``."""
+    args, extra = p.parse_known_args(argv)
+    if extra:
+        hint = ""
+        if args.json and extra[0].endswith(".json"):
+            hint = (
+                " (--json prints the numbers as JSON on stdout and takes no value; write them "
+                f"to a file with --output {extra[0]})"
+            )
+        p.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+    return args
 
 
 def remote(
@@ -192,18 +220,7 @@ def add_model_arguments(p: argparse.ArgumentParser, required: bool = True) -> No
         nargs=None if required else "?",
         help="an ONNX model file, or a compiled .crm container",
     )
-    p.add_argument("--device", "-d", default=None, help="device to run on (default: cpu)")
-    p.add_argument("--driver", default=None, help="driver to use (default: the preferred one)")
-    p.add_argument(
-        "--network", default=None, help="for a .crm holding several networks, which one to run"
-    )
-    p.add_argument(
-        "--shape",
-        action="append",
-        default=[],
-        metavar="NAME=DxD...",
-        help="an input's shape (its dynamic dimensions are 1 otherwise); repeat for each",
-    )
+    flags.add(p, "--device", "--driver", "--network", "--shape")
 
 
 def load_warm(
@@ -271,10 +288,11 @@ def random_inputs(
 
 
 def measure(
-    model: Any, feed: dict[str, np.ndarray], seconds: float, clients: int
+    model: RunnableModel, feed: dict[str, np.ndarray], seconds: float, clients: int
 ) -> dict[str, Any]:
-    """Every call's latency from ``clients`` threads running ``model`` (a
-    :class:`LoadedModel`, or a daemon's :class:`RemoteModel`) for ``seconds``."""
+    """Every call's latency from ``clients`` threads running ``model`` (any
+    :class:`~crossrt.RunnableModel`: a :class:`LoadedModel`, or a daemon's model) for
+    ``seconds``."""
     latencies: list[list[float]] = [[] for _ in range(clients)]
     errors: list[BaseException] = []
     start = time.perf_counter()

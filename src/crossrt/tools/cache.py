@@ -20,6 +20,7 @@ from ..compiler.cache import CacheEntry, CompileCache
 from ..compiler.cache_store import TAG
 from ..config import parse_size, settings
 from ..errors import CrossrtError, InvalidArgumentError, StatusCode
+from . import flags
 from .common import fail, human_bytes, say
 
 
@@ -38,16 +39,11 @@ def parser() -> argparse.ArgumentParser:
     )
     commands = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     where = argparse.ArgumentParser(add_help=False)
-    where.add_argument(
-        "--cache-dir",
-        default=None,
-        metavar="DIR",
-        help="the cache directory (default: $CROSSRT_CACHE_DIR)",
-    )
+    flags.add(where, "--cache-dir")
     ls = commands.add_parser(
         "ls", parents=[where], help="list the entries, least recently used first"
     )
-    ls.add_argument("--json", action="store_true", help="print one JSON document instead")
+    flags.add(ls, "--json")
     verify = commands.add_parser(
         "verify",
         parents=[where],

@@ -22,10 +22,10 @@ from onnx import external_data_helper
 
 from ..compiler import Executable
 from ..compiler.cache import cache_stats
-from ..compiler.options import PRECISIONS
 from ..errors import CrossrtError, InvalidArgumentError
 from ..runtime.auto import compile
 from ..runtime.probe import spelled_as
+from . import flags
 from .common import AUTO_FLAGS, decision_lines, fail, human_bytes, parse_shapes, printable, say
 
 _QUIET_S = 1.0  # compiles shorter than this show no progress at all
@@ -39,7 +39,9 @@ def parser() -> argparse.ArgumentParser:
         description="Compile an ONNX model for a device and write the compiled model to one "
         ".crm file, which `crossrt run`, Runtime.load and crossrt.load_executable load without "
         "compiling again. With a cache directory, a model compiled before for the same target "
-        "and options comes from the cache.",
+        "and options comes from the cache. --device auto compiles for every engine that can "
+        "run the model, measures each and keeps the fastest whose outputs match the reference. "
+        "--shape here fixes the shape the model is compiled for (crossrt.compile(shapes=)).",
         epilog="examples:\n"
         "  crossrt compile model.onnx -d cpu -o model.crm\n"
         "  crossrt compile model.onnx --shape x=1x2048 -o model.crm   # concrete shapes\n"
@@ -50,36 +52,17 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("model", help="an ONNX model file")
-    p.add_argument(
-        "--device",
-        "-d",
-        default=None,
-        help="target device (default: cpu); 'auto' compiles for every engine that can run "
-        "the model, measures each and keeps the fastest whose outputs match the reference",
-    )
+    flags.add(p, "--device")
     p.add_argument(
         "--output",
         "-o",
         default=None,
+        metavar="FILE",
         help="the .crm file to write (default: the model file's name with .crm, here)",
     )
-    p.add_argument("--driver", default=None, help="driver to use (default: the preferred one)")
-    p.add_argument(
-        "--fallback",
-        action="append",
-        default=None,
-        metavar="DEVICE",
-        help="place the nodes the target cannot run on this device; repeat for several, in "
-        "priority order (default: fail and list the nodes)",
-    )
+    flags.add(p, "--driver", "--fallback")
     p.add_argument("--fp16", action="store_true", help="the same as --precision fp16")
-    p.add_argument(
-        "--precision",
-        default=None,
-        choices=PRECISIONS,
-        help="compute in this reduced precision where the driver supports it (default: the "
-        "model's own); int8 quantizes from --calibration",
-    )
+    flags.add(p, "--precision")
     p.add_argument(
         "--calibration",
         default=None,
@@ -124,13 +107,7 @@ def parser() -> argparse.ArgumentParser:
         help="performance mode: NONE, LOW, MEDIUM, HIGH or EXTREME",
     )
     p.add_argument("--priority", default=None, help="priority: NONE, LOW, MEDIUM or HIGH")
-    p.add_argument(
-        "--cache-dir",
-        default=None,
-        metavar="DIR",
-        help="compiled-model cache to look in and store to (default: $CROSSRT_CACHE_DIR; no "
-        "cache when unset)",
-    )
+    flags.add(p, "--cache-dir")
     p.add_argument(
         "--cache-version",
         type=int,

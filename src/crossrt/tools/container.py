@@ -31,6 +31,7 @@ from typing import Any
 from ..compiler import Executable, read_container, save_executables
 from ..drivers import get_driver
 from ..errors import CrossrtError, InvalidArgumentError
+from . import flags
 from .common import fail, human_bytes, say
 
 
@@ -59,7 +60,7 @@ def parser() -> argparse.ArgumentParser:
     extract = sub.add_parser("extract", help="one .crm per network: DIR/<network>.crm")
     extract.add_argument("file", help="a .crm container")
     extract.add_argument("-o", "--output", default=".", help="folder to write to (default: .)")
-    extract.add_argument("--network", "-n", default=None, help="only this network")
+    flags.add(extract, "--network")
     dump = sub.add_parser("dump", help="SIZE bytes of FILE from START into OUT")
     dump.add_argument("file", help="any file (a .crm, most often)")
     dump.add_argument("start", help="the first byte, decimal or 0x hex")
@@ -67,8 +68,7 @@ def parser() -> argparse.ArgumentParser:
     dump.add_argument("out", help="the file to write")
     weights = sub.add_parser("weights", help="each node's stored weights and where they lie")
     weights.add_argument("file", help="a .crm container")
-    weights.add_argument("--network", "-n", default=None, help="only this network")
-    weights.add_argument("--json", action="store_true", help="print one JSON document instead")
+    flags.add(weights, "--network", "--json")
     return p
 
 

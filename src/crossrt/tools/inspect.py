@@ -20,7 +20,7 @@ from ..compiler.stages import describe
 from ..drivers import driver_statuses
 from ..errors import CrossrtError, InvalidArgumentError
 from ..model import TensorSpec
-from . import inspect_model
+from . import flags, inspect_model
 from .common import decision_lines, fail, human_bytes, printable, say
 
 
@@ -42,17 +42,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "file", help="a .crm container (from crossrt compile or Executable.save) or an ONNX model"
     )
-    p.add_argument("--network", "-n", default=None, help="show only this network (.crm)")
-    p.add_argument(
-        "--device",
-        "-d",
-        default=None,
-        help="for an ONNX model, the device to place it on (default: cpu)",
-    )
-    p.add_argument(
-        "--driver", default=None, help="for an ONNX model, the target driver (default: preferred)"
-    )
-    p.add_argument("--json", action="store_true", help="print one JSON document instead")
+    flags.add(p, "--network", "--device", "--driver", "--json")
     return p
 
 

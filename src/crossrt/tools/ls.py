@@ -12,11 +12,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..config import problems, settings, simulated_devices_asked
-from ..drivers import describe_devices, device_order, driver_statuses, parse_device
+from ..drivers import driver_statuses
+from ..drivers.registry import describe_devices, device_order, parse_device
 from ..errors import CrossrtError
 from ..host import format_cpus, host_cpus
 from ..runtime.cores.reservation import core_owners
 from ..runtime.observer import processes
+from . import flags
 from .common import fail, human_bytes, say
 
 
@@ -28,7 +30,7 @@ def parser() -> argparse.ArgumentParser:
         "unavailable, then every device they serve with its cores and memory, then the host "
         "CPUs and the process owning each (CROSSRT_VISIBLE_CORES / CROSSRT_NUM_CORES).",
     )
-    p.add_argument("--json", action="store_true", help="print one JSON document instead")
+    flags.add(p, "--json")
     p.add_argument(
         "--topology",
         action="store_true",

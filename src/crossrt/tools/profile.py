@@ -27,6 +27,7 @@ from ..errors import CrossrtError, InvalidArgumentError
 from ..runtime import Profile, Runtime
 from ..runtime.observer import MAX_PROFILE_SECONDS, ask
 from ..runtime.profiler import save_trace
+from . import flags
 from .bench import add_model_arguments, load_warm, measure
 from .common import fail, parse_shapes, say
 
@@ -45,7 +46,9 @@ def parser() -> argparse.ArgumentParser:
         "crossrt profile --pid 4242 --seconds 10",
     )
     add_model_arguments(p, required=False)
-    p.add_argument("--pid", type=int, help="record this crossrt process instead of MODEL")
+    p.add_argument(
+        "--pid", type=int, metavar="PID", help="record this crossrt process instead of MODEL"
+    )
     p.add_argument(
         "--model-name",
         action="append",
@@ -53,15 +56,15 @@ def parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="with --pid: only this loaded model (repeat for several; default all)",
     )
-    p.add_argument("--seconds", type=float, default=3.0, help="how long to record (default 3)")
-    p.add_argument("--clients", type=int, default=1, help="threads calling MODEL (default 1)")
+    flags.add(p, "--seconds", "--clients")
     p.add_argument(
         "--output",
         "-o",
         default="profile.json",
+        metavar="FILE",
         help="where to write the trace (default profile.json)",
     )
-    p.add_argument("--json", action="store_true", help="print the summary as JSON instead")
+    flags.add(p, "--json")
     return p
 
 

@@ -29,6 +29,7 @@ from ..compiler import load_executable
 from ..errors import CrossrtError, InvalidArgumentError, InvalidInputError, UnsupportedError
 from ..model import TensorSpec
 from ..runtime import Runtime
+from . import flags
 from .common import fail, say
 
 
@@ -37,35 +38,20 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="crossrt run",
         description="Compile MODEL for a device, run it once and save every output to its own "
-        "file: OUTPUT_DIR/<name>.npy for a tensor, OUTPUT_DIR/<name>.json for a sequence or a "
-        "map. Inputs not given are filled with zeros.",
-        epilog="example: crossrt run model.onnx --input x=image.npy --output-dir out/",
+        "file: DIR/<name>.npy for a tensor, DIR/<name>.json for a sequence or a map. Inputs "
+        "not given are filled with zeros.",
+        epilog="example: crossrt run model.onnx --input x=image.npy -o out/",
     )
     p.add_argument("model", help="an ONNX model file, or a compiled .crm container")
+    flags.add(p, "--input", "--device", "--driver", "--fallback", "--network")
     p.add_argument(
-        "--input",
-        "-i",
-        action="append",
-        default=[],
-        metavar="NAME=FILE",
-        help="an input from a .npy file, or a raw .bin file read with the input's dtype and "
-        "static shape; repeat for each input",
-    )
-    p.add_argument("--device", "-d", default=None, help="device to run on (default: cpu)")
-    p.add_argument("--driver", default=None, help="driver to use (default: the preferred one)")
-    p.add_argument(
-        "--fallback",
-        action="append",
-        default=None,
-        metavar="DEVICE",
-        help="place the nodes the device cannot run on this device; repeat for several, in "
-        "priority order (default: fail and list the nodes)",
-    )
-    p.add_argument(
-        "--network", default=None, help="for a .crm holding several networks, which one to run"
-    )
-    p.add_argument(
-        "--output-dir", "-o", default="outputs", help="where to write outputs (default: outputs)"
+        "--output",
+        "--output-dir",
+        "-o",
+        dest="output_dir",
+        default="outputs",
+        metavar="DIR",
+        help="the folder to write the outputs to (default: outputs)",
     )
     return p
 
@@ -107,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "run",
             InvalidArgumentError(
                 f"cannot write outputs to {args.output_dir!r}: {exc.strerror or exc}; give a "
-                "writable directory with --output-dir"
+                "writable directory with -o DIR"
             ),
         )
     for name, path in written.items():

@@ -33,7 +33,9 @@ def parser() -> argparse.ArgumentParser:
         help="listen here: unix:/path (or /path) for a Unix socket in place of the default "
         "one, HOST:PORT for TCP besides it (PORT or :PORT: 127.0.0.1); repeat for several",
     )  # fmt: skip
-    p.add_argument("-c", dest="config", metavar="CONFIG.toml", help="config file (TOML)")
+    p.add_argument(
+        "-c", "--config-file", dest="config", metavar="CONFIG.toml", help="config file (TOML)"
+    )
     p.add_argument(
         "-l", dest="log_level", metavar="LEVEL",
         help="log level: critical, error, warning, info (default), debug, trace, or 0-7",
@@ -125,7 +127,7 @@ def parser() -> argparse.ArgumentParser:
     ):
         p.add_argument(flag, type=int, metavar="N", help=what)
     p.add_argument(
-        "--http-timeout", type=float, metavar="SECONDS",
+        "--http-timeout", type=float, metavar="S",
         help="the time an HTTP client has to send a request's headers, and may stay idle "
         "between requests (default 30)",
     )  # fmt: skip

@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 
-from ..compiler.options import PRECISIONS
 from ..drivers import CompileOptions, driver_statuses, parse_device
 from ..errors import CrossrtError, InvalidArgumentError, InvalidOptionError, UnsupportedError
 from ..model import load_model
@@ -30,7 +29,7 @@ from ..runtime import Runtime
 from ..runtime.auto import compile as compile_model
 from ..runtime.oracle import compare, expected_outputs
 from ..runtime.probe import spelled_as, tolerance
-from . import verify_compare
+from . import flags, verify_compare
 from .bench import random_inputs
 from .common import AUTO_FLAGS, fail, parse_shapes, say
 from .run import read_inputs
@@ -49,50 +48,18 @@ def parser() -> argparse.ArgumentParser:
         prog="crossrt verify",
         description="Run an ONNX model on each driver of a device and check every output "
         "against the reference driver within a tolerance: PASS, FAIL (beyond it) or SKIP "
-        "(the driver cannot run the model). Exit status 1 on any FAIL.",
+        "(the driver cannot run the model). Exit status 1 on any FAIL. A reduced --precision "
+        "brings its own tolerance; with --fallback, a driver that cannot run every node "
+        "places the rest there instead of being skipped.",
         epilog="example: crossrt verify model.onnx --precision bf16 --shape x=1x3x224x224",
     )
     p.add_argument("model", help="an ONNX model file")
-    p.add_argument("--device", "-d", default="cpu", help="device to verify on (default: cpu)")
-    p.add_argument(
-        "--driver",
-        action="append",
-        default=[],
-        help="only this driver (repeat for several; default every driver of the device)",
-    )
-    p.add_argument(
-        "--fallback",
-        action="append",
-        default=None,
-        metavar="DEVICE",
-        help="place the nodes a driver cannot run on this device instead of skipping the "
-        "driver; repeat for several, in priority order",
-    )
-    p.add_argument(
-        "--precision",
-        default=None,
-        choices=PRECISIONS,
-        help="allow reduced precision (fp16, bf16, int8-dynamic) where a driver supports it; "
-        "its tolerance applies",
-    )
-    p.add_argument(
-        "--shape",
-        action="append",
-        default=[],
-        metavar="NAME=DxD...",
-        help="an input's shape for random inputs (dynamic dimensions are 1 otherwise)",
-    )
-    p.add_argument(
-        "--input",
-        action="append",
-        default=[],
-        metavar="NAME=FILE",
-        help="an input from a .npy (or raw) file instead of random values; repeat for each",
-    )
+    flags.add(p, "--device", "--driver", "--fallback", "--precision", "--shape", "--input")
     p.add_argument(
         "--tolerance",
         type=float,
         default=None,
+        metavar="T",
         help="the largest error allowed, relative to max(1, max |reference|) of each output",
     )
     p.add_argument(
@@ -103,13 +70,14 @@ def parser() -> argparse.ArgumentParser:
         "input_ref_data.dat and output_ref_data.dat, or the .dat.bmrt ones "
         "BMRT_SAVE_IO_TENSORS=1 writes); MODEL may then be a .crm; tolerance 1e-2",
     )
-    p.add_argument("--json", action="store_true", help="print one JSON document instead")
+    flags.add(p, "--json")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``crossrt verify``."""
     args = parser().parse_args(argv)
+    args.device = args.device or "cpu"  # every tool's --device defaults to cpu
     try:
         report = verify_compare.report(args) if args.compare else verify(args)
     except CrossrtError as exc:
@@ -135,13 +103,17 @@ def verify(args: argparse.Namespace) -> dict[str, Any]:
     allowed = tolerance(model, opts) if args.tolerance is None else args.tolerance
     feed = inputs(model, args.input, parse_shapes(args.shape, "--shape"))
     kind = parse_device(args.device)[0]
-    drivers = args.driver or [
-        s.name
-        for s in driver_statuses()
-        if s.driver is not None
-        and s.name != "reference"
-        and (kind == "auto" or any(parse_device(d.id)[0] == kind for d in s.driver.devices()))
-    ]
+    drivers = (
+        [args.driver]
+        if args.driver
+        else [
+            s.name
+            for s in driver_statuses()
+            if s.driver is not None
+            and s.name != "reference"
+            and (kind == "auto" or any(parse_device(d.id)[0] == kind for d in s.driver.devices()))
+        ]
+    )
     if kind == "auto":
         drivers = ["auto"]
     try:

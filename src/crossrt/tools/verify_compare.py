@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from ..compiler import Executable, load_executable
-from ..drivers import driver_statuses, parse_device
+from ..drivers import driver_statuses
+from ..drivers.registry import parse_device
 from ..errors import CrossrtError, InvalidArgumentError, InvalidInputError, UnsupportedError
 from ..model import TensorSpec, load_model
 from ..runtime import Runtime
@@ -128,11 +129,16 @@ def _targets(args: argparse.Namespace, compiled: bool) -> list[tuple[str, Execut
         return [("crm", load_executable(args.model))]
     model = load_model(args.model)
     kind = parse_device(args.device)[0]
-    names = args.driver or [
-        s.name
-        for s in driver_statuses()
-        if s.driver is not None and any(parse_device(d.id)[0] == kind for d in s.driver.devices())
-    ]
+    names = (
+        [args.driver]
+        if args.driver
+        else [
+            s.name
+            for s in driver_statuses()
+            if s.driver is not None
+            and any(parse_device(d.id)[0] == kind for d in s.driver.devices())
+        ]
+    )
     targets: list[tuple[str, Executable | str]] = []
     for name in names:
         try:

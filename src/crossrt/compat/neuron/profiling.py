@@ -1,7 +1,7 @@
 """``nrt_profile.h`` and the tracing of ``nrt_experimental.h`` over crossrt's profiler: what
 the seed writes as NTFF files is written as Chrome traces (``chrome://tracing``, Perfetto).
 
-- ``nrt_profile_start`` / ``_stop``: a :class:`crossrt.Profile` of one model.
+- ``nrt_profile_start`` / ``_stop``: a :class:`crossrt.profiling.Profile` of one model.
 - ``nrt_trace_start`` / ``_stop``: a recording of every model (``recording.py``), with the
   device memory over time when ``trace_mem`` is set.
 - ``nrt_profile_continuous_*``: while on, each execution is profiled on its own and the
@@ -107,7 +107,7 @@ def _record(model: nrt_model_t, what: str, started: int, ended: int) -> None:
 @guarded()
 def nrt_profile_start(model: nrt_model_t, filename: str) -> NRT_STATUS:
     """Record ``model``'s executions until :func:`nrt_profile_stop` with the same file: a
-    :class:`crossrt.Profile` (each request's phases, docs/observability.md) with every
+    :class:`crossrt.profiling.Profile` (each request's phases, docs/observability.md) with every
     ``nrt_execute`` call, tensor-set copies included, marked on a track of its own."""
     handle = _model(model)
     with _state.lock:

@@ -1,9 +1,9 @@
 """A recording of the whole runtime for ``nrt_trace_*`` and ``nrt_inspect_*``: every model,
 the ones loaded after it started included, as one Chrome trace.
 
-A :class:`crossrt.Profile` records the models it is given when it starts. A Neuron trace or
-inspect session covers "all visible NeuronCores" and usually starts before any model is
-loaded (``NEURON_RT_INSPECT_ENABLE`` at ``nrt_init``), so a recording keeps one Profile per
+A :class:`crossrt.profiling.Profile` records the models it is given when it starts. A Neuron
+trace or inspect session covers "all visible NeuronCores" and usually starts before any
+model is loaded (``NEURON_RT_INSPECT_ENABLE`` at ``nrt_init``), so a recording keeps one Profile per
 model (its requests and its nrt API calls, on one clock), starts one for each model
 ``nrt_load`` adds, and merges their traces when it stops: one timeline, one track per
 instance, request ids kept apart.

@@ -89,7 +89,8 @@ NRT_FRAMEWORK_TYPE_MXNET = nrt_framework_type_t.NRT_FRAMEWORK_TYPE_MXNET
 
 
 class nrt_tensor_placement_t(IntEnum):
-    """Where a tensor's memory lives (the same numbers as :class:`crossrt.Placement`)."""
+    """Where a tensor's memory lives (the same numbers as
+    :class:`crossrt.memory.Placement`)."""
 
     NRT_TENSOR_PLACEMENT_DEVICE = 0
     NRT_TENSOR_PLACEMENT_HOST = 1

@@ -52,7 +52,7 @@ class OH_NN_Format(IntEnum):  # the seed's name
 
 
 class OH_NN_PerformanceMode(IntEnum):  # the seed's name
-    """Performance modes; the same numbers as :class:`crossrt.PerformanceMode`."""
+    """Performance modes; the same numbers as :class:`crossrt.drivers.PerformanceMode`."""
 
     OH_NN_PERFORMANCE_NONE = 0
     OH_NN_PERFORMANCE_LOW = 1
@@ -62,7 +62,7 @@ class OH_NN_PerformanceMode(IntEnum):  # the seed's name
 
 
 class OH_NN_Priority(IntEnum):  # the seed's name
-    """Priorities; the same numbers as :class:`crossrt.Priority`."""
+    """Priorities; the same numbers as :class:`crossrt.drivers.Priority`."""
 
     OH_NN_PRIORITY_NONE = 0
     OH_NN_PRIORITY_LOW = 1
