@@ -16,12 +16,16 @@ lists every function of the seed, and the status mapping both ways.
 
 The modules, one family each: ``runtime`` (init, load, execute, counts, memory
 statistics), ``tensors``, ``async_exec`` (the legacy async mode), ``nrta`` and
-``execution_units`` (the explicit async API), ``profiling`` (profiles, traces, continuous
-profiling), ``inspect`` and ``inspect_config`` (inspect sessions and their options).
+``execution_units`` (the explicit async API), ``collectives`` (the global communicator,
+barrier, all-gather, ``nrta_cc_*`` over ``crossrt.collectives``), ``profiling``
+(profiles, traces, continuous profiling), ``inspect`` and ``inspect_config`` (inspect
+sessions and their options).
 """
 
 from .async_exec import *  # noqa: F403
 from .async_exec import __all__ as _async_exec_all
+from .collectives import *  # noqa: F403
+from .collectives import __all__ as _collectives_all
 from .env import *  # noqa: F403
 from .env import __all__ as _env_all
 from .inspect import *  # noqa: F403
@@ -43,6 +47,7 @@ from .types import __all__ as _types_all
 
 __all__ = [
     *_async_exec_all,
+    *_collectives_all,
     *_env_all,
     *_inspect_all,
     *_inspect_config_all,

@@ -1,0 +1,106 @@
+"""One rank of the tests' groups, run as ``mpiexec -n 1 python ranks.py SCENARIO RANK SIZE
+ROOT`` by ``conftest.py``. It prints one JSON line with what it saw, and exits 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+from crossrt.collectives import CollectiveError, Communicator
+from crossrt.errors import CrossrtError
+
+
+def collectives(comm: Communicator) -> dict:
+    """Each collective once, with values that tell the ranks apart."""
+    r = comm.rank
+    mine = np.arange(6, dtype=np.float32) + 10 * r
+    got = {
+        "sum": comm.all_reduce(mine).tolist(),
+        "max": comm.all_reduce(mine, "max").tolist(),
+        "min": comm.all_reduce(mine, "min").tolist(),
+        "prod": comm.all_reduce(np.full(3, r + 2, np.int64), "prod").tolist(),
+        "gather0": comm.all_gather(np.full((1, 2), r, np.int32)).tolist(),
+        "gather1": comm.all_gather(np.full((2, 1), r, np.float16), axis=1).tolist(),
+        "scatter": comm.reduce_scatter(np.arange(4, dtype=np.float64) + r).tolist(),
+    }
+    comm.barrier()
+    peer = 1 - r
+    if r == 0:
+        comm.send(np.arange(5, dtype=np.int16), peer, tag=7)
+        back = comm.recv(np.empty(5, np.int16), peer, tag=8)
+        got["recv"] = back.tolist()
+    else:
+        got["recv"] = comm.recv(np.empty(5, np.int16), peer, tag=7).tolist()
+        comm.send(got_back := np.asarray(got["recv"], np.int16) * 2, peer, tag=8)
+        del got_back
+    try:
+        comm.recv(np.empty(2, np.int16), peer, tag=9) if r else comm.send(
+            np.arange(5, dtype=np.int16), peer, tag=9
+        )
+        got["short_recv"] = "accepted"
+    except CrossrtError as exc:
+        got["short_recv"] = f"{exc.code.name}: {exc.message}"
+    return got
+
+
+def dead_peer(comm: Communicator) -> dict:
+    """Rank 1 exits abruptly after the first all-reduce; rank 0's second one must fail."""
+    comm.all_reduce(np.ones(4, np.float32))
+    if comm.rank == 1:
+        os._exit(3)
+    start = time.monotonic()
+    try:
+        comm.all_reduce(np.ones(4, np.float32))
+        return {"error": None}
+    except CollectiveError as exc:
+        return {
+            "error": exc.code.name,
+            "message": exc.message,
+            "seconds": time.monotonic() - start,
+            "then": _again(comm),
+        }
+
+
+def timeout(comm: Communicator) -> dict:
+    """Rank 1 never calls the barrier rank 0 waits in; rank 0 times out."""
+    comm.timeout = 1.0
+    if comm.rank == 1:
+        time.sleep(0)  # leaves without calling: its close says bye, no death
+        return {}
+    try:
+        comm.barrier()
+        return {"error": None}
+    except CrossrtError as exc:
+        return {"error": exc.code.name, "message": exc.message}
+
+
+def _again(comm: Communicator) -> str:
+    try:
+        comm.barrier()
+        return "ok"
+    except CrossrtError as exc:
+        return exc.code.name
+
+
+def main() -> None:
+    scenario, rank, size, root = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    if scenario == "mlp":
+        from mlp_rank import run
+
+        print(json.dumps(run(rank, size, root, sys.argv[5])), flush=True)
+        return
+    comm = Communicator.join(rank, size, root, timeout=60)
+    result = {"rank": comm.rank, "size": comm.size, **globals()[scenario](comm)}
+    print(json.dumps(result), flush=True)
+    if not comm.broken:
+        comm.close()
+    sys.stdout.flush()
+    os._exit(0)  # a broken group may hold MPI requests that MPI_Finalize would wait for
+
+
+if __name__ == "__main__":
+    main()
