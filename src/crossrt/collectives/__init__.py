@@ -18,4 +18,8 @@ from .mpi import mpiexec
 __all__ = [
     "DEFAULT_TIMEOUT",
     "REDUCIBLE_DTYPES",
-    "CollectiveError", "Communicator", "ReduceOp", "mpiexec"]
+    "CollectiveError",
+    "Communicator",
+    "ReduceOp",
+    "mpiexec",
+]

@@ -242,7 +242,7 @@ class Communicator:
             try:
                 request = start(self._comm)
                 deadline = time.monotonic() + self.timeout
-                mpi.wait([request], what, deadline, self._watch, status)
+                mpi.wait(request, what, deadline, self._watch, status)
             except CrossrtError as exc:
                 self._broken = exc.message
                 raise

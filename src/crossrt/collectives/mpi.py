@@ -128,31 +128,18 @@ def _grow(comm: Any, inter: Any, high: bool) -> Any:
     return merged
 
 
-def _test(MPI: Any, requests: list[Any], statuses: list[Any] | None) -> bool:
-    try:
-        return bool(MPI.Request.Testall(requests, statuses))
-    except MPI.Exception as exc:
-        if statuses and exc.Get_error_class() == MPI.ERR_IN_STATUS:
-            raise MPI.Exception(statuses[0].Get_error()) from None  # the request's own error
-        raise
-
-
 def truncated(exc: BaseException) -> bool:
     """Whether ``exc`` is MPI's "message truncated": a receive buffer too small."""
     MPI = load()
     return isinstance(exc, MPI.Exception) and exc.Get_error_class() == MPI.ERR_TRUNCATE
 
 
-def wait(
-    requests: list[Any], what: str, deadline: float, watch: Watch | None, status: Any = None
-) -> None:
-    """Wait for MPI ``requests`` while polling them (MPI progresses only when called), up to
-    ``deadline``; a peer that exited or the deadline raise. ``status`` (one request) is
-    filled when it completes."""
-    MPI = load()
-    statuses = None if status is None else [status]
+def wait(request: Any, what: str, deadline: float, watch: Watch | None, status: Any = None) -> None:
+    """Wait for the MPI ``request`` while polling it (MPI progresses only when called), up to
+    ``deadline``; a peer that exited or the deadline raise. ``status`` is filled when it
+    completes."""
     spins = 0
-    while not _test(MPI, requests, statuses):
+    while not request.Test(status):
         spins += 1
         if spins % 64:
             continue
