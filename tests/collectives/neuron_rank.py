@@ -99,3 +99,36 @@ def combine(exe: crossrt.Executable, w: dict, rank: int, size: int, root: str) -
     check(nrt_barrier(0, rank, size), "nrt_barrier")
     check(nrt_close(), "nrt_close")
     return {"y": (y + w["b2"]).tolist(), "hidden": np.concatenate(list(blocks), axis=1).tolist()}
+
+
+def sendrecv(rank: int, root: str) -> dict:
+    """Rank 1 sends a tensor to rank 0 with ``nrt_async_sendrecv_*``: the flow of a KV-cache
+    hand-over between two hosts."""
+    from crossrt.compat import neuron as nrt
+
+    host, port = root.rsplit(":", 1)
+    os.environ["NEURON_RT_ASYNC_SENDRECV_EXPERIMENTAL_ENABLED"] = "1"
+    os.environ["NEURON_RT_ASYNC_SENDRECV_BOOTSTRAP_PORT"] = port
+    check(nrt_init(NRT_FRAMEWORK_TYPE_NO_FW, "", ""), "nrt_init")
+    check(nrt.nrt_async_sendrecv_init(0), "init")
+    values = np.arange(8, dtype=np.float32) + 100
+    t = tensor(values.nbytes, "kv")
+    if rank == 1:
+        comm = check(nrt.nrt_async_sendrecv_connect(host, 0, 0), "connect")
+    else:
+        comm = check(nrt.nrt_async_sendrecv_accept(host, 0, 0), "accept")
+    while not check(nrt.nrt_async_sendrecv_test_comm(comm), "test_comm"):
+        select.select([], [], [], 0.01)  # the seed's programs poll test_comm
+    if rank == 1:
+        check(nrt_tensor_write(t, values, 0, values.nbytes), "write")
+        req = check(nrt.nrt_async_sendrecv_send_tensor(t, 0, values.nbytes, comm), "send")
+    else:
+        req = check(nrt.nrt_async_sendrecv_recv_tensor(t, 0, values.nbytes, comm), "recv")
+    while not (done := check(nrt.nrt_async_sendrecv_test_request(req), "test_request"))[0]:
+        select.select([], [], [], 0.01)
+    got = np.empty(8, np.float32)
+    check(nrt_tensor_read(t, got, 0, got.nbytes), "read")
+    check(nrt.nrt_async_sendrecv_flush(0), "flush")
+    check(nrt.nrt_async_sendrecv_close(0), "close")
+    check(nrt_close(), "nrt_close")
+    return {"rank": rank, "got": got.tolist(), "size": done[1]}

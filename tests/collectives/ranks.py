@@ -88,6 +88,11 @@ def _again(comm: Communicator) -> str:
 
 def main() -> None:
     scenario, rank, size, root = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    if scenario == "sendrecv":
+        from neuron_rank import sendrecv
+
+        print(json.dumps(sendrecv(rank, root)), flush=True)
+        return
     if scenario == "mlp":
         from mlp_rank import run
 

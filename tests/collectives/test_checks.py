@@ -222,3 +222,26 @@ def test_nrt_close_ends_the_global_comm(neuron: None) -> None:
         comm.barrier()
     assert nrt.nrt_barrier(0, 0, 1) == nrt.NRT_CLOSED
     assert nrt.nrt_init(nrt.NRT_FRAMEWORK_TYPE_NO_FW, "", "") == nrt.NRT_SUCCESS
+
+
+def test_sendrecv_needs_its_variables_and_a_launcher(
+    neuron: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert nrt.nrt_async_sendrecv_init(0) == nrt.NRT_FAILURE  # not EXPERIMENTAL_ENABLED
+    monkeypatch.setenv("NEURON_RT_ASYNC_SENDRECV_EXPERIMENTAL_ENABLED", "1")
+    assert nrt.nrt_async_sendrecv_init(0) == nrt.NRT_INVALID  # no BOOTSTRAP_PORT
+    monkeypatch.setenv("NEURON_RT_ASYNC_SENDRECV_BOOTSTRAP_PORT", "29400")
+    assert nrt.nrt_async_sendrecv_connect("127.0.0.1", 0, 0) == (nrt.NRT_INVALID, None)  # no init
+    assert nrt.nrt_async_sendrecv_init(0) == nrt.NRT_SUCCESS
+    assert nrt.nrt_async_sendrecv_init(0) == nrt.NRT_FAILURE  # twice
+    status, comm = nrt.nrt_async_sendrecv_connect("127.0.0.1", 0, 0)
+    assert status == nrt.NRT_SUCCESS
+    t = _tensor(8)
+    assert nrt.nrt_async_sendrecv_send_tensor(t, 0, 8, comm) == (nrt.NRT_FAILURE, None)
+    comm.joined.exception(timeout=30)  # this process has no mpiexec: joining fails, saying so
+    assert nrt.nrt_async_sendrecv_test_comm(comm) == (nrt.NRT_INVALID, None)
+    assert nrt.nrt_async_sendrecv_recv_tensor(t, 0, 8, comm) == (nrt.NRT_INVALID_HANDLE, None)
+    assert nrt.nrt_async_sendrecv_test_request(None) == (nrt.NRT_INVALID_HANDLE, None)
+    assert nrt.nrt_async_sendrecv_flush(0) == nrt.NRT_SUCCESS
+    assert nrt.nrt_async_sendrecv_close(0) == nrt.NRT_SUCCESS
+    assert nrt.nrt_async_sendrecv_test_comm(comm) == (nrt.NRT_INVALID_HANDLE, None)  # closed

@@ -79,3 +79,9 @@ def test_one_mpiexec_job_is_a_group_from_the_environment() -> None:
     )  # fmt: skip
     lines = sorted(line for line in done.stdout.splitlines() if line.startswith("["))
     assert lines == ["[0, 2, [3.0]]", "[1, 2, [3.0]]"], done.stderr[-2000:]
+
+
+def test_neuron_sendrecv_moves_a_tensor_between_processes() -> None:
+    receiver, sender = run_group("sendrecv")
+    assert receiver.get("got") == [100.0 + i for i in range(8)], receiver
+    assert receiver["size"] == sender["size"] == 32

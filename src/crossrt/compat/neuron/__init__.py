@@ -17,7 +17,8 @@ lists every function of the seed, and the status mapping both ways.
 The modules, one family each: ``runtime`` (init, load, execute, counts, memory
 statistics), ``tensors``, ``async_exec`` (the legacy async mode), ``nrta`` and
 ``execution_units`` (the explicit async API), ``collectives`` (the global communicator,
-barrier, all-gather, ``nrta_cc_*`` over ``crossrt.collectives``), ``profiling``
+barrier, all-gather, ``nrta_cc_*`` over ``crossrt.collectives``), ``sendrecv``
+(``nrt_async_sendrecv_*``), ``profiling``
 (profiles, traces, continuous profiling), ``inspect`` and ``inspect_config`` (inspect
 sessions and their options).
 """
@@ -38,6 +39,8 @@ from .profiling import *  # noqa: F403
 from .profiling import __all__ as _profiling_all
 from .runtime import *  # noqa: F403
 from .runtime import __all__ as _runtime_all
+from .sendrecv import *  # noqa: F403
+from .sendrecv import __all__ as _sendrecv_all
 from .status import *  # noqa: F403
 from .status import __all__ as _status_all
 from .tensors import *  # noqa: F403
@@ -54,6 +57,7 @@ __all__ = [
     *_nrta_all,
     *_profiling_all,
     *_runtime_all,
+    *_sendrecv_all,
     *_status_all,
     *_tensors_all,
     *_types_all,

@@ -64,6 +64,8 @@ READ = frozenset(
         "NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS",
         "NEURON_PROCESS_TAG",
         "NEURON_RT_ROOT_COMM_ID",
+        "NEURON_RT_ASYNC_SENDRECV_EXPERIMENTAL_ENABLED",
+        "NEURON_RT_ASYNC_SENDRECV_BOOTSTRAP_PORT",
     }
 )
 """The Neuron variables this layer reads (``NEURON_RT_INSPECT_*`` too, by prefix)."""
