@@ -245,3 +245,62 @@ def test_sendrecv_needs_its_variables_and_a_launcher(
     assert nrt.nrt_async_sendrecv_flush(0) == nrt.NRT_SUCCESS
     assert nrt.nrt_async_sendrecv_close(0) == nrt.NRT_SUCCESS
     assert nrt.nrt_async_sendrecv_test_comm(comm) == (nrt.NRT_INVALID_HANDLE, None)  # closed
+
+
+# -- the meeting at rank 0's address -----------------------------------------------------------
+
+
+def test_rank_0_waits_for_the_others_only_until_the_timeout() -> None:
+    import time
+
+    from groups import free_port
+
+    from crossrt.collectives import rendezvous
+    from crossrt.errors import DeadlineExceededError
+
+    port = free_port()
+    with pytest.raises(DeadlineExceededError, match=r"ranks \[1\]"):
+        rendezvous.accept_ranks("127.0.0.1", port, 2, time.monotonic() + 0.3)
+    with pytest.raises(DeadlineExceededError, match="could not reach rank 0"):
+        rendezvous.connect_root("127.0.0.1", port, 1, 2, time.monotonic() + 0.3)
+
+
+def test_rank_0_refuses_a_rank_that_does_not_fit_and_ignores_strangers() -> None:
+    import socket
+    import threading
+    import time
+
+    from groups import free_port
+
+    from crossrt.collectives import rendezvous
+
+    port = free_port()
+    deadline = time.monotonic() + 20
+    joined: list = []
+    root = threading.Thread(
+        target=lambda: joined.extend(rendezvous.accept_ranks("127.0.0.1", port, 2, deadline))
+    )
+    root.start()
+    refused: list[Exception] = []
+    answers: list = []
+    joiner = threading.Thread(
+        target=lambda: answers.append(rendezvous.connect_root("127.0.0.1", port, 1, 2, deadline))
+    )
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as stranger:
+            stranger.sendall(b"GET / HTTP/1.0\n")  # not a rank: closed, rank 0 waits on
+        try:
+            rendezvous.connect_root("127.0.0.1", port, 1, 3, deadline)  # wrong group size
+        except InvalidArgumentError as exc:
+            refused.append(exc)
+        joiner.start()
+    finally:
+        root.join(timeout=20)
+    assert "the group has 2 ranks, this one says 3" in str(refused[0])
+    assert [rank for rank, _ in joined] == [1]
+    joined[0][1].sendall(b"1 the-port\n")  # what mpi.join sends: order, MPI port name
+    joiner.join(timeout=20)
+    sock, order, port_name = answers[0]
+    assert (order, port_name) == (1, "the-port")
+    sock.close()
+    joined[0][1].close()
