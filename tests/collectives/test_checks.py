@@ -260,7 +260,7 @@ def test_rank_0_waits_for_the_others_only_until_the_timeout() -> None:
 
     port = free_port()
     with pytest.raises(DeadlineExceededError, match=r"ranks \[1\]"):
-        rendezvous.accept_ranks("127.0.0.1", port, 2, time.monotonic() + 0.3)
+        rendezvous.accept_ranks(rendezvous.listen("127.0.0.1", port), 2, time.monotonic() + 0.3)
     with pytest.raises(DeadlineExceededError, match="could not reach rank 0"):
         rendezvous.connect_root("127.0.0.1", port, 1, 2, time.monotonic() + 0.3)
 
@@ -277,8 +277,9 @@ def test_rank_0_refuses_a_rank_that_does_not_fit_and_ignores_strangers() -> None
     port = free_port()
     deadline = time.monotonic() + 20
     joined: list = []
+    server = rendezvous.listen("127.0.0.1", port)  # listening before anyone connects
     root = threading.Thread(
-        target=lambda: joined.extend(rendezvous.accept_ranks("127.0.0.1", port, 2, deadline))
+        target=lambda: joined.extend(rendezvous.accept_ranks(server, 2, deadline))
     )
     root.start()
     refused: list[Exception] = []

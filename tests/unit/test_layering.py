@@ -469,6 +469,7 @@ COMPAT_MAY_IMPORT = frozenset(
         "crossrt.memory",
         "crossrt.profiling",
         "crossrt.executables",
+        "crossrt.collectives",
     }
 )
 

@@ -13,7 +13,7 @@ ranks and what each call does; ``crossrt.compat.neuron`` gives Neuron's collecti
 
 from .communicator import DEFAULT_TIMEOUT, REDUCIBLE_DTYPES, Communicator, ReduceOp
 from .errors import CollectiveError
-from .mpi import mpiexec
+from .mpi import launched_size, mpiexec
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -21,5 +21,6 @@ __all__ = [
     "CollectiveError",
     "Communicator",
     "ReduceOp",
+    "launched_size",
     "mpiexec",
 ]

@@ -24,7 +24,7 @@ from ..errors import (
     StatusCode,
     UnsupportedError,
 )
-from ..runtime.memory.tensor import Tensor
+from ..memory import Tensor
 from . import mpi
 from .errors import CollectiveError
 from .rendezvous import Watch

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..errors import DeadlineExceededError, StatusCode, UnsupportedError
 from .errors import CollectiveError
-from .rendezvous import Watch, accept_ranks, connect_root, parse_address
+from .rendezvous import Watch, accept_ranks, connect_root, listen, parse_address
 
 _LAUNCHER_SIZE = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE")
 """What MPI launchers (MPICH's hydra, Open MPI) tell each process about its job."""
@@ -100,7 +100,7 @@ def join(rank: int, size: int, root: str, timeout: float) -> tuple[Any, Watch]:
     if rank == 0:
         port_name = MPI.Open_port()
         try:
-            peers = accept_ranks(host, port, size, deadline)
+            peers = accept_ranks(listen(host, port), size, deadline)
             comm = MPI.COMM_SELF
             for order, (_, sock) in enumerate(peers, start=1):
                 sock.sendall(f"{order} {port_name}\n".encode())

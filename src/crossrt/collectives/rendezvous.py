@@ -55,18 +55,24 @@ def _read_line(sock: socket.socket, deadline: float, what: str) -> str:
     return data.decode(errors="replace").strip()
 
 
-def accept_ranks(
-    host: str, port: int, size: int, deadline: float
-) -> list[tuple[int, socket.socket]]:
-    """Rank 0: the connections of ranks 1..size-1, each with its rank, in arrival order."""
-    peers: dict[int, socket.socket] = {}
+def listen(host: str, port: int) -> socket.socket:
+    """Rank 0's listening socket at the root address."""
     try:
-        server = socket.create_server((host, port))
+        return socket.create_server((host, port))
     except OSError as exc:
         raise CollectiveError(
             f"rank 0 cannot listen at {host}:{port} ({exc.strerror}); give a free port of "
             "this host as the root address"
         ) from None
+
+
+def accept_ranks(
+    server: socket.socket, size: int, deadline: float
+) -> list[tuple[int, socket.socket]]:
+    """Rank 0: the connections of ranks 1..size-1 to ``server`` (closed after), each with
+    its rank, in arrival order."""
+    peers: dict[int, socket.socket] = {}
+    host, port = server.getsockname()[:2]
     with server:
         while len(peers) < size - 1:
             remaining = deadline - time.monotonic()

@@ -25,10 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from ...collectives import REDUCIBLE_DTYPES, Communicator
-from ...collectives.mpi import launched_size
+from ...collectives import REDUCIBLE_DTYPES, Communicator, launched_size
 from ...dtypes import from_name
-from ...runtime.memory.tensor import Tensor
+from ...memory import Tensor
 from .env import load_settings
 from .execution_units import NRTA_XU_COLLECTIVES, Request
 from .nrta import _explicit, _schedule

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ...collectives import Communicator
-from ...runtime.memory.tensor import Tensor
+from ...memory import Tensor
 from .env import load_settings
 from .state import _state
 from .status import NRT_STATUS, NrtError, guarded, status_of
