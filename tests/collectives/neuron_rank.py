@@ -17,6 +17,7 @@ from crossrt.compat.neuron import (
     NRT_OP_ADD,
     NRT_SUCCESS,
     NRT_TENSOR_PLACEMENT_VIRTUAL,
+    global_communicator,
     nrt_add_tensor_to_tensor_set,
     nrt_all_gather,
     nrt_allocate_tensor_set,
@@ -26,7 +27,7 @@ from crossrt.compat.neuron import (
     nrt_close,
     nrt_execute,
     nrt_init,
-    nrt_load,
+    nrt_load_collectives,
     nrt_tensor_allocate,
     nrt_tensor_list_t,
     nrt_tensor_read,
@@ -54,7 +55,9 @@ def combine(exe: crossrt.Executable, w: dict, rank: int, size: int, root: str) -
     os.environ["NEURON_RT_ROOT_COMM_ID"] = root
     check(nrt_init(NRT_FRAMEWORK_TYPE_NO_FW, "", ""), "nrt_init")
     neff = exe.to_bytes()
-    model = check(nrt_load(neff, len(neff), -1, -1), "nrt_load")
+    # as libnrt, nrt_load_collectives builds the global communicator (NEURON_RT_ROOT_COMM_ID)
+    model = check(nrt_load_collectives(neff, len(neff), -1, -1, rank, size), "load")
+    assert global_communicator() is not None
     x = np.ascontiguousarray(w["x"])
     hidden_shape = (x.shape[0], w["w1"].shape[1] // size)
     y_shape = (x.shape[0], w["w2"].shape[1])

@@ -198,6 +198,16 @@ def _build(vnc: Any, g_device_id: Any, g_device_count: Any) -> Communicator:
         return comm
 
 
+def ranks_are_processes(count: int) -> bool:
+    """Whether the ranks of a group of ``count`` are processes (``NEURON_RT_ROOT_COMM_ID``
+    set, or this process one of an ``mpiexec -n count`` job) rather than cores of this one."""
+    return bool(os.environ.get("NEURON_RT_ROOT_COMM_ID", "").strip()) or launched_size() == count
+
+
+build_global = _build
+"""The global communicator for ``nrt_load_collectives``: the one built, or a new one."""
+
+
 def _close() -> None:
     with _lock:
         comm, _global.comm = _global.comm, None
