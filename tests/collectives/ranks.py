@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import sys
 import time
 
@@ -78,6 +79,55 @@ def timeout(comm: Communicator) -> dict:
         return {"error": exc.code.name, "message": exc.message}
 
 
+def groups(comm: Communicator) -> dict:
+    """Three ranks; ranks 0 and 2 form groups, rank 1 a group of its own; then Neuron's
+    replica group [2, 0] over the global communicator."""
+    r = comm.rank
+    got: dict = {}
+    if r in (0, 2):
+        got["sum"] = comm.all_reduce(np.full(3, r + 1.0), group=[0, 2]).tolist()
+        got["gather"] = comm.all_gather(np.full(2, r), group=[2, 0]).tolist()
+        got["scatter"] = comm.reduce_scatter(np.arange(4.0) + r, group=[0, 2]).tolist()
+    else:
+        got["sum"] = comm.all_reduce(np.full(3, 7.0), group=[1]).tolist()
+    got["world"] = comm.all_reduce(np.array([r], np.int64)).tolist()  # group tags apart
+    got["neuron"] = neuron_replicas(r, comm.size)
+    return got
+
+
+def neuron_replicas(rank: int, size: int) -> list | str:
+    from crossrt.compat import neuron as nrt
+
+    assert nrt.nrt_init(nrt.NRT_FRAMEWORK_TYPE_NO_FW, "", "") == nrt.NRT_SUCCESS
+    assert nrt.nrt_build_global_comm(0, rank, size) == nrt.NRT_SUCCESS
+    result: list | str = "not a member"
+    if rank != 1:
+        place = [2, 0].index(rank)
+        comm = nrt.nrt_cc_comm_t([2, 0], place, 2, rank, size, 0)
+        _, src = nrt.nrt_tensor_allocate(nrt.NRT_TENSOR_PLACEMENT_VIRTUAL, 0, 8, "src")
+        _, dst = nrt.nrt_tensor_allocate(nrt.NRT_TENSOR_PLACEMENT_VIRTUAL, 0, 16, "dst")
+        nrt.nrt_tensor_write(src, np.full(2, rank, np.float32), 0, 8)
+        status, ctx = nrt.nrta_cc_prepare(
+            comm,
+            nrt.nrt_tensor_list_t([src], 1),
+            nrt.nrt_tensor_list_t([dst], 1),
+            nrt.NRT_DTYPE_FLOAT32,
+            nrt.NRT_OP_ADD,
+            nrt.NRT_CC_ALLGATHER,
+        )
+        assert status == nrt.NRT_SUCCESS, status
+        _, seq = nrt.nrta_cc_schedule(ctx, 0, None)
+        _, fd = nrt.nrta_get_completion_handle(seq)
+        assert select.select([fd], [], [], 60)[0]
+        os.close(fd)
+        out = np.empty(4, np.float32)
+        nrt.nrt_tensor_read(dst, out, 0, 16)
+        result = out.tolist()
+    assert nrt.nrt_barrier(0, rank, size) == nrt.NRT_SUCCESS
+    nrt.nrt_close()
+    return result
+
+
 def _again(comm: Communicator) -> str:
     try:
         comm.barrier()
@@ -98,6 +148,7 @@ def main() -> None:
 
         print(json.dumps(run(rank, size, root, sys.argv[5])), flush=True)
         return
+    os.environ["NEURON_RT_ROOT_COMM_ID"] = root  # for the scenarios that use Neuron's calls too
     comm = Communicator.join(rank, size, root, timeout=60)
     result = {"rank": comm.rank, "size": comm.size, **globals()[scenario](comm)}
     print(json.dumps(result), flush=True)

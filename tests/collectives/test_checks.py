@@ -49,6 +49,9 @@ def test_tensors_in_and_out() -> None:
         (lambda c: c.send(np.ones(2), 1), InvalidArgumentError, "not in 0..0"),
         (lambda c: c.send(np.ones(2), 0), InvalidArgumentError, "this process"),
         (lambda c: c.all_reduce(np.array([object()])), InvalidArgumentError, "Python objects"),
+        (lambda c: c.all_reduce(np.ones(2), group=[0, 0]), InvalidArgumentError, "distinct"),
+        (lambda c: c.all_gather(np.ones(2), group="0"), InvalidArgumentError, "list of ranks"),
+        (lambda c: c.reduce_scatter(np.ones(2), group=[1]), InvalidArgumentError, "0..0"),
     ],
 )
 def test_bad_arguments_are_refused_by_name(call, error, words: str) -> None:
@@ -176,7 +179,9 @@ def test_nrta_cc_allreduce_of_one_runs_on_the_collectives_unit(neuron: None) -> 
         ({"dtype": 0}, "NRT_INVALID"),  # UNKNOWN
         ({"dtype": 2}, "NRT_INVALID"),  # FLOAT16 cannot be reduced
         ({"cc_op": 9}, "NRT_INVALID"),
-        ({"group": [1, 0]}, "NRT_INVALID"),  # not the whole group in order
+        ({"group": [1, 0]}, "NRT_INVALID"),  # rank 1 is not in a world of one
+        ({"group": [0, 0]}, "NRT_INVALID"),  # twice
+        ({"group": ["0"]}, "NRT_INVALID"),
         ({"ctx": (3, 4)}, "NRT_INVALID"),  # no such global communicator
         ({"count": 2}, "NRT_INVALID"),  # num_tensors says 2, one given
         ({"comm": None}, "NRT_INVALID_HANDLE"),

@@ -85,3 +85,15 @@ def test_neuron_sendrecv_moves_a_tensor_between_processes() -> None:
     receiver, sender = run_group("sendrecv")
     assert receiver.get("got") == [100.0 + i for i in range(8)], receiver
     assert receiver["size"] == sender["size"] == 32
+
+
+def test_groups_of_some_ranks() -> None:
+    zero, one, two = run_group("groups", 3)
+    assert zero.get("sum") == two.get("sum") == [4.0, 4.0, 4.0], (zero, two)
+    assert one["sum"] == [7.0, 7.0, 7.0]  # a group of one: its own data
+    assert zero["gather"] == two["gather"] == [2, 2, 0, 0]  # in the group's order
+    assert (zero["scatter"], two["scatter"]) == ([2.0, 4.0], [6.0, 8.0])
+    assert zero["world"] == one["world"] == two["world"] == [3]
+    # Neuron's replica group [2, 0]: an ALLGATHER in that order, rank 1 not a member
+    assert zero["neuron"] == two["neuron"] == [2.0, 2.0, 0.0, 0.0]
+    assert one["neuron"] == "not a member"

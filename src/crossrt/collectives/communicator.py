@@ -25,7 +25,7 @@ from ..errors import (
     UnsupportedError,
 )
 from ..memory import Tensor
-from . import mpi
+from . import mpi, subgroups
 from .errors import CollectiveError
 from .rendezvous import Watch
 
@@ -103,30 +103,37 @@ class Communicator:
 
     # -- collectives -----------------------------------------------------------------------
 
-    def all_reduce(self, data: Any, op: ReduceOp | str = "sum", *, out: Any = None) -> Any:
+    def all_reduce(
+        self, data: Any, op: ReduceOp | str = "sum", *, out: Any = None, group: Any = None
+    ) -> Any:
         """Every rank's ``data`` combined element-wise by ``op`` (sum, prod, max, min), on
-        every rank: a new array, or written into ``out`` (an array or a Tensor)."""
+        every rank: a new array, or written into ``out`` (an array or a Tensor). ``group``:
+        only these ranks take part (each of them calls it with the same list)."""
         reduce = _op(op)
         send = _input(data, "all_reduce")
         _reducible(send, "all_reduce")
         recv = _output(out, send.shape, send.dtype, "all_reduce")
-        if self._comm is None:
+        if group is not None:
+            recv[...] = subgroups.reduce(self._gather(group, send, "all_reduce"), reduce)
+        elif self._comm is None:
             recv[...] = send
         else:
             MPI = mpi.load()
             self._run("all_reduce", lambda c: c.Iallreduce(send, recv, op=getattr(MPI, reduce)))
         return _deliver(recv, out)
 
-    def all_gather(self, data: Any, *, axis: int = 0, out: Any = None) -> Any:
+    def all_gather(self, data: Any, *, axis: int = 0, out: Any = None, group: Any = None) -> Any:
         """Every rank's ``data`` (same shape and dtype on each) concatenated in rank order
-        along ``axis``, on every rank."""
+        (``group``'s order) along ``axis``, on every rank (of ``group``)."""
         send = _input(data, "all_gather")
         if send.ndim == 0:
             send = send.reshape(1)
         if not -send.ndim <= axis < send.ndim:
             raise InvalidArgumentError(f"all_gather: axis {axis} of a {send.ndim}-d array")
         blocks = np.empty((self.size, *send.shape), send.dtype)
-        if self._comm is None:
+        if group is not None:
+            blocks = np.stack(self._gather(group, send, "all_gather"))
+        elif self._comm is None:
             blocks[0] = send
         else:
             self._run("all_gather", lambda c: c.Iallgather(_bytes(send), _bytes(blocks)))
@@ -137,20 +144,27 @@ class Communicator:
         target[...] = gathered
         return _deliver(target, out)
 
-    def reduce_scatter(self, data: Any, op: ReduceOp | str = "sum", *, out: Any = None) -> Any:
+    def reduce_scatter(
+        self, data: Any, op: ReduceOp | str = "sum", *, out: Any = None, group: Any = None
+    ) -> Any:
         """Every rank's ``data`` combined by ``op``, then split along axis 0 into ``size``
-        equal blocks: rank ``r`` gets block ``r``."""
+        (``len(group)``) equal blocks: rank ``r`` (the ``r``-th of ``group``) gets block
+        ``r``."""
         reduce = _op(op)
         send = _input(data, "reduce_scatter")
         _reducible(send, "reduce_scatter")
-        if send.ndim == 0 or send.shape[0] % self.size:
+        n = self.size if group is None else len(group)
+        if send.ndim == 0 or send.shape[0] % max(n, 1):
             raise InvalidArgumentError(
                 f"reduce_scatter: axis 0 of shape {list(send.shape)} does not split into "
-                f"{self.size} equal blocks; pad it to a multiple of {self.size}"
+                f"{n} equal blocks; pad it to a multiple of {n}"
             )
-        shape = (send.shape[0] // self.size, *send.shape[1:])
+        shape = (send.shape[0] // n, *send.shape[1:])
         recv = _output(out, shape, send.dtype, "reduce_scatter")
-        if self._comm is None:
+        if group is not None:
+            whole = subgroups.reduce(self._gather(group, send, "reduce_scatter"), reduce)
+            recv[...] = np.split(whole, n)[list(group).index(self.rank)]
+        elif self._comm is None:
             recv[...] = send
         else:
             MPI = mpi.load()
@@ -168,10 +182,11 @@ class Communicator:
             self._usable("barrier")
 
     def send(self, data: Any, dest: int, *, tag: int = 0) -> None:
-        """Send ``data`` to rank ``dest``, which receives it with :meth:`recv` (same tag);
-        returns once it has been received or buffered."""
+        """Send ``data`` to rank ``dest``, which receives it with :meth:`recv` (same tag,
+        0..31999); returns once it has been received or buffered."""
         array = _input(data, "send")
         self._peer(dest, "send")
+        _check_tag(tag, "send")
         self._run("send", lambda c: c.Isend(_bytes(array), dest=dest, tag=tag))
 
     def recv(self, out: Any, source: int, *, tag: int = 0) -> Any:
@@ -180,6 +195,7 @@ class Communicator:
         if out is None:
             raise InvalidArgumentError("recv: give out=, an array or Tensor to receive into")
         self._peer(source, "recv")
+        _check_tag(tag, "recv")
         recv = _output(out, None, None, "recv")
         MPI = mpi.load()
         status = MPI.Status()
@@ -222,6 +238,22 @@ class Communicator:
 
     # -- internals -------------------------------------------------------------------------
 
+    def _gather(self, group: Any, data: np.ndarray, what: str) -> list[np.ndarray]:
+        """Every member's ``data``, in ``group``'s order."""
+        ranks = subgroups.members(group, self.rank, self.size, what)
+        if len(ranks) == 1:
+            self._usable(what)
+            return [data]
+        arrays: list[np.ndarray] = []
+
+        def start(c: Any) -> list[Any]:
+            requests, received = subgroups.exchange(c, ranks, self.rank, data)
+            arrays.extend(received)
+            return requests
+
+        self._run(what, start)
+        return arrays
+
     def _usable(self, what: str) -> None:
         if self._closed:
             raise ClosedError(f"{what}: the communicator was closed; create a new one")
@@ -261,6 +293,11 @@ def _check_rank(rank: Any, size: Any) -> None:
         raise InvalidArgumentError(f"size {size!r}: give the number of processes, >= 1")
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < size:
         raise InvalidArgumentError(f"rank {rank!r}: give this process's rank in 0..{size - 1}")
+
+
+def _check_tag(tag: Any, what: str) -> None:
+    if isinstance(tag, bool) or not isinstance(tag, int) or not 0 <= tag < subgroups.GROUP_TAG:
+        raise InvalidArgumentError(f"{what}: tag {tag!r}: give 0..{subgroups.GROUP_TAG - 1}")
 
 
 def _check_timeout(timeout: Any) -> None:

@@ -128,6 +128,13 @@ def _grow(comm: Any, inter: Any, high: bool) -> Any:
     return merged
 
 
+class _All:
+    """Requests tested as one."""
+
+    def __init__(self, test: Any) -> None:
+        self.Test = test
+
+
 def truncated(exc: BaseException) -> bool:
     """Whether ``exc`` is MPI's "message truncated": a receive buffer too small."""
     MPI = load()
@@ -135,9 +142,12 @@ def truncated(exc: BaseException) -> bool:
 
 
 def wait(request: Any, what: str, deadline: float, watch: Watch | None, status: Any = None) -> None:
-    """Wait for the MPI ``request`` while polling it (MPI progresses only when called), up to
-    ``deadline``; a peer that exited or the deadline raise. ``status`` is filled when it
-    completes."""
+    """Wait for the MPI ``request`` (or a list of them) while polling it (MPI progresses only
+    when called), up to ``deadline``; a peer that exited or the deadline raise. ``status`` (one
+    request) is filled when it completes."""
+    if isinstance(request, list):
+        requests, test_all = request, load().Request.Testall
+        request = _All(lambda _: test_all(requests))
     spins = 0
     while not request.Test(status):
         spins += 1

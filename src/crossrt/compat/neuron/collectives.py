@@ -127,6 +127,8 @@ class nrt_cc_context_t:
     reduction: str
     dtype: np.dtype[Any]
     pairs: list[tuple[Tensor, Tensor]]
+    group: list[int] | None = None
+    """The replica group's global ranks; None: the whole global group."""
     used: bool = False
 
 
@@ -280,7 +282,8 @@ def nrta_cc_prepare(
     op: int,
     cc_op: int,
 ) -> tuple[NRT_STATUS, nrt_cc_context_t | None]:
-    """Check a collective over ``comm``'s replica group and return its context: ALLREDUCE
+    """Check a collective over ``comm``'s replica group (every member calls it; ``rank`` is
+    this process's place in ``replica_group``) and return its context: ALLREDUCE
     (output ``i`` as large as input ``i``), ALLGATHER (output ``rank_n`` times input) or
     REDUCESCATTER (input ``rank_n`` times output), elements of ``dtype``, reduced by ``op``
     (ADD, MAX, MIN; FMA is refused)."""
@@ -295,17 +298,7 @@ def nrta_cc_prepare(
             f"{comm.ctx_device_id!r} of {comm.ctx_device_count!r}: call "
             "nrt_cc_global_comm_init(vnc, ctx_device_id, ctx_device_count) first",
         )
-    members = list(range(group.size)) if comm.replica_group is None else comm.replica_group
-    if list(members) != list(range(group.size)) or (comm.rank, comm.rank_n) != (
-        group.rank,
-        group.size,
-    ):
-        raise NrtError(
-            NRT_STATUS.NRT_INVALID,
-            f"replica group {comm.replica_group!r} (rank {comm.rank!r} of {comm.rank_n!r}): "
-            f"only the whole global group runs here, ranks 0..{group.size - 1} in order, this "
-            f"process rank {group.rank} of {group.size}",
-        )
+    members = _replicas(comm, group)
     vnc = _state.require_nc(comm.vnc, "vnc")
     kind = _enum(nrt_cc_op_type_t, cc_op, "cc_op")
     element = _dtype(dtype)
@@ -322,8 +315,39 @@ def nrta_cc_prepare(
                 NRT_STATUS.NRT_INVALID,
                 f"{element.name} elements cannot be reduced here; reduce float32 or integers",
             )
-    pairs = _pairs(input, output, kind, element, group.size)
-    return NRT_STATUS.NRT_SUCCESS, nrt_cc_context_t(group, vnc, kind, reduction, element, pairs)
+    pairs = _pairs(input, output, kind, element, len(members))
+    whole = members == list(range(group.size))
+    return NRT_STATUS.NRT_SUCCESS, nrt_cc_context_t(
+        group, vnc, kind, reduction, element, pairs, None if whole else members
+    )
+
+
+def _replicas(comm: nrt_cc_comm_t, group: Communicator) -> list[int]:
+    """The global ranks of ``comm.replica_group`` (None: all), checked against ``rank`` /
+    ``rank_n`` and this process's global rank."""
+    given = list(range(group.size)) if comm.replica_group is None else comm.replica_group
+    try:
+        members = [int(r) for r in given]
+        if any(isinstance(r, bool) or r != int(r) for r in given):
+            raise ValueError
+    except (TypeError, ValueError):
+        raise NrtError(NRT_STATUS.NRT_INVALID, f"replica_group {given!r}: list ranks") from None
+    if len(set(members)) != len(members) or not all(0 <= r < group.size for r in members):
+        raise NrtError(
+            NRT_STATUS.NRT_INVALID,
+            f"replica_group {members}: distinct global ranks of 0..{group.size - 1}",
+        )
+    if group.rank not in members or (comm.rank, comm.rank_n) != (
+        members.index(group.rank),
+        len(members),
+    ):
+        raise NrtError(
+            NRT_STATUS.NRT_INVALID,
+            f"replica_group {members} with rank {comm.rank!r} of {comm.rank_n!r}: this "
+            f"process (global rank {group.rank}) must be in it, rank its place in the list "
+            "and rank_n its length",
+        )
+    return members
 
 
 def _enum(kind: type[IntEnum], value: Any, what: str) -> Any:
@@ -409,11 +433,11 @@ def _run(ctx: nrt_cc_context_t) -> NRT_STATUS:
         data = np.empty(src.size // ctx.dtype.itemsize, ctx.dtype)
         src.read(data.view(np.uint8))
         if ctx.cc_op is NRT_CC_ALLREDUCE:
-            result = ctx.comm.all_reduce(data, ctx.reduction)
+            result = ctx.comm.all_reduce(data, ctx.reduction, group=ctx.group)
         elif ctx.cc_op is NRT_CC_ALLGATHER:
-            result = ctx.comm.all_gather(data)
+            result = ctx.comm.all_gather(data, group=ctx.group)
         else:
-            result = ctx.comm.reduce_scatter(data, ctx.reduction)
+            result = ctx.comm.reduce_scatter(data, ctx.reduction, group=ctx.group)
         dst.write(np.ascontiguousarray(result).view(np.uint8))
     return NRT_STATUS.NRT_SUCCESS
 
