@@ -17,7 +17,7 @@ lists every function of the seed, and the status mapping both ways.
 The modules, one family each: ``runtime`` (init, load, execute, counts, memory
 statistics), ``tensors``, ``async_exec`` (the legacy async mode), ``nrta`` and
 ``execution_units`` (the explicit async API), ``collectives`` (the global communicator,
-barrier, all-gather, ``nrta_cc_*`` over ``crossrt.collectives``), ``sendrecv``
+barrier, all-gather over ``crossrt.collectives``), ``cc`` (``nrta_cc_*``), ``sendrecv``
 (``nrt_async_sendrecv_*``), ``profiling``
 (profiles, traces, continuous profiling), ``inspect`` and ``inspect_config`` (inspect
 sessions and their options).
@@ -25,6 +25,8 @@ sessions and their options).
 
 from .async_exec import *  # noqa: F403
 from .async_exec import __all__ as _async_exec_all
+from .cc import *  # noqa: F403
+from .cc import __all__ as _cc_all
 from .collectives import *  # noqa: F403
 from .collectives import __all__ as _collectives_all
 from .env import *  # noqa: F403
@@ -50,6 +52,7 @@ from .types import __all__ as _types_all
 
 __all__ = [
     *_async_exec_all,
+    *_cc_all,
     *_collectives_all,
     *_env_all,
     *_inspect_all,
