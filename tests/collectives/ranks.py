@@ -24,6 +24,7 @@ def collectives(comm: Communicator) -> dict:
         "max": comm.all_reduce(mine, "max").tolist(),
         "min": comm.all_reduce(mine, "min").tolist(),
         "prod": comm.all_reduce(np.full(3, r + 2, np.int64), "prod").tolist(),
+        "in_place": comm.all_reduce(both := np.arange(3.0) + r, out=both).tolist(),
         "gather0": comm.all_gather(np.full((1, 2), r, np.int32)).tolist(),
         "gather1": comm.all_gather(np.full((2, 1), r, np.float16), axis=1).tolist(),
         "scatter": comm.reduce_scatter(np.arange(4, dtype=np.float64) + r).tolist(),

@@ -27,6 +27,7 @@ def test_all_reduce_sum_max_min_prod(both: list[dict[str, Any]]) -> None:
         assert got["max"] == [10.0, 11.0, 12.0, 13.0, 14.0, 15.0]
         assert got["min"] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
         assert got["prod"] == [6, 6, 6]
+        assert got["in_place"] == [1.0, 3.0, 5.0]  # out=data: MPI_IN_PLACE
 
 
 def test_all_gather_in_rank_order_along_an_axis(both: list[dict[str, Any]]) -> None:

@@ -119,7 +119,8 @@ class Communicator:
             recv[...] = send
         else:
             MPI = mpi.load()
-            self._run("all_reduce", lambda c: c.Iallreduce(send, recv, op=getattr(MPI, reduce)))
+            source = MPI.IN_PLACE if np.shares_memory(send, recv) else send  # out=data
+            self._run("all_reduce", lambda c: c.Iallreduce(source, recv, op=getattr(MPI, reduce)))
         return _deliver(recv, out)
 
     def all_gather(self, data: Any, *, axis: int = 0, out: Any = None, group: Any = None) -> Any:
