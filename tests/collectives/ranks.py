@@ -46,6 +46,13 @@ def collectives(comm: Communicator) -> dict:
         got["short_recv"] = "accepted"
     except CrossrtError as exc:
         got["short_recv"] = f"{exc.code.name}: {exc.message}"
+    try:
+        block = np.arange(4.0)
+        comm.reduce_scatter(block, out=block[:2])
+        got["overlap"] = "accepted"
+    except CrossrtError as exc:
+        got["overlap"] = f"{exc.code.name}: {exc.message}"
+    got["after"] = comm.all_reduce(np.ones(1)).tolist()  # the group still works
     return got
 
 

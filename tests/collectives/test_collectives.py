@@ -52,6 +52,12 @@ def test_a_receive_buffer_too_small_is_invalid_and_keeps_the_group(
     assert both[1]["short_recv"].startswith("INVALID: recv: the peer sent more bytes")
 
 
+def test_overlapping_buffers_are_invalid_and_keep_the_group(both: list[dict[str, Any]]) -> None:
+    for got in both:
+        assert got["overlap"].startswith("INVALID: reduce_scatter: out overlaps"), got
+        assert got["after"] == [2.0]
+
+
 def test_a_dead_peer_is_an_error_at_once_not_a_hang() -> None:
     survivor, dead = run_group("dead_peer")
     assert dead == {"stderr": dead.get("stderr", "")}  # it printed nothing: it died

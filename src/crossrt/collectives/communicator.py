@@ -280,11 +280,9 @@ class Communicator:
                 self._broken = exc.message
                 raise
             except Exception as exc:
-                if mpi.truncated(exc):  # this rank's buffer was small: the group is fine
-                    raise InvalidArgumentError(
-                        f"{what}: the peer sent more bytes than out holds; give out of the "
-                        "sent size"
-                    ) from None
+                local = mpi.local_error(exc)
+                if local is not None:  # this rank's buffers: the group is fine
+                    raise InvalidArgumentError(f"{what}: {local}") from None
                 self._broken = f"MPI failed: {exc}"  # the group is in an unknown state
                 raise CollectiveError(f"{what}: MPI failed: {exc}") from None
 

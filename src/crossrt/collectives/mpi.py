@@ -135,10 +135,17 @@ class _All:
         self.Test = test
 
 
-def truncated(exc: BaseException) -> bool:
-    """Whether ``exc`` is MPI's "message truncated": a receive buffer too small."""
+def local_error(exc: BaseException) -> str | None:
+    """What to fix when ``exc`` is an MPI error of this rank's buffers alone (the group is
+    unaffected): a receive buffer too small, or overlapping buffers; else None."""
     MPI = load()
-    return isinstance(exc, MPI.Exception) and exc.Get_error_class() == MPI.ERR_TRUNCATE
+    if not isinstance(exc, MPI.Exception):
+        return None
+    if exc.Get_error_class() == MPI.ERR_TRUNCATE:
+        return "the peer sent more bytes than out holds; give out of the sent size"
+    if exc.Get_error_class() == MPI.ERR_BUFFER:
+        return "out overlaps the data sent; give an out of its own"
+    return None
 
 
 def wait(request: Any, what: str, deadline: float, watch: Watch | None, status: Any = None) -> None:
