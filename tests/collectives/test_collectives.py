@@ -28,6 +28,7 @@ def test_all_reduce_sum_max_min_prod(both: list[dict[str, Any]]) -> None:
         assert got["min"] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
         assert got["prod"] == [6, 6, 6]
         assert got["in_place"] == [1.0, 3.0, 5.0]  # out=data: MPI_IN_PLACE
+        assert got["tensor"] == [3.0, 3.0, 3.0]  # a host Tensor into a sim device Tensor
 
 
 def test_all_gather_in_rank_order_along_an_axis(both: list[dict[str, Any]]) -> None:
