@@ -71,6 +71,13 @@ def mpiexec() -> str:
     return found
 
 
+def _found_mpiexec() -> str:
+    try:
+        return mpiexec()
+    except UnsupportedError:
+        return "no mpiexec found: install `crossrt[collectives]`"
+
+
 def world() -> Any:
     """A duplicate of the launched job's world communicator."""
     return load().COMM_WORLD.Dup()
@@ -87,11 +94,11 @@ def join(rank: int, size: int, root: str, timeout: float) -> tuple[Any, Watch]:
             "Communicator.from_env() (the job's world), or start each rank with `mpiexec -n 1`",
             code=StatusCode.INVALID,
         )
-    if not launched():
+    if not launched():  # checked before MPI starts in this process
         raise UnsupportedError(
             "MPI cannot connect processes started without a launcher (MPICH singletons, "
             "pmodels/mpich#7805): start each rank as `mpiexec -n 1 python ...` "
-            f"({mpiexec()}), or all of them as one job with `mpiexec -n {size}` and "
+            f"({_found_mpiexec()}), or all of them as one job with `mpiexec -n {size}` and "
             "Communicator.from_env()",
             code=StatusCode.INVALID,
         )
@@ -138,8 +145,8 @@ class _All:
 def local_error(exc: BaseException) -> str | None:
     """What to fix when ``exc`` is an MPI error of this rank's buffers alone (the group is
     unaffected): a receive buffer too small, or overlapping buffers; else None."""
-    MPI = load()
-    if not isinstance(exc, MPI.Exception):
+    MPI = sys.modules.get("mpi4py.MPI")  # an MPI error needs MPI started: never start it here
+    if MPI is None or not isinstance(exc, MPI.Exception):
         return None
     if exc.Get_error_class() == MPI.ERR_TRUNCATE:
         return "the peer sent more bytes than out holds; give out of the sent size"
