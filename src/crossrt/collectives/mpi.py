@@ -14,6 +14,7 @@ own wait would block forever.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import sys
@@ -102,8 +103,26 @@ def join(rank: int, size: int, root: str, timeout: float) -> tuple[Any, Watch]:
             "Communicator.from_env()",
             code=StatusCode.INVALID,
         )
+    # MPI's own connect waits this long (MPICH's default: 180 s); read when MPI starts, so
+    # the first communicator's timeout sets it for the process. MPI_Comm_accept has no bound:
+    # a rank dying between taking the port name and connecting leaves rank 0 waiting there.
+    os.environ.setdefault(_CONNECT_TIMEOUT, str(max(1, math.ceil(timeout))))
     MPI = load()
-    deadline = time.monotonic() + timeout
+    try:
+        return _meet(MPI, rank, size, host, port, time.monotonic() + timeout)
+    except MPI.Exception as exc:
+        raise CollectiveError(
+            f"rank {rank} of {size}: MPI could not connect the group at {root} ({exc}); "
+            "check that every rank runs and reaches that address"
+        ) from None
+
+
+_CONNECT_TIMEOUT = "MPIR_CVAR_CH4_COMM_CONNECT_TIMEOUT"
+
+
+def _meet(
+    MPI: Any, rank: int, size: int, host: str, port: int, deadline: float
+) -> tuple[Any, Watch]:
     if rank == 0:
         port_name = MPI.Open_port()
         try:
