@@ -14,6 +14,7 @@ import numpy as np
 import crossrt
 from crossrt.collectives import CollectiveError, Communicator
 from crossrt.errors import CrossrtError
+from crossrt.memory import Placement
 
 
 def collectives(comm: Communicator) -> dict:
@@ -30,7 +31,7 @@ def collectives(comm: Communicator) -> dict:
         "gather1": comm.all_gather(np.full((2, 1), r, np.float16), axis=1).tolist(),
         "scatter": comm.reduce_scatter(np.arange(4, dtype=np.float64) + r).tolist(),
     }
-    src = crossrt.Tensor([3], "float32", placement=crossrt.Placement.HOST)
+    src = crossrt.Tensor([3], "float32", placement=Placement.HOST)
     src.write(np.full(3, r + 1.0, np.float32))
     dst = crossrt.Tensor([3], "float32", device="sim:0")  # memory the host cannot address
     got["tensor"] = comm.all_reduce(src, out=dst).numpy().tolist()

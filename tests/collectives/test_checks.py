@@ -13,6 +13,7 @@ import crossrt
 from crossrt.collectives import CollectiveError, Communicator
 from crossrt.compat import neuron as nrt
 from crossrt.errors import ClosedError, InvalidArgumentError, StatusCode, UnsupportedError
+from crossrt.memory import Placement
 
 
 def test_a_group_of_one_copies() -> None:
@@ -27,9 +28,9 @@ def test_a_group_of_one_copies() -> None:
 
 def test_tensors_in_and_out() -> None:
     comm = Communicator.solo()
-    src = crossrt.Tensor([4], "float32", placement=crossrt.Placement.HOST)
+    src = crossrt.Tensor([4], "float32", placement=Placement.HOST)
     src.write(np.arange(4, dtype=np.float32))
-    host_out = crossrt.Tensor([4], "float32", placement=crossrt.Placement.HOST)
+    host_out = crossrt.Tensor([4], "float32", placement=Placement.HOST)
     assert comm.all_reduce(src, out=host_out) is host_out
     np.testing.assert_array_equal(host_out.numpy(), np.arange(4))
     device_out = crossrt.Tensor([4], "float32", device="sim:0")  # memory the host cannot address
