@@ -443,13 +443,12 @@ def test_memory_beyond_what_the_device_has_is_resource() -> None:
     [
         ("NEURON_RT_STOCHASTIC_ROUNDING_EN", "1"),
         ("NEURON_RT_STOCHASTIC_ROUNDING_SEED", "7"),
-        ("NEURON_RT_ROOT_COMM_ID", "10.0.1.2:46820"),
     ],
 )
 def test_variables_without_an_effect_here_are_accepted(
     monkeypatch: pytest.MonkeyPatch, setting: tuple[str, str]
 ) -> None:
-    # Round-to-nearest engines (as inf1, where the seed says rounding has no effect); one host.
+    # Round-to-nearest engines (as inf1, where the seed says rounding has no effect).
     monkeypatch.setenv(*setting)
     _init()
     model = _load(_crm())

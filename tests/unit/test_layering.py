@@ -1,5 +1,5 @@
 """Imports run one way: errors/dtypes/config/host/cancel -> model -> drivers -> compiler ->
-runtime -> server -> tools -> compat (ARCHITECTURE.md §2).
+runtime -> collectives -> server -> tools -> compat (ARCHITECTURE.md §2).
 
 Every module under src/crossrt is parsed (never imported); an import of a later layer, absolute
 (``crossrt.x``), relative (``..x``) or through ``importlib.import_module("crossrt.x")``, fails
@@ -26,6 +26,7 @@ LAYERS = (
     "drivers",
     "compiler",
     "runtime",
+    "collectives",
     "server",
     "tools",
     "compat",
@@ -468,6 +469,7 @@ COMPAT_MAY_IMPORT = frozenset(
         "crossrt.memory",
         "crossrt.profiling",
         "crossrt.executables",
+        "crossrt.collectives",
     }
 )
 

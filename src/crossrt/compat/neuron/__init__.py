@@ -16,12 +16,19 @@ lists every function of the seed, and the status mapping both ways.
 
 The modules, one family each: ``runtime`` (init, load, execute, counts, memory
 statistics), ``tensors``, ``async_exec`` (the legacy async mode), ``nrta`` and
-``execution_units`` (the explicit async API), ``profiling`` (profiles, traces, continuous
-profiling), ``inspect`` and ``inspect_config`` (inspect sessions and their options).
+``execution_units`` (the explicit async API), ``collectives`` (the global communicator,
+barrier, all-gather over ``crossrt.collectives``), ``cc`` (``nrta_cc_*``), ``sendrecv``
+(``nrt_async_sendrecv_*``), ``profiling``
+(profiles, traces, continuous profiling), ``inspect`` and ``inspect_config`` (inspect
+sessions and their options).
 """
 
 from .async_exec import *  # noqa: F403
 from .async_exec import __all__ as _async_exec_all
+from .cc import *  # noqa: F403
+from .cc import __all__ as _cc_all
+from .collectives import *  # noqa: F403
+from .collectives import __all__ as _collectives_all
 from .env import *  # noqa: F403
 from .env import __all__ as _env_all
 from .inspect import *  # noqa: F403
@@ -34,6 +41,8 @@ from .profiling import *  # noqa: F403
 from .profiling import __all__ as _profiling_all
 from .runtime import *  # noqa: F403
 from .runtime import __all__ as _runtime_all
+from .sendrecv import *  # noqa: F403
+from .sendrecv import __all__ as _sendrecv_all
 from .status import *  # noqa: F403
 from .status import __all__ as _status_all
 from .tensors import *  # noqa: F403
@@ -43,12 +52,15 @@ from .types import __all__ as _types_all
 
 __all__ = [
     *_async_exec_all,
+    *_cc_all,
+    *_collectives_all,
     *_env_all,
     *_inspect_all,
     *_inspect_config_all,
     *_nrta_all,
     *_profiling_all,
     *_runtime_all,
+    *_sendrecv_all,
     *_status_all,
     *_tensors_all,
     *_types_all,

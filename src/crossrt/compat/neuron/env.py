@@ -20,10 +20,12 @@ that call fail with ``NRT_INVALID``, naming the variable.
   returns, that many runs in flight per model at most (more than 63: 63, as libnrt clamps).
 - NEURON_RT_INSPECT_* (inspect.py): the inspect session nrt_init and nrt_inspect_begin
   begin.
-- NEURON_RT_STOCHASTIC_ROUNDING_EN / _SEED, NEURON_RT_ROOT_COMM_ID: accepted, no effect
-  (crossrt's engines round to nearest, as inf1 does; collectives run on one host here).
+- NEURON_RT_ROOT_COMM_ID (unset): ``ip:port`` where rank 0 of the global collective group
+  listens (``collectives.py``), read when the global communicator is built.
+- NEURON_RT_STOCHASTIC_ROUNDING_EN / _SEED: accepted, no effect (crossrt's engines round to
+  nearest, as inf1 does).
 
-Any other ``NEURON_*`` variable set (and these three) is warned of once per process at
+Any other ``NEURON_*`` variable set (and these two) is warned of once per process at
 ``nrt_init``, by name, as having no effect here (:func:`warn_unread`).
 """
 
@@ -61,6 +63,9 @@ READ = frozenset(
         "NEURON_RT_DEBUG_MEMLOG_MAX_SIZE",
         "NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS",
         "NEURON_PROCESS_TAG",
+        "NEURON_RT_ROOT_COMM_ID",
+        "NEURON_RT_ASYNC_SENDRECV_EXPERIMENTAL_ENABLED",
+        "NEURON_RT_ASYNC_SENDRECV_BOOTSTRAP_PORT",
     }
 )
 """The Neuron variables this layer reads (``NEURON_RT_INSPECT_*`` too, by prefix)."""
@@ -68,7 +73,6 @@ READ = frozenset(
 NO_EFFECT = {
     "NEURON_RT_STOCHASTIC_ROUNDING_EN": "crossrt's engines round to nearest",
     "NEURON_RT_STOCHASTIC_ROUNDING_SEED": "crossrt's engines round to nearest",
-    "NEURON_RT_ROOT_COMM_ID": "collectives run on one host here",
 }
 """Variables accepted with no effect, and why."""
 

@@ -22,6 +22,7 @@ from ...config import default_device
 from ...executables import Executable, load_executable
 from ...memory import TensorSet, allocator_for, reset_memory_log
 from . import completion, recording
+from .collectives import build_global, ranks_are_processes
 from .env import apply_logging, init_settings, load_settings, warn_unread
 from .profiling import timed
 from .state import _model, _state, nrt_model_t
@@ -161,13 +162,23 @@ def nrt_load_collectives(
     g_device_id: int,
     g_device_count: int,
 ) -> tuple[NRT_STATUS, nrt_model_t | None]:
-    """``nrt_load`` for one rank of a collective group on this host: rank ``g_device_id``
-    of ``g_device_count`` goes to its own core (``start_nc`` -1: core ``g_device_id``)."""
+    """``nrt_load`` for rank ``g_device_id`` of a collective group of ``g_device_count``.
+
+    When the ranks are processes (``NEURON_RT_ROOT_COMM_ID`` set, or an ``mpiexec`` job of
+    ``g_device_count``), the model loads as ``nrt_load`` does and the global communicator is
+    built first if none exists, as in libnrt (``collectives.py``). Otherwise the ranks are
+    cores of this process: rank ``g_device_id`` goes to its own core (``start_nc`` -1: core
+    ``g_device_id``)."""
     if not 0 <= g_device_id < g_device_count:
         raise NrtError(
             NRT_STATUS.NRT_INVALID,
             f"g_device_id {g_device_id} is not a rank of a group of {g_device_count}",
         )
+    if g_device_count > 1 and ranks_are_processes(g_device_count):
+        build_global(0 if start_nc == -1 else start_nc, g_device_id, g_device_count)
+        model = _load(neff_bytes, size, start_nc, nc_count)
+        model.rank = (g_device_id, g_device_count)
+        return NRT_STATUS.NRT_SUCCESS, model
     visible = len(_state.require().cores)
     if g_device_count > visible:
         raise NrtError(
