@@ -309,7 +309,13 @@ def test_a_guessed_probe_shape_is_said() -> None:
 def test_the_models_metadata_gives_the_probe_shapes() -> None:
     exe = crossrt.compile(_dynamic("x=6x3"), device="auto", auto_seconds=FAST)
     assert exe.decision["probe"] == {"x": [6, 3]} and exe.decision["probe_guessed"] == []
-    # What the caller gives comes first: stages, then probe_shapes over both.
+    with pytest.raises(InvalidOptionError, match=r"metadata crossrt\.probe_shapes='y=6x3'"):
+        crossrt.compile(_dynamic("y=6x3"), device="auto", auto_seconds=FAST)
+
+
+def test_the_callers_shapes_come_before_the_models_metadata() -> None:
+    # Stages, then probe_shapes over both (a test of its own: each auto compile runs the
+    # reference in a child process).
     staged = crossrt.compile(
         _dynamic("x=6x3"), device="auto", stages=[{"x": [2, 3]}], auto_seconds=FAST
     )
@@ -322,8 +328,6 @@ def test_the_models_metadata_gives_the_probe_shapes() -> None:
         auto_seconds=FAST,
     )
     assert shaped.decision["probe"] == {"x": [5, 3]}
-    with pytest.raises(InvalidOptionError, match=r"metadata crossrt\.probe_shapes='y=6x3'"):
-        crossrt.compile(_dynamic("y=6x3"), device="auto", auto_seconds=FAST)
 
 
 @pytest.mark.parametrize(
