@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from onnx import TensorProto
+from onnx import TensorProto, helper, numpy_helper
 
 import crossrt
 from crossrt import GraphBuilder
@@ -59,6 +59,33 @@ def heavy(chain: int = 24, size: int = 512) -> crossrt.Model:
     for _ in range(chain):
         h = b.op("MatMul", [h, w])
     b.output(h)
+    return b.finish()
+
+
+def endless(size: int = 64) -> crossrt.Model:
+    """A Loop of 2**40 MatMuls on [size, size]: a run that ends only when the engine stops it
+    (ORT checks its terminate flag between the iterations of a Loop's body too), on any
+    machine. Compiles in milliseconds, where a chain of thousands of nodes takes seconds."""
+    value = helper.make_tensor_value_info
+    body = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["h_in", "w_body"], ["h_out"]),
+            helper.make_node("Identity", ["more_in"], ["more_out"]),
+        ],
+        "endless_body",
+        [
+            value("i", TensorProto.INT64, []),
+            value("more_in", TensorProto.BOOL, []),
+            value("h_in", TensorProto.FLOAT, [size, size]),
+        ],
+        [value("more_out", TensorProto.BOOL, []), value("h_out", TensorProto.FLOAT, [size, size])],
+        initializer=[numpy_helper.from_array(np.eye(size, dtype=np.float32), "w_body")],
+    )
+    b = GraphBuilder("endless")
+    x = b.input("x", "float32", [size, size])
+    trips = b.constant(np.array(2**40, np.int64))
+    more = b.constant(np.array(True))
+    b.output(b.op("Loop", [trips, more, x], outputs=["y"], body=body), "float32", [size, size])
     return b.finish()
 
 

@@ -49,6 +49,14 @@ def _kept(measured: list[dict[str, object]]) -> dict[str, object]:
     return min(wins, key=lambda r: r["vs_default"]) if wins else default  # type: ignore[return-value]
 
 
+@pytest.fixture(scope="module")
+def relu_auto() -> crossrt.Executable:
+    """``relu()`` compiled with ``device="auto"``, once per file: each auto compile runs the
+    reference in a child process (half a second of CPU); the tests that only read the
+    decision share this one."""
+    return crossrt.compile(relu(), device="auto", auto_seconds=FAST)
+
+
 def _rows(exe: crossrt.Executable) -> dict[str, dict[str, object]]:
     assert exe.decision is not None
     return {row["driver"]: row for row in exe.decision["candidates"]}
@@ -105,7 +113,9 @@ def test_a_models_tolerance_is_its_metadata() -> None:
         crossrt.compile(model, device="auto", auto_seconds=FAST)
 
 
-def test_auto_never_lowers_precision_below_what_is_allowed() -> None:
+def test_auto_never_lowers_precision_below_what_is_allowed(
+    relu_auto: crossrt.Executable,
+) -> None:
     # bf16 is a permission: onnxruntime, which has no bf16, competes in the model's own fp32,
     # and no driver computes in a precision it was not asked for.
     exe = crossrt.compile(relu(), device="auto", precision="bf16", auto_seconds=FAST)
@@ -120,8 +130,7 @@ def test_auto_never_lowers_precision_below_what_is_allowed() -> None:
         assert "model's own precision" in exe.decision["why"]
     else:
         assert chosen["precision"] == "bf16" and exe.options.precision == "bf16"
-    fp32 = crossrt.compile(relu(), device="auto", auto_seconds=FAST)
-    assert all("precision" not in row for row in _rows(fp32).values())
+    assert all("precision" not in row for row in _rows(relu_auto).values())  # fp32
 
 
 def test_a_reduced_precision_competes_with_the_same_drivers_own() -> None:
@@ -179,8 +188,8 @@ def test_the_decision_is_measured_once_per_model_options_and_machine(
     assert "timing" in capsys.readouterr().err
 
 
-def test_the_decision_travels_in_the_crm(tmp_path: Path) -> None:
-    exe = crossrt.compile(relu(), device="auto", auto_seconds=FAST)
+def test_the_decision_travels_in_the_crm(tmp_path: Path, relu_auto: crossrt.Executable) -> None:
+    exe = relu_auto
     path = tmp_path / "relu.crm"
     exe.save(path)
     loaded = crossrt.load_executable(path)
@@ -263,10 +272,10 @@ def test_a_win_within_the_noise_keeps_the_default() -> None:
     assert "by more than the noise" in auto._why([default, clear], clear, "reference")
 
 
-def test_the_rounds_spread_is_reported(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_rounds_spread_is_reported(relu_auto: crossrt.Executable) -> None:
     if not _installed("openvino"):
         pytest.skip("needs a second engine (openvino)")
-    exe = crossrt.compile(relu(), device="auto", auto_seconds=FAST)
+    exe = relu_auto
     rows = {r["driver"]: r for r in exe.decision["candidates"] if r.get("status") == "ok"}
     assert rows["openvino"]["spread"] >= 0 and rows["openvino"]["rounds"] >= 3
     assert rows["openvino"]["vs_default"] > 0 and "vs_default" not in rows["onnxruntime"]
@@ -300,7 +309,13 @@ def test_a_guessed_probe_shape_is_said() -> None:
 def test_the_models_metadata_gives_the_probe_shapes() -> None:
     exe = crossrt.compile(_dynamic("x=6x3"), device="auto", auto_seconds=FAST)
     assert exe.decision["probe"] == {"x": [6, 3]} and exe.decision["probe_guessed"] == []
-    # What the caller gives comes first: stages, then probe_shapes over both.
+    with pytest.raises(InvalidOptionError, match=r"metadata crossrt\.probe_shapes='y=6x3'"):
+        crossrt.compile(_dynamic("y=6x3"), device="auto", auto_seconds=FAST)
+
+
+def test_the_callers_shapes_come_before_the_models_metadata() -> None:
+    # Stages, then probe_shapes over both (a test of its own: each auto compile runs the
+    # reference in a child process).
     staged = crossrt.compile(
         _dynamic("x=6x3"), device="auto", stages=[{"x": [2, 3]}], auto_seconds=FAST
     )
@@ -313,8 +328,6 @@ def test_the_models_metadata_gives_the_probe_shapes() -> None:
         auto_seconds=FAST,
     )
     assert shaped.decision["probe"] == {"x": [5, 3]}
-    with pytest.raises(InvalidOptionError, match=r"metadata crossrt\.probe_shapes='y=6x3'"):
-        crossrt.compile(_dynamic("y=6x3"), device="auto", auto_seconds=FAST)
 
 
 @pytest.mark.parametrize(

@@ -134,17 +134,21 @@ def test_run_callers_are_batched_when_they_queue(
 
 
 def test_batch_delay_waits_for_more_requests(rt: crossrt.Runtime, exe: crossrt.Executable) -> None:
-    model = rt.load(exe, max_batch_size=8, batch_delay=2.0)
+    # The first request waits for more, and a full batch does not wait: with a delay longer
+    # than WAIT, four rows run as one batch (the gate is open: the first would have run alone
+    # at once had it not waited), and as soon as the fourth fills it.
+    model = rt.load(exe, max_batch_size=4, batch_delay=120.0)
     gated = gate(model)
     gated.gate.set()
-    futures = [model.run_async({"x": x(1, s)}) for s in range(3)]  # the first waits for more
+    futures = [model.run_async({"x": x(1, s)}) for s in range(4)]
     for f in futures:
         f.result(WAIT)
     assert gated.calls == 1
-    full = rt.load(exe, max_batch_size=2, batch_delay=60.0)  # a full batch does not wait
-    started = time.monotonic()
-    assert full.run_async({"x": x(2, 0)}).result(WAIT)["y"].shape == (2, 8)
-    assert time.monotonic() - started < WAIT
+    # A delay that passes runs what came: a batch that never fills.
+    partial = rt.load(exe, max_batch_size=8, batch_delay=0.05)
+    futures = [partial.run_async({"x": x(1, s)}) for s in range(3)]
+    for f in futures:
+        assert f.result(WAIT)["y"].shape == (1, 8)
 
 
 def test_an_output_that_does_not_follow_the_batch_runs_each_alone(

@@ -363,6 +363,9 @@ _WORKER = textwrap.dedent(
 )
 
 
+PROCESSES = 2  # one compiles, one waits for its entry; each costs a second of CPU on 2 cores
+
+
 def test_processes_compiling_one_model_at_once_leave_one_entry(
     tmp_path: Path, model_file: Path
 ) -> None:
@@ -377,11 +380,11 @@ def test_processes_compiling_one_model_at_once_leave_one_entry(
             text=True,
             env=env,
         )
-        for _ in range(4)
+        for _ in range(PROCESSES)
     ]
     try:
         # Start them together: each has imported crossrt and waits for "go".
-        assert [p.stdout.readline().strip() for p in procs if p.stdout] == ["ready"] * 4
+        assert [p.stdout.readline().strip() for p in procs if p.stdout] == ["ready"] * PROCESSES
         for p in procs:
             assert p.stdin is not None
             p.stdin.write("go\n")
@@ -398,7 +401,7 @@ def test_processes_compiling_one_model_at_once_leave_one_entry(
                 p.wait(timeout=30)
     # One process compiled; the others waited for it and loaded its entry.
     assert sum(r["misses"] for r in results) == 1
-    assert sum(r["hits"] for r in results) == 3
+    assert sum(r["hits"] for r in results) == PROCESSES - 1
     assert len(_crm_files(cache_dir)) == 1
     assert CompileCache(cache_dir).verify() == []
     assert list(cache_dir.glob(".tmp-*")) == []

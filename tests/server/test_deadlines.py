@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,7 +23,7 @@ import tritonclient.grpc as tc
 from serving import Daemon, start_daemon
 
 import crossrt
-from concurrency_models import heavy, tiny
+from concurrency_models import endless, tiny
 from crossrt.runtime import observer
 from crossrt.server.client import connect
 
@@ -31,25 +32,42 @@ WAIT = 60
 
 @pytest.fixture(scope="module")
 def slow_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    """A daemon serving ``tiny`` and ``heavy`` (a chain of MatMuls that runs for seconds)."""
+    """A daemon serving ``tiny`` and ``heavy`` (:func:`endless`: a run that ends only when the
+    daemon stops it; a chain of 2,000 MatMuls took 3 s to compile and 15 s to run here)."""
     folder = tmp_path_factory.mktemp("deadlines")
     repository = folder / "models"
     repository.mkdir()
     crossrt.compile(tiny(), "cpu").save(repository / "tiny.crm")
-    crossrt.compile(heavy(chain=2000, size=512), "cpu").save(repository / "heavy.crm")
+    crossrt.compile(endless(), "cpu").save(repository / "heavy.crm")
     daemon = start_daemon(folder, repository)
     yield daemon
     assert daemon.stop() == 0, "".join(daemon.log)
 
 
-def _failures(daemon: Daemon, monkeypatch: pytest.MonkeyPatch, name: str) -> dict[str, int]:
-    """The daemon's failure counts of model ``name``, by code, seen as ``crossrt top`` sees
-    them."""
+def _statistics(daemon: Daemon, monkeypatch: pytest.MonkeyPatch, name: str) -> dict[str, Any]:
+    """The daemon's statistics of model ``name``, seen as ``crossrt top`` sees them."""
     monkeypatch.setenv("CROSSRT_RUNTIME_DIR", str(Path(daemon.socket).parent / "run"))
     (snapshot,) = [p for p in observer.processes() if p["pid"] == daemon.proc.pid]
     (model,) = [m for m in snapshot["models"] if m["served_as"] == f"{name}:1"]
-    failures: dict[str, int] = model["statistics"]["failures"]
+    statistics: dict[str, Any] = model["statistics"]
+    return statistics
+
+
+def _failures(daemon: Daemon, monkeypatch: pytest.MonkeyPatch, name: str) -> dict[str, int]:
+    """The daemon's failure counts of model ``name``, by code."""
+    failures: dict[str, int] = _statistics(daemon, monkeypatch, name)["failures"]
     return failures
+
+
+def _wait_for_in_flight(
+    daemon: Daemon, monkeypatch: pytest.MonkeyPatch, name: str, count: int
+) -> None:
+    """Until the daemon holds ``count`` requests of model ``name`` (running or queued): a
+    bounded poll of what ``crossrt top`` sees, the daemon being another process."""
+    deadline = time.monotonic() + WAIT
+    while _statistics(daemon, monkeypatch, name)["in_flight"] < count:
+        assert time.monotonic() < deadline, f"the daemon never held {count} {name} requests"
+        time.sleep(0.01)
 
 
 def _wait_for_timeout(
@@ -96,9 +114,10 @@ def test_a_client_timeout_stops_the_run_in_the_daemon(
     """``connect(timeout=)``: gRPC's deadline, or the lane's timeout parameter. The daemon
     stops the heavy run when it expires instead of running it to the end for nobody."""
     before = _failures(slow_daemon, monkeypatch, "heavy").get("TIMEOUT", 0)
-    x = np.ones((512, 512), np.float32)
-    # 0.5 s: the run takes seconds, and the metadata call of load() under the same deadline
-    # must not expire on a loaded machine (0.05 s did, with 12 processes on 2 cores).
+    x = np.ones((64, 64), np.float32)
+    # 0.5 s: the run never ends unless stopped, and the metadata call of load() under the
+    # same deadline must not expire on a loaded machine (0.05 s did, with 12 processes on 2
+    # cores).
     with connect(slow_daemon.url, timeout=0.5, lane=lane) as remote:
         model = remote.load("heavy")
         with pytest.raises(crossrt.CrossrtError) as raised:
@@ -120,7 +139,7 @@ def test_calls_without_a_deadline_leave_deadlines_working(
         client.infer("tiny", [x])
     client.close()
     before = _failures(slow_daemon, monkeypatch, "heavy").get("TIMEOUT", 0)
-    x = np.ones((512, 512), np.float32)
+    x = np.ones((64, 64), np.float32)
     with (
         connect(slow_daemon.url, timeout=0.5, lane=False) as remote,
         pytest.raises(crossrt.CrossrtError),
@@ -142,11 +161,11 @@ def test_a_client_that_goes_away_has_its_run_stopped(
 
     before = _failures(slow_daemon, monkeypatch, "heavy")
     request = pb.ModelInferRequest(model_name="heavy")
-    request.inputs.add(name="x", datatype="FP32", shape=[512, 512])
-    request.raw_input_contents.append(np.ones((512, 512), np.float32).tobytes())
+    request.inputs.add(name="x", datatype="FP32", shape=[64, 64])
+    request.raw_input_contents.append(np.ones((64, 64), np.float32).tobytes())
     with grpc.insecure_channel(f"unix:{slow_daemon.socket}") as channel:
         call = pbg.GRPCInferenceServiceStub(channel).ModelInfer.future(request)
-        time.sleep(0.3)  # running by now
+        _wait_for_in_flight(slow_daemon, monkeypatch, "heavy", 1)
         assert call.cancel()
     _wait_for_timeout(slow_daemon, monkeypatch, "heavy", before.get("CANCELLED", 0), "CANCELLED")
     assert "Traceback" not in "".join(slow_daemon.log)
@@ -165,8 +184,8 @@ def test_a_lane_client_that_hangs_up_has_its_request_stopped(
     from crossrt.server.lane import HEADER, MAGIC, Frames, send
 
     request = pb.ModelInferRequest(model_name="heavy")
-    request.inputs.add(name="x", datatype="FP32", shape=[512, 512])
-    request.raw_input_contents.append(np.ones((512, 512), np.float32).tobytes())
+    request.inputs.add(name="x", datatype="FP32", shape=[64, 64])
+    request.raw_input_contents.append(np.ones((64, 64), np.float32).tobytes())
     before = _failures(slow_daemon, monkeypatch, "heavy").get("CANCELLED", 0)
     clients = []
     for _ in range(2 if when == "queued" else 1):  # heavy has one instance: one waits
@@ -177,7 +196,7 @@ def test_a_lane_client_that_hangs_up_has_its_request_stopped(
         assert Frames(sock).read() == (0, MAGIC)
         send(sock, 0, request.SerializeToString())
         clients.append(sock)
-    time.sleep(0.3)  # running (and queued) by now
+    _wait_for_in_flight(slow_daemon, monkeypatch, "heavy", len(clients))  # running (and queued)
     clients[-1].close()  # the last one hangs up
     _wait_for_timeout(slow_daemon, monkeypatch, "heavy", before, "CANCELLED")
     if when == "queued":  # dropped at once, not when the instance it waited for frees up
@@ -200,7 +219,7 @@ def test_a_remote_run_takes_a_deadline_and_a_cancel_token(
     either way."""
     from concurrent.futures import CancelledError
 
-    x = np.ones((512, 512), np.float32)
+    x = np.ones((64, 64), np.float32)
     with connect(slow_daemon.url, lane=lane) as remote:
         assert remote.lane == lane
         model = remote.load("heavy")
@@ -211,7 +230,14 @@ def test_a_remote_run_takes_a_deadline_and_a_cancel_token(
         with pytest.raises(crossrt.DeadlineExceededError, match="before it was sent"):
             model.run({"x": x}, deadline=time.monotonic() - 1)
         token = crossrt.CancelToken()
-        threading.Timer(0.3, token.cancel).start()
+
+        def cancel_once_held() -> None:  # the daemon holds it: not dropped before it came
+            try:
+                _wait_for_in_flight(slow_daemon, monkeypatch, "heavy", 1)
+            finally:
+                token.cancel()
+
+        threading.Thread(target=cancel_once_held, daemon=True).start()
         with pytest.raises(CancelledError):
             model.run({"x": x}, cancel=token)
         _wait_for_timeout(

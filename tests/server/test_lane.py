@@ -422,7 +422,13 @@ def test_the_drain_waits_for_an_answer_to_be_sent_not_only_computed() -> None:
     written must hold the drain (test_sigterm_drains_then_stops lost one to this race)."""
     gate = Gate()
     big = pb.ModelInferResponse(raw_output_contents=[bytes(8 << 20)])  # > the socket buffer
-    server = LaneServer(lambda *_: big, gate)
+    answering = threading.Event()  # the gate counts a call from before its answer is made
+
+    def answer(*_: object) -> pb.ModelInferResponse:
+        answering.set()
+        return big
+
+    server = LaneServer(answer, gate)
     client, daemon_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     serving = threading.Thread(
         target=server.serve, args=(daemon_end, Peer("test", local=True)), daemon=True
@@ -434,9 +440,7 @@ def test_the_drain_waits_for_an_answer_to_be_sent_not_only_computed() -> None:
         frames = Frames(client)
         assert frames.read() == (0, MAGIC)
         send(client, 0, request().SerializeToString())
-        deadline = time.monotonic() + 30
-        while not gate.in_flight and time.monotonic() < deadline:
-            time.sleep(0.001)
+        assert answering.wait(30)
         # The answer is computed; its 8 MB wait for this client to read them.
         assert gate.drain(0.5) == 1
         status, body = frames.read()  # reading lets the send finish, and the drain with it

@@ -91,9 +91,15 @@ def test_another_process_sees_the_models_and_their_statistics(
     assert model["running"] and model["instances"] == 1
     first = model["statistics"]["success"]
     assert first >= 1 and model["statistics"]["latency_us"]["p50"] is not None
-    time.sleep(0.2)
-    (again,) = [p for p in observer.processes() if p["pid"] == child.pid]
-    assert again["models"][0]["statistics"]["success"] > first  # asked anew each time
+    # Asked anew each time: a later snapshot shows more successes (the child runs in a loop;
+    # asked again until it has, within WAIT, rather than after a fixed sleep).
+    deadline = time.monotonic() + WAIT
+    while True:
+        (again,) = [p for p in observer.processes() if p["pid"] == child.pid]
+        if again["models"][0]["statistics"]["success"] > first:
+            break
+        assert time.monotonic() < deadline, "the snapshots never showed a new success"
+        time.sleep(0.01)
 
 
 def test_a_running_process_can_be_profiled(
