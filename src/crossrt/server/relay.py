@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import logging
 import os
 import secrets
@@ -40,10 +39,9 @@ import grpc
 
 from .lane import GREETING_LIMIT, MAGIC, Activity, FrameError, Frames, is_lane, send
 from .peers import Peer, is_operator_uid, socket_peer
+from .pump import Pumps, pump
 
 log = logging.getLogger("crossrt.serve")
-_CHUNK = 1 << 20
-_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 _SHORT_OF = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 """accept()'s errors that pass once the process frees what it holds."""
 _PAUSE_S = 0.1
@@ -102,10 +100,17 @@ class UnixRelay:
         self._closed = threading.Condition(self._lock)
         self._open: dict[str, tuple[socket.socket, socket.socket]] = {}
         self.peers: dict[str, Peer] = {}
+        self._pumps: Pumps | None = None
+        self._pumped: dict[int, tuple[str, int]] = {}
+        """serial -> (gRPC peer name, uid) of the connections the pump process copies."""
         self._thread = threading.Thread(target=self._accept, name="crossrt-relay", daemon=True)
 
     def start(self) -> None:
-        """Start accepting (and closing idle connections)."""
+        """Start the pump process, accepting (and closing idle connections)."""
+        try:
+            self._pumps = Pumps(self._limit, self._pump_ended)
+        except OSError as exc:
+            log.warning("%s; the relay copies in the daemon's own threads (slower)", exc)
         self._thread.start()
         if self._idle_seconds:
             threading.Thread(target=self._close_idle, name="crossrt-idle", daemon=True).start()
@@ -167,6 +172,8 @@ class UnixRelay:
             for s in pair:
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
+        if self._pumps is not None:
+            self._pumps.close()
 
     def _accept(self) -> None:
         while True:
@@ -303,13 +310,36 @@ class UnixRelay:
             upstream.close()
             raise
         activity = Activity()
+        sockets = (client, upstream)
         with self._lock:
             self.peers[name] = socket_peer(f"unix-abstract:{name}", uid, gid, pid)
-            self._open[name] = (client, upstream)
-            self._activity[serial] = (activity, (client, upstream), name)
+            self._open[name] = sockets
+            self._activity[serial] = (activity, sockets, name)
+            self._pumped[serial] = (name, uid)
+        pumps = self._pumps
+        slot = pumps.relay(serial, client, upstream) if pumps is not None else None
+        if pumps is not None and slot is not None:
+            # Copied in the pump process (:mod:`.pump`), its activity noted in the board.
+            with self._lock:
+                if serial in self._activity:  # not ended already
+                    self._activity[serial] = (_Board(pumps, slot), sockets, name)
+            return
+        with self._lock:
+            self._pumped.pop(serial, None)
+
+        def noted() -> None:
+            activity.last = time.monotonic()
+
         done = threading.Barrier(2, action=lambda: self._forget(name, serial, uid))
-        for a, b in ((client, upstream), (upstream, client)):
-            threading.Thread(target=_pump, args=(a, b, done, activity), daemon=True).start()
+        for a, b in (sockets, sockets[::-1]):
+            threading.Thread(target=pump, args=(a, b, done, noted), daemon=True).start()
+
+    def _pump_ended(self, serial: int) -> None:
+        """The pump process finished copying connection ``serial`` (or died)."""
+        with self._lock:
+            known = self._pumped.pop(serial, None)
+        if known is not None:
+            self._forget(known[0], serial, known[1])
 
     def _forget(self, name: str, serial: int, uid: int) -> None:
         with self._lock:
@@ -320,33 +350,29 @@ class UnixRelay:
         if pair is not None:
             self._closed_one(uid)
         for s in pair or ():
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)  # the pump process's copies end with ours
             s.close()
 
 
-def _pump(
-    src: socket.socket, dst: socket.socket, done: threading.Barrier, activity: Activity
-) -> None:
-    """Copy ``src`` to ``dst`` until EOF: through a pipe with ``splice`` (the kernel moves
-    the pages; about 3x faster than recv/send through Python on 16 MB tensors), noting in
-    ``activity`` when bytes last went through."""
-    read, write = os.pipe()
-    try:
-        with contextlib.suppress(OSError):
-            fcntl.fcntl(write, _F_SETPIPE_SZ, _CHUNK)
-        source, target = src.fileno(), dst.fileno()
-        while n := os.splice(source, write, _CHUNK):
-            activity.last = time.monotonic()
-            while n:
-                n -= os.splice(read, target, n)
-    except OSError:
-        pass
-    finally:
-        os.close(read)
-        os.close(write)
-    with contextlib.suppress(OSError):
-        dst.shutdown(socket.SHUT_WR)
-    with contextlib.suppress(threading.BrokenBarrierError):
-        done.wait()
+class _Board(Activity):
+    """The activity of a connection the pump process copies: :attr:`last` is its slot of
+    the pump process's board."""
+
+    __slots__ = ("_pumps", "_slot")
+
+    def __init__(self, pumps: Pumps, slot: int) -> None:
+        self._pumps = pumps
+        self._slot = slot
+        super().__init__()
+
+    @property  # type: ignore[override]
+    def last(self) -> float:
+        return self._pumps.last(self._slot)
+
+    @last.setter
+    def last(self, when: float) -> None:
+        self._pumps.note(self._slot, when)
 
 
 def bind_unix(path: str, mode: int) -> socket.socket:
