@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import logging
 import mmap
 import os
@@ -46,16 +47,28 @@ _START_S = 10.0
 """How long the pump process may take to say it is ready."""
 
 
-def pump(
-    src: socket.socket,
-    dst: socket.socket,
-    done: threading.Barrier,
-    noted: Callable[[], None],
-) -> None:
+class Both:
+    """Calls ``action`` once, when both directions of a connection have ended."""
+
+    def __init__(self, action: Callable[[], None]) -> None:
+        self._left = 2
+        self._lock = threading.Lock()
+        self._action = action
+
+    def one_ended(self) -> None:
+        """One direction ended (or will never start)."""
+        with self._lock:
+            self._left -= 1
+            last = self._left == 0
+        if last:
+            self._action()
+
+
+def pump(src: socket.socket, dst: socket.socket, both: Both, noted: Callable[[], None]) -> None:
     """Copy ``src`` to ``dst`` until EOF: through a pipe with ``splice`` (the kernel moves
     the pages; about 3x faster than recv/send through Python on 16 MB tensors), calling
-    ``noted`` each time bytes went through; then shut ``dst`` for writing and wait at
-    ``done`` for the other direction."""
+    ``noted`` each time bytes went through; then shut ``dst`` for writing and tell
+    ``both``."""
     read, write = os.pipe()
     try:
         with contextlib.suppress(OSError):
@@ -72,8 +85,7 @@ def pump(
         os.close(write)
     with contextlib.suppress(OSError):
         dst.shutdown(socket.SHUT_WR)
-    with contextlib.suppress(threading.BrokenBarrierError):
-        done.wait()
+    both.one_ended()
 
 
 class Pumps:
@@ -137,7 +149,9 @@ class Pumps:
         try:
             with self._send_lock:
                 socket.send_fds(
-                    self._control, [_HANDOFF.pack(serial, slot)], [client.fileno(), upstream.fileno()]
+                    self._control,
+                    [_HANDOFF.pack(serial, slot)],
+                    [client.fileno(), upstream.fileno()],
                 )
         except OSError:
             with self._lock:
@@ -197,6 +211,22 @@ class Pumps:
             self._proc.wait()
 
 
+def relay(pair: tuple[socket.socket, socket.socket], both: Both, noted: Callable[[], None]) -> None:
+    """Copy both ways between the two sockets of ``pair``, a thread each; when no thread can
+    be had, the connection is cut (``both`` is told all the same)."""
+    for a, b in (pair, pair[::-1]):
+        try:
+            threading.Thread(target=pump, args=(a, b, both, noted), daemon=True).start()
+        except RuntimeError:
+            for sock in pair:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)  # the other direction (if any) ends
+            both.one_ended()
+            if a is pair[0]:
+                both.one_ended()  # neither started
+            return
+
+
 def _serve(control_fd: int, board_fd: int) -> None:
     """The pump process: copy each connection handed over ``control_fd`` in two threads,
     until the daemon's end closes."""
@@ -235,9 +265,7 @@ def _serve(control_fd: int, board_fd: int) -> None:
         def noted(offset: int = offset) -> None:
             _SLOT.pack_into(board, offset, time.monotonic())
 
-        done = threading.Barrier(2, action=lambda s=serial, p=pair: ended(s, p))
-        for a, b in (pair, pair[::-1]):
-            threading.Thread(target=pump, args=(a, b, done, noted), daemon=True).start()
+        relay(pair, Both(functools.partial(ended, serial, pair)), noted)
     os._exit(0)  # the daemon is gone: every connection ends with this process
 
 
