@@ -5,13 +5,14 @@ here instead.
 
 Each connection holds a thread (or, relayed, two in the pump process) and file descriptors
 while it is open, so the relay keeps at most ``limit`` open (``max_connections``), and at
-most ``user_limit`` of one user's (``user_connections``, default half; root and the daemon's own user, the operator,
-have no share of their own): one more is refused at once (a lane client is told why,
-RESOURCE_EXHAUSTED; a gRPC client sees the connection closed) and logged. A connection that
-carries nothing for ``idle_seconds`` (``idle_timeout``), with no call under way on it, is
-closed: gRPC clients and crossrt's lane client open another when they next need one. When
-the process runs out of file descriptors, accepting pauses and resumes as they free up: the
-connection waits in the listen backlog instead of the listener giving up.
+most ``user_limit`` of one user's (``user_connections``, default half; root and the daemon's
+own user, the operator, have no share of their own): one more is refused at once (a lane
+client is told why, RESOURCE_EXHAUSTED; a gRPC client sees the connection closed) and
+logged. A connection that carries nothing for ``idle_seconds`` (``idle_timeout``), with no
+call under way on it, is closed: gRPC clients and crossrt's lane client open another when
+they next need one. When the process runs out of file descriptors, accepting pauses and
+resumes as they free up: the connection waits in the listen backlog instead of the listener
+giving up.
 
 gRPC's Python server shows a Unix client only as ``unix:``. Each relayed connection comes
 to gRPC from a socket bound to an abstract name of its own, 128 random bits
