@@ -97,3 +97,16 @@ def test_a_dead_pump_process_cuts_its_connections_and_the_daemon_copies(daemon: 
     fresh.close()
     client.close()
     assert daemon.proc.poll() is None
+
+
+def test_the_pump_process_ignores_the_daemons_signals(daemon: Daemon) -> None:
+    """Ctrl-C or SIGTERM to the daemon's process group reaches the pump process too; the
+    daemon drains on them, and the answers it drains still need copying."""
+    client = daemon.client()
+    want = infer(client)
+    (pump,) = pump_processes(daemon.proc.pid)
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        os.kill(pump, signum)
+    np.testing.assert_array_equal(infer(client), want)  # the same connection, still copied
+    assert pump_processes(daemon.proc.pid) == [pump]
+    client.close()

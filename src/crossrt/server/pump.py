@@ -29,6 +29,7 @@ import functools
 import logging
 import mmap
 import os
+import signal
 import socket
 import struct
 import subprocess
@@ -230,6 +231,10 @@ def relay(pair: tuple[socket.socket, socket.socket], both: Both, noted: Callable
 def _serve(control_fd: int, board_fd: int) -> None:
     """The pump process: copy each connection handed over ``control_fd`` in two threads,
     until the daemon's end closes."""
+    # The daemon's signals are the daemon's: Ctrl-C, SIGTERM or SIGHUP to its process group
+    # must not end the copies of the answers it drains (it closes our socket pair when done).
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
     control = socket.socket(fileno=control_fd)
     size = os.fstat(board_fd).st_size
     board = mmap.mmap(board_fd, size)
