@@ -1,0 +1,216 @@
+"""gRPC over the daemon's Unix socket against gRPC over loopback TCP (issue 28, point 3).
+
+The Unix socket's relay learns who connected (``SO_PEERCRED``) and copies the bytes to gRPC's
+own socket; this measures what that costs, paired: the same tiny ``ModelInfer`` (KServe's
+gRPC stub, as tritonclient sends it) on each of
+
+- **TCP**: gRPC over loopback TCP, no relay (the target: Unix within 20 us of it);
+- **Unix, pump process**: the daemon's Unix socket, the bytes copied by the relay's pump
+  process (``server/pump.py``: today's design);
+- **Unix, daemon threads**: a second daemon whose pump process is kept from starting, so its
+  relay copies in the daemon's own threads (its fallback, and the design before the pump
+  process);
+- **inner socket**: gRPC's own socket behind the relay, reached directly (only the daemon's
+  user can): gRPC over a Unix socket with no relay, the floor.
+
+Rounds alternate the order; each round runs ``--calls`` calls per variant from 1 client and
+from ``--clients`` threads (a connection each). p50 and throughput per variant, and each
+Unix variant's p50 minus TCP's of the same daemon.
+
+    python benchmarks/relay.py                 # ~1 min on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pbg
+
+import crossrt
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import models  # benchmarks/ is not a package: found through sys.path
+import reporting
+
+RESULTS = Path(__file__).resolve().parent / "results"
+NO_PUMPS = (
+    "import runpy, sys; import crossrt.server.pump as p\n"
+    "def refuse(*a, **k): raise OSError('pump process left out by benchmarks/relay.py')\n"
+    "p.Pumps.__init__ = refuse; sys.argv[0] = 'crossrt'\n"
+    "runpy.run_module('crossrt', run_name='__main__')"
+)
+"""The daemon, with its relay's pump process kept from starting (it copies in its threads)."""
+
+
+def free_address() -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{probe.getsockname()[1]}"
+
+
+def start(folder: Path, tag: str, pumps: bool) -> tuple[subprocess.Popen[str], dict[str, str]]:
+    """A daemon on ``folder/tag.sock`` and loopback TCP; its targets by variant."""
+    tcp = free_address()
+    run = folder / f"run-{tag}"
+    run.mkdir()
+    head = ["-m", "crossrt"] if pumps else ["-c", NO_PUMPS]
+    command = [sys.executable, *head, "serve", "-x", "-g", f"unix:{folder}/{tag}.sock", "-g", tcp]
+    command += ["--model-repository", str(folder / "models")]
+    env = dict(os.environ, CROSSRT_RUNTIME_DIR=str(run), TMPDIR=str(run))
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if line.rstrip().endswith(" INFO ready"):
+            threading.Thread(target=proc.stderr.read, daemon=True).start()
+            break
+    else:
+        raise SystemExit(f"crossrt serve did not start (exit {proc.wait()})")
+    unix = "Unix, pump process" if pumps else "Unix, daemon threads"
+    targets = {f"TCP ({tag})": tcp, unix: f"unix:{folder}/{tag}.sock"}
+    inner = glob.glob(f"{run}/crossrt-serve-*/grpc.sock")
+    if pumps and inner:
+        targets["inner socket, no relay"] = f"unix:{inner[0]}"
+    return proc, targets
+
+
+def request() -> pb.ModelInferRequest:
+    r = pb.ModelInferRequest(model_name="tiny")
+    t = r.inputs.add()
+    t.name, t.datatype = "x", "FP32"
+    t.shape.extend([1, 16])
+    r.raw_input_contents.append(np.random.default_rng(0).random((1, 16), np.float32).tobytes())
+    return r
+
+
+def run_all(rounds: int, calls: int, clients: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="crossrt-bench-relay-") as tmp:
+        folder = Path(tmp)
+        (folder / "models").mkdir()
+        crossrt.compile(models.build_tiny(), "cpu").save(folder / "models" / "tiny.crm")
+        procs, targets = [], {}
+        try:
+            for tag, pumps in (("a", True), ("b", False)):
+                proc, found = start(folder, tag, pumps)
+                procs.append(proc)
+                targets.update(found)
+            rows = measure(targets, rounds, calls, clients)
+        finally:
+            for proc in procs:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(60)
+    return {
+        "benchmark": "relay",
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "load": os.getloadavg()},
+        "rounds": rounds,
+        "calls": calls,
+        "rows": rows,
+    }
+
+
+def measure(targets: dict[str, str], rounds: int, calls: int, clients: int) -> list[dict[str, Any]]:
+    req = request()
+    own = [("grpc.use_local_subchannel_pool", 1)]  # a connection per stub
+    rows = []
+    for n in sorted({1, clients}):
+        channels = {
+            k: [grpc.insecure_channel(v, options=own) for _ in range(n)] for k, v in targets.items()
+        }
+        stubs = {
+            k: [pbg.GRPCInferenceServiceStub(c) for c in group] for k, group in channels.items()
+        }
+        for group in stubs.values():
+            for stub in group:
+                for _ in range(100):
+                    stub.ModelInfer(req)
+        times: dict[str, list[int]] = {k: [] for k in stubs}
+        rates: dict[str, list[float]] = {k: [] for k in stubs}
+        names = list(stubs)
+        for r in range(rounds):
+            for k in names[r % len(names) :] + names[: r % len(names)]:
+                got = times[k]
+
+                def loop(stub: Any, got: list[int] = got, each: int = calls // n) -> None:
+                    for _ in range(each):
+                        t = time.perf_counter_ns()
+                        stub.ModelInfer(req)
+                        got.append(time.perf_counter_ns() - t)
+
+                threads = [threading.Thread(target=loop, args=(s,)) for s in stubs[k]]
+                started = time.perf_counter()
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                rates[k].append(n * (calls // n) / (time.perf_counter() - started))
+        p50 = {k: float(np.percentile(v, 50) / 1e3) for k, v in times.items()}
+        for k in names:
+            tcp = "TCP (b)" if "daemon threads" in k or k.endswith("(b)") else "TCP (a)"
+            rows.append({
+                "variant": k, "clients": n, "p50_us": p50[k],
+                "p99_us": float(np.percentile(times[k], 99) / 1e3),
+                "throughput": float(np.median(rates[k])),
+                "p50_minus_tcp_us": p50[k] - p50[tcp],
+                "throughput_vs_tcp": float(np.median(rates[k]) / np.median(rates[tcp])),
+            })  # fmt: skip
+            print(_row(rows[-1]), flush=True)
+        for group in channels.values():
+            for channel in group:
+                channel.close()
+    return rows
+
+
+def _row(r: dict[str, Any]) -> str:
+    return (
+        f"| {r['variant']} | {r['clients']} | {r['p50_us']:.0f} | {r['p99_us']:.0f} | "
+        f"{r['throughput']:.0f} | {r['p50_minus_tcp_us']:+.0f} | {r['throughput_vs_tcp']:.2f} |"
+    )
+
+
+def markdown(report: dict[str, Any]) -> str:
+    host = report["host"]
+    lines = [
+        f"# gRPC over the Unix socket vs loopback TCP ({report['date']}, {host['cpus']} CPUs, "
+        f"load {host['load'][0]:.1f})",
+        "",
+        f"{report['rounds']} alternating rounds of {report['calls']} tiny ModelInfer calls per "
+        "variant; medians of the rounds' throughput; the Unix rows against the TCP row of the "
+        "same daemon.",
+        "",
+        "| variant | clients | p50 us | p99 us | req/s | p50 - TCP us | req/s vs TCP |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    return "\n".join(lines + [_row(r) for r in report["rows"]]) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--calls", type=int, default=1000)
+    p.add_argument("--clients", type=int, default=4)
+    p.add_argument("--out", type=Path, default=RESULTS / "relay.json")
+    args = p.parse_args(argv)
+    report = run_all(args.rounds, args.calls, args.clients)
+    reporting.save(args.out, report, markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
