@@ -243,16 +243,17 @@ def test_a_json_request_costs_a_few_times_its_body_at_most(bounded: Daemon) -> N
     assert extra < 2.5 * len(body) / MiB, (
         f"+{peak.grew_mib:.0f} MiB for 16 MiB of JSON, +{binary.grew_mib:.0f} MiB in binary"
     )
-    # and answered in JSON too: its numbers written a chunk at a time (a list of them all
-    # cost 8 times the tensor, 202 MiB for this one)
+    # and answered in JSON too: its numbers written by orjson from the array (a list of them
+    # all cost 8 times the tensor, 202 MiB for this one)
     with Peak(bounded) as both:
         status, answer = _http(bounded, body.replace(b'"binary_data_output": true', b'"x": 0'))
     assert status == 200, answer[:500]
-    assert answer.endswith(b"1.5, 1.5]}]}")
+    assert answer.endswith(b"1.5,1.5]}]}")
     assert both.grew_mib - binary.grew_mib < 5 * len(body) / MiB, (
         f"+{both.grew_mib:.0f} MiB for 16 MiB of JSON in and out, +{binary.grew_mib:.0f} in binary"
     )
-    # nested, long enough to be read as text (64 KiB and more), and a small one
+    # nested (read whole by orjson under 4 MiB: counted against the shape all the same), and a
+    # small one
     rows = np.arange(2**15, dtype=np.float32).reshape(256, 128) / 4
     doc = {"inputs": [{"name": "x", "shape": [2**15], "datatype": "FP32", "data": rows.tolist()}]}
     status, answer = _http(bounded, json.dumps(doc).encode())
@@ -267,7 +268,7 @@ def test_a_json_request_costs_a_few_times_its_body_at_most(bounded: Daemon) -> N
     )
     status, answer = _http(bounded, small)
     assert status == 200, answer
-    assert b"[2.0, 3.0, 4.0, 5.5]" in answer
+    assert b"[2.0,3.0,4.0,5.5]" in answer
 
 
 def _answer(s: socket.socket) -> bytes:

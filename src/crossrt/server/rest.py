@@ -507,24 +507,29 @@ def _raw(name: str, datatype: str, data: Any, shape: Any) -> bytes:
         dtype = dtypes.from_kserve(datatype).numpy
     except Exception:
         raise _bad(f"input {name!r}: unknown datatype {datatype!r}") from None
+    needed = 1
+    for dim in shape:
+        needed *= max(int(dim), 0)
     try:
         if isinstance(data, Numbers):
             # counted from the text and checked before the tensor is allocated
-            needed = 1
-            for dim in shape:
-                needed *= max(int(dim), 0)
-            if data.count != needed:
-                raise _bad(
-                    f"input {name!r}: its data hold {data.count} values, its shape "
-                    f"{list(shape)} needs {needed}; send as many values as the shape says"
-                )
+            _check_count(name, data.count, shape, needed)
             return data.array(np.dtype(dtype)).tobytes()
-        whole = rest_json.tensor(data, np.dtype(dtype))  # a regular nest: NumPy at once
-        if whole is not None:
-            return whole.tobytes()
-        return np.asarray(_flat(data), dtype=dtype).tobytes()
+        values = rest_json.tensor(data, np.dtype(dtype))  # a regular nest: NumPy at once
+        if values is None:
+            values = np.asarray(_flat(data), dtype=dtype)
+        _check_count(name, values.size, shape, needed)
+        return values.tobytes()
     except (TypeError, ValueError, OverflowError) as exc:
         raise _bad(f"input {name!r}: its data are not {datatype} values ({exc})") from None
+
+
+def _check_count(name: str, count: int, shape: Any, needed: int) -> None:
+    if count != needed:
+        raise _bad(
+            f"input {name!r}: its data hold {count} values, its shape {list(shape)} needs "
+            f"{needed}; send as many values as the shape says"
+        )
 
 
 def _flat(data: Any) -> list[Any]:
