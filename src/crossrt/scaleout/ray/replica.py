@@ -34,7 +34,7 @@ from ...server.regions import Regions
 from ...server.repository import Entry, LoadOptions, Repository
 from ...server.response_cache import ResponseCache
 from ...server.rest import HEADER_LENGTH, RestRoutes, error_answer
-from ...server.status import ServiceError, status_of
+from ...server.status import ServiceError, error_from, status_of
 from . import protos  # noqa: F401  (the KServe classes' pickle names, in this process)
 from .statistics import RayStatistics
 
@@ -96,7 +96,12 @@ class Replica:
                 self.repository, Regions(), lambda _: _ANONYMOUS, self._ready, cache
             )
             self.routes = RestRoutes(self.service)
-            self._pool = ThreadPoolExecutor(config.threads, thread_name_prefix="crossrt-ray")
+            # The threads that call the models run on the replica's own cores (a run() on
+            # one core computes in its caller's thread, which crossrt never pins itself).
+            cores = self.runtime.cores if self.runtime.exclusive else None
+            self._pool = ThreadPoolExecutor(
+                config.threads, "crossrt-ray", initializer=_pin, initargs=(cores,)
+            )
             self._get_model: Callable[[str], Awaitable[Any]] | None = None
             if config.max_models:
                 from ray import serve
@@ -135,6 +140,11 @@ class Replica:
         :func:`.autoscale.in_flight_policy`; the Ray metrics are refreshed too."""
         self.statistics.export()
         return {"crossrt_in_flight": float(self.statistics.in_flight())}
+
+    def metric_samples(self) -> list[tuple[str, dict[str, str], float]]:
+        """The samples this replica exports as Ray metrics (the names and labels of
+        ``crossrt serve --metrics``)."""
+        return self.statistics.samples()
 
     def __del__(self) -> None:
         # Serve calls this after the drain (graceful_shutdown_timeout_s: the requests under
@@ -182,7 +192,10 @@ class Replica:
         """Run model ``name`` on ``inputs`` (name -> NumPy array) within ``timeout`` seconds;
         the outputs by name. Cancelled by Serve (the caller cancelled or went away), the
         request is dropped where it waits and stopped where the engine can."""
-        model = await self._model(name)
+        try:
+            model = await self._model(name)
+        except ServiceError as exc:  # as the client of `crossrt serve` raises it (picklable)
+            raise error_from(exc.status, exc.message, "ray serve") from None
         gone = CancelToken()
         deadline = None if timeout is None else time.monotonic() + timeout
 
@@ -369,6 +382,11 @@ class Replica:
             raise ServiceError(grpc.StatusCode.UNAVAILABLE, message)
 
         return await self._answer(call, grpc_context, pb.ServerLiveResponse)
+
+
+def _pin(cores: tuple[int, ...] | None) -> None:
+    if cores:
+        os.sched_setaffinity(0, cores)  # 0: this thread
 
 
 def _model_id(name: str) -> str:
