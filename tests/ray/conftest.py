@@ -10,13 +10,12 @@ and this host may have only two.
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from ray_models import RayCluster, free_port
 
 import crossrt
 from crossrt.host import usable_cores
@@ -34,31 +33,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group("ray"))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class RayCluster:
-    """The running cluster and Serve's ports on it."""
-
-    address: str
-    http: int
-    grpc: int
-    runtime_dir: Path
-
-
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[RayCluster]:
     if len(usable_cores()) < 2:
         pytest.skip("two replicas of one core each need 2 usable CPUs; this process has fewer")
-    import ray
-    from ray import serve
     from ray.cluster_utils import Cluster
 
+    import ray
     from crossrt.scaleout.ray import start_serve
+    from ray import serve
 
     folder = Path(tempfile.mkdtemp(prefix="crossrt-ray-"))
     previous = os.environ.get("CROSSRT_RUNTIME_DIR")
@@ -99,8 +82,9 @@ def crm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``.crm`` files of the Ray tests' models: ``mm`` (y = x @ W + 1 on [N, 8]), ``mlp``
     (a two-layer MLP on [N, 16]: the held-out model), ``slow`` (MatMul chains, tens of ms a
     row) and their ONNX bytes beside them, for raw onnxruntime."""
-    from concurrency_models import batchable, slow_rows
     from ray_models import mlp
+
+    from concurrency_models import batchable, slow_rows
 
     folder = tmp_path_factory.mktemp("ray-models")
     for name, model in (("mm", batchable()), ("mlp", mlp()), ("slow", slow_rows(chain=60))):

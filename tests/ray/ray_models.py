@@ -1,8 +1,10 @@
-"""The Ray tests' held-out model and raw onnxruntime's answers (conftest.py builds the
-``.crm`` files)."""
+"""What the Ray tests share: the cluster's description, the held-out model, raw
+onnxruntime's answers (conftest.py builds the ``.crm`` files) and the replicas' placement."""
 
 from __future__ import annotations
 
+import socket
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,3 +33,30 @@ def raw_ort(folder: Path, name: str, feed: dict[str, Any]) -> list[Any]:
 
     session = ort.InferenceSession((folder / f"{name}.onnx.bytes").read_bytes())
     return session.run(None, feed)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class RayCluster:
+    """The running cluster and Serve's ports on it."""
+
+    address: str
+    http: int
+    grpc: int
+    runtime_dir: Path
+
+
+def placements(handle: Any, count: int = 2, tries: int = 60) -> dict[int, dict[str, Any]]:
+    """Each replica's placement by pid, asked through the handle until ``count`` answered."""
+    found: dict[int, dict[str, Any]] = {}
+    for _ in range(tries):
+        answer = handle.options(method_name="placement").remote().result(timeout_s=30)
+        found[answer["pid"]] = answer
+        if len(found) == count:
+            return found
+    raise AssertionError(f"only replicas {sorted(found)} answered in {tries} calls")

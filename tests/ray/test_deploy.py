@@ -10,8 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as tc
-from conftest import RayCluster
-from ray_models import raw_ort
+from ray_models import RayCluster, raw_ort
 
 from crossrt.tools import deploy
 
@@ -50,7 +49,9 @@ def test_crossrt_deploy_ray_onto_a_cluster(ray_cluster: RayCluster, crm_dir: Pat
         given = tc.InferInput("x", [2, 16], "FP32")
         given.set_data_from_numpy(x)
         answer = client.infer("mlp", [given], headers={"application": "cli"})
-        np.testing.assert_allclose(answer.as_numpy("y"), raw_ort(crm_dir, "mlp", {"x": x})[0], rtol=1e-6)
+        np.testing.assert_allclose(
+            answer.as_numpy("y"), raw_ort(crm_dir, "mlp", {"x": x})[0], rtol=1e-6
+        )
     finally:
         if "cli" in serve.status().applications:
             serve.delete("cli")

@@ -17,8 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tritonclient.grpc as tc
-from conftest import RayCluster
-from test_serve import placements
+from ray_models import RayCluster, placements
 
 from crossrt.scaleout.ray import RayModel, ReplicaConfig, Scaling, application
 
@@ -110,7 +109,10 @@ def test_multiplexing_loads_on_demand_and_unloads_on_eviction(
     try:
         loaded = handle.options(method_name="placement")
         assert loaded.remote().result(timeout_s=30)["models"] == []  # nothing loaded at start
-        mm, mlp = RayModel(handle, "mm", multiplexed=True), RayModel(handle, "mlp", multiplexed=True)
+        mm, mlp = (
+            RayModel(handle, "mm", multiplexed=True),
+            RayModel(handle, "mlp", multiplexed=True),
+        )
         mm.run({"x": np.ones((1, 8), dtype=np.float32)})
         assert loaded.remote().result(timeout_s=30)["models"] == ["mm"]
         mlp.run({"x": np.ones((1, 16), dtype=np.float32)})
@@ -137,11 +139,12 @@ def test_a_replica_killed_by_pid_is_replaced_while_requests_are_answered(
             os.kill(victim, signal.SIGKILL)
             wait_for(
                 "a new replica replaces the killed one",
-                lambda: running_replicas("kill") == 2
-                and len(set(pids(handle)) - set(before)) == 1,
+                lambda: running_replicas("kill") == 2 and len(set(pids(handle)) - set(before)) == 1,
             )
             answered = load.answered
-            wait_for("requests answered after the replacement", lambda: load.answered > answered + 20)
+            wait_for(
+                "requests answered after the replacement", lambda: load.answered > answered + 20
+            )
         finally:
             load.stop()
         # Only requests in flight on the killed replica may fail: one per client at most.
@@ -154,7 +157,9 @@ def test_a_replica_killed_by_pid_is_replaced_while_requests_are_answered(
 def test_scales_from_one_to_two_replicas_under_load(ray_cluster: RayCluster, crm_dir: Path) -> None:
     from ray import serve
 
-    scaling = Scaling("auto", min_replicas=1, max_replicas=2, upscale_delay_s=1.0, target_in_flight=1)
+    scaling = Scaling(
+        "auto", min_replicas=1, max_replicas=2, upscale_delay_s=1.0, target_in_flight=1
+    )
     handle = deployed("scale", ReplicaConfig(str(crm_dir / "slow.crm"), cores=1), scaling)
     try:
         assert running_replicas("scale") == 1

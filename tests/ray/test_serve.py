@@ -19,8 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tritonclient.grpc as tc
-from conftest import RayCluster
-from ray_models import raw_ort
+from ray_models import RayCluster, placements, raw_ort
 
 import crossrt
 from crossrt.scaleout.ray import RayModel, ReplicaConfig, Scaling, application
@@ -43,17 +42,6 @@ def main_app(ray_cluster: RayCluster, crm_dir: Path) -> Iterator[Any]:
         serve.delete(APP)
 
 
-def placements(handle: Any, count: int = 2, tries: int = 60) -> dict[int, dict[str, Any]]:
-    """Each replica's placement by pid, asked through the handle until ``count`` answered."""
-    found: dict[int, dict[str, Any]] = {}
-    for _ in range(tries):
-        answer = handle.options(method_name="placement").remote().result(timeout_s=30)
-        found[answer["pid"]] = answer
-        if len(found) == count:
-            return found
-    raise AssertionError(f"only replicas {sorted(found)} answered in {tries} calls")
-
-
 def affinities(pid: int) -> dict[int, frozenset[int]]:
     """What the kernel says each thread of ``pid`` may run on."""
     out = {}
@@ -70,7 +58,7 @@ def test_two_replicas_never_share_a_core(main_app: Any) -> None:
     for _ in range(24):  # requests on both replicas (routed at random): their threads start
         model.run({"x": np.ones((1, 8), dtype=np.float32)})
     replicas = placements(main_app)
-    (pid_a, a), (pid_b, b) = replicas.items()
+    a, b = replicas.values()
     assert a["exclusive"] and b["exclusive"]
     assert len(a["cores"]) == len(b["cores"]) == 1
     assert not set(a["cores"]) & set(b["cores"]), replicas
@@ -95,7 +83,9 @@ def test_tritonclient_over_the_serve_grpc_proxy_gives_raw_onnxruntime(
         given = tc.InferInput("x", list(x.shape), "FP32")
         given.set_data_from_numpy(x)
         answer = client.infer(name, [given], headers=HEADERS)
-        np.testing.assert_allclose(answer.as_numpy("y"), raw_ort(crm_dir, name, {"x": x})[0], rtol=1e-6)
+        np.testing.assert_allclose(
+            answer.as_numpy("y"), raw_ort(crm_dir, name, {"x": x})[0], rtol=1e-6
+        )
     # crossrt's own refusal, with its status, through the proxy
     with pytest.raises(tc.InferenceServerException) as refused:
         client.infer("nope", [given], headers=HEADERS)
@@ -110,7 +100,9 @@ def test_http_has_the_routes_of_crossrt_serve(
     with urllib.request.urlopen(f"{base}/health/ready", timeout=30) as answer:
         assert answer.status == 200
     x = np.random.default_rng(1).standard_normal((2, 16), dtype=np.float32)
-    body = {"inputs": [{"name": "x", "shape": [2, 16], "datatype": "FP32", "data": x.ravel().tolist()}]}
+    body = {
+        "inputs": [{"name": "x", "shape": [2, 16], "datatype": "FP32", "data": x.ravel().tolist()}]
+    }
     request = urllib.request.Request(f"{base}/models/mlp/infer", json.dumps(body).encode())
     with urllib.request.urlopen(request, timeout=30) as answer:
         doc = json.load(answer)

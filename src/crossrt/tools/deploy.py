@@ -77,7 +77,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--response-cache-bytes", type=int, default=0, metavar="N",
                    help="each replica's response cache (0: none)")  # fmt: skip
     p.add_argument("--drain", type=float, default=30.0, metavar="S",
-                   help="seconds a replica going away has for its requests (default 30)")  # fmt: skip
+                   help="seconds a replica going away has for its requests")  # fmt: skip
     return p
 
 
@@ -145,7 +145,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         import ray
     except ImportError:
-        say("crossrt deploy: error: Ray is not installed; pip install 'crossrt[ray]'", file=sys.stderr)
+        say(
+            "crossrt deploy: error: Ray is not installed; pip install 'crossrt[ray]'",
+            file=sys.stderr,
+        )
         return 1
     from ..scaleout.ray import deploy
 
@@ -183,6 +186,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop.wait()
     from ray import serve
 
-    serve.shutdown()  # the drain: each replica finishes what it holds
+    serve.shutdown()  # type: ignore[no-untyped-call]  # the drain: each replica finishes what it holds
     ray.shutdown()
     return 0

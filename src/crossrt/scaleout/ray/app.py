@@ -68,7 +68,35 @@ def application(config: ReplicaConfig, scaling: Scaling = Scaling(), name: str =
         }
     else:
         options["num_replicas"] = int(scaling.replicas)
-    return serve.deployment(Replica, **options).bind(config)
+    make: Any = serve.deployment  # typed for its decorator forms only
+    return make(Replica, **options).bind(config)
+
+
+def build(args: dict[str, Any]) -> Any:
+    """The application from a Serve config file's ``args`` (``import_path:
+    crossrt.scaleout.ray.app:build``, as KubeRay's ``serveConfigV2`` gives it): ``source``,
+    and optionally ``cores``, ``load``, ``max_models``, ``response_cache_bytes``, ``name``
+    and :class:`Scaling`'s fields (``replicas``, ``max_replicas``, ...).
+
+    Raises:
+        InvalidOptionError: an argument neither names.
+    """
+    from ...errors import InvalidOptionError
+
+    given = dict(args)
+    name = str(given.pop("name", "crossrt"))
+    replica_fields = {"source", "cores", "load", "max_models", "response_cache_bytes", "threads"}
+    scaling_fields = set(Scaling.__dataclass_fields__)
+    unknown = set(given) - replica_fields - scaling_fields
+    if unknown or "source" not in given:
+        known = sorted((replica_fields | scaling_fields) - {"source"})
+        raise InvalidOptionError(
+            f"crossrt application args: unknown {sorted(unknown)}; give source (a .crm or a "
+            f"repository folder) and any of {known}"
+        )
+    config = ReplicaConfig(**{k: v for k, v in given.items() if k in replica_fields})
+    scaling = Scaling(**{k: v for k, v in given.items() if k in scaling_fields})
+    return application(config, scaling, name)
 
 
 def start_serve(http: tuple[str, int] | None, grpc_port: int | None) -> None:

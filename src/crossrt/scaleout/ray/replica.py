@@ -205,7 +205,8 @@ class Replica:
                 kwargs["output_names"] = outputs
             return dict(model.run(inputs, **kwargs))
 
-        return await self._offload(run, gone)
+        outputs_by_name: dict[str, Any] = await self._offload(run, gone)
+        return outputs_by_name
 
     # -- KServe v2 over Serve's gRPC proxy ----------------------------------------------
 
