@@ -29,25 +29,17 @@ from ...drivers.base import CancelToken
 from ...host import usable_cores
 from ...runtime import Runtime
 from ...server.kserve import InferenceService
-from ...server.peers import Peer
 from ...server.regions import Regions
 from ...server.repository import Entry, LoadOptions, Repository
 from ...server.response_cache import ResponseCache
-from ...server.rest import HEADER_LENGTH, RestRoutes, error_answer
+from ...server.rest import RestRoutes
 from ...server.status import ServiceError, error_from, status_of
 from . import protos  # noqa: F401  (the KServe classes' pickle names, in this process)
+from .calls import ANONYMOUS, SAME_HOST_ONLY, model_id
+from .http import answer_http
 from .statistics import RayStatistics
 
 log = logging.getLogger("crossrt.ray")
-
-_ANONYMOUS = Peer("ray-serve", local=False)
-"""Every caller through Serve: its proxy hides the client's connection, and a token would
-name a user of one host only."""
-
-SAME_HOST_ONLY = (
-    "system shared memory is served by `crossrt serve` on the client's own host; through "
-    "Ray Serve send the tensors in the request"
-)
 
 
 @dataclass(frozen=True)
@@ -93,7 +85,7 @@ class Replica:
             )
             self.repository.caches = cache is not None
             self.service = InferenceService(
-                self.repository, Regions(), lambda _: _ANONYMOUS, self._ready, cache
+                self.repository, Regions(), lambda _: ANONYMOUS, self._ready, cache
             )
             self.routes = RestRoutes(self.service)
             # The threads that call the models run on the replica's own cores (a run() on
@@ -193,7 +185,7 @@ class Replica:
         the outputs by name. Cancelled by Serve (the caller cancelled or went away), the
         request is dropped where it waits and stopped where the engine can."""
         try:
-            model = await self._model(name)
+            model = await self.model(name)
         except ServiceError as exc:  # as the client of `crossrt serve` raises it (picklable)
             raise error_from(exc.status, exc.message, "ray serve") from None
         gone = CancelToken()
@@ -205,7 +197,7 @@ class Replica:
                 kwargs["output_names"] = outputs
             return dict(model.run(inputs, **kwargs))
 
-        outputs_by_name: dict[str, Any] = await self._offload(run, gone)
+        outputs_by_name: dict[str, Any] = await self.offload(run, gone)
         return outputs_by_name
 
     # -- KServe v2 over Serve's gRPC proxy ----------------------------------------------
@@ -214,9 +206,9 @@ class Replica:
         gone = CancelToken()
 
         async def call() -> Any:
-            await self._model(_model_id(request.model_name))
-            return await self._offload(
-                lambda: self.service.infer(request, lambda: _ANONYMOUS, None, gone), gone
+            await self.model(model_id(request.model_name))
+            return await self.offload(
+                lambda: self.service.infer(request, lambda: ANONYMOUS, None, gone), gone
             )
 
         return await self._answer(call, grpc_context, pb.ModelInferResponse)
@@ -232,7 +224,7 @@ class Replica:
 
     async def ModelReady(self, request: Any, grpc_context: Any = None) -> Any:
         if self._get_model is not None and request.name in self._names():
-            await self._model(request.name)
+            await self.model(request.name)
         return self.service.ModelReady(request, None)
 
     async def ModelMetadata(self, request: Any, grpc_context: Any = None) -> Any:
@@ -275,45 +267,8 @@ class Replica:
 
     async def __call__(self, request: Any) -> Any:
         """An HTTP request (a starlette ``Request``): ``crossrt serve --http``'s routes
-        (:class:`RestRoutes`), under the application's route prefix."""
-        from starlette.responses import Response
-
-        parts = [p for p in request.url.path.split("/") if p]
-        if "v2" in parts:
-            parts = parts[parts.index("v2") :]
-        body = await request.body() if request.method == "POST" else b""
-        header = request.headers.get(HEADER_LENGTH)
-
-        def handle() -> tuple[int, bytes, str, dict[str, str]]:
-            import json
-
-            if parts[:1] != ["v2"]:
-                raise ServiceError(grpc.StatusCode.NOT_FOUND, f"no such path: {request.url.path}")
-            path = parts[1:]
-            if request.method == "GET":
-                status, doc = self.routes.get(path, _ANONYMOUS)
-                return status, json.dumps(doc).encode(), "application/json", {}
-            if path[:1] == ["repository"]:
-                doc = self.routes.repository(path[1:], body, _ANONYMOUS)
-                return 200, json.dumps(doc).encode(), "application/json", {}
-            if path[:1] in (["systemsharedmemory"], ["cudasharedmemory"]):
-                raise ServiceError(grpc.StatusCode.UNAVAILABLE, SAME_HOST_ONLY)
-            length = None if header is None else int(header)
-            answer, json_length = self.routes.infer(path, body, length, _ANONYMOUS)
-            if json_length is None:
-                return 200, answer, "application/json", {}
-            return 200, answer, "application/octet-stream", {HEADER_LENGTH: str(json_length)}
-
-        try:
-            if self._get_model is not None and len(parts) >= 3 and parts[1] == "models":
-                await self._model(_model_id(parts[2]))
-            status, answer, content, extra = await self._offload(handle, None)
-        except Exception as exc:
-            import json
-
-            status, doc = error_answer(exc)
-            answer, content, extra = json.dumps(doc).encode(), "application/json", {}
-        return Response(answer, status_code=status, media_type=content, headers=extra)
+        (:mod:`.http`), under the application's route prefix."""
+        return await answer_http(self.routes, request, self.model, self.offload)
 
     # -- the parts -------------------------------------------------------------------------
 
@@ -323,7 +278,7 @@ class Replica:
     def _names(self) -> set[str]:
         return {e.name for e in self.repository.entries()}
 
-    async def _model(self, name: str) -> Any:
+    async def model(self, name: str) -> Any:
         """Model ``name`` loaded in this replica (with multiplexing: loaded now if it is not,
         through Serve's LRU, which unloads the least recently used beyond ``max_models``)."""
         if self._get_model is not None:
@@ -339,7 +294,7 @@ class Replica:
         )
         return _Held(self.repository, entry)
 
-    async def _offload(self, work: Callable[[], Any], gone: CancelToken | None) -> Any:
+    async def offload(self, work: Callable[[], Any], gone: CancelToken | None) -> Any:
         """``work`` on the replica's threads (an engine call blocks); cancelled by Serve, the
         request is dropped where it waits and stopped where the engine can."""
         future = asyncio.get_running_loop().run_in_executor(self._pool, work)
@@ -353,7 +308,7 @@ class Replica:
     async def _service(self, method: str, request: Any, grpc_context: Any, name: Any) -> Any:
         async def call() -> Any:
             if name:
-                await self._model(_model_id(name))
+                await self.model(model_id(name))
             return getattr(self.service, method)(request, None)
 
         empty = getattr(pb, f"{method}Response")
@@ -388,18 +343,6 @@ class Replica:
 def _pin(cores: tuple[int, ...] | None) -> None:
     if cores:
         os.sched_setaffinity(0, cores)  # 0: this thread
-
-
-def _model_id(name: str) -> str:
-    """The model a request is for: Serve's multiplexed model id when the client sent one
-    (``multiplexed_model_id``: routed to a replica holding it), else the name it asks."""
-    try:
-        from ray import serve
-
-        chosen = serve.get_multiplexed_model_id()
-    except Exception:  # outside a request's context
-        chosen = ""
-    return chosen or name
 
 
 @dataclass
