@@ -175,3 +175,23 @@ def test_statistics_are_ray_metrics_with_the_daemons_names(main_app: Any) -> Non
     } <= names
     served = {labels["model"] for name, labels, _ in samples if name.endswith("success_total")}
     assert served == {"mm", "mlp", "slow"}
+    # and Ray's Prometheus endpoints serve them, with Ray's prefix, once exported (at each
+    # health check): polled, as nothing announces an export
+    import ray
+
+    ports = [n["MetricsExportPort"] for n in ray.nodes() if n["Alive"]]
+    wanted = "ray_crossrt_inference_request_success_total{"
+    end = time.monotonic() + 60
+    while True:
+        pages = [
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+            for port in ports
+        ]
+        found = [
+            line for page in pages for line in page.splitlines()
+            if line.startswith(wanted) and 'model="mlp"' in line
+        ]  # fmt: skip
+        if found or time.monotonic() > end:
+            break
+        time.sleep(0.5)
+    assert found, f"no {wanted}... model=mlp on Ray's metrics endpoints {ports}"
