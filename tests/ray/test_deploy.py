@@ -3,6 +3,8 @@ its refusals of bad options in-process."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as tc
-from ray_models import RayCluster, raw_ort
+from ray_models import RayCluster, free_port, raw_ort
 
 from crossrt.tools import deploy
 
@@ -55,3 +57,36 @@ def test_crossrt_deploy_ray_onto_a_cluster(ray_cluster: RayCluster, crm_dir: Pat
     finally:
         if "cli" in serve.status().applications:
             serve.delete("cli")
+
+
+@pytest.mark.slow
+def test_crossrt_deploy_ray_on_a_local_cluster_serves_until_sigterm(
+    crm_dir: Path, tmp_path: Path
+) -> None:
+    http, grpc = free_port(), free_port()
+    command = [
+        sys.executable, "-m", "crossrt", "deploy", "ray", str(crm_dir / "mm.crm"),
+        "--http", f"127.0.0.1:{http}", "--grpc-port", str(grpc),
+    ]  # fmt: skip
+    env = dict(os.environ, CROSSRT_RUNTIME_DIR=str(tmp_path / "run"))  # cores of its own
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
+    )
+    try:
+        assert proc.stdout is not None
+        lines = []
+        for line in proc.stdout:  # until it says it serves, or it ends
+            lines.append(line)
+            if "until SIGINT or SIGTERM" in line:
+                break
+        assert "deployed crossrt: 1 replica(s) of 1 core(s), models mm\n" in lines, lines
+        client = tc.InferenceServerClient(f"127.0.0.1:{grpc}")
+        given = tc.InferInput("x", [1, 8], "FP32")
+        given.set_data_from_numpy(np.ones((1, 8), dtype=np.float32))
+        assert client.infer("mm", [given]).as_numpy("y").shape == (1, 8)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(60)
