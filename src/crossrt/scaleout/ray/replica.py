@@ -129,8 +129,8 @@ class Replica:
 
     def record_autoscaling_stats(self) -> dict[str, float]:
         """crossrt's own count of requests in flight (queued or running) on this replica, for
-        :func:`.autoscale.in_flight_policy`; the Ray metrics are refreshed too."""
-        self.statistics.export()
+        :class:`.autoscale.InFlightPolicy` (Serve asks several times a second: the Ray
+        metrics are left to the health check)."""
         return {"crossrt_in_flight": float(self.statistics.in_flight())}
 
     def metric_samples(self) -> list[tuple[str, dict[str, str], float]]:
