@@ -109,7 +109,7 @@ class Replica:
                     self.repository.load(entry.name)  # a model that fails fails the replica
             self.statistics = RayStatistics(self.repository)
         except BaseException:
-            self.runtime.close()
+            self.runtime.close()  # its models with it, and its cores go back
             raise
         log.info("crossrt replica %d on cores %s", os.getpid(), self.runtime.cores)
 
@@ -120,11 +120,10 @@ class Replica:
         multiplexing: the runtime is open; models come and go)."""
         if self.runtime.closed:
             raise RuntimeError("the replica's crossrt runtime is closed")
-        if self.config.max_models:
-            return
-        for entry in self.repository.entries():
-            if entry.model is None or entry.state != "READY":
-                raise RuntimeError(f"model {entry.name} is {entry.state}: {entry.reason}")
+        if not self.config.max_models:
+            for entry in self.repository.entries():
+                if entry.model is None or entry.state != "READY":
+                    raise RuntimeError(f"model {entry.name} is {entry.state}: {entry.reason}")
         self.statistics.export()
 
     def record_autoscaling_stats(self) -> dict[str, float]:
@@ -155,8 +154,9 @@ class Replica:
     # -- placement, for tests and `crossrt deploy` --------------------------------------
 
     def placement(self) -> dict[str, Any]:
-        """This replica's process, its reserved cores and the CPUs each of its threads may
-        run on (the pinned instance workers: their own cores)."""
+        """This replica's process, its reserved cores, the CPUs the process may use, the CPUs
+        each of its threads may run on (those that run requests: the reserved cores only)
+        and the models it holds now."""
         threads: dict[int, list[int]] = {}
         for tid in os.listdir(f"/proc/{os.getpid()}/task"):
             try:
