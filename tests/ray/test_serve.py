@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -91,6 +93,24 @@ def test_tritonclient_over_the_serve_grpc_proxy_gives_raw_onnxruntime(
         client.infer("nope", [given], headers=HEADERS)
     assert refused.value.status() == "StatusCode.NOT_FOUND"
     assert "nope" in refused.value.message()
+
+
+PERF_ANALYZER = Path(__file__).resolve().parents[2] / "benchmarks/.perf_analyzer/perf_analyzer"
+
+
+def test_perf_analyzer_runs_over_the_serve_grpc_proxy(
+    main_app: Any, ray_cluster: RayCluster
+) -> None:
+    if not os.access(PERF_ANALYZER, os.X_OK):
+        pytest.skip(f"perf_analyzer is not at {PERF_ANALYZER}: `make perf-analyzer` fetches it")
+    command = [str(PERF_ANALYZER), "-m", "mlp", "-i", "grpc", "-u", f"127.0.0.1:{ray_cluster.grpc}"]
+    command += ["-H", f"application: {APP}", "--shape", "x:1,16"]
+    command += ["--measurement-mode", "count_windows", "--measurement-request-count", "20"]
+    command += ["--max-trials", "10", "--stability-percentage", "1000"]  # a run that answers
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert re.search(r"Throughput: [0-9.]+ infer/sec", out), out
 
 
 def test_http_has_the_routes_of_crossrt_serve(
