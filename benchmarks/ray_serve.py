@@ -156,7 +156,7 @@ def run_all(names: list[str], clients: int, seconds: float, rounds: int) -> dict
             folder / "models" / f"{n}.crm"
         )
     rows: list[dict[str, Any]] = []
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     grpc_port, daemon_port = free_port(), free_port()
     start_serve(("127.0.0.1", free_port()), grpc_port)
     proxy = f"127.0.0.1:{grpc_port}"

@@ -153,7 +153,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ..scaleout.ray import deploy
 
     local = args.address is None
-    ray.init(address=args.address, log_to_driver=False)
+    # "local": a cluster of its own, even where RAY_ADDRESS names one (ray.init sets it for
+    # its children)
+    ray.init(address=args.address or "local", log_to_driver=False)
     try:
         handle = deploy(
             config,
