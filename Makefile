@@ -88,7 +88,7 @@ fuzz: $(STAMP)
 lock:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	test -x $(VENV)/bin/uv || $(PY) -m pip install --quiet $(UV_PIN)
-	$(VENV)/bin/uv pip compile pyproject.toml requirements/build.in --extra dev --extra openvino --extra serve --extra tools --extra collectives --upgrade \
+	$(VENV)/bin/uv pip compile pyproject.toml requirements/build.in --extra dev --extra openvino --extra serve --extra tools --extra collectives --extra ray --upgrade \
 		--python-version 3.11 --python-platform x86_64-manylinux_2_28 \
 		--custom-compile-command 'make lock' --quiet -o $(LOCK)
 	$(VENV)/bin/uv pip compile requirements/cuda.in -c $(LOCK) --upgrade \

@@ -28,6 +28,7 @@ LAYERS = (
     "runtime",
     "collectives",
     "server",
+    "scaleout",
     "tools",
     "compat",
     "onnxruntime",

@@ -92,60 +92,30 @@ _HTTP_STATUS = {
 }
 
 
+def error_answer(exc: Exception) -> tuple[int, dict[str, str]]:
+    """A failed request's HTTP status and JSON answer (``{"error": message}``), the status
+    standing for the error's gRPC code; an unexpected error is logged."""
+    code, message = status_of(exc)
+    if code is grpc.StatusCode.INTERNAL:
+        log.exception("an HTTP request failed")
+    return _HTTP_STATUS.get(code, HTTPStatus.INTERNAL_SERVER_ERROR), {"error": message}
+
+
 def _bad(message: str) -> ServiceError:
     return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, message)
 
 
-class HttpFront:
-    """The HTTP/REST endpoint of a daemon.
+class RestRoutes:
+    """KServe v2's HTTP/REST routes over a KServe service, without a server of their own:
+    :class:`HttpFront` serves them, and so does a Ray Serve replica (crossrt.scaleout.ray),
+    with the same checks and conversions.
 
     Args:
-        address: ``(host, port)`` to listen on (port 0: any free one, see :attr:`port`).
-        service: the daemon's KServe service.
-        gate: the daemon's token and drain.
-        max_body: the largest body taken (``max_message_bytes``).
-        max_json: the largest JSON part taken (``max_json_bytes``).
-        connections: connections served at once (``http_connections``).
-        timeout: seconds a client has to send a request's headers (``http_timeout``).
+        service: the KServe service the requests go to.
     """
 
-    def __init__(
-        self,
-        address: tuple[str, int],
-        service: InferenceService,
-        gate: Gate,
-        max_body: int = 256 * MiB,
-        max_json: int = 32 * MiB,
-        connections: int = 64,
-        timeout: float = 30.0,
-    ) -> None:
-        front = self
-
-        class Handler(_Handler):
-            owner = front
-
-        class Server(BoundedServer):
-            address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
-
+    def __init__(self, service: InferenceService) -> None:
         self.service = service
-        self.gate = gate
-        self.max_body = max_body
-        self.max_json = max_json
-        self.timeout = timeout
-        self._server = Server(address, Handler, connections)
-        self.port = self._server.server_address[1]
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="crossrt-http", daemon=True
-        )
-        self._thread.start()
-
-    def close(self) -> None:
-        """Stop listening (the drain has waited for the requests under way)."""
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
-
-    # -- the requests ----------------------------------------------------------------------
 
     def get(self, path: list[str], peer: Peer) -> tuple[int, Any]:
         """A GET's status and JSON answer (``peer``: who asks, for shared memory)."""
@@ -233,6 +203,56 @@ class HttpFront:
             # what the checks in _request did not name: still the client's JSON, not a fault
             raise _bad(f"the request does not have KServe's form ({str(exc)[:200]})") from None
         return _response(self.service.infer(request, lambda: peer), doc)
+
+
+class HttpFront(RestRoutes):
+    """The HTTP/REST endpoint of a daemon.
+
+    Args:
+        address: ``(host, port)`` to listen on (port 0: any free one, see :attr:`port`).
+        service: the daemon's KServe service.
+        gate: the daemon's token and drain.
+        max_body: the largest body taken (``max_message_bytes``).
+        max_json: the largest JSON part taken (``max_json_bytes``).
+        connections: connections served at once (``http_connections``).
+        timeout: seconds a client has to send a request's headers (``http_timeout``).
+    """
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        service: InferenceService,
+        gate: Gate,
+        max_body: int = 256 * MiB,
+        max_json: int = 32 * MiB,
+        connections: int = 64,
+        timeout: float = 30.0,
+    ) -> None:
+        front = self
+
+        class Handler(_Handler):
+            owner = front
+
+        class Server(BoundedServer):
+            address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+
+        self.service = service
+        self.gate = gate
+        self.max_body = max_body
+        self.max_json = max_json
+        self.timeout = timeout
+        self._server = Server(address, Handler, connections)
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="crossrt-http", daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop listening (the drain has waited for the requests under way)."""
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -368,12 +388,9 @@ class _Handler(BaseHTTPRequestHandler):
                 )
             self._json(exc.status, {"error": exc.message})
         except Exception as exc:
-            code, message = status_of(exc)
-            if code is grpc.StatusCode.INTERNAL:
-                log.exception("an HTTP request failed")
             # The body may not have been read: the connection cannot carry another request.
             self.close_connection = True
-            self._json(_HTTP_STATUS.get(code, HTTPStatus.INTERNAL_SERVER_ERROR), {"error": message})
+            self._json(*error_answer(exc))
 
     def _json(self, status: int, doc: Any) -> None:
         self._send(status, json.dumps(doc).encode(), "application/json", {})

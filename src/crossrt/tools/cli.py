@@ -22,6 +22,7 @@ COMMANDS = {
     "monitor": ("crossrt.tools.monitor", "print crossrt processes' metrics as JSON lines"),
     "top": ("crossrt.tools.top", "a live view of every crossrt process on this machine"),
     "serve": ("crossrt.tools.serve", "serve models over gRPC (KServe v2) to other processes"),
+    "deploy": ("crossrt.tools.deploy", "serve models on a Ray Serve fleet (crossrt[ray])"),
     "inspect": (
         "crossrt.tools.inspect",
         "show a .crm container, or an ONNX model and its placement",

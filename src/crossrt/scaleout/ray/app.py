@@ -1,0 +1,131 @@
+"""The crossrt application on Ray Serve: its deployment options, and deploying it on a
+cluster (``crossrt deploy ray``, docs/scale-out.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .autoscale import POLICY
+from .protos import SERVICER
+from .replica import Replica, ReplicaConfig
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """How many replicas, and how they come and go.
+
+    Attributes:
+        replicas: a fixed count, or ``"auto"``: between ``min_replicas`` and
+            ``max_replicas`` on crossrt's in-flight counts (:mod:`.autoscale`).
+        target_in_flight: with ``auto``, requests in flight one replica should hold.
+        upscale_delay_s, downscale_delay_s: how long the wish for more (fewer) replicas
+            must last before Serve acts on it.
+        max_ongoing_requests: requests Serve's router sends one replica at once.
+        graceful_shutdown_timeout_s: how long a replica going away has to finish the
+            requests it holds (the drain).
+        health_check_period_s: how often Serve asks each replica whether its models are
+            ready.
+    """
+
+    replicas: int | str = 1
+    min_replicas: int = 1
+    max_replicas: int = 4
+    target_in_flight: float = 2.0
+    upscale_delay_s: float = 5.0
+    downscale_delay_s: float = 60.0
+    max_ongoing_requests: int = 32
+    graceful_shutdown_timeout_s: float = 30.0
+    health_check_period_s: float = 5.0
+
+
+def application(config: ReplicaConfig, scaling: Scaling = Scaling(), name: str = "crossrt") -> Any:
+    """The Serve application: the :class:`Replica` deployment bound to ``config``."""
+    from ray import serve
+
+    options: dict[str, Any] = {
+        "name": name,
+        # Accounting only (Ray neither pins nor confines a replica): the cores are the
+        # replica's own through crossrt's reservation.
+        "ray_actor_options": {"num_cpus": config.cores or 1},
+        "max_ongoing_requests": scaling.max_ongoing_requests,
+        "graceful_shutdown_timeout_s": scaling.graceful_shutdown_timeout_s,
+        "graceful_shutdown_wait_loop_s": 0.1,
+        "health_check_period_s": scaling.health_check_period_s,
+    }
+    if scaling.replicas == "auto":
+        options["autoscaling_config"] = {
+            "min_replicas": scaling.min_replicas,
+            "max_replicas": scaling.max_replicas,
+            "upscale_delay_s": scaling.upscale_delay_s,
+            "downscale_delay_s": scaling.downscale_delay_s,
+            "metrics_interval_s": 0.5,
+            "look_back_period_s": 2.0,
+            "policy": {
+                "policy_function": POLICY,
+                "policy_kwargs": {"target": scaling.target_in_flight},
+            },
+        }
+    else:
+        options["num_replicas"] = int(scaling.replicas)
+    make: Any = serve.deployment  # typed for its decorator forms only
+    return make(Replica, **options).bind(config)
+
+
+def build(args: dict[str, Any]) -> Any:
+    """The application from a Serve config file's ``args`` (``import_path:
+    crossrt.scaleout.ray.app:build``, as KubeRay's ``serveConfigV2`` gives it): ``source``,
+    and optionally ``cores``, ``load``, ``max_models``, ``response_cache_bytes``, ``name``
+    and :class:`Scaling`'s fields (``replicas``, ``max_replicas``, ...).
+
+    Raises:
+        InvalidOptionError: an argument neither names.
+    """
+    from ...errors import InvalidOptionError
+
+    given = dict(args)
+    name = str(given.pop("name", "crossrt"))
+    replica_fields = {"source", "cores", "load", "max_models", "response_cache_bytes", "threads"}
+    scaling_fields = set(Scaling.__dataclass_fields__)
+    unknown = set(given) - replica_fields - scaling_fields
+    if unknown or "source" not in given:
+        known = sorted((replica_fields | scaling_fields) - {"source"})
+        raise InvalidOptionError(
+            f"crossrt application args: unknown {sorted(unknown)}; give source (a .crm or a "
+            f"repository folder) and any of {known}"
+        )
+    config = ReplicaConfig(**{k: v for k, v in given.items() if k in replica_fields})
+    scaling = Scaling(**{k: v for k, v in given.items() if k in scaling_fields})
+    return application(config, scaling, name)
+
+
+def start_serve(http: tuple[str, int] | None, grpc_port: int | None) -> None:
+    """Start Serve's proxies on this cluster: HTTP on ``http`` and KServe v2 gRPC on
+    ``grpc_port`` (tritonclient and perf_analyzer talk to it unchanged)."""
+    from ray.serve.config import HTTPOptions, gRPCOptions
+
+    from ray import serve
+
+    kwargs: dict[str, Any] = {}
+    if http is not None:
+        kwargs["http_options"] = HTTPOptions(host=http[0], port=http[1])
+    if grpc_port is not None:
+        kwargs["grpc_options"] = gRPCOptions(port=grpc_port, grpc_servicer_functions=[SERVICER])
+    serve.start(**kwargs)
+
+
+def deploy(
+    config: ReplicaConfig,
+    scaling: Scaling = Scaling(),
+    *,
+    name: str = "crossrt",
+    http: tuple[str, int] | None = ("127.0.0.1", 8000),
+    grpc_port: int | None = 9000,
+    route_prefix: str = "/",
+) -> Any:
+    """Deploy crossrt on the Ray cluster this process is connected to (``ray.init``); the
+    application's ``DeploymentHandle`` once every replica is ready."""
+    from ray import serve
+
+    start_serve(http, grpc_port)
+    return serve.run(application(config, scaling, name), name=name, route_prefix=route_prefix)

@@ -1,0 +1,92 @@
+"""``crossrt deploy ray``: as a user types it (a real subprocess, onto the test cluster), and
+its refusals of bad options in-process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as tc
+from ray_models import RayCluster, free_port, raw_ort
+
+from crossrt.tools import deploy
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["ray", "/nowhere/m.crm"], "no such model file"),
+        (["ray", ".", "--replicas", "0"], "--replicas '0'"),
+        (["ray", ".", "--cores-per-replica", "0"], "--cores-per-replica 0"),
+        (["ray", ".", "--min-replicas", "3", "--max-replicas", "2"], "--min-replicas"),
+    ],
+)
+def test_bad_options_are_refused_with_status_2(
+    args: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert deploy.main(args) == 2
+    assert said in capsys.readouterr().err
+
+
+def test_crossrt_deploy_ray_onto_a_cluster(ray_cluster: RayCluster, crm_dir: Path) -> None:
+    from ray import serve
+
+    command = [
+        sys.executable, "-m", "crossrt", "deploy", "ray", str(crm_dir / "mlp.crm"),
+        "--replicas", "1", "--cores-per-replica", "1", "--address", ray_cluster.address,
+        "--name", "cli", "--route-prefix", "/cli",
+        "--http", f"127.0.0.1:{ray_cluster.http}", "--grpc-port", str(ray_cluster.grpc),
+    ]  # fmt: skip
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "deployed cli: 1 replica(s) of 1 core(s), models mlp" in done.stdout
+        client = tc.InferenceServerClient(f"127.0.0.1:{ray_cluster.grpc}")
+        x = np.ones((2, 16), dtype=np.float32)
+        given = tc.InferInput("x", [2, 16], "FP32")
+        given.set_data_from_numpy(x)
+        answer = client.infer("mlp", [given], headers={"application": "cli"})
+        np.testing.assert_allclose(
+            answer.as_numpy("y"), raw_ort(crm_dir, "mlp", {"x": x})[0], rtol=1e-6
+        )
+    finally:
+        if "cli" in serve.status().applications:
+            serve.delete("cli")
+
+
+@pytest.mark.slow
+def test_crossrt_deploy_ray_on_a_local_cluster_serves_until_sigterm(
+    crm_dir: Path, tmp_path: Path
+) -> None:
+    http, grpc = free_port(), free_port()
+    command = [
+        sys.executable, "-m", "crossrt", "deploy", "ray", str(crm_dir / "mm.crm"),
+        "--http", f"127.0.0.1:{http}", "--grpc-port", str(grpc),
+    ]  # fmt: skip
+    env = dict(os.environ, CROSSRT_RUNTIME_DIR=str(tmp_path / "run"))  # cores of its own
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
+    )
+    try:
+        assert proc.stdout is not None
+        lines = []
+        for line in proc.stdout:  # until it says it serves, or it ends
+            lines.append(line)
+            if "until SIGINT or SIGTERM" in line:
+                break
+        assert "deployed crossrt: 1 replica(s) of 1 core(s), models mm\n" in lines, lines
+        client = tc.InferenceServerClient(f"127.0.0.1:{grpc}")
+        given = tc.InferInput("x", [1, 8], "FP32")
+        given.set_data_from_numpy(np.ones((1, 8), dtype=np.float32))
+        assert client.infer("mm", [given]).as_numpy("y").shape == (1, 8)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(60)

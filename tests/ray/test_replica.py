@@ -1,0 +1,114 @@
+"""A crossrt replica's parts in this process, without a cluster (the class Serve runs is
+plain Python): its health check, the response cache and batching it keeps from ``crossrt
+serve``, refusals of what does not cross Serve's hop, and the autoscaling policy's arithmetic
+and the Serve-config builder's checks."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from tritonclient.grpc import service_pb2 as pb
+
+import crossrt
+from crossrt.scaleout.ray import Replica, ReplicaConfig
+from crossrt.scaleout.ray.app import build
+from crossrt.scaleout.ray.autoscale import InFlightPolicy
+
+
+class Context:
+    """What Serve's gRPC context records of an error (its set_code and set_details)."""
+
+    def __init__(self) -> None:
+        self.code: object = None
+        self.details = ""
+
+    def set_code(self, code: object) -> None:
+        self.code = code
+
+    def set_details(self, details: str) -> None:
+        self.details = details
+
+
+@pytest.fixture
+def replica(tmp_path: Path, runtime_dir: Path) -> Iterator[Replica]:
+    from concurrency_models import batchable
+
+    crossrt.compile(batchable(), "cpu").save(tmp_path / "mm.crm")
+    config = ReplicaConfig(
+        str(tmp_path / "mm.crm"),
+        cores=1,
+        load={"max_batch_size": 4, "batch_delay": 0.001, "response_cache": True},
+        response_cache_bytes=1 << 20,
+    )
+    made = Replica(config)
+    try:
+        yield made
+    finally:
+        made.__del__()
+
+
+def request(x: np.ndarray) -> pb.ModelInferRequest:
+    r = pb.ModelInferRequest(model_name="mm")
+    r.inputs.add(name="x", datatype="FP32", shape=list(x.shape))
+    r.raw_input_contents.append(x.tobytes())
+    return r
+
+
+def test_the_health_check_means_the_model_is_ready(replica: Replica) -> None:
+    replica.check_health()
+    replica.repository.unload("mm")
+    with pytest.raises(RuntimeError, match="mm is UNAVAILABLE"):
+        replica.check_health()
+
+
+def test_batching_and_the_response_cache_are_those_of_crossrt_serve(replica: Replica) -> None:
+    entry, model = replica.repository.get("mm")
+    assert model.batching is not None and model.batching.max_size == 4
+    x = np.ones((1, 8), dtype=np.float32)
+    first = asyncio.run(replica.ModelInfer(request(x), Context()))
+    second = asyncio.run(replica.ModelInfer(request(x), Context()))
+    assert first.raw_output_contents == second.raw_output_contents
+    assert (entry.cache.hits, entry.cache.misses) == (1, 1)
+
+
+def test_errors_keep_their_grpc_status_and_shared_memory_is_refused(replica: Replica) -> None:
+    import grpc
+
+    context = Context()
+    bad = request(np.ones((1, 9), dtype=np.float32))
+    asyncio.run(replica.ModelInfer(bad, context))
+    assert context.code == grpc.StatusCode.INVALID_ARGUMENT and "x" in context.details
+    context = Context()
+    asyncio.run(replica.SystemSharedMemoryRegister(pb.SystemSharedMemoryRegisterRequest(), context))
+    assert context.code == grpc.StatusCode.UNAVAILABLE and "in the request" in context.details
+
+
+def test_the_in_flight_policy_asks_for_replicas_by_crossrt_counts() -> None:
+    policy = InFlightPolicy(target=2)
+
+    def ctx(reported: dict[str, float], ongoing: float = 0) -> SimpleNamespace:
+        return SimpleNamespace(
+            aggregated_metrics={"crossrt_in_flight": reported} if reported else {},
+            total_num_requests=ongoing,
+            capacity_adjusted_min_replicas=1,
+            capacity_adjusted_max_replicas=4,
+        )
+
+    assert policy(ctx({"a": 3, "b": 2}))[0] == 3  # ceil(5 / 2)
+    assert policy(ctx({"a": 40}))[0] == 4  # the max
+    assert policy(ctx({"a": 0}))[0] == 1  # the min
+    assert policy(ctx({}, ongoing=4))[0] == 2  # Serve's count before any report
+    with pytest.raises(ValueError, match="target"):
+        InFlightPolicy(target=0)
+
+
+def test_the_serve_config_builder_names_what_it_takes() -> None:
+    with pytest.raises(crossrt.InvalidOptionError, match="give source"):
+        build({"cores": 1})
+    with pytest.raises(crossrt.InvalidOptionError, match="unknown \\['colour'\\]"):
+        build({"source": "m.crm", "colour": "red"})
