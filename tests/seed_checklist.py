@@ -1,0 +1,227 @@
+"""docs/seed-checklist.md: parse its table, count it, resolve the names it gives as crossrt's,
+and rewrite the counts it and docs/compat.md show.
+
+    python tests/seed_checklist.py           # rewrite the counts in both pages
+    python tests/seed_checklist.py --check   # exit 1 (saying what differs) when they are stale
+
+The table is the source (each cell is a judgement read from the code); only the counts are
+generated. ``tests/unit/test_seed_checklist.py`` checks the rest.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+PAGE = REPO / "docs" / "seed-checklist.md"
+COMPAT = REPO / "docs" / "compat.md"
+SRC = REPO / "src" / "crossrt"
+
+ROWS = 176
+SEEDS = ("N", "A", "S")
+SEED_NAMES = {"N": "OpenHarmony NNRt", "A": "AWS Neuron", "S": "Sophgo BMRuntime"}
+LAYERS = {"N": "crossrt.compat.nnrt", "A": "crossrt.compat.neuron", "S": "crossrt.compat.bmruntime"}
+STATUSES = ("yes", "diff", "refused", "missing")
+NOT_OFFERED = "—"
+# Issue 27's count of the same checklist, three sessions before this page.
+ISSUE_27 = {"yes": 123, "diff": 32}
+
+BEGIN = "<!-- seed-checklist counts: begin -->"
+END = "<!-- seed-checklist counts: end -->"
+
+ROW = re.compile(r"^\| (\d+) \| (.+?) \| (.*) \| (.*) \| (.*) \|$")
+CELL = re.compile(r"^\*\*(yes|diff|refused|missing)\*\*: \S")
+SPAN = re.compile(r"`([^`\n]+)`")
+DOTTED = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
+ENV_NAME = re.compile(r"[A-Z][A-Z0-9]*_[A-Z0-9_]+")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One checklist row: its number, capability and a cell per seed."""
+
+    number: int
+    capability: str
+    cells: dict[str, str]
+
+    def status(self, seed: str) -> str | None:
+        """``yes`` / ``diff`` / ``refused`` / ``missing``, or None where the seed lacks it."""
+        cell = self.cells[seed]
+        if cell == NOT_OFFERED:
+            return None
+        match = CELL.match(cell)
+        return match.group(1) if match else "?"
+
+    def offered(self) -> list[str]:
+        return [s for s in SEEDS if self.status(s) is not None]
+
+    def best(self) -> str:
+        """The row's status through the best of the layers that offer it."""
+        return min((self.status(s) for s in self.offered()), key=_rank, default="?")
+
+    def worst(self) -> str:
+        """The row's status through the worst of them (every seed's program ports)."""
+        return max((self.status(s) for s in self.offered()), key=_rank, default="?")
+
+
+def _rank(status: str | None) -> int:
+    return STATUSES.index(status) if status in STATUSES else len(STATUSES)
+
+
+def parse(text: str | None = None) -> list[Row]:
+    """Every table row of the page whose first cell is a number."""
+    text = PAGE.read_text(encoding="utf-8") if text is None else text
+    rows = []
+    for line in text.splitlines():
+        match = ROW.match(line)
+        if match:
+            number, capability, *cells = match.groups()
+            rows.append(Row(int(number), capability, dict(zip(SEEDS, cells, strict=True))))
+    return rows
+
+
+def counts(rows: list[Row]) -> dict[str, Counter[str]]:
+    """Per seed (over the rows it offers), and per row by its best and its worst cell."""
+    result: dict[str, Counter[str]] = {s: Counter() for s in SEEDS}
+    result["best"], result["worst"] = Counter(), Counter()
+    for row in rows:
+        for seed in row.offered():
+            result[seed][row.status(seed) or "?"] += 1
+        result["best"][row.best()] += 1
+        result["worst"][row.worst()] += 1
+    return result
+
+
+def summary(rows: list[Row]) -> str:
+    """The counts block both pages show (between the BEGIN and END markers)."""
+    c = counts(rows)
+    lines = [
+        BEGIN,
+        "| over | yes | diff | refused | missing | rows |",
+        "|---|---|---|---|---|---|",
+    ]
+
+    def line(label: str, counter: Counter[str]) -> str:
+        cells = " | ".join(str(counter[s]) for s in STATUSES)
+        return f"| {label} | {cells} | {sum(counter.values())} |"
+
+    for seed in SEEDS:
+        lines.append(line(f"{SEED_NAMES[seed]} ({seed}): the rows it offers", c[seed]))
+    lines.append(line("every row, by its best layer", c["best"]))
+    lines.append(line("every row, by its worst layer", c["worst"]))
+    best = c["best"]
+    lines += [
+        "",
+        f"By its best layer crossrt now covers {best['yes']} of the {len(rows)} capabilities "
+        f"fully and {best['diff']} with a stated difference ({best['yes'] + best['diff']}); "
+        f"issue 27 counted {ISSUE_27['yes']} fully and {ISSUE_27['diff']} partly "
+        f"({ISSUE_27['yes'] + ISSUE_27['diff']}). {best['refused']} are refused by name and "
+        f"{best['missing']} missing.",
+        END,
+    ]
+    return "\n".join(lines)
+
+
+def with_summary(text: str, block: str) -> str:
+    """``text`` with the block between its markers replaced by ``block``."""
+    start, end = text.find(BEGIN), text.find(END)
+    if start < 0 or end < start:
+        raise ValueError(f"the markers {BEGIN!r} ... {END!r} are missing")
+    return text[:start] + block + text[end + len(END) :]
+
+
+# -- names ------------------------------------------------------------------------------
+
+
+@cache
+def commands() -> frozenset[str]:
+    from crossrt.tools.cli import COMMANDS
+
+    return frozenset(COMMANDS)
+
+
+@cache
+def source_text() -> str:
+    return "\n".join(p.read_text(encoding="utf-8") for p in sorted(SRC.rglob("*.py")))
+
+
+def _attr_chain(root: Any, names: list[str]) -> bool:
+    obj = root
+    for name in names:
+        if not hasattr(obj, name):
+            return False
+        obj = getattr(obj, name)
+    return True
+
+
+def _dotted(name: str) -> bool:
+    """``crossrt.a.b.c``: the longest importable module prefix, then attributes."""
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            module = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        return _attr_chain(module, parts[cut:])
+    return False
+
+
+def unresolved(span: str, seed: str) -> str | None:
+    """Why the backticked ``span`` in ``seed``'s column names nothing real; None if it does."""
+    if span.startswith("crossrt "):
+        command = span.split()[1]
+        return None if command in commands() else f"no `crossrt {command}` in COMMANDS"
+    if "/" in span:
+        return None if (REPO / span).exists() else f"no file {span}"
+    if re.fullmatch(r"\.\w+", span):  # a file type: `.crm`
+        return None
+    if not DOTTED.fullmatch(span):
+        return "not a name (write values without backticks)"
+    if span.startswith("crossrt."):
+        return None if _dotted(span) else f"{span} does not exist"
+    layer = importlib.import_module(LAYERS[seed])
+    if _attr_chain(layer, span.split(".")) or _dotted(f"crossrt.{span}"):
+        return None
+    if ENV_NAME.fullmatch(span) and f'"{span}"' in source_text():
+        return None  # a variable the source reads by this name
+    return f"{span} is neither in {LAYERS[seed]}, nor crossrt's, nor a variable src/ reads"
+
+
+def bad_names(rows: list[Row]) -> list[str]:
+    """``#row seed: span: why`` for each backticked name that resolves to nothing."""
+    problems = []
+    for row in rows:
+        for seed in row.offered():
+            for span in SPAN.findall(row.cells[seed]):
+                why = unresolved(span, seed)
+                if why:
+                    problems.append(f"#{row.number} {seed}: `{span}`: {why}")
+    return problems
+
+
+def main(argv: list[str]) -> int:
+    block = summary(parse())
+    stale = []
+    for page in (PAGE, COMPAT):
+        text = page.read_text(encoding="utf-8")
+        new = with_summary(text, block)
+        if new != text:
+            stale.append(page)
+            if "--check" not in argv:
+                page.write_text(new, encoding="utf-8")
+    if "--check" in argv and stale:
+        print("stale counts in: " + ", ".join(str(p) for p in stale), file=sys.stderr)
+        return 1
+    print(block)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
