@@ -32,6 +32,16 @@ STATUSES = ("yes", "diff", "refused", "missing")
 NOT_OFFERED = "—"
 # Issue 27's count of the same checklist, three sessions before this page.
 ISSUE_27 = {"yes": 123, "diff": 32}
+# The rows issue 27's deliverables touched: neuron-monitor's output, the daemon's rtd-like core
+# groups and queues, collectives, the seeds' settings made real or loud, NNRt's API-9 path,
+# API-12 operations, cache names, stable IDs and offline-model options, Sophgo's tools, facts,
+# logging and variables.
+ISSUE_27_ROWS = frozenset(
+    {1, 2, 4, 6, 7, 8, 11, 13, 14, 16, 17, 19, 23, 33, 37, 42, 44, 46, 47, 48, 49, 50, 51, 58}
+    | {82, 86, 104, 110, 126, 130, 132, 133, 135, 136, 137, 138, 139, 141, 148, 149, 150}
+    | set(range(156, 168))
+    | {173, 174, 175}
+)
 
 BEGIN = "<!-- seed-checklist counts: begin -->"
 END = "<!-- seed-checklist counts: end -->"
@@ -64,11 +74,11 @@ class Row:
 
     def best(self) -> str:
         """The row's status through the best of the layers that offer it."""
-        return min((self.status(s) for s in self.offered()), key=_rank, default="?")
+        return min((self.status(s) or "?" for s in self.offered()), key=_rank, default="?")
 
     def worst(self) -> str:
         """The row's status through the worst of them (every seed's program ports)."""
-        return max((self.status(s) for s in self.offered()), key=_rank, default="?")
+        return max((self.status(s) or "?" for s in self.offered()), key=_rank, default="?")
 
 
 def _rank(status: str | None) -> int:
@@ -124,9 +134,23 @@ def summary(rows: list[Row]) -> str:
         f"issue 27 counted {ISSUE_27['yes']} fully and {ISSUE_27['diff']} partly "
         f"({ISSUE_27['yes'] + ISSUE_27['diff']}). {best['refused']} are refused by name and "
         f"{best['missing']} missing.",
+        "",
+        _moved(rows),
         END,
     ]
     return "\n".join(lines)
+
+
+def _moved(rows: list[Row]) -> str:
+    """The rows issue 27 touched, by their best layer's status now."""
+    by: dict[str, list[int]] = {s: [] for s in STATUSES}
+    for row in rows:
+        if row.number in ISSUE_27_ROWS:
+            by.setdefault(row.best(), []).append(row.number)
+    parts = [f"{s} {len(by[s])} ({', '.join(map(str, by[s]))})" for s in STATUSES if by[s]]
+    return f"The {len(ISSUE_27_ROWS)} rows issue 27's work moved, by their best layer: " + (
+        "; ".join(parts) + "."
+    )
 
 
 def with_summary(text: str, block: str) -> str:
@@ -167,10 +191,29 @@ def _dotted(name: str) -> bool:
     for cut in range(len(parts), 0, -1):
         try:
             module = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError as exc:
+            if exc.name and not exc.name.startswith("crossrt"):
+                # the module needs an extra that is not installed (grpc for crossrt.server):
+                # read its source instead
+                return _defined_in_source(parts[1:cut], parts[cut:])
+            continue
         except ImportError:
             continue
         return _attr_chain(module, parts[cut:])
     return False
+
+
+def _defined_in_source(module: list[str], names: list[str]) -> bool:
+    """Each of ``names`` is defined (def, class or assignment) in ``src/crossrt/<module>.py``."""
+    path = SRC.joinpath(*module).with_suffix(".py")
+    if not path.is_file():
+        path = SRC.joinpath(*module, "__init__.py")
+    if not path.is_file():
+        return False
+    text = path.read_text(encoding="utf-8")
+    return all(
+        re.search(rf"^\s*(?:def|class) {n}\b|^\s*{n}\s*[:=]", text, re.MULTILINE) for n in names
+    )
 
 
 def unresolved(span: str, seed: str) -> str | None:

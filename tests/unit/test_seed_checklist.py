@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 import seed_checklist as sc
 
 
