@@ -192,28 +192,31 @@ def _dotted(name: str) -> bool:
         try:
             module = importlib.import_module(".".join(parts[:cut]))
         except ModuleNotFoundError as exc:
-            if exc.name and not exc.name.startswith("crossrt"):
-                # the module needs an extra that is not installed (grpc for crossrt.server):
-                # read its source instead
-                return _defined_in_source(parts[1:cut], parts[cut:])
-            continue
-        except ImportError:
-            continue
+            if exc.name and exc.name.startswith("crossrt"):
+                continue  # not a module: a shorter prefix is
+            # the module needs an extra that is not installed (grpc for crossrt.server): read
+            # its source instead
+            return _defined_in_source(parts[1:])
+        except Exception:  # an extra's own import error (tritonclient without grpc)
+            return _defined_in_source(parts[1:])
         return _attr_chain(module, parts[cut:])
     return False
 
 
-def _defined_in_source(module: list[str], names: list[str]) -> bool:
-    """Each of ``names`` is defined (def, class or assignment) in ``src/crossrt/<module>.py``."""
-    path = SRC.joinpath(*module).with_suffix(".py")
-    if not path.is_file():
-        path = SRC.joinpath(*module, "__init__.py")
-    if not path.is_file():
-        return False
-    text = path.read_text(encoding="utf-8")
-    return all(
-        re.search(rf"^\s*(?:def|class) {n}\b|^\s*{n}\s*[:=]", text, re.MULTILINE) for n in names
-    )
+def _defined_in_source(parts: list[str]) -> bool:
+    """``a.b.Name.attr`` under src/crossrt: the longest prefix that is a source file, each
+    name after it defined there (def, class or assignment)."""
+    for cut in range(len(parts), 0, -1):
+        path = SRC.joinpath(*parts[:cut]).with_suffix(".py")
+        if not path.is_file():
+            path = SRC.joinpath(*parts[:cut], "__init__.py")
+        if path.is_file():
+            text = path.read_text(encoding="utf-8")
+            return all(
+                re.search(rf"^\s*(?:def|class) {n}\b|^\s*{n}\s*[:=]", text, re.MULTILINE)
+                for n in parts[cut:]
+            )
+    return False
 
 
 def unresolved(span: str, seed: str) -> str | None:

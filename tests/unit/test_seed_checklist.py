@@ -114,3 +114,10 @@ def test_a_changed_cell_changes_the_counts() -> None:
     assert sc.summary(sc.parse()) != sc.summary(
         _page_with("| **yes**: `OH_NNDevice_GetType` |", "| **missing**: no |")
     )
+
+
+def test_names_in_a_module_whose_extra_is_absent_are_read_from_its_source() -> None:
+    # crossrt.server needs the serve extra (grpc); without it the names are found in the file
+    assert sc._defined_in_source(["server", "remote_model", "RemoteModel", "post"])
+    assert not sc._defined_in_source(["server", "remote_model", "RemoteModel", "postt"])
+    assert not sc._defined_in_source(["server", "no_such_module", "X"])
