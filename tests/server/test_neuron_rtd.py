@@ -7,6 +7,8 @@ EXEC_NC_BUSY (1005); ``enable_tracing`` / ``enable_node_profiling`` write a prof
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import os
 from collections.abc import Iterator
@@ -57,10 +59,8 @@ def remote(rtd: Daemon) -> Iterator[RemoteRuntime]:
         remote.create_core_group = create_core_group  # type: ignore[method-assign]
         yield remote
         for what in [*remote.models, *groups]:  # what a failed test left behind
-            try:
+            with contextlib.suppress(crossrt.CrossrtError):
                 what.unload() if hasattr(what, "unload") else what.destroy()
-            except crossrt.CrossrtError:
-                pass
 
 
 def cores_of(remote: RemoteRuntime) -> int:
@@ -69,9 +69,7 @@ def cores_of(remote: RemoteRuntime) -> int:
 
 def load(remote: RemoteRuntime, model: Any, name: str, group: Any = None, **params: Any) -> Any:
     """The raw LoadResponse (its mode and profile fields), the model listed for clean-up."""
-    request = v1.LoadRequest(
-        name=name, model=model.to_bytes(), core_group=group.id if group else 0
-    )
+    request = v1.LoadRequest(name=name, model=model.to_bytes(), core_group=group.id if group else 0)
     for key, value in params.items():
         request.parameters[key] = str(value)
     answer = remote.call("v1.Load", request)
@@ -180,7 +178,7 @@ def test_a_group_smaller_than_the_model_runs_it_one_request_at_a_time(
     """Seed 003's shared NC mode: the three nodes share one core and pipelining is off, so
     no node of a request starts before the previous request's last node ends."""
     group = remote.create_core_group(indices=[0])
-    answer = load(remote, three_nodes(), "shared-nc", group, enable_node_profiling="true")
+    answer = load(remote, three_nodes(), "shared-nc", group, enable_node_profiling="true", ninfer=6)
     assert answer.mode == "shared"
     assert answer.profile
     model = model_named(remote, "shared-nc")
@@ -194,7 +192,7 @@ def test_a_group_smaller_than_the_model_runs_it_one_request_at_a_time(
     group.destroy()
     spans = node_spans(read_profile(answer.profile))
     assert len(spans) == 18
-    for before, after in zip(spans, spans[1:], strict=False):
+    for before, after in itertools.pairwise(spans):
         assert after[0] >= before[1], f"{after} began before {before} ended: pipelined"
 
 
@@ -225,7 +223,7 @@ def test_a_group_as_large_as_the_model_runs_it_pipelined(remote: RemoteRuntime) 
     group.destroy()
     spans = node_spans(read_profile(answer.profile))
     assert len(spans) == 16
-    overlaps = sum(after[0] < before[1] for before, after in zip(spans, spans[1:], strict=False))
+    overlaps = sum(after[0] < before[1] for before, after in itertools.pairwise(spans))
     assert overlaps, "no request entered a node while another was in the next one"
 
 

@@ -33,14 +33,7 @@ from ..host import give_back_memory, process_alive
 from ..runtime import LoadedModel, Runtime
 from ..runtime.cores.groups import CoreGroup
 from ..runtime.cores.reservation import core_owners
-from .neuron_rtd import (
-    NEURON_RTD,
-    Profiles,
-    implicit_group,
-    mode_on_group,
-    nc_busy,
-    split_parameters,
-)
+from .neuron_rtd import NEURON_RTD, Profiles, nc_busy, place, split_parameters
 from .peers import Peer, need_owner, need_principal
 from .proto import runtime_pb2 as v1
 from .proto import runtime_pb2_grpc as v1_grpc
@@ -127,24 +120,22 @@ class RuntimeService(v1_grpc.RuntimeServicer):
         if data.startswith(MAGIC):  # a .crm; else an ONNX model, compiled here
             source: Any = load_executable(data)
         elif self._rtd:  # the cores it needs are known once it is compiled
-            precision = {} if options.precision is None else {"precision": options.precision}
+            precision: dict[str, Any] = {}
+            if options.precision is not None:
+                precision["precision"] = options.precision
             source = compile(data, options.device, **precision)
         else:
             source = data
             if options.precision is not None:
                 kwargs["precision"] = options.precision
         made = None
-        if request.core_group:
-            kwargs["group"] = self._group(request.core_group, peer)
-            if self._rtd:
-                kwargs["mode"] = mode_on_group(
-                    source, request.name, kwargs["group"], options.instances
-                )
-        elif self._rtd:
-            made = implicit_group(
-                self._runtime, source, request.name, options.cores, options.instances
+        group = self._group(request.core_group, peer) if request.core_group else None
+        if self._rtd:
+            kwargs["group"], kwargs["mode"], made = place(
+                self._runtime, source, request.name, group, options.cores, options.instances
             )
-            kwargs["group"], kwargs["mode"] = made, "normal"
+        elif group is not None:
+            kwargs["group"] = group
         elif options.cores is not None:
             kwargs["cores"] = options.cores
         try:
@@ -167,9 +158,7 @@ class RuntimeService(v1_grpc.RuntimeServicer):
             raise
         profile = self._profiles.start(model, params, peer.uid) if params.profiled else ""
         mode = "normal" if kwargs.get("mode") == "normal" else "shared"
-        return v1.LoadResponse(
-            name=entry.name, version=entry.version, mode=mode, profile=profile
-        )
+        return v1.LoadResponse(name=entry.name, version=entry.version, mode=mode, profile=profile)
 
     def Unload(self, request: Any, context: Any) -> v1.Empty:
         self._mine_to_change(request.name, context, "unloading")

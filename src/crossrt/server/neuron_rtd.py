@@ -161,6 +161,28 @@ def implicit_group(
         ) from None
 
 
+def place(
+    runtime: Runtime,
+    exe: Executable,
+    name: str,
+    group: CoreGroup | None,
+    cores: Any,
+    instances: int,
+) -> tuple[CoreGroup, str, CoreGroup | None]:
+    """Where and how a load goes under neuron-rtd semantics: the group (``group``, or an
+    implicit one made now), the runtime's mode, and the group made (the caller destroys it
+    if the load fails)."""
+    if group is not None:
+        if cores is not None:
+            raise InvalidArgumentError(
+                "give the load parameter cores or a core group, not both: a model loaded onto "
+                "a group uses its cores"
+            )
+        return group, mode_on_group(exe, name, group, instances), None
+    made = implicit_group(runtime, exe, name, cores, instances)
+    return made, "normal", made
+
+
 def nc_busy(model: LoadedModel, doing: str) -> CrossrtError | None:
     """EXEC_NC_BUSY when another model runs on ``model``'s group (``None`` when not)."""
     running = model.group.running
