@@ -241,3 +241,13 @@ def test_enable_tracing_alone_writes_the_requests_not_the_nodes(remote: RemoteRu
     names = {e["name"] for e in trace["traceEvents"] if e.get("cat") == "request"}
     assert {"traced", "queue", "infer"} <= names
     assert trace["otherData"]["summary"][0]["requests"] == 1
+
+
+def test_the_semantics_setting_is_checked() -> None:
+    from crossrt.errors import InvalidOptionError
+    from crossrt.server.settings import build
+
+    assert build(None, {"semantics": "neuron-rtd"}).semantics == "neuron-rtd"
+    assert build(None, {}).semantics == "crossrt"
+    with pytest.raises(InvalidOptionError, match=r"'crossrt' .*or 'neuron-rtd'"):
+        build(None, {"semantics": "rtd"})

@@ -206,8 +206,16 @@ class Profiles:
 
     def start(self, model: LoadedModel, params: ModelParams, uid: int | None) -> str:
         """Record ``model`` from now on; the file its trace will be written to."""
-        self.folder.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.folder, 0o711)  # its files are their users' (0600): names not listed
+        try:
+            if not self.folder.is_dir():
+                self.folder.mkdir(parents=True, exist_ok=True)
+                os.chmod(self.folder, 0o711)  # its files are their users' (0600), unlisted
+        except OSError as exc:
+            raise OutOfResourcesError(
+                f"the daemon cannot make its profile folder {self.folder} ({exc.strerror}); "
+                "load without enable_tracing and enable_node_profiling, or ask the operator "
+                "to set profile_dir"
+            ) from None
         safe = re.sub(r"[^A-Za-z0-9._-]", "_", model.name)[:100]
         path = self.folder / f"{safe}-{time.strftime('%Y%m%dT%H%M%S')}-{next(_serial)}.json"
         profile = Profile(model).start()
