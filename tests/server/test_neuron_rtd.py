@@ -68,42 +68,29 @@ def cores_of(remote: RemoteRuntime) -> int:
 
 
 def load(remote: RemoteRuntime, model: Any, name: str, group: Any = None, **params: Any) -> Any:
-    """The raw LoadResponse (its mode and profile fields), the model listed for clean-up."""
-    request = v1.LoadRequest(name=name, model=model.to_bytes(), core_group=group.id if group else 0)
-    for key, value in params.items():
-        request.parameters[key] = str(value)
-    answer = remote.call("v1.Load", request)
-    from crossrt.server.remote_model import RemoteModel
-
-    remote._add(RemoteModel(remote, answer.name, answer.version))
-    return answer
-
-
-def model_named(remote: RemoteRuntime, name: str) -> Any:
-    return next(m for m in remote.models if m.name == name)
+    """``model`` (a Model or an Executable) sent to the daemon as ``name``."""
+    return remote.load(model.to_bytes(), name=name, group=group, **params)
 
 
 def test_implicit_groups_hold_their_cores_alone(remote: RemoteRuntime) -> None:
     everything = cores_of(remote)
     first = load(remote, tiny(), "all-cores", cores=everything)
-    assert (first.mode, first.profile) == ("normal", "")  # no profile asked for
+    assert (first.mode, first.profile) == ("normal", None)  # no profile asked for
     with pytest.raises(crossrt.CrossrtError) as info:
         load(remote, tiny(), "no-room")  # crossrt's default would share the cores
     assert info.value.code is StatusCode.LOAD_NOT_ENOUGH_NC
     assert "unload" in str(info.value)
-    model_named(remote, "all-cores").unload()
-    load(remote, tiny(), "now-room")
-    np.testing.assert_allclose(model_named(remote, "now-room").run(X)["y"], X @ W + 1, rtol=1e-6)
+    first.unload()
+    now = load(remote, tiny(), "now-room")
+    np.testing.assert_allclose(now.run(X)["y"], X @ W + 1, rtol=1e-6)
     # An implicit group is gone with its model: a group of every core can be made again.
-    model_named(remote, "now-room").unload()
+    now.unload()
     remote.create_core_group(cores=everything).destroy()
 
 
 def test_a_second_model_on_a_busy_group_is_nc_busy(remote: RemoteRuntime) -> None:
     group = remote.create_core_group(indices=[0])
-    load(remote, tiny(), "first", group)
-    load(remote, tiny(), "second", group)
-    first, second = model_named(remote, "first"), model_named(remote, "second")
+    first, second = load(remote, tiny(), "first", group), load(remote, tiny(), "second", group)
     first.start()
     with pytest.raises(crossrt.CrossrtError) as started:
         second.start()
@@ -130,8 +117,7 @@ def test_ninfer_is_the_most_requests_in_flight(remote: RemoteRuntime) -> None:
     for _ in range(400):
         h = b.op("MatMul", [h, w])
     b.output(b.op("Identity", [h], outputs=["y"]))
-    load(remote, b.finish(), "slow", ninfer=2, cores=1)
-    model = model_named(remote, "slow")
+    model = load(remote, b.finish(), "slow", ninfer=2, cores=1)
     x = np.ones((256, 256), np.float32)
     cookies = [model.post(x), model.post(x)]
     with pytest.raises(crossrt.CrossrtError) as info:
@@ -178,10 +164,9 @@ def test_a_group_smaller_than_the_model_runs_it_one_request_at_a_time(
     """Seed 003's shared NC mode: the three nodes share one core and pipelining is off, so
     no node of a request starts before the previous request's last node ends."""
     group = remote.create_core_group(indices=[0])
-    answer = load(remote, three_nodes(), "shared-nc", group, enable_node_profiling="true", ninfer=6)
-    assert answer.mode == "shared"
-    assert answer.profile
-    model = model_named(remote, "shared-nc")
+    model = load(remote, three_nodes(), "shared-nc", group, enable_node_profiling=True, ninfer=6)
+    assert model.mode == "shared"
+    assert model.profile
     model.start()
     x = np.ones((256, 256), np.float32)
     cookies = [model.post(x) for _ in range(6)]
@@ -190,7 +175,7 @@ def test_a_group_smaller_than_the_model_runs_it_one_request_at_a_time(
     model.stop()
     model.unload()
     group.destroy()
-    spans = node_spans(read_profile(answer.profile))
+    spans = node_spans(read_profile(model.profile))
     assert len(spans) == 18
     for before, after in itertools.pairwise(spans):
         assert after[0] >= before[1], f"{after} began before {before} ended: pipelined"
@@ -211,9 +196,8 @@ def test_a_group_as_large_as_the_model_runs_it_pipelined(remote: RemoteRuntime) 
     group = remote.create_core_group(indices=[0, 1])
     exe = crossrt.compile(b.finish(), fallback="cpu")
     assert [n.driver for n in exe.nodes] == ["onnxruntime", "reference"]
-    answer = load(remote, exe, "normal", group, enable_node_profiling="1", ninfer=8)
-    assert answer.mode == "normal"
-    model = model_named(remote, "normal")
+    model = load(remote, exe, "normal", group, enable_node_profiling=True, ninfer=8)
+    assert model.mode == "normal"
     model.start()
     cookies = [model.post(np.ones((256, 256), np.float32)) for _ in range(8)]
     for cookie in cookies:
@@ -221,7 +205,7 @@ def test_a_group_as_large_as_the_model_runs_it_pipelined(remote: RemoteRuntime) 
     model.stop()
     model.unload()
     group.destroy()
-    spans = node_spans(read_profile(answer.profile))
+    spans = node_spans(read_profile(model.profile))
     assert len(spans) == 16
     overlaps = sum(after[0] < before[1] for before, after in itertools.pairwise(spans))
     assert overlaps, "no request entered a node while another was in the next one"
@@ -229,14 +213,13 @@ def test_a_group_as_large_as_the_model_runs_it_pipelined(remote: RemoteRuntime) 
 
 def test_enable_tracing_alone_writes_the_requests_not_the_nodes(remote: RemoteRuntime) -> None:
     group = remote.create_core_group(indices=[0])
-    answer = load(remote, three_nodes(), "traced", group, enable_tracing="true")
-    model = model_named(remote, "traced")
+    model = load(remote, three_nodes(), "traced", group, enable_tracing=True)
     model.start()
     assert model.wait(model.post(np.ones((256, 256), np.float32)), 60) is not None
     model.stop()
     model.unload()
     group.destroy()
-    trace = read_profile(answer.profile)
+    trace = read_profile(model.profile)
     assert not node_spans(trace)
     names = {e["name"] for e in trace["traceEvents"] if e.get("cat") == "request"}
     assert {"traced", "queue", "infer"} <= names
