@@ -110,6 +110,8 @@ class RuntimeService(v1_grpc.RuntimeServicer):
         if not request.name:
             raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "Load needs a model name")
         parameters, params = split_parameters(dict(request.parameters))
+        if params.profiled:
+            self._profiles.check()  # before the load: a refusal leaves nothing loaded
         options = LoadOptions().with_values(parameters)
         kwargs: dict[str, Any] = {
             "instances": options.instances,

@@ -26,6 +26,7 @@ import itertools
 import logging
 import os
 import re
+import stat
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -204,18 +205,36 @@ class Profiles:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
 
-    def start(self, model: LoadedModel, params: ModelParams, uid: int | None) -> str:
-        """Record ``model`` from now on; the file its trace will be written to."""
+    def check(self) -> None:
+        """Raise unless the folder is there (made if missing) and safe to write into.
+
+        Raises:
+            OutOfResourcesError: it cannot be made, or it is a link, another user's, or
+                writable by others.
+        """
         try:
             if not self.folder.is_dir():
                 self.folder.mkdir(parents=True, exist_ok=True)
                 os.chmod(self.folder, 0o711)  # its files are their users' (0600), unlisted
+            st = os.lstat(self.folder)
         except OSError as exc:
             raise OutOfResourcesError(
                 f"the daemon cannot make its profile folder {self.folder} ({exc.strerror}); "
                 "load without enable_tracing and enable_node_profiling, or ask the operator "
                 "to set profile_dir"
             ) from None
+        if stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            # Another user could plant a link where the daemon (root) is about to write.
+            raise OutOfResourcesError(
+                f"the profile folder {self.folder} is a link, another user's, or writable by "
+                "others, so the daemon writes no profile there; load without enable_tracing "
+                "and enable_node_profiling, or ask the operator to set profile_dir to a folder "
+                "of the daemon's own"
+            )
+
+    def start(self, model: LoadedModel, params: ModelParams, uid: int | None) -> str:
+        """Record ``model`` from now on; the file its trace will be written to (the folder
+        :meth:`check`-ed first)."""
         safe = re.sub(r"[^A-Za-z0-9._-]", "_", model.name)[:100]
         path = self.folder / f"{safe}-{time.strftime('%Y%m%dT%H%M%S')}-{next(_serial)}.json"
         profile = Profile(model).start()
