@@ -28,7 +28,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from ..compiler import compile, load_executable
 from ..compiler.layout import MAGIC
-from ..errors import CrossrtError, OutOfResourcesError, StatusCode
+from ..errors import CrossrtError, OperationForbiddenError, OutOfResourcesError, StatusCode
 from ..host import give_back_memory, process_alive
 from ..runtime import LoadedModel, Runtime
 from ..runtime.cores.groups import CoreGroup
@@ -170,9 +170,12 @@ class RuntimeService(v1_grpc.RuntimeServicer):
     def Start(self, request: Any, context: Any) -> v1.Empty:
         self._mine_to_change(request.name, context, "starting")
         model = self._repository.get(request.name)[1]
-        if self._rtd and (busy := nc_busy(model, "start")) is not None:
-            raise busy
-        model.start()
+        try:
+            model.start()
+        except OperationForbiddenError:
+            if self._rtd and (busy := nc_busy(model, "start")) is not None:
+                raise busy from None  # seed 003: the cores are busy with another model
+            raise
         return v1.Empty()
 
     def Stop(self, request: Any, context: Any) -> v1.Empty:

@@ -259,8 +259,8 @@ def write(profile: Profile, path: Path, params: ModelParams, uid: int | None) ->
         os.chmod(path, 0o600)
         if uid is not None and os.geteuid() == 0:
             os.chown(path, uid, -1)
-    except OSError as exc:
-        log.warning("cannot write the profile of a model to %s: %s", path, exc)
+    except Exception:  # called as the model is unloaded: that must go on
+        log.exception("cannot write the profile of a model to %s", path)
 
 
 def without_nodes(trace: dict[str, Any]) -> dict[str, Any]:
