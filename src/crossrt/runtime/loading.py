@@ -29,12 +29,14 @@ def load_instances(
 
     In ``shared`` mode every node of an instance uses all the instance's cores (one at a time
     per request, pipelined across requests); in ``normal`` mode each node on the model's
-    device gets cores of its own, the instance's cores split between them. ``host_cpus`` are
+    device gets cores of its own, the instance's cores split between them; in ``serial`` mode
+    the nodes share the cores as in ``shared`` and one request at a time passes through them
+    (no pipelining: neuron-rtd's shared NC mode). ``host_cpus`` are
     the runtime's cores (core ``i`` is host CPU ``host_cpus[i]``): a node or instance on part
     of them, or on cores the runtime owns (``exclusive``), has its threads pinned to its own.
     """
     if mode not in MODES:
-        raise InvalidArgumentError(f"mode={mode!r}: use 'shared' or 'normal'")
+        raise InvalidArgumentError(f"mode={mode!r}: use 'shared', 'normal' or 'serial'")
     local = [n.device_kind == device.kind.value for n in exe.nodes]
     steps = [(tuple(n.inputs), tuple(n.outputs)) for n in exe.nodes]
     outputs = tuple(s.name for s in exe.outputs)
@@ -78,8 +80,11 @@ def load_instances(
                 pinned_cpus(cores, host_cpus, exclusive) if device.kind is DeviceKind.CPU else None
             )
             result.append(
-                Instance(first + k, cores, programs, steps, outputs, pin=pin, device=device.id)
-            )
+                Instance(
+                    first + k, cores, programs, steps, outputs, pin=pin, device=device.id,
+                    pipelined=mode != "serial",
+                )
+            )  # fmt: skip
     except BaseException:
         for program in every:
             program.close()

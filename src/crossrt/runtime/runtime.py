@@ -199,7 +199,9 @@ class Runtime:
             check_numerics: raise EXEC_COMPLETED_WITH_NUM_ERR when an output holds a NaN or
                 an infinity; default ``CROSSRT_CHECK_NUMERICS`` (off).
             mode: for a multi-node executable, ``"shared"``: its nodes share the instance's
-                cores; ``"normal"``: each node gets cores of its own.
+                cores; ``"normal"``: each node gets cores of its own (both pipeline requests
+                through the nodes); ``"serial"``: as ``"shared"``, one request at a time
+                (neuron-rtd's shared NC mode).
             max_batch_size: more than 0: queued requests are joined along their first
                 dimension, up to this many rows, and run as one batch (dynamic batching,
                 ``docs/concurrency.md``); the model's inputs and outputs need a dynamic

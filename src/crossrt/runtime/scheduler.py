@@ -68,6 +68,9 @@ class Instance:
     pin themselves there (a ``run()`` caller's thread is never pinned)."""
     device: str = ""
     """The device it runs on (a load across devices has instances on several)."""
+    pipelined: bool = True
+    """For a multi-node executable: requests pass through the nodes in a pipeline (a stage
+    thread per node); ``False``: one request at a time walks all the nodes (``serial``)."""
     locks: list[threading.Lock] = field(default_factory=list)
     call: Callable[..., dict[str, np.ndarray]] = field(init=False)
     """What ``LoadedModel.run`` calls on the instance it took (set by the model)."""
@@ -215,7 +218,7 @@ class Scheduler:
         self._line_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         for inst in self.instances:
-            nodes = len(inst.programs)
+            nodes = len(inst.programs) if inst.pipelined else 1  # 1: a worker walks them all
             stages: list[queue.SimpleQueue[Job | None]] = [self._entry]
             stages += [queue.SimpleQueue() for _ in range(nodes - 1)]
             for j in range(nodes):

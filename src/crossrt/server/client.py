@@ -340,7 +340,8 @@ class RemoteRuntime:
             group: load a sent model onto this core group, stopped (``model.start()``).
             **parameters: load parameters ``device``, ``instances``, ``cores``,
                 ``queue_depth``, ``timeout``, ``precision`` (a repository model given any is
-                loaded again with them).
+                loaded again with them); for a sent model also neuron-rtd's ``ninfer``,
+                ``enable_tracing``, ``enable_node_profiling`` (docs/daemon.md).
         """
         path = None if isinstance(source, bytes) else Path(os.fspath(source))
         if path is None or path.is_file():
@@ -350,7 +351,9 @@ class RemoteRuntime:
             for key, value in parameters.items():
                 request.parameters[key] = str(value)
             loaded = self.call("v1.Load", request)
-            return self._add(RemoteModel(self, loaded.name, loaded.version))
+            model = RemoteModel(self, loaded.name, loaded.version)
+            model.mode, model.profile = loaded.mode, loaded.profile or None
+            return self._add(model)
         listed = str(source)
         ready = self.call("ModelReady", pb.ModelReadyRequest(name=listed, version=version)).ready
         if parameters or not ready:

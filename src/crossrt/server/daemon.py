@@ -43,7 +43,7 @@ from .relay import UnixRelay
 from .repository import LoadOptions, Repository
 from .response_cache import CacheCounts, ResponseCache
 from .rest import HttpFront
-from .settings import ServeOptions
+from .settings import ServeOptions, default_profile_dir
 from .tokens import load_tokens
 
 log = logging.getLogger("crossrt.serve")
@@ -143,7 +143,13 @@ class Daemon:
         )
         pbg.add_GRPCInferenceServiceServicer_to_server(service, self.server)
         self.extension = RuntimeService(
-            self.runtime, self.repository, self.regions, self.identify, options.max_posted_bytes
+            self.runtime,
+            self.repository,
+            self.regions,
+            self.identify,
+            options.max_posted_bytes,
+            semantics=options.semantics,
+            profile_dir=options.profile_dir or str(default_profile_dir()),
         )
         v1_grpc.add_RuntimeServicer_to_server(self.extension, self.server)  # type: ignore[no-untyped-call]
         self._stopping = threading.Event()

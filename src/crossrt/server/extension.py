@@ -1,7 +1,8 @@
 """The ``crossrt.v1.Runtime`` service (``proto/runtime.proto``): what KServe lacks, served
 beside it: devices and core owners, loading a model sent in the request (owned by the
 sending user, and unloaded when the sending process dies), core groups with start and stop,
-neuron-rtd's infer_post / infer_wait with a cookie, and cancellation.
+neuron-rtd's infer_post / infer_wait with a cookie, and cancellation; with
+``--semantics neuron-rtd``, seed 003's core groups, load modes and codes (:mod:`.neuron_rtd`).
 
 Ownership (docs/security.md): a model sent with Load and a core group belong to the user
 who made them (:attr:`peers.Peer.principal`); only that user or the operator may unload,
@@ -19,18 +20,20 @@ import time
 from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
 from tritonclient.grpc import service_pb2 as pb
 
-from ..compiler import load_executable
+from ..compiler import compile, load_executable
 from ..compiler.layout import MAGIC
-from ..errors import CrossrtError
+from ..errors import CrossrtError, OperationForbiddenError, OutOfResourcesError, StatusCode
 from ..host import give_back_memory, process_alive
 from ..runtime import LoadedModel, Runtime
 from ..runtime.cores.groups import CoreGroup
 from ..runtime.cores.reservation import core_owners
+from .neuron_rtd import NEURON_RTD, Profiles, nc_busy, place, split_parameters
 from .peers import Peer, need_owner, need_principal
 from .proto import runtime_pb2 as v1
 from .proto import runtime_pb2_grpc as v1_grpc
@@ -76,8 +79,13 @@ class RuntimeService(v1_grpc.RuntimeServicer):
         regions: Regions,
         identify: Any,
         max_posted_bytes: int = MAX_POSTED_BYTES,
+        *,
+        semantics: str = "crossrt",
+        profile_dir: str | None = None,
     ) -> None:
         self._runtime = runtime
+        self._rtd = semantics == NEURON_RTD
+        self._profiles = Profiles(Path(profile_dir or "profiles"))
         self._max_posted_bytes = max_posted_bytes
         self._held: dict[int | str, int] = {}  # bytes posted, by client (_client)
         self._repository = repository
@@ -101,33 +109,58 @@ class RuntimeService(v1_grpc.RuntimeServicer):
         user = need_principal(peer, "loading a model")
         if not request.name:
             raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "Load needs a model name")
-        options = LoadOptions().with_values(dict(request.parameters))
+        parameters, params = split_parameters(dict(request.parameters))
+        if params.profiled:
+            self._profiles.check()  # before the load: a refusal leaves nothing loaded
+        options = LoadOptions().with_values(parameters)
         kwargs: dict[str, Any] = {
             "instances": options.instances,
             "queue_depth": options.queue_depth,
             "exec_timeout": options.timeout,
         }
-        if request.core_group:
-            kwargs["group"] = self._group(request.core_group, peer)
-        elif options.cores is not None:
-            kwargs["cores"] = options.cores
         data = bytes(request.model)
         if data.startswith(MAGIC):  # a .crm; else an ONNX model, compiled here
             source: Any = load_executable(data)
+        elif self._rtd:  # the cores it needs are known once it is compiled
+            precision: dict[str, Any] = {}
+            if options.precision is not None:
+                precision["precision"] = options.precision
+            source = compile(data, options.device, **precision)
         else:
             source = data
             if options.precision is not None:
                 kwargs["precision"] = options.precision
-        # Its errors name it as its clients know it (an empty name is refused by adopt).
-        model: LoadedModel = self._runtime.load(
-            source, options.device, name=request.name or None, **kwargs
-        )
+        made = None
+        group = self._group(request.core_group, peer) if request.core_group else None
+        if self._rtd:
+            kwargs["group"], kwargs["mode"], made = place(
+                self._runtime, source, request.name, group, options.cores, options.instances
+            )
+        elif group is not None:
+            kwargs["group"] = group
+        elif options.cores is not None:
+            kwargs["cores"] = options.cores
         try:
+            # Its errors name it as its clients know it (an empty name is refused by adopt).
+            model: LoadedModel = self._runtime.load(
+                source, options.device, name=request.name or None, **kwargs
+            )
+        except BaseException:
+            if made is not None:
+                made.destroy()
+            raise
+        if made is not None:
+            made.dissolve_when_empty()  # gone with its model, however that is unloaded
+        try:
+            if made is not None:
+                model.start()  # seed 003: an implicit load starts at once
             entry = self._repository.adopt(request.name, model, peer.pid, user)
         except BaseException:
             model.unload()
             raise
-        return v1.LoadResponse(name=entry.name, version=entry.version)
+        profile = self._profiles.start(model, params, peer.uid) if params.profiled else ""
+        mode = "normal" if kwargs.get("mode") == "normal" else "shared"
+        return v1.LoadResponse(name=entry.name, version=entry.version, mode=mode, profile=profile)
 
     def Unload(self, request: Any, context: Any) -> v1.Empty:
         self._mine_to_change(request.name, context, "unloading")
@@ -136,7 +169,13 @@ class RuntimeService(v1_grpc.RuntimeServicer):
 
     def Start(self, request: Any, context: Any) -> v1.Empty:
         self._mine_to_change(request.name, context, "starting")
-        self._repository.get(request.name)[1].start()
+        model = self._repository.get(request.name)[1]
+        try:
+            model.start()
+        except OperationForbiddenError:
+            if self._rtd and (busy := nc_busy(model, "start")) is not None:
+                raise busy from None  # seed 003: the cores are busy with another model
+            raise
         return v1.Empty()
 
     def Stop(self, request: Any, context: Any) -> v1.Empty:
@@ -203,12 +242,30 @@ class RuntimeService(v1_grpc.RuntimeServicer):
                     f"{MAX_POSTED} requests are posted and not waited for; InferWait for some",
                 )
             cookie = _random_id(self._posted)
-            future = model.run_async(feed, block=False)
+            future = self._post(model, feed)
             posted = Posted(future, infer, chosen, entry.version, peer, size)
             self._posted[cookie] = posted
             self._held[client] = self._held.get(client, 0) + size
         future.add_done_callback(lambda f: self._done(cookie, f))
         return v1.InferPostResponse(cookie=cookie)
+
+    def _post(self, model: LoadedModel, feed: Any) -> Future[Any]:
+        """``model.run_async`` without waiting for room: QUEUE_FULL past its ninfer
+        (queue_depth); under neuron-rtd semantics EXEC_NC_BUSY when its group runs another."""
+        if self._rtd and not model.running and (busy := nc_busy(model, "infer with")):
+            raise busy
+        try:
+            return model.run_async(feed, block=False)
+        except OutOfResourcesError as exc:
+            if exc.code is not StatusCode.QUEUE_FULL:
+                raise
+            raise OutOfResourcesError(
+                f"model {model.name!r} has {model.queue_depth} requests in flight, the most "
+                "its load allows (ninfer, or queue_depth); InferWait for some first, or load "
+                "it with a larger ninfer",
+                code=StatusCode.QUEUE_FULL,
+                details=exc.details,
+            ) from None
 
     def _check_held(self, client: int | str, size: int) -> None:
         held = self._held.get(client, 0)

@@ -73,6 +73,12 @@ class RemoteModel:
         # to know none of them (started again), so that those in use are closed when done.
         self._live: set[SharedMemorySegment] = set()
         self._lock = threading.Lock()
+        self.mode = ""
+        """For a model sent with crossrt.v1 Load: how its nodes share its cores, ``shared``
+        or ``normal`` (docs/daemon.md, "neuron-rtd semantics")."""
+        self.profile: str | None = None
+        """For a model loaded with ``enable_tracing`` / ``enable_node_profiling``: the file
+        on the daemon's host its profile is written to at unload."""
 
     def tensor_info(self) -> list[TensorInfo]:
         """Inputs then outputs, as :meth:`LoadedModel.tensor_info`."""

@@ -4,8 +4,8 @@ Every command-line option has a key of the same name in the file (``model_reposi
 ``model_control``, ``load_model``, ``model``, ``load_parameter``, ``kserve``, ``metrics``,
 ``token``, ``tokens``, ``cores``, ``log_level``, ``console``, ``endpoint``,
 ``max_connections``, ``user_connections``, ``idle_timeout``, the bounds of :data:`BOUNDS`,
-``http_timeout`` and ``drain_seconds``), plus
-``threads``, ``socket_mode``,
+``http_timeout``, ``drain_seconds`` and ``semantics``), plus
+``threads``, ``socket_mode``, ``profile_dir``,
 ``tls_cert`` / ``tls_key`` / ``tls_client_ca`` (PEM files: TLS on the TCP endpoints, client
 certificates required when a CA is given) and ``[[models]]`` tables (``name``, ``path`` and
 the load parameters) loaded at start. The command line wins; ``kserve`` (``--kserve``) fills
@@ -123,6 +123,11 @@ def default_endpoint() -> Endpoint:
     return Endpoint("unix", str(folder / "crossrt.sock"))
 
 
+def default_profile_dir() -> Path:
+    """``profiles`` in the runtime directory (beside the default socket)."""
+    return Path(default_endpoint().address).parent / "profiles"
+
+
 @dataclass(frozen=True)
 class ServeOptions:
     """Everything ``crossrt serve`` is told."""
@@ -169,6 +174,12 @@ class ServeOptions:
     tls_key: str | None = None
     tls_client_ca: str | None = None
     models: tuple[Entry, ...] = field(default_factory=tuple)
+    semantics: str = "crossrt"
+    """What crossrt.v1's core groups, load modes and codes mean: ``crossrt`` (its own), or
+    ``neuron-rtd`` (seed 003's: :data:`SEMANTICS`, docs/daemon.md)."""
+    profile_dir: str | None = None
+    """Where the profiles of loads with ``enable_tracing`` / ``enable_node_profiling`` are
+    written; default ``profiles`` in the runtime directory (:func:`default_profile_dir`)."""
 
     def endpoints(self) -> list[Endpoint]:
         """The endpoints: those named, and the default Unix socket unless one of them is a
@@ -193,6 +204,14 @@ class ServeOptions:
     def level(self) -> int:
         """The ``logging`` level."""
         return LOG_LEVELS[self.log_level.lower()]
+
+
+SEMANTICS = {
+    "crossrt": "crossrt's: implicit core groups share cores, multi-node models pipelined",
+    "neuron-rtd": "neuron-rtd's (seed 003): implicit core groups hold their cores alone, "
+    "shared NC mode runs one request at a time, EXEC_NC_BUSY on a busy group",
+}
+"""The meanings crossrt.v1 may be served with (``--semantics``)."""
 
 
 def build(file: str | None, given: Mapping[str, Any]) -> ServeOptions:
@@ -277,6 +296,11 @@ def _check(options: ServeOptions) -> None:
         raise InvalidOptionError(
             f"log level {options.log_level!r}: give one of {', '.join(list(LOG_LEVELS)[:6])} "
             "or 0-7 (6 debug, 7 trace)"
+        )
+    if options.semantics not in SEMANTICS:
+        raise InvalidOptionError(
+            f"semantics {options.semantics!r}: give "
+            + " or ".join(f"'{name}' ({what})" for name, what in SEMANTICS.items())
         )
     if options.model_control not in ("none", "explicit"):
         raise InvalidOptionError(

@@ -78,6 +78,13 @@ def parser() -> argparse.ArgumentParser:
         "stderr, and a 20 s drain on SIGTERM (Kubernetes' grace period is 30 s)",
     )  # fmt: skip
     p.add_argument(
+        "--semantics", choices=("crossrt", "neuron-rtd"),
+        help="what crossrt.v1's core groups, load modes and status codes mean: crossrt's "
+        "(default), or neuron-rtd's (seed 003): a load without a group holds its cores "
+        "alone, a group smaller than the model runs one request at a time, a second model "
+        "started on a busy group gets EXEC_NC_BUSY (1005)",
+    )  # fmt: skip
+    p.add_argument(
         "--drain-seconds", type=float, metavar="S",
         help="on SIGTERM, the seconds the calls under way get to finish before the daemon "
         "cuts them and exits (default 30; --kserve: 20)",
@@ -159,6 +166,7 @@ def given(args: argparse.Namespace) -> dict[str, Any]:
         "load_parameter": tuple(args.load_parameter or ()),
         "kserve": args.kserve,
         "drain_seconds": args.drain_seconds,
+        "semantics": args.semantics,
         "metrics": args.metrics,
         "http": args.http,
         "max_connections": args.max_connections,

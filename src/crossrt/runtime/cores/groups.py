@@ -12,7 +12,7 @@ into instances and nodes.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from ...drivers import DeviceInfo, DeviceKind
@@ -42,7 +42,11 @@ class GroupOwner(Protocol):
     def _forget_group(self, group: CoreGroup) -> None: ...
 
 
-MODES = ("shared", "normal")
+MODES = ("shared", "normal", "serial")
+"""How a multi-node executable's nodes use an instance's cores: ``shared``, every node on all
+of them, requests pipelined through the nodes; ``normal``, each node on cores of its own,
+pipelined; ``serial``, every node on all of them and one request at a time through the
+nodes, no pipelining (neuron-rtd's shared NC mode, seed 003)."""
 
 
 class CoreGroup:
@@ -64,6 +68,10 @@ class CoreGroup:
         self._running: GroupMember | None = None
         self._lock = threading.Lock()
         self._destroyed = False
+        self._dissolve = implicit  # destroyed when its last model is unloaded
+        self.on_remove: list[Callable[[GroupMember], None]] = []
+        """Called with each model unloaded from the group, once it has left (a daemon
+        writes the model's profile then)."""
 
     @property
     def host_cpus(self) -> tuple[int, ...]:
@@ -121,9 +129,16 @@ class CoreGroup:
             if self._running is model:
                 self._running = None
             empty = not self._models
-        if empty and self.implicit:
+        for hook in list(self.on_remove):
+            hook(model)
+        if empty and self._dissolve:
             self._destroyed = True
             self._runtime._forget_group(self)
+
+    def dissolve_when_empty(self) -> None:
+        """Destroy the group when its last model is unloaded, as an implicit group is, while
+        no other group may use its cores, as an explicit one (neuron-rtd's implicit group)."""
+        self._dissolve = True
 
     def _start(self, model: GroupMember) -> None:
         with self._lock:
@@ -219,7 +234,7 @@ def pinned_cpus(
 def node_cores(
     cores: tuple[int, ...], local: list[bool], mode: str
 ) -> list[tuple[int, ...] | None]:
-    if mode == "shared":
+    if mode != "normal":
         return [cores if is_local else None for is_local in local]
     count = sum(local)
     if len(cores) < count:

@@ -22,7 +22,7 @@ _sym_db = _symbol_database.Default()
 
 
 DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(
-    b'\n"crossrt/server/proto/runtime.proto\x12\ncrossrt.v1"\x07\n\x05\x45mpty"\x10\n\x0e\x44\x65vicesRequest"\xb2\x01\n\x0f\x44\x65vicesResponse\x12\x14\n\x0c\x64\x65vices_json\x18\x01 \x03(\t\x12@\n\x0b\x63ore_owners\x18\x02 \x03(\x0b\x32+.crossrt.v1.DevicesResponse.CoreOwnersEntry\x12\x14\n\x0c\x64\x61\x65mon_cores\x18\x03 \x03(\x05\x1a\x31\n\x0f\x43oreOwnersEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01"\xae\x01\n\x0bLoadRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\x0c\x12;\n\nparameters\x18\x03 \x03(\x0b\x32\'.crossrt.v1.LoadRequest.ParametersEntry\x12\x12\n\ncore_group\x18\x04 \x01(\x04\x1a\x31\n\x0fParametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01"-\n\x0cLoadResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t"\x1c\n\x0cModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t"-\n\x12StatisticsResponse\x12\x17\n\x0fstatistics_json\x18\x01 \x01(\t"8\n\x16\x43reateCoreGroupRequest\x12\r\n\x05\x63ores\x18\x01 \x01(\r\x12\x0f\n\x07indices\x18\x02 \x03(\r"(\n\tCoreGroup\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0f\n\x07indices\x18\x02 \x03(\r"/\n\x10InferPostRequest\x12\x1b\n\x13model_infer_request\x18\x01 \x01(\x0c"#\n\x11InferPostResponse\x12\x0e\n\x06\x63ookie\x18\x01 \x01(\x04"3\n\x10InferWaitRequest\x12\x0e\n\x06\x63ookie\x18\x01 \x01(\x04\x12\x0f\n\x07timeout\x18\x02 \x01(\x01"?\n\x11InferWaitResponse\x12\x0c\n\x04\x64one\x18\x01 \x01(\x08\x12\x1c\n\x14model_infer_response\x18\x02 \x01(\x0c"\x1f\n\rCancelRequest\x12\x0e\n\x06\x63ookie\x18\x01 \x01(\x04"#\n\x0e\x43\x61ncelResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x08\x32\xd3\x05\n\x07Runtime\x12\x42\n\x07\x44\x65vices\x12\x1a.crossrt.v1.DevicesRequest\x1a\x1b.crossrt.v1.DevicesResponse\x12\x39\n\x04Load\x12\x17.crossrt.v1.LoadRequest\x1a\x18.crossrt.v1.LoadResponse\x12\x35\n\x06Unload\x12\x18.crossrt.v1.ModelRequest\x1a\x11.crossrt.v1.Empty\x12\x34\n\x05Start\x12\x18.crossrt.v1.ModelRequest\x1a\x11.crossrt.v1.Empty\x12\x33\n\x04Stop\x12\x18.crossrt.v1.ModelRequest\x1a\x11.crossrt.v1.Empty\x12L\n\x0f\x43reateCoreGroup\x12".crossrt.v1.CreateCoreGroupRequest\x1a\x15.crossrt.v1.CoreGroup\x12<\n\x10\x44\x65stroyCoreGroup\x12\x15.crossrt.v1.CoreGroup\x1a\x11.crossrt.v1.Empty\x12H\n\tInferPost\x12\x1c.crossrt.v1.InferPostRequest\x1a\x1d.crossrt.v1.InferPostResponse\x12H\n\tInferWait\x12\x1c.crossrt.v1.InferWaitRequest\x1a\x1d.crossrt.v1.InferWaitResponse\x12?\n\x06\x43\x61ncel\x12\x19.crossrt.v1.CancelRequest\x1a\x1a.crossrt.v1.CancelResponse\x12\x46\n\nStatistics\x12\x18.crossrt.v1.ModelRequest\x1a\x1e.crossrt.v1.StatisticsResponseb\x06proto3'
+    b'\n"crossrt/server/proto/runtime.proto\x12\ncrossrt.v1"\x07\n\x05\x45mpty"\x10\n\x0e\x44\x65vicesRequest"\xb2\x01\n\x0f\x44\x65vicesResponse\x12\x14\n\x0c\x64\x65vices_json\x18\x01 \x03(\t\x12@\n\x0b\x63ore_owners\x18\x02 \x03(\x0b\x32+.crossrt.v1.DevicesResponse.CoreOwnersEntry\x12\x14\n\x0c\x64\x61\x65mon_cores\x18\x03 \x03(\x05\x1a\x31\n\x0f\x43oreOwnersEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01"\xae\x01\n\x0bLoadRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\x0c\x12;\n\nparameters\x18\x03 \x03(\x0b\x32\'.crossrt.v1.LoadRequest.ParametersEntry\x12\x12\n\ncore_group\x18\x04 \x01(\x04\x1a\x31\n\x0fParametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01"L\n\x0cLoadResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0c\n\x04mode\x18\x03 \x01(\t\x12\x0f\n\x07profile\x18\x04 \x01(\t"\x1c\n\x0cModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t"-\n\x12StatisticsResponse\x12\x17\n\x0fstatistics_json\x18\x01 \x01(\t"8\n\x16\x43reateCoreGroupRequest\x12\r\n\x05\x63ores\x18\x01 \x01(\r\x12\x0f\n\x07indices\x18\x02 \x03(\r"(\n\tCoreGroup\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0f\n\x07indices\x18\x02 \x03(\r"/\n\x10InferPostRequest\x12\x1b\n\x13model_infer_request\x18\x01 \x01(\x0c"#\n\x11InferPostResponse\x12\x0e\n\x06\x63ookie\x18\x01 \x01(\x04"3\n\x10InferWaitRequest\x12\x0e\n\x06\x63ookie\x18\x01 \x01(\x04\x12\x0f\n\x07timeout\x18\x02 \x01(\x01"?\n\x11InferWaitResponse\x12\x0c\n\x04\x64one\x18\x01 \x01(\x08\x12\x1c\n\x14model_infer_response\x18\x02 \x01(\x0c"\x1f\n\rCancelRequest\x12\x0e\n\x06\x63ookie\x18\x01 \x01(\x04"#\n\x0e\x43\x61ncelResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x08\x32\xd3\x05\n\x07Runtime\x12\x42\n\x07\x44\x65vices\x12\x1a.crossrt.v1.DevicesRequest\x1a\x1b.crossrt.v1.DevicesResponse\x12\x39\n\x04Load\x12\x17.crossrt.v1.LoadRequest\x1a\x18.crossrt.v1.LoadResponse\x12\x35\n\x06Unload\x12\x18.crossrt.v1.ModelRequest\x1a\x11.crossrt.v1.Empty\x12\x34\n\x05Start\x12\x18.crossrt.v1.ModelRequest\x1a\x11.crossrt.v1.Empty\x12\x33\n\x04Stop\x12\x18.crossrt.v1.ModelRequest\x1a\x11.crossrt.v1.Empty\x12L\n\x0f\x43reateCoreGroup\x12".crossrt.v1.CreateCoreGroupRequest\x1a\x15.crossrt.v1.CoreGroup\x12<\n\x10\x44\x65stroyCoreGroup\x12\x15.crossrt.v1.CoreGroup\x1a\x11.crossrt.v1.Empty\x12H\n\tInferPost\x12\x1c.crossrt.v1.InferPostRequest\x1a\x1d.crossrt.v1.InferPostResponse\x12H\n\tInferWait\x12\x1c.crossrt.v1.InferWaitRequest\x1a\x1d.crossrt.v1.InferWaitResponse\x12?\n\x06\x43\x61ncel\x12\x19.crossrt.v1.CancelRequest\x1a\x1a.crossrt.v1.CancelResponse\x12\x46\n\nStatistics\x12\x18.crossrt.v1.ModelRequest\x1a\x1e.crossrt.v1.StatisticsResponseb\x06proto3'
 )
 
 _globals = globals()
@@ -47,27 +47,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
     _globals["_LOADREQUEST_PARAMETERSENTRY"]._serialized_start = 384
     _globals["_LOADREQUEST_PARAMETERSENTRY"]._serialized_end = 433
     _globals["_LOADRESPONSE"]._serialized_start = 435
-    _globals["_LOADRESPONSE"]._serialized_end = 480
-    _globals["_MODELREQUEST"]._serialized_start = 482
-    _globals["_MODELREQUEST"]._serialized_end = 510
-    _globals["_STATISTICSRESPONSE"]._serialized_start = 512
-    _globals["_STATISTICSRESPONSE"]._serialized_end = 557
-    _globals["_CREATECOREGROUPREQUEST"]._serialized_start = 559
-    _globals["_CREATECOREGROUPREQUEST"]._serialized_end = 615
-    _globals["_COREGROUP"]._serialized_start = 617
-    _globals["_COREGROUP"]._serialized_end = 657
-    _globals["_INFERPOSTREQUEST"]._serialized_start = 659
-    _globals["_INFERPOSTREQUEST"]._serialized_end = 706
-    _globals["_INFERPOSTRESPONSE"]._serialized_start = 708
-    _globals["_INFERPOSTRESPONSE"]._serialized_end = 743
-    _globals["_INFERWAITREQUEST"]._serialized_start = 745
-    _globals["_INFERWAITREQUEST"]._serialized_end = 796
-    _globals["_INFERWAITRESPONSE"]._serialized_start = 798
-    _globals["_INFERWAITRESPONSE"]._serialized_end = 861
-    _globals["_CANCELREQUEST"]._serialized_start = 863
-    _globals["_CANCELREQUEST"]._serialized_end = 894
-    _globals["_CANCELRESPONSE"]._serialized_start = 896
-    _globals["_CANCELRESPONSE"]._serialized_end = 931
-    _globals["_RUNTIME"]._serialized_start = 934
-    _globals["_RUNTIME"]._serialized_end = 1657
+    _globals["_LOADRESPONSE"]._serialized_end = 511
+    _globals["_MODELREQUEST"]._serialized_start = 513
+    _globals["_MODELREQUEST"]._serialized_end = 541
+    _globals["_STATISTICSRESPONSE"]._serialized_start = 543
+    _globals["_STATISTICSRESPONSE"]._serialized_end = 588
+    _globals["_CREATECOREGROUPREQUEST"]._serialized_start = 590
+    _globals["_CREATECOREGROUPREQUEST"]._serialized_end = 646
+    _globals["_COREGROUP"]._serialized_start = 648
+    _globals["_COREGROUP"]._serialized_end = 688
+    _globals["_INFERPOSTREQUEST"]._serialized_start = 690
+    _globals["_INFERPOSTREQUEST"]._serialized_end = 737
+    _globals["_INFERPOSTRESPONSE"]._serialized_start = 739
+    _globals["_INFERPOSTRESPONSE"]._serialized_end = 774
+    _globals["_INFERWAITREQUEST"]._serialized_start = 776
+    _globals["_INFERWAITREQUEST"]._serialized_end = 827
+    _globals["_INFERWAITRESPONSE"]._serialized_start = 829
+    _globals["_INFERWAITRESPONSE"]._serialized_end = 892
+    _globals["_CANCELREQUEST"]._serialized_start = 894
+    _globals["_CANCELREQUEST"]._serialized_end = 925
+    _globals["_CANCELRESPONSE"]._serialized_start = 927
+    _globals["_CANCELRESPONSE"]._serialized_end = 962
+    _globals["_RUNTIME"]._serialized_start = 965
+    _globals["_RUNTIME"]._serialized_end = 1688
 # @@protoc_insertion_point(module_scope)

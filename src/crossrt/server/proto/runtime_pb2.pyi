@@ -66,12 +66,22 @@ class LoadRequest(_message.Message):
     ) -> None: ...
 
 class LoadResponse(_message.Message):
-    __slots__ = ("name", "version")
+    __slots__ = ("name", "version", "mode", "profile")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+    mode: str
+    profile: str
+    def __init__(
+        self,
+        name: _Optional[str] = ...,
+        version: _Optional[str] = ...,
+        mode: _Optional[str] = ...,
+        profile: _Optional[str] = ...,
+    ) -> None: ...
 
 class ModelRequest(_message.Message):
     __slots__ = ("name",)
