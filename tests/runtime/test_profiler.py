@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import crossrt
+import crossrt.profiling
 from concurrency_models import pipelined
 
 WAIT = 30
