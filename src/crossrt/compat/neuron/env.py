@@ -88,7 +88,8 @@ def warn_unread(environ: Mapping[str, str] | None = None) -> list[str]:
     env = os.environ if environ is None else environ
     warned = []
     for name in sorted(env):
-        if not name.startswith("NEURON_") or name in _warned:
+        # NEURONCORE_GROUP_SIZES: the deprecated way to size core groups, a Neuron setting too
+        if not name.startswith(("NEURON_", "NEURONCORE_")) or name in _warned:
             continue
         if name in READ or name.startswith("NEURON_RT_INSPECT_"):
             continue
