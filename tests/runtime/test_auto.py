@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 import crossrt
 from crossrt import InvalidArgumentError, InvalidOptionError, UnsupportedError
 from crossrt.drivers import driver_statuses
-from crossrt.runtime import auto, oracle, probe
+from crossrt.choice import auto, oracle, probe
 from crossrt.tools import compile as compile_tool
 from crossrt.tools import inspect as inspect_tool
 from crossrt.tools.common import decision_lines

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
-from ..compiler import Executable, compile
+from ..compiler import Executable, compile_for_device
 from ..config import settings, simulated_devices_asked
 from ..drivers import DeviceInfo, DeviceKind, available_drivers
 from ..drivers.registry import device_order, parse_device, resolve_device
@@ -238,7 +238,7 @@ class Runtime:
                     "exe = crossrt.compile(model, device='auto'), then load(exe)",
                     details={"device": "auto"},
                 )
-            exe = compile(source, one, driver=driver, **compile_options)
+            exe = compile_for_device(source, one, driver=driver, **compile_options)
         spread = _linked_devices(listed, exe) if listed is not None else None
         info = spread[0] if spread else _model_device(exe, one or exe.device)
         for other in spread or []:

@@ -29,8 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ..compiler import Executable
-from ..compiler import compile as compile_for_device
+from ..compiler import Executable, compile_for_device
 from ..compiler.cache import shared_cache
 from ..compiler.cache_keys import fallback_material, fingerprint
 from ..compiler.calibrate import prepare as prepare_int8
@@ -42,6 +41,7 @@ from ..drivers.registry import available_drivers
 from ..errors import CrossrtError, InvalidOptionError, UnsupportedError
 from ..host import cpu_model, usable_cores
 from ..model import Model, load_model
+from ..runtime import Runtime
 from .oracle import compare, expected_outputs
 from .probe import (
     TOLERANCES,
@@ -52,7 +52,6 @@ from .probe import (
     time_candidates,
     tolerance,
 )
-from .runtime import Runtime
 
 __all__ = ["AUTO", "DEFAULT_SECONDS", "NOT_CANDIDATES", "TOLERANCES", "compile"]
 
@@ -90,7 +89,7 @@ def compile(
 ) -> Executable:
     """Compile a model for a device, or for the fastest one with ``device="auto"``.
 
-    Takes what :func:`crossrt.compiler.compile` takes (its documentation has every argument),
+    Takes what :func:`crossrt.compiler.compile_for_device` takes (its documentation has every argument),
     plus:
 
     Args:
