@@ -129,3 +129,15 @@ def test_a_load_that_fails_on_a_later_device_closes_the_earlier_devices_programs
         rt.load(exe, ["sim:0", "sim:1"], instances=2, cores_per_instance=1)
     assert len(loaded) == 2 and {id(p) for p in closed} == {id(p) for p in loaded}
     assert rt.models == [] and rt.core_groups == []
+
+
+def test_a_model_not_compiled_yet_is_compiled_for_the_first_device_of_the_list(
+    rt: crossrt.Runtime,
+) -> None:
+    b = crossrt.GraphBuilder("relu")
+    x = b.input("x", "float32", [4])
+    b.output(b.op("Relu", [x]))
+    model = rt.load(b.finish(), ["sim:1", "sim:0"])
+    assert model.executable.device == "sim:1" and model.instance_devices == ["sim:1", "sim:0"]
+    (value,) = model.run({"x": X}).values()
+    np.testing.assert_array_equal(value, np.maximum(X, 0))
