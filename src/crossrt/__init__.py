@@ -29,6 +29,7 @@ from importlib.metadata import version as _version
 
 from . import config, dtypes
 from .cancel import CancelToken
+from .choice import compile
 from .compiler import Executable, load_executable
 from .dtypes import DType
 from .errors import (
@@ -49,7 +50,6 @@ from .errors import (
 )
 from .model import GraphBuilder, Model, TensorSpec, load_model
 from .runtime import LoadedModel, Runtime
-from .runtime.auto import compile
 from .runtime.memory.tensor import Tensor, shared_tensor
 from .runtime.memory.tensorset import TensorSet, from_dlpack
 from .runtime.runnable import RunnableModel

@@ -101,7 +101,7 @@ class Settings:
         reference_memory: the most memory ``crossrt verify`` and ``device="auto"`` let the
             reference evaluator hold (``CROSSRT_REFERENCE_MEMORY``: bytes, or ``500M``,
             ``2G``...); ``None``: half of the host's usable memory. A model estimated to need
-            more is checked against another oracle (``runtime/oracle.py``).
+            more is checked against another oracle (``choice/oracle.py``).
         process_tag: the name ``crossrt top`` and ``monitor`` show for this process
             (``CROSSRT_PROCESS_TAG``; where it is unset, Neuron's ``NEURON_PROCESS_TAG``;
             at most 255 characters); ``None``: the program's name.

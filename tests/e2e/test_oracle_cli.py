@@ -16,7 +16,7 @@ import pytest
 from classifier_model import classifier
 from onnx import TensorProto, helper, numpy_helper
 
-from crossrt.runtime import oracle
+from crossrt.choice import oracle
 from crossrt.tools import compile as compile_tool
 from crossrt.tools import verify
 
@@ -196,7 +196,7 @@ def test_the_footprint_is_estimated_without_computing_the_values(tmp_path: Path)
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     code = (
         "import resource, sys, numpy as np, crossrt\n"
-        "from crossrt.runtime import oracle\n"
+        "from crossrt.choice import oracle\n"
         "model = crossrt.load_model(sys.argv[1])\n"
         "held = oracle._address_space()\n"
         "resource.setrlimit(resource.RLIMIT_AS, (held + 2**29, held + 2**29))\n"

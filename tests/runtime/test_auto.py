@@ -12,8 +12,8 @@ from onnx import TensorProto, helper
 
 import crossrt
 from crossrt import InvalidArgumentError, InvalidOptionError, UnsupportedError
+from crossrt.choice import auto, decision, oracle, probe
 from crossrt.drivers import driver_statuses
-from crossrt.runtime import auto, oracle, probe
 from crossrt.tools import compile as compile_tool
 from crossrt.tools import inspect as inspect_tool
 from crossrt.tools.common import decision_lines
@@ -263,13 +263,13 @@ def test_a_win_within_the_noise_keeps_the_default() -> None:
     default = {"driver": "onnxruntime", "device": "cpu:0", "median_ms": 10.0}
     close = {"driver": "openvino", "device": "cpu:0", "median_ms": 9.7}
     close.update(vs_default=0.97, spread=0.05)
-    assert not probe.beats_default(close) and auto._choice([default, close]) is default
-    why = auto._why([default, close], default, "reference within 0.0001")
+    assert not probe.beats_default(close) and decision.kept([default, close]) is default
+    why = decision.why([default, close], default, "reference within 0.0001")
     assert why.startswith("the default, 10.000 ms: no other of 2 candidates")
     assert "openvino cpu:0 9.700 ms, 0.970x the default's time, spread 0.050" in why
     clear = {**close, "vs_default": 0.8, "rounds": 12}
-    assert probe.beats_default(clear) and auto._choice([default, close, clear]) is clear
-    assert "by more than the noise" in auto._why([default, clear], clear, "reference")
+    assert probe.beats_default(clear) and decision.kept([default, close, clear]) is clear
+    assert "by more than the noise" in decision.why([default, clear], clear, "reference")
 
 
 def test_the_rounds_spread_is_reported(relu_auto: crossrt.Executable) -> None:

@@ -1,5 +1,5 @@
 """Imports run one way: errors/dtypes/config/host/cancel -> model -> drivers -> compiler ->
-runtime -> collectives -> server -> tools -> compat (ARCHITECTURE.md §2).
+runtime -> choice -> collectives -> server -> tools -> compat (ARCHITECTURE.md §2).
 
 Every module under src/crossrt is parsed (never imported); an import of a later layer, absolute
 (``crossrt.x``), relative (``..x``) or through ``importlib.import_module("crossrt.x")``, fails
@@ -26,6 +26,7 @@ LAYERS = (
     "drivers",
     "compiler",
     "runtime",
+    "choice",
     "collectives",
     "server",
     "scaleout",
@@ -259,6 +260,12 @@ KNOWN = {"crossrt", "crossrt.errors", "crossrt.dtypes", "crossrt.model", "crossr
             ],
         ),
         (
+            "crossrt.runtime.runtime",
+            False,
+            "from ..choice import compile\n",
+            ["crossrt.runtime.runtime (runtime) -> from ..choice import compile (choice)"],
+        ),
+        (
             "crossrt.config",
             False,
             "import crossrt\n",
@@ -275,6 +282,7 @@ KNOWN = {"crossrt", "crossrt.errors", "crossrt.dtypes", "crossrt.model", "crossr
         "root-reexport",
         "relative-root-reexport",
         "import-module",
+        "runtime-to-choice",
         "whole-package",
     ],
 )

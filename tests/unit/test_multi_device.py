@@ -8,6 +8,7 @@ The sim driver's default topology is a 4x4 torus: ``sim:0`` links to ``sim:1``, 
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
 import pytest
@@ -94,3 +95,49 @@ def test_a_model_compiled_for_another_kind_is_refused_on_a_list(
 ) -> None:
     with pytest.raises(crossrt.CrossrtError):
         rt.load(exe, ["cpu:0"])
+
+
+def test_a_load_that_fails_on_a_later_device_closes_the_earlier_devices_programs(
+    rt: crossrt.Runtime, exe: crossrt.Executable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sim:0's instances load, sim:1's load fails: sim:0's programs are closed again, not left
+    holding their engines (they were, before the load plan closed every device's)."""
+    from crossrt.drivers import DeviceInfo, Program, get_driver
+    from crossrt.drivers.sim_program import SimProgram
+    from crossrt.errors import OutOfResourcesError
+
+    driver = get_driver("sim")
+    load = driver.load
+    loaded: list[Program] = []
+    closed: list[SimProgram] = []
+
+    def failing_on_sim1(artifact: Any, device: DeviceInfo, *args: Any, **kw: Any) -> Program:
+        if device.id == "sim:1":
+            raise OutOfResourcesError("sim:1 is full")
+        loaded.append(load(artifact, device, *args, **kw))
+        return loaded[-1]
+
+    close = SimProgram.close
+
+    def counted_close(self: SimProgram) -> None:
+        closed.append(self)
+        close(self)
+
+    monkeypatch.setattr(driver, "load", failing_on_sim1)
+    monkeypatch.setattr(SimProgram, "close", counted_close)
+    with pytest.raises(OutOfResourcesError, match="sim:1 is full"):
+        rt.load(exe, ["sim:0", "sim:1"], instances=2, cores_per_instance=1)
+    assert len(loaded) == 2 and {id(p) for p in closed} == {id(p) for p in loaded}
+    assert rt.models == [] and rt.core_groups == []
+
+
+def test_a_model_not_compiled_yet_is_compiled_for_the_first_device_of_the_list(
+    rt: crossrt.Runtime,
+) -> None:
+    b = crossrt.GraphBuilder("relu")
+    x = b.input("x", "float32", [4])
+    b.output(b.op("Relu", [x]))
+    model = rt.load(b.finish(), ["sim:1", "sim:0"])
+    assert model.executable.device == "sim:1" and model.instance_devices == ["sim:1", "sim:0"]
+    (value,) = model.run({"x": X}).values()
+    np.testing.assert_array_equal(value, np.maximum(X, 0))

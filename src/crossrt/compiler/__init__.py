@@ -1,6 +1,6 @@
 """The compiler layer: placement, options, the Executable and its ``.crm`` container."""
 
-from .compile import compile
+from .compile import compile_for_device
 from .container import (
     Container,
     executables_to_bytes,
@@ -17,7 +17,7 @@ __all__ = [
     "Container",
     "Executable",
     "ExecutableNode",
-    "compile",
+    "compile_for_device",
     "executables_to_bytes",
     "list_networks",
     "load_executable",

@@ -1,4 +1,6 @@
-"""``compile``: placement, option checks and the driver's compile, giving an Executable."""
+"""``compile_for_device``: placement, option checks and the driver's compile, giving an
+Executable for a device named. The public ``crossrt.compile`` (``crossrt/choice/auto.py``) adds
+``device="auto"`` over it."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ log = logging.getLogger("crossrt")
 _LISTED = 10  # nodes named in an error before "and N more"
 
 
-def compile(
+def compile_for_device(
     model: Any,
     device: str | None = None,
     *,
@@ -39,7 +41,7 @@ def compile(
     shapes: Mapping[str, Sequence[int]] | None = None,
     **options: Any,
 ) -> Executable:
-    """Compile a model for a device.
+    """Compile a model for the device named (``crossrt.compile`` without ``device="auto"``).
 
     Placement is strict by default: if the driver cannot run every node, nothing is compiled
     and the error lists the nodes it cannot run. With ``fallback``, the nodes the target

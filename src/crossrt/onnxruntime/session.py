@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 import onnx
 
+from ..choice import compile
 from ..compiler import Executable, load_executable
 from ..errors import CrossrtError
 from ..runtime import LoadedModel, Profile, Runtime
-from ..runtime.auto import compile
 from ..runtime.memory.tensor import Tensor
 from .capi.onnxruntime_pybind11_state import translated
 from .iobinding import IOBinding

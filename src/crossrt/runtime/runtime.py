@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numbers
 import os
 import threading
 import weakref
@@ -10,30 +9,19 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
-from ..compiler import Executable, compile
-from ..config import settings, simulated_devices_asked
+from ..config import simulated_devices_asked
 from ..drivers import DeviceInfo, DeviceKind, available_drivers
-from ..drivers.registry import device_order, parse_device, resolve_device
-from ..errors import (
-    ClosedError,
-    DeviceUnavailableError,
-    InvalidArgumentError,
-    OperationForbiddenError,
-    OutOfResourcesError,
-    StatusCode,
-)
-from ..host import format_cpus
+from ..drivers.registry import device_order
+from ..errors import ClosedError, InvalidArgumentError, OperationForbiddenError
 from . import observer
 from .batching import batching
-from .cores.groups import CoreGroup, pick_free, split_instances
+from .cores.groups import CoreGroup, choose_cores, core_indices, pick_free, split_instances
 from .cores.reservation import reserve_cores
 from .loaded import LoadedModel
-from .loading import load_instances
+from .loading import LoadPlan, executable_for, load_devices, run_limits
 from .memory import shm
 from .memory.allocator import MemoryStats, all_stats
 from .profiler import Profile
-from .scheduler import Instance
-from .staged import StagedModel
 
 
 class Runtime:
@@ -222,96 +210,34 @@ class Runtime:
         self._check_open()
         batched = batching(max_batch_size, batch_delay)
         observer.watch(self)  # crossrt top, monitor and profile --pid see its models
-        # A list of devices: a load across them; checked once the executable is known.
-        listed = None if device is None or isinstance(device, str) else [str(d) for d in device]
-        one = listed[0] if listed else device if isinstance(device, str) else None
-        if isinstance(source, Executable):
-            if compile_options or driver:
-                raise InvalidArgumentError(
-                    "compile options and driver apply to models, not to an Executable; "
-                    "compile again with them instead"
-                )
-            exe = source
-        else:
-            if (one or settings().default_device) == "auto":
-                # Choosing measures models on their own runtime: compile first, then load.
-                raise InvalidArgumentError(
-                    "load(device='auto') does not choose a device; compile with "
-                    "exe = crossrt.compile(model, device='auto'), then load(exe)",
-                    details={"device": "auto"},
-                )
-            exe = compile(source, one, driver=driver, **compile_options)
-        spread = _linked_devices(listed, exe) if listed is not None else None
-        info = spread[0] if spread else _model_device(exe, one or exe.device)
-        for other in spread or []:
-            info = other if parse_device(other.id)[0] != exe.device_kind else info
-        if parse_device(info.id)[0] != exe.device_kind:  # sim:3 is a sim, cpu:0 a cpu
-            raise InvalidArgumentError(
-                f"{exe.name!r} was compiled for {exe.device_kind}, not {info.id}; compile it "
-                f"for {info.id}",
-                details={"compiled_for": exe.device, "device": info.id},
-            )
-        cpu = info.kind is DeviceKind.CPU
-        if group is not None:
-            group.check_usable(self)
-            if cores is not None:
-                raise InvalidArgumentError(
-                    "give cores= or group=, not both: a model loaded onto a group uses its cores"
-                )
-            chosen = group.indices
-        elif cpu and not isinstance(cores, Sequence) and (taken := self._explicit_cores()):
-            # Cores not named: take them from those no explicit group holds.
-            free = len(self.cores) - len(taken)
-            if cores is None and not free:
-                raise OutOfResourcesError(
-                    "every core of this runtime is in an explicit core group; load onto one "
-                    "of them with group=, or destroy one",
-                    code=StatusCode.LOAD_NOT_ENOUGH_NC,
-                )
-            _choose_cores(cores, info, self.cores)  # the argument's own checks first
-            count = free if cores is None else int(cores)
-            chosen = pick_free(len(self.cores), taken, count, "a load on")
-        else:
-            chosen = _choose_cores(cores, info, self.cores if cpu else None)
-            if cpu:
-                self._check_free(chosen)
+        exe = executable_for(source, device, driver, compile_options)
+        devices = load_devices(exe, device)
+        chosen = self._cores_for(cores, group, devices[0])
         core_sets = split_instances(chosen, instances, cores_per_instance)
-        config = settings()
-        timeout = config.exec_timeout if exec_timeout is None else exec_timeout
-        if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0
-        ):
-            raise InvalidArgumentError(f"exec_timeout={timeout!r}: give seconds, more than 0")
-        numerics = config.check_numerics if check_numerics is None else check_numerics
-
-        def load_all(exe: Executable) -> list[Instance]:
-            """Every instance, on each device of the load in turn."""
-            runs: list[Instance] = []
-            for dev in spread or [info]:
-                runs += load_instances(
-                    exe, dev, core_sets, mode, self.cores, self.exclusive, first=len(runs)
-                )
-            return runs
-
-        runs = load_all(exe)
-        implicit = group is None
+        plan = LoadPlan(devices, chosen, core_sets, mode, self.cores, self.exclusive)
+        timeout, numerics = run_limits(exec_timeout, check_numerics)
         with self._lock:
             home = group or CoreGroup(self, chosen, implicit=True)
-        try:
-            loaded = LoadedModel(
-                self._forget, exe, runs, info, chosen, home,
-                queue_depth=queue_depth, exec_timeout=timeout, check_numerics=bool(numerics),
-                batching=batched, name=name,
-            ) if not exe.stages or batched else StagedModel(
-                self._forget, exe, runs, info, chosen, home,
-                queue_depth=queue_depth, exec_timeout=timeout, check_numerics=bool(numerics),
-                load=load_all, name=name,
-            )  # fmt: skip
-        except BaseException:
-            for inst in runs:
-                for program in inst.programs:
-                    program.close()
-            raise
+        loaded = plan.load(
+            exe, self._forget, home, batched,
+            queue_depth=queue_depth, exec_timeout=timeout, check_numerics=numerics, name=name,
+        )  # fmt: skip
+        self._adopt(loaded, home, implicit=group is None)
+        return loaded
+
+    def _cores_for(
+        self, cores: int | Sequence[int] | None, group: CoreGroup | None, device: DeviceInfo
+    ) -> tuple[int, ...]:
+        """The core indices of a load (:func:`.cores.groups.choose_cores`)."""
+        if group is not None:
+            group.check_usable(self)
+        with self._lock:
+            explicit = [g for g in self._groups if not g.implicit]
+        return choose_cores(cores, group, device, self.cores, explicit)
+
+    def _adopt(self, loaded: LoadedModel, home: CoreGroup, *, implicit: bool) -> None:
+        """Keep a model just loaded, in its group; one loaded without a group starts now, one
+        loaded onto an explicit group waits for ``model.start()``."""
         with self._lock:
             if self._closed:
                 loaded._close_from_runtime()
@@ -324,7 +250,6 @@ class Runtime:
             loaded.start()
         else:
             loaded.stop()  # explicit groups load stopped: model.start() runs it
-        return loaded
 
     def create_core_group(
         self, cores: int | None = None, *, indices: Sequence[int] | None = None
@@ -346,7 +271,7 @@ class Runtime:
             taken = {i for g in self._groups for i in g.indices}
             if indices is not None:
                 cpu = DeviceInfo("cpu:0", "", "", DeviceKind.CPU, "", len(self.cores), 0)
-                chosen = _choose_cores(list(indices), cpu, self.cores)
+                chosen = core_indices(list(indices), cpu, self.cores)
                 busy = [g for g in self._groups if set(g.indices) & set(chosen)]
                 if busy:
                     raise OperationForbiddenError(
@@ -366,20 +291,6 @@ class Runtime:
         """The core groups, explicit and implicit (one per model loaded without a group)."""
         with self._lock:
             return list(self._groups)
-
-    def _explicit_cores(self) -> set[int]:
-        with self._lock:
-            return {i for g in self._groups if not g.implicit for i in g.indices}
-
-    def _check_free(self, chosen: tuple[int, ...]) -> None:
-        with self._lock:
-            for g in self._groups:
-                if not g.implicit and set(g.indices) & set(chosen):
-                    raise OperationForbiddenError(
-                        f"cores {sorted(set(g.indices) & set(chosen))} are in explicit {g!r}; "
-                        "load onto it with group=, or choose other cores",
-                        details={"cores": list(chosen)},
-                    )
 
     def _forget_group(self, group: CoreGroup) -> None:
         with self._lock:
@@ -409,83 +320,3 @@ class Runtime:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self._models)} models"
         return f"Runtime({state})"
-
-
-def _choose_cores(
-    cores: int | Sequence[int] | None,
-    device: DeviceInfo,
-    reserved: tuple[int, ...] | None = None,
-) -> tuple[int, ...]:
-    """Core indices for a load: within ``reserved`` (the runtime's host CPUs) when given."""
-    total = device.cores if reserved is None else len(reserved)
-    has = f"{device.id} has {total} cores"
-    if reserved is not None:
-        has = f"this runtime has {total} cores of {device.id} (host CPUs {format_cpus(reserved)})"
-    if cores is None:
-        return tuple(range(total))
-    if isinstance(cores, bool) or not isinstance(cores, numbers.Integral | Sequence):
-        raise InvalidArgumentError(
-            f"cores={cores!r}: give a core count (int) or a list of core indices"
-        )
-    if isinstance(cores, numbers.Integral):
-        cores = int(cores)
-        if cores < 1:
-            raise InvalidArgumentError(f"cores={cores}: ask for at least one core")
-        if cores > total:
-            raise OutOfResourcesError(
-                f"asked for {cores} cores but {has}; ask for at most {total}",
-                code=StatusCode.LOAD_NOT_ENOUGH_NC,
-                details={"requested": cores, "available": total},
-            )
-        return tuple(range(cores))
-    chosen = tuple(int(c) if isinstance(c, numbers.Integral) else c for c in cores)
-    bad = [c for c in chosen if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < total]
-    if not chosen or bad or len(set(chosen)) != len(chosen):
-        raise InvalidArgumentError(
-            f"cores={list(chosen)}: give distinct core indices from 0 to {total - 1} ({has})",
-            details={"cores": list(chosen), "available": total},
-        )
-    return chosen
-
-
-def _model_device(exe: Executable, device: str) -> DeviceInfo:
-    """The device ``exe`` loads on: served by the driver of a node placed there (the first of
-    the executable's drivers that serves it; a node that fell back to the CPU does not), or by
-    any driver when every node fell back."""
-    for name in dict.fromkeys(n.driver for n in exe.nodes):
-        try:
-            _, info = resolve_device(device, name)
-        except DeviceUnavailableError:
-            continue
-        return info
-    return resolve_device(device)[1]
-
-
-def _linked_devices(devices: Sequence[str], exe: Executable) -> list[DeviceInfo]:
-    """The devices of a load across devices, checked: distinct devices of one kind, each
-    linked to the others directly or through them (a group of devices follows the links)."""
-    infos = [_model_device(exe, d) for d in devices]
-    ids = [i.id for i in infos]
-    if not infos or len(set(ids)) != len(ids):
-        raise InvalidArgumentError(
-            f"device={list(devices)!r}: give distinct devices, e.g. ['sim:0', 'sim:1']",
-            details={"devices": ids},
-        )
-    if len(infos) == 1:
-        return infos
-    reached, todo = {ids[0]}, [infos[0]]
-    by_id = {i.id: i for i in infos}
-    while todo:
-        for linked in todo.pop().links:
-            if linked in by_id and linked not in reached:
-                reached.add(linked)
-                todo.append(by_id[linked])
-    apart = [i for i in ids if i not in reached]
-    if apart:
-        raise InvalidArgumentError(
-            f"devices {', '.join(apart)} are not linked to {ids[0]}, directly or through the "
-            f"other devices of the load: a load across devices follows the devices' links "
-            "(see `crossrt ls --topology`); choose linked devices",
-            details={"devices": ids, "not_linked": apart},
-        )
-    return infos

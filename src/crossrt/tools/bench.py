@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
+from ..choice.probe import random_tensor
 from ..compiler import load_executable
 from ..errors import CrossrtError, InvalidArgumentError
 from ..model import TensorSpec
 from ..runtime import LoadedModel, Runtime
-from ..runtime.probe import random_tensor
 from ..runtime.runnable import RunnableModel
 from . import flags
 from .common import fail, parse_shapes, say

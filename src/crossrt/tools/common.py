@@ -50,7 +50,7 @@ AUTO_FLAGS = {
     "probe_shapes_advice": "the shapes that will run as --probe-shape NAME=DxD...",
 }
 """How ``device="auto"``'s messages name its options on ``crossrt compile``'s command line
-(:func:`crossrt.runtime.probe.spelled_as`): flags, not Python keyword arguments."""
+(:func:`crossrt.choice.probe.spelled_as`): flags, not Python keyword arguments."""
 
 
 def fail(command: str, exc: CrossrtError) -> int:

@@ -20,11 +20,11 @@ from typing import Any, TextIO
 import onnx
 from onnx import external_data_helper
 
+from ..choice import compile
+from ..choice.probe import spelled_as
 from ..compiler import Executable
 from ..compiler.cache import cache_stats
 from ..errors import CrossrtError, InvalidArgumentError
-from ..runtime.auto import compile
-from ..runtime.probe import spelled_as
 from . import flags
 from .common import AUTO_FLAGS, decision_lines, fail, human_bytes, parse_shapes, printable, say
 

@@ -1,12 +1,12 @@
 """``crossrt verify``: does each engine give this model's answers? Checked against the
 ``reference`` driver (ONNX's own evaluator, in NumPy), within a stated tolerance; where the
 reference cannot answer within its memory and time bounds, or fails, against ONNX Runtime at
-fp32, and the output says so and why (``runtime/oracle.py``).
+fp32, and the output says so and why (``choice/oracle.py``).
 
 The model is compiled for each driver that serves the device (or each ``--driver``), loaded
 and run on the same inputs (``--input`` files, else seeded random ones as ``crossrt bench``
 makes them); each output is compared with the reference's. The error is judged as ``device
-="auto"`` judges its candidates (``runtime/probe.py``): the largest absolute difference
+="auto"`` judges its candidates (``choice/probe.py``): the largest absolute difference
 relative to ``max(1, max |reference|)`` of its output (sequences and maps element by
 element), against the tolerance of the precision
 (1e-4 for the model's own, 6e-2 for bf16...), the model's ``crossrt.tolerance`` metadata,
@@ -22,13 +22,13 @@ from typing import Any
 
 import numpy as np
 
+from ..choice import compile as compile_model
+from ..choice.oracle import compare, expected_outputs
+from ..choice.probe import spelled_as, tolerance
 from ..drivers import CompileOptions, driver_statuses, parse_device
 from ..errors import CrossrtError, InvalidArgumentError, InvalidOptionError, UnsupportedError
 from ..model import load_model
 from ..runtime import Runtime
-from ..runtime.auto import compile as compile_model
-from ..runtime.oracle import compare, expected_outputs
-from ..runtime.probe import spelled_as, tolerance
 from . import flags, verify_compare
 from .bench import random_inputs
 from .common import AUTO_FLAGS, fail, parse_shapes, say

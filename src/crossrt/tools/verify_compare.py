@@ -24,14 +24,14 @@ from typing import Any
 
 import numpy as np
 
+from ..choice import compile as compile_model
+from ..choice.oracle import compare
 from ..compiler import Executable, load_executable
 from ..drivers import driver_statuses
 from ..drivers.registry import parse_device
 from ..errors import CrossrtError, InvalidArgumentError, InvalidInputError, UnsupportedError
 from ..model import TensorSpec, load_model
 from ..runtime import Runtime
-from ..runtime.auto import compile as compile_model
-from ..runtime.oracle import compare
 from .common import parse_shapes
 
 INPUT_FILES = ("input_ref_data.dat", "input_ref_data.dat.bmrt")

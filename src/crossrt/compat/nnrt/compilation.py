@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...compiler import compile as crossrt_compile
+from ...compiler import compile_for_device as crossrt_compile
 from ...drivers import PerformanceMode, Priority
 from ...executables import CompileCache, Executable, load_executable
 from ...model import Model

@@ -1,6 +1,6 @@
 """Core groups (Neuron's NeuronCore groups, NNRt devices): sets of core indices that models
 are loaded onto, at most one of them running at a time; and how a load splits a group's cores
-into instances and nodes.
+into instances and nodes; which cores a load takes (:func:`choose_cores`).
 
 - An **explicit** group (``Runtime.create_core_group``) owns its cores: no other group, explicit
   or implicit, may use them. Models load onto it stopped; ``model.start()`` makes one running.
@@ -11,6 +11,7 @@ into instances and nodes.
 
 from __future__ import annotations
 
+import numbers
 import threading
 from collections.abc import Callable, Sequence
 from typing import Protocol
@@ -24,6 +25,7 @@ from ...errors import (
     OutOfResourcesError,
     StatusCode,
 )
+from ...host import format_cpus
 
 
 class GroupMember(Protocol):
@@ -254,3 +256,89 @@ def node_cores(
         out.append(cores[i * each :] if last else cores[i * each : (i + 1) * each])
         i += 1
     return out
+
+
+def choose_cores(
+    cores: int | Sequence[int] | None,
+    group: CoreGroup | None,
+    device: DeviceInfo,
+    host_cpus: tuple[int, ...],
+    explicit: Sequence[CoreGroup],
+) -> tuple[int, ...]:
+    """The core indices a load uses: its group's; else, on the CPU, those asked for (a count
+    taken from the cores no ``explicit`` group holds, named indices outside them); else, on
+    another device, those asked for of the device's own.
+
+    Raises:
+        InvalidArgumentError: ``cores`` with ``group``, or a bad ``cores``.
+        OutOfResourcesError: (LOAD_NOT_ENOUGH_NC) more cores than are free.
+        OperationForbiddenError: a core named is in an explicit group.
+    """
+    if group is not None:
+        if cores is not None:
+            raise InvalidArgumentError(
+                "give cores= or group=, not both: a model loaded onto a group uses its cores"
+            )
+        return group.indices
+    if device.kind is not DeviceKind.CPU:
+        return core_indices(cores, device)
+    taken = {i for g in explicit for i in g.indices}
+    if taken and not isinstance(cores, Sequence):
+        # Cores not named: take them from those no explicit group holds.
+        free = len(host_cpus) - len(taken)
+        if cores is None and not free:
+            raise OutOfResourcesError(
+                "every core of this runtime is in an explicit core group; load onto one "
+                "of them with group=, or destroy one",
+                code=StatusCode.LOAD_NOT_ENOUGH_NC,
+            )
+        core_indices(cores, device, host_cpus)  # the argument's own checks first
+        count = free if cores is None else int(cores)
+        return pick_free(len(host_cpus), taken, count, "a load on")
+    chosen = core_indices(cores, device, host_cpus)
+    for g in explicit:
+        if set(g.indices) & set(chosen):
+            raise OperationForbiddenError(
+                f"cores {sorted(set(g.indices) & set(chosen))} are in explicit {g!r}; "
+                "load onto it with group=, or choose other cores",
+                details={"cores": list(chosen)},
+            )
+    return chosen
+
+
+def core_indices(
+    cores: int | Sequence[int] | None,
+    device: DeviceInfo,
+    reserved: tuple[int, ...] | None = None,
+) -> tuple[int, ...]:
+    """Core indices asked for, checked: within ``reserved`` (the runtime's host CPUs) when
+    given, else within the device's cores."""
+    total = device.cores if reserved is None else len(reserved)
+    has = f"{device.id} has {total} cores"
+    if reserved is not None:
+        has = f"this runtime has {total} cores of {device.id} (host CPUs {format_cpus(reserved)})"
+    if cores is None:
+        return tuple(range(total))
+    if isinstance(cores, bool) or not isinstance(cores, numbers.Integral | Sequence):
+        raise InvalidArgumentError(
+            f"cores={cores!r}: give a core count (int) or a list of core indices"
+        )
+    if isinstance(cores, numbers.Integral):
+        cores = int(cores)
+        if cores < 1:
+            raise InvalidArgumentError(f"cores={cores}: ask for at least one core")
+        if cores > total:
+            raise OutOfResourcesError(
+                f"asked for {cores} cores but {has}; ask for at most {total}",
+                code=StatusCode.LOAD_NOT_ENOUGH_NC,
+                details={"requested": cores, "available": total},
+            )
+        return tuple(range(cores))
+    chosen = tuple(int(c) if isinstance(c, numbers.Integral) else c for c in cores)
+    bad = [c for c in chosen if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < total]
+    if not chosen or bad or len(set(chosen)) != len(chosen):
+        raise InvalidArgumentError(
+            f"cores={list(chosen)}: give distinct core indices from 0 to {total - 1} ({has})",
+            details={"cores": list(chosen), "available": total},
+        )
+    return chosen

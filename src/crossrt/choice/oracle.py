@@ -38,14 +38,14 @@ from typing import Any
 import numpy as np
 import onnx
 
-from ..compiler import compile as compile_for_device
+from ..compiler import compile_for_device
 from ..config import settings
 from ..drivers import CompileOptions, CoreSet, get_driver
 from ..dtypes import TABLE
 from ..errors import CrossrtError, DeadlineExceededError, ExecutionError
 from ..host import usable_memory
 from ..model import Model
-from .runtime import Runtime
+from ..runtime import Runtime
 
 REFERENCE_SECONDS = 60.0
 """How long one run of the reference may take before the stand-in answers instead."""

@@ -22,15 +22,13 @@ compiles (or takes from the cache) the chosen target without measuring again.
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from ..compiler import Executable
-from ..compiler import compile as compile_for_device
+from ..compiler import Executable, compile_for_device
 from ..compiler.cache import shared_cache
 from ..compiler.cache_keys import fallback_material, fingerprint
 from ..compiler.calibrate import prepare as prepare_int8
@@ -40,19 +38,19 @@ from ..config import settings
 from ..drivers.base import CompileOptions, DeviceInfo, Driver
 from ..drivers.registry import available_drivers
 from ..errors import CrossrtError, InvalidOptionError, UnsupportedError
-from ..host import cpu_model, usable_cores
+from ..host import usable_cores
 from ..model import Model, load_model
+from ..runtime import LoadedModel, Runtime
+from .decision import OWN, choice_line, kept, record
 from .oracle import compare, expected_outputs
 from .probe import (
     TOLERANCES,
-    beats_default,
     guessed_inputs,
     probe_inputs,
     spelled,
     time_candidates,
     tolerance,
 )
-from .runtime import Runtime
 
 __all__ = ["AUTO", "DEFAULT_SECONDS", "NOT_CANDIDATES", "TOLERANCES", "compile"]
 
@@ -67,10 +65,6 @@ NOT_CANDIDATES = {
     "sim": "a simulated accelerator: its speed is not a real device's",
 }
 """Drivers ``auto`` never chooses, and why."""
-
-OWN = "model's own"
-"""A candidate row's ``precision`` when it computes in the model's own precision although a
-reduced one was allowed."""
 
 
 def compile(
@@ -90,8 +84,8 @@ def compile(
 ) -> Executable:
     """Compile a model for a device, or for the fastest one with ``device="auto"``.
 
-    Takes what :func:`crossrt.compiler.compile` takes (its documentation has every argument),
-    plus:
+    Takes what :func:`crossrt.compiler.compile_for_device` takes (its documentation has every
+    argument), plus:
 
     Args:
         device: ``"auto"`` (or ``CROSSRT_DEFAULT_DEVICE=auto``): compile for every driver
@@ -217,7 +211,7 @@ class _Chooser:
             chosen = self._chosen(known)
             if known is not None and chosen is not None:
                 exe = self.compile_for(*chosen)
-                _say(f"{_choice_line(known)} (decided before, from the compile cache)")
+                _say(f"{choice_line(known)} (decided before, from the compile cache)")
                 return replace(exe, decision={**known, "cached": True})
         guessed = guessed_inputs(self.model, probe, self.compile_args["stages"], shapes)
         decision, exe = self._measure(inputs, seconds, guessed)
@@ -242,7 +236,41 @@ class _Chooser:
     def _measure(
         self, inputs: dict[str, np.ndarray], seconds: float, guessed: list[str]
     ) -> tuple[dict[str, Any], Executable]:
+        """Compile every candidate, check its outputs against the oracle's, time those that
+        match, and decide."""
         rows = list(self.rows)
+        compiled = self._compile_candidates(rows)
+        try:
+            oracle = expected_outputs(self.model, inputs, self.fallback)
+        except CrossrtError as exc:
+            raise UnsupportedError(
+                f"{spelled('auto')}: {exc.message}. When the model needs particular inputs, "
+                f"give {spelled('probe')}; or name {spelled('device')}",
+                details=exc.details,
+            ) from None
+        if oracle.why:
+            _say(f"checking against {oracle.said}")
+        with Runtime() as rt:
+            timed = self._matching(rt, compiled, inputs, oracle.outputs)
+            if not timed:
+                raise _none_can(self.model, rows)
+            shapes = ", ".join(f"{n} {list(a.shape)}" for n, a in inputs.items())
+            _say(f"timing {len(timed)} candidate(s) on {shapes or 'no inputs'} for {seconds:g} s")
+            time_candidates(timed, inputs, seconds)
+        ok = [r for r, _ in timed if r.get("status") == "ok"]
+        best = kept(ok)
+        decision = record(
+            best, ok, rows, oracle.said, self.tolerance, self.opts.precision, inputs, guessed,
+            seconds,
+        )  # fmt: skip
+        _say(choice_line(decision))
+        return decision, next(e for r, e in compiled if r is best)
+
+    def _compile_candidates(
+        self, rows: list[dict[str, Any]]
+    ) -> list[tuple[dict[str, Any], Executable]]:
+        """Every candidate compiled, with its row (added to ``rows``); one that cannot compile
+        the model has its row say why."""
         compiled: list[tuple[dict[str, Any], Executable]] = []
         for drv, dev, own in self.candidates:
             row: dict[str, Any] = {"driver": drv.name, "device": dev.id}
@@ -261,108 +289,37 @@ class _Chooser:
             compiled.append((row, exe))
         if not compiled:
             raise _none_can(self.model, rows)
-        try:
-            oracle = expected_outputs(self.model, inputs, self.fallback)
-        except CrossrtError as exc:
-            raise UnsupportedError(
-                f"{spelled('auto')}: {exc.message}. When the model needs particular inputs, "
-                f"give {spelled('probe')}; or name {spelled('device')}",
-                details=exc.details,
-            ) from None
-        if oracle.why:
-            _say(f"checking against {oracle.said}")
-        expected, reference = oracle.outputs, oracle.said
-        with Runtime() as rt:
-            timed = []
-            for row, exe in compiled:
-                try:
-                    loaded = rt.load(exe)
-                    got = loaded.run(inputs)
-                except CrossrtError as exc:
-                    row.update(status="failed", why=_short(exc.message))
-                    continue
-                error, scale = compare(got, expected)
-                row["max_abs_error"] = error
-                if error > self.tolerance * scale:
-                    row.update(
-                        status="differs",
-                        why=f"max abs error {error:.3g} against the reference is over the "
-                        f"tolerance {self.tolerance:g} x {scale:.3g}",
-                    )
-                    loaded.unload()
-                    continue
-                timed.append((row, loaded))
-            if not timed:
-                raise _none_can(self.model, rows)
-            shapes = ", ".join(f"{n} {list(a.shape)}" for n, a in inputs.items())
-            _say(f"timing {len(timed)} candidate(s) on {shapes or 'no inputs'} for {seconds:g} s")
-            time_candidates(timed, inputs, seconds)
-        ok = [r for r, _ in timed if r.get("status") == "ok"]
-        best = _choice(ok)
-        why = _why(ok, best, f"{reference} within {self.tolerance:g}") + _precision_said(
-            best.get("precision"), self.opts.precision
-        )
-        shapes_said = ", ".join(f"{n} {list(inputs[n].shape)}" for n in guessed)
-        if guessed:
-            why += (
-                f"; measured on a guessed shape ({shapes_said}: each dynamic dimension 1), "
-                f"not necessarily what will run: give {spelled('probe_shapes_advice')}"
-            )
-        decision = {
-            "chosen": {
-                "driver": best["driver"],
-                "device": best["device"],
-                "precision": self._precision(best.get("precision") == OWN),
-            },
-            "why": why,
-            "reference": reference,
-            "tolerance": self.tolerance,
-            "precision": self.opts.precision,
-            "probe": {n: list(a.shape) for n, a in inputs.items()},
-            "probe_guessed": guessed,
-            "seconds": seconds,
-            "host": " ".join(cpu_model()).strip(),
-            "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "candidates": rows,
-        }
-        _say(_choice_line(decision))
-        exe = next(e for r, e in compiled if r is best)
-        return decision, exe
+        return compiled
 
-
-def _choice(timed: list[dict[str, Any]]) -> dict[str, Any]:
-    """The candidate kept: the default (the first, what a compile without ``auto`` takes)
-    unless another is faster by more than the noise measured (:func:`.probe.beats_default`);
-    of several such, the one with the lowest median ratio to the default."""
-    winners = [r for r in timed[1:] if beats_default(r)]
-    return min(winners, key=lambda r: r["vs_default"]) if winners else timed[0]
-
-
-def _why(timed: list[dict[str, Any]], best: dict[str, Any], match: str) -> str:
-    """The decision's ``why``: what was kept, against what, by how much and with what noise."""
-    if len(timed) == 1:
-        return f"the only candidate whose outputs match {match}: {best['median_ms']:.3f} ms"
-
-    def against(r: Mapping[str, Any]) -> str:
-        return (
-            f"{_label(r)} {r['median_ms']:.3f} ms, {r.get('vs_default', 1.0):.3f}x the "
-            f"default's time, spread {r.get('spread', 0.0):.3f}"
-        )
-
-    default = timed[0]
-    others = "; ".join(against(r) for r in timed[1:] if r is not best)
-    if best is default:
-        return (
-            f"the default, {default['median_ms']:.3f} ms: no other of {len(timed)} candidates "
-            f"whose outputs match {match} is faster by more than the spread of its rounds "
-            f"({others})"
-        )
-    return (
-        f"faster than the default {_label(default)} ({default['median_ms']:.3f} ms) by more "
-        f"than the noise, among {len(timed)} candidates whose outputs match {match}: "
-        f"{against(best)} over {best.get('rounds', 0)} rounds"
-        + (f" (also {others})" if others else "")
-    )
+    def _matching(
+        self,
+        rt: Runtime,
+        compiled: list[tuple[dict[str, Any], Executable]],
+        inputs: dict[str, np.ndarray],
+        expected: Mapping[str, np.ndarray],
+    ) -> list[tuple[dict[str, Any], LoadedModel]]:
+        """The candidates loaded on ``rt`` whose outputs on the probe match ``expected`` within
+        the tolerance; the others' rows say why not."""
+        timed = []
+        for row, exe in compiled:
+            try:
+                loaded = rt.load(exe)
+                got = loaded.run(inputs)
+            except CrossrtError as exc:
+                row.update(status="failed", why=_short(exc.message))
+                continue
+            error, scale = compare(got, expected)
+            row["max_abs_error"] = error
+            if error > self.tolerance * scale:
+                row.update(
+                    status="differs",
+                    why=f"max abs error {error:.3g} against the reference is over the "
+                    f"tolerance {self.tolerance:g} x {scale:.3g}",
+                )
+                loaded.unload()
+                continue
+            timed.append((row, loaded))
+        return timed
 
 
 def _candidates(
@@ -417,24 +374,6 @@ def _none_can(model: Model, rows: list[dict[str, Any]]) -> UnsupportedError:
 def _reduced(opts: CompileOptions) -> bool:
     """Whether a reduced precision was allowed (a permission: the model's own competes)."""
     return opts.precision not in (None, "fp32")
-
-
-def _precision_said(computed: str | None, allowed: str | None) -> str:
-    """What the ``why`` says of the chosen candidate's precision, where one was allowed."""
-    if computed == OWN:
-        return f"; it computes in the model's own precision ({allowed} was allowed, not required)"
-    return f"; it computes in {computed}" if computed else ""
-
-
-def _label(row: Mapping[str, Any]) -> str:
-    """A candidate's name in a sentence: driver, device and, where it was a choice, precision."""
-    precision = row.get("precision")
-    return f"{row['driver']} {row['device']}" + (f" ({precision})" if precision else "")
-
-
-def _choice_line(decision: Mapping[str, Any]) -> str:
-    chosen = decision.get("chosen") or {}
-    return f"chose {chosen.get('driver')} on {chosen.get('device')}: {decision.get('why')}"
 
 
 def _say(text: str) -> None:
