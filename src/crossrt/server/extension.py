@@ -26,7 +26,7 @@ from typing import Any
 import grpc
 from tritonclient.grpc import service_pb2 as pb
 
-from ..compiler import compile, load_executable
+from ..compiler import compile_for_device, load_executable
 from ..compiler.layout import MAGIC
 from ..errors import CrossrtError, OperationForbiddenError, OutOfResourcesError, StatusCode
 from ..host import give_back_memory, process_alive
@@ -125,7 +125,7 @@ class RuntimeService(v1_grpc.RuntimeServicer):
             precision: dict[str, Any] = {}
             if options.precision is not None:
                 precision["precision"] = options.precision
-            source = compile(data, options.device, **precision)
+            source = compile_for_device(data, options.device, **precision)
         else:
             source = data
             if options.precision is not None:
