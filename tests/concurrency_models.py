@@ -108,5 +108,5 @@ def gate(model: crossrt.LoadedModel, instance: int = 0) -> GatedProgram:
     inst = model._instances[instance]
     gated = GatedProgram(inst.programs[0])
     inst.programs[0] = gated
-    inst.call = model._inline(inst)
+    model._calls[inst.index] = model._inline(inst)  # what run() calls on it
     return gated

@@ -43,7 +43,7 @@ from .memory.tensorset import TensorSet
 from .memory.transfer import H2D, Transfers, device_array, release, release_made, to_host
 
 if TYPE_CHECKING:
-    from .scheduler import Instance
+    from .instance import Instance
 
 _BOUND, _COPY, _ALLOCATE = 0, 1, 2
 _PROBE = 16  # how often calls whose objects keep changing are still kept for reuse
@@ -78,17 +78,19 @@ class Binding:
         self.bound = bound
         self.calls: dict[Instance, Callable[[], Any]] = {}
 
-    def call_on(self, inst: Instance, direct: bool) -> Callable[[], Any]:
+    def call_on(
+        self, inst: Instance, execute: Callable[..., Any], direct: bool
+    ) -> Callable[[], Any]:
         """The call that runs this binding on ``inst``, prepared on first use: where
-        ``inst.call`` is its single program with nothing around it (``direct``), the
-        program's own binding (:meth:`Program.bind`); else the instance's call on these
-        arrays."""
+        ``execute`` (what a run calls on ``inst``) is its single program with nothing around
+        it (``direct``), the program's own binding (:meth:`Instance.bind`); else
+        ``execute`` on these arrays."""
         call = self.calls.get(inst)
         if call is None:
             if direct:
-                call = inst.programs[0].bind(self.feed, self.bound)
+                call = inst.bind(self.feed, self.bound)
             else:
-                call = functools.partial(inst.call, self.feed, self.bound)
+                call = functools.partial(execute, self.feed, self.bound)
             self.calls[inst] = call
         return call
 

@@ -16,8 +16,9 @@ import numpy as np
 from ..drivers.base import CancelToken
 from ..errors import DeadlineExceededError
 from . import watchdog
+from .instance import Instance
 from .memory.transfer import Transfers, release_made, to_host_results
-from .scheduler import Instance, late
+from .scheduler import late
 
 
 def on_host(

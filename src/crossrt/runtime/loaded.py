@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, overload
 import numpy as np
 
 from ..compiler import Executable
-from ..drivers import DeviceInfo, Program, get_driver, program_error, unguarded
+from ..drivers import DeviceInfo, Program, get_driver, program_error
 from ..drivers.base import CancelToken
 from ..errors import (
     ClosedError,
@@ -151,21 +151,22 @@ class LoadedModel:
         self._record_shapes = not all(s.is_static for s in executable.outputs)
         self._last = threading.local()
         self._exec_timeout = exec_timeout
-        for inst in self._instances:
-            inst.call = self._inline(inst)
+        # What run() calls on the instance it took, by its index: the program itself when
+        # nothing is added (see _inline).
+        self._calls = [self._inline(inst) for inst in self._instances]
         # Whether run() calls a program with nothing around it (_inline): then a repeated bound
         # call goes straight into the program's own binding (Binding.call_on).
-        self._direct = all(inst.call == unguarded(inst.programs[0].run) for inst in self._instances)
+        self._direct = all(
+            inst.whole(len(executable.inputs)) and call == inst.direct(len(executable.inputs))
+            for call, inst in zip(self._calls, self._instances, strict=True)
+        )
         # Whether run() with output_names may ask the program for those outputs alone (one
         # program reading every input, nothing but the output shapes kept around it).
         self._selectable = (
             exec_timeout is None
             and not self._resident
             and not check_numerics
-            and all(
-                len(inst.programs) == 1 and len(inst.steps[0][0]) == len(executable.inputs)
-                for inst in self._instances
-            )
+            and all(inst.whole(len(executable.inputs)) for inst in self._instances)
         )
         self._output_names = tuple(s.name for s in executable.outputs)
         self._checked_names: set[tuple[str, ...]] = set()  # output_names= found valid
@@ -213,12 +214,9 @@ class LoadedModel:
         added, so the common case costs no extra Python call; with a ``deadline``, the run
         stopped by the watchdog then (made per call)."""
         execute: Callable[..., dict[str, np.ndarray]]
-        reads_all = len(inst.steps[0][0]) == len(self.executable.inputs)
         plain = self._exec_timeout is None and deadline is None and cancel is None
-        if len(inst.programs) == 1 and plain and reads_all:
-            execute = unguarded(inst.programs[0].run)  # run() maps what it raises
-        elif plain:
-            execute = inst.execute
+        if plain:
+            execute = inst.direct(len(self.executable.inputs))  # run() maps what it raises
         elif self._exec_timeout is None and deadline is None:
             assert cancel is not None
             execute = stoppable(inst, cancel)
@@ -392,14 +390,14 @@ class LoadedModel:
             raise
         try:
             if deadline is None and cancel is None:  # the common case: two checks, no more
-                call = inst.call
+                call = self._calls[inst.index]
             else:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise late(self.name, "its deadline passed before it could start")
                 call = self._inline(inst, deadline, cancel)
             if checked is not None:
                 assert outputs is not None  # reuse() finds no call without them
-                checked.call_on(inst, self._direct)()
+                checked.call_on(inst, self._calls[inst.index], self._direct)()
                 result: Any = dict(outputs)  # each output is a tensor bound in place
             elif names is not None:
                 result = self._selected(inst, call, feed, outputs, inputs, names)
@@ -455,11 +453,11 @@ class LoadedModel:
         """The outputs ``names`` of one run on ``inst``: asked of the program itself when
         nothing is wrapped around it (its engine may fetch or compute fewer), else every
         output computed and those kept."""
-        if not outputs and self._selectable and call is inst.call:
+        if not outputs and self._selectable and call is self._calls[inst.index]:
             program = inst.programs[0]
             known = self._run_outputs.get(inst.index)
             if known is None or known[0] is not program:
-                known = self._run_outputs[inst.index] = (program, unguarded(program.run_outputs))
+                known = self._run_outputs[inst.index] = (program, inst.selecting())
             result = known[1](feed, names)
             if self._record_shapes:  # output_shapes() then has the outputs of this run
                 self._last.shapes = {n: getattr(v, "shape", None) for n, v in result.items()}

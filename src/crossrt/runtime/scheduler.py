@@ -25,7 +25,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Mapping, MutableSequence, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
 from functools import partial
@@ -33,7 +33,6 @@ from typing import Any
 
 import numpy as np
 
-from ..drivers import Program
 from ..drivers.base import CancelToken
 from ..errors import (
     ClosedError,
@@ -45,92 +44,14 @@ from ..errors import (
 from . import watchdog
 from .admission import Admission
 from .batching import Batching, batch_key, join, split
-from .memory.allocator import count_copy
+from .instance import Instance as Instance  # where loading.py and runtime.py find it
+from .instance import assemble
 from .statistics import Statistics
 
 log = logging.getLogger("crossrt")
 
 Finish = Callable[[Callable[..., dict[str, Any]], dict[str, Any], Any], Any]
 """``finish(execute, feed, outputs)``: binds outputs, runs ``execute``, checks the results."""
-
-
-@dataclass(eq=False)
-class Instance:
-    """One copy of a model's programs on its own cores."""
-
-    index: int
-    cores: tuple[int, ...]
-    programs: list[Program]
-    steps: Sequence[tuple[Sequence[str], Sequence[str]]]  # per node: its inputs, its outputs
-    output_names: tuple[str, ...]
-    pin: tuple[int, ...] | None = None
-    """The host CPUs of its cores when they are part of the process's: workers running it
-    pin themselves there (a ``run()`` caller's thread is never pinned)."""
-    device: str = ""
-    """The device it runs on (a load across devices has instances on several)."""
-    locks: list[threading.Lock] = field(default_factory=list)
-    call: Callable[..., dict[str, np.ndarray]] = field(init=False)
-    """What ``LoadedModel.run`` calls on the instance it took (set by the model)."""
-    trace: MutableSequence[tuple[int, int, int, int, int]] | None = None
-    """While a profile records a multi-node instance: ``(instance, node, request id, start,
-    end)`` per node run (``time.perf_counter_ns()``; request id 0 for a ``run()`` walk)."""
-
-    def __post_init__(self) -> None:
-        self.locks = [threading.Lock() for _ in self.programs]
-
-    def execute(
-        self,
-        feed: dict[str, Any],
-        outputs: Mapping[str, np.ndarray] | None = None,
-        cancel: CancelToken | None = None,
-    ) -> dict[str, np.ndarray]:
-        """Run once. A single node needs no lock (its caller took the instance); a multi-node
-        walk takes the nodes' locks hand over hand, sharing them with the pipeline stages."""
-        if len(self.programs) == 1:
-            program = self.programs[0]
-            names = self.steps[0][0]
-            if len(names) != len(feed):  # inputs the node does not read (a type-only input)
-                feed = {n: feed[n] for n in names}
-            if cancel is None:
-                return program.run(feed, outputs)
-            return program.run_cancellable(feed, cancel, outputs)
-        values = dict(feed)
-        held = 0
-        self.locks[0].acquire()
-        try:
-            for j, ((names, _), program) in enumerate(zip(self.steps, self.programs, strict=True)):
-                if j:
-                    self.locks[j].acquire()
-                    self.locks[j - 1].release()
-                    held = j
-                if self.trace is None:
-                    values.update(run_node(program, {n: values[n] for n in names}, cancel))
-                else:
-                    start = time.perf_counter_ns()
-                    values.update(run_node(program, {n: values[n] for n in names}, cancel))
-                    self.trace.append((self.index, j, 0, start, time.perf_counter_ns()))
-        finally:
-            self.locks[held].release()
-        return assemble(values, self.output_names, outputs)
-
-
-def run_node(
-    program: Program, inputs: dict[str, Any], cancel: CancelToken | None
-) -> dict[str, np.ndarray]:
-    """One node's run, cancellable when a timeout applies."""
-    return program.run(inputs) if cancel is None else program.run_cancellable(inputs, cancel)
-
-
-def assemble(
-    values: dict[str, Any], names: Sequence[str], outputs: Mapping[str, np.ndarray] | None
-) -> dict[str, np.ndarray]:
-    """The graph outputs out of every value computed, copied into ``outputs`` where given."""
-    result = {name: values[name] for name in names}
-    for name, buffer in (outputs or {}).items():
-        np.copyto(buffer, result[name], casting="no")
-        count_copy(buffer.nbytes)
-        result[name] = buffer
-    return result
 
 
 @dataclass(eq=False)
@@ -600,7 +521,6 @@ class Scheduler:
         if inst.pin is not None:
             _pin_thread(inst.pin)
         last = j == len(inst.programs) - 1
-        names = inst.steps[j][0]
         while (job := stages[j].get()) is not _STOP:
             try:
                 with inst.locks[j]:
@@ -608,12 +528,7 @@ class Scheduler:
                         if not self._start(job):
                             continue
                         job.values = dict(job.feed)
-                    start = time.perf_counter_ns()
-                    made = run_node(inst.programs[j], {n: job.values[n] for n in names}, job.token)
-                    if inst.trace is not None:
-                        end = time.perf_counter_ns()
-                        inst.trace.append((inst.index, j, id(job.future), start, end))
-                job.values.update(made)
+                    inst.step(j, job.values, job.token, id(job.future))
                 if last:
                     execute = partial(_assemble_with, job.values, inst.output_names)
                     result = self._call(execute, job.feed, job.outputs)

@@ -11,8 +11,8 @@ from ..compiler import Executable
 from ..compiler.stages import describe, stage_shapes
 from ..drivers.base import CancelToken
 from ..errors import InvalidHandleError, InvalidInputError
+from .instance import Instance
 from .loaded import LoadedModel
-from .scheduler import Instance
 
 
 class StagedModel(LoadedModel):
