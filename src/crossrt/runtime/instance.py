@@ -65,7 +65,9 @@ class Instance:
     def selecting(self) -> Callable[[dict[str, Any], Sequence[str]], dict[str, Any]]:
         """The single program's ``run_outputs`` (only the outputs asked for), unguarded as
         :meth:`direct`."""
-        return unguarded(self.programs[0].run_outputs)
+        selecting: Callable[[dict[str, Any], Sequence[str]], dict[str, Any]]
+        selecting = unguarded(self.programs[0].run_outputs)
+        return selecting
 
     def execute(
         self,
