@@ -425,7 +425,7 @@ def test_a_worker_waits_for_the_instance_a_run_holds(
     gated.gate.set()
     np.testing.assert_array_equal(queued.result(WAIT)["y"], want)
     inline.join(WAIT)
-    assert gated.calls == 2 and list(model._scheduler.idle) == list(model._instances)
+    assert gated.calls == 2 and list(model._scheduler.line.idle) == list(model._instances)
 
 
 def test_callers_in_a_loop_share_one_instance_fairly(rt: crossrt.Runtime) -> None:
@@ -526,9 +526,9 @@ def test_run_callers_in_line_for_an_instance_fail_at_once_on_unload(
     for t in waiting:
         t.start()
     deadline = time.monotonic() + WAIT
-    while len(model._scheduler.waiting) < 2 and time.monotonic() < deadline:
+    while len(model._scheduler.line.waiting) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert len(model._scheduler.waiting) == 2
+    assert len(model._scheduler.line.waiting) == 2
     unloading = threading.Thread(target=model.unload)
     unloading.start()
     for t in waiting:

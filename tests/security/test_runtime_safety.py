@@ -77,7 +77,7 @@ def _crowd(
         t.start()
     scheduler = model._scheduler
     _until(
-        lambda: len(scheduler.waiting) == threads - 1,
+        lambda: len(scheduler.line.waiting) == threads - 1,
         "the other callers in line for the instance",
     )
     return outcomes, started, gated.gate

@@ -4,9 +4,9 @@
   at a time; for a multi-node executable, one request per node at a time (each node has a
   lock, taken hand over hand, so requests pass through the nodes in a pipeline).
 - ``run()`` pops an idle instance without blocking and runs in the caller's thread; with
-  none idle it waits in line for one (:meth:`Scheduler.take_in_turn`, the workers' line
-  too, first come first served), or, with a deadline, a cancel token or batching, queues
-  like ``run_async`` and waits.
+  none idle it waits in line for one (``line.py``: the workers' line too, first come first
+  served), or, with a deadline, a cancel token or batching, queues like ``run_async`` and
+  waits.
 - ``run_async`` admits at most ``depth`` requests not yet finished (waiting or running);
   past that a request waits in line for room, or gets ``QUEUE_FULL`` when its caller asks
   not to wait (``admission.py``). There is one worker thread per instance, each taking a
@@ -24,7 +24,6 @@ import queue
 import threading
 import time
 import weakref
-from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
@@ -46,6 +45,7 @@ from .admission import Admission
 from .batching import Batching, batch_key, join, split
 from .instance import Instance as Instance  # where loading.py and runtime.py find it
 from .instance import assemble
+from .line import InstanceLine
 from .statistics import Statistics
 
 log = logging.getLogger("crossrt")
@@ -82,18 +82,6 @@ class Job:
 _STOP = None
 
 
-class _Waiter:
-    """One thread in line for an instance: ``wake`` is released when it is handed one
-    (``instance``), or when the model closes (``instance`` stays ``None``)."""
-
-    __slots__ = ("instance", "wake")
-
-    def __init__(self) -> None:
-        self.instance: Instance | None = None
-        self.wake = threading.Lock()
-        self.wake.acquire()
-
-
 class Scheduler:
     """The queue and workers of one loaded model (see the module docstring)."""
 
@@ -127,13 +115,10 @@ class Scheduler:
         self._closed = False
         # What a request that will not run now fails with: the model's reason for closing.
         self._closing: Callable[[], BaseException] = self._closed_error
-        # Instances no caller or worker holds. deque.pop/append are atomic and cost a third
-        # of a lock's acquire/release, on the path every synchronous run() takes.
-        self.idle: deque[Instance] = deque(self.instances)
-        # In line for an idle instance, first come first served: workers, and run() callers
-        # that found every instance busy (truthy while anyone waits: run() reads it).
-        self.waiting: deque[_Waiter] = deque()
-        self._line_lock = threading.Lock()
+        # The workers and run() callers take instances from one line (line.py).
+        self.line = InstanceLine(self.instances)
+        self.give_back = self.line.give_back
+        self.take_in_turn = self.line.take_in_turn
         self._threads: list[threading.Thread] = []
         for inst in self.instances:
             nodes = len(inst.programs)
@@ -148,62 +133,9 @@ class Scheduler:
                 thread.start()
                 self._threads.append(thread)
 
-    # -- instances ------------------------------------------------------------------------
-
-    def give_back(self, inst: Instance) -> None:
-        """Return an instance taken from :attr:`idle`: to the first in line for one, if any."""
-        self.idle.append(inst)
-        if self.waiting:
-            self.hand_over()
-
-    def hand_over(self) -> None:
-        """Give the idle instances to those in line for one, first come first served (call
-        after appending to :attr:`idle` when :attr:`waiting`)."""
-        with self._line_lock:
-            while self.waiting:
-                try:
-                    inst = self.idle.pop()
-                except IndexError:
-                    return
-                waiter = self.waiting.popleft()
-                waiter.instance = inst
-                waiter.wake.release()
-
     def closing_error(self) -> BaseException:
         """What a request that will not run fails with: the model's reason for closing."""
         return self._closing()
-
-    def take_in_turn(self) -> Instance | None:
-        """An idle instance, or the next one given back, in the order asked for (the
-        workers, and ``run()`` callers that found every instance busy, share one line: the
-        one given back goes to whoever has waited longest, so a caller in a loop cannot
-        keep an instance for good); ``None`` once the model closes (a request must not
-        wait for a run that may be long)."""
-        if not self.waiting:
-            try:
-                return self.idle.pop()
-            except IndexError:
-                pass
-        waiter = _Waiter()
-        with self._line_lock:
-            if self._closed:
-                return None
-            self.waiting.append(waiter)
-        # Given back before this joined the line, by a thread that saw no one waiting: the
-        # append came first, so it is seen here.
-        if self.idle:
-            self.hand_over()
-        try:
-            waiter.wake.acquire()
-        except BaseException:  # interrupted (Ctrl-C): leave the line, or pass the instance on
-            with self._line_lock:
-                if waiter in self.waiting:
-                    self.waiting.remove(waiter)
-                    raise
-            if waiter.instance is not None:
-                self.give_back(waiter.instance)
-            raise
-        return waiter.instance
 
     # -- admission ------------------------------------------------------------------------
 
@@ -566,11 +498,7 @@ class Scheduler:
         if error is not None:
             self._closing = error
         self._closed = True
-        with self._line_lock:  # those in line for an instance get none: they see the close
-            line = list(self.waiting)
-            self.waiting.clear()
-        for waiter in line:
-            waiter.wake.release()
+        self.line.close()  # those in line for an instance get none: they see the close
         self._admission.close(self._closing)
         pending: list[Job] = []
         try:
