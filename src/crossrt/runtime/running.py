@@ -10,7 +10,7 @@ cost more than the whole of crossrt's share of a tiny model's run). The road of 
   every one ending in :class:`Instance` (``instance.py``), the only caller of a program;
 - with every instance busy, it waits in line for one, or (a deadline, a cancel token,
   batching) is queued like ``run_async``/``infer``: the scheduler's workers then run it
-  through :meth:`Running._finish`, on the same instances and wrappers.
+  through :meth:`Calls.finish` (``calls.py``), on the same instances and wrappers.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import CancelledError, Future
 from functools import partial
@@ -34,14 +33,13 @@ from ..errors import CrossrtError, InvalidArgumentError
 from ..model import TensorSpec
 from .batching import Batching, refuse_unbatchable
 from .binding import Binding, OutputBinder
-from .calls import on_host, recording, stoppable, timed
+from .calls import Calls
 from .inputs import InputChecker, output_names_checked
 from .instance import Instance
 from .memory.tensorset import TensorSet
-from .memory.transfer import ResidentProgram, to_host_results
-from .numerics import checking
+from .memory.transfer import ResidentProgram
 from .request import Request
-from .scheduler import Scheduler, late
+from .scheduler import Scheduler
 from .statistics import SUM_AT, ModelStatistics, Statistics
 from .views import Memory
 
@@ -94,11 +92,28 @@ class Running:
         self._record_shapes = not all(s.is_static for s in executable.outputs)
         self._last = threading.local()
         self._exec_timeout = exec_timeout
-        # What run() calls on the instance it took, by its index: the program itself when
-        # nothing is added (see _inline).
-        self._calls = [self._inline(inst) for inst in self._instances]
         inputs = len(executable.inputs)
-        # Whether run() calls a program with nothing around it (_inline): then a bound
+        self._binder = OutputBinder(
+            executable.outputs,
+            self._checker,
+            memory.allocator,
+            memory.owner,
+            transfers,
+            self._resident,
+        )
+        self._calling = Calls(
+            self.name,
+            inputs,
+            exec_timeout,
+            check_numerics,
+            transfers if self._resident else None,
+            self._last if self._record_shapes else None,
+            self._binder,
+        )
+        # What run() calls on the instance it took, by its index: the program itself when
+        # nothing is added (Calls.plain).
+        self._calls = [self._calling.plain(inst) for inst in self._instances]
+        # Whether run() calls a program with nothing around it (Calls.plain): then a bound
         # request goes straight into the program's own binding (Binding.call_on).
         self._direct = all(
             inst.whole(inputs) and call == inst.direct(inputs)
@@ -117,14 +132,6 @@ class Running:
         # Per instance index: its program and that program's run_outputs, unguarded as
         # run() calls run (made again for a program swapped in since).
         self._run_outputs: dict[int, tuple[Any, Callable[..., dict[str, Any]]]] = {}
-        self._binder = OutputBinder(
-            executable.outputs,
-            self._checker,
-            memory.allocator,
-            memory.owner,
-            transfers,
-            self._resident,
-        )
         self._scheduler = self._scheduled(instances, queue_depth, statistics, batching)
         self._line = self._scheduler.line
         self._take = self._line.idle.pop  # run() takes an instance without blocking
@@ -148,44 +155,12 @@ class Running:
         return Scheduler(
             self.name,
             instances,
-            self._finish,
+            self._calling.finish,
             depth,
             self._exec_timeout,
             self._statistics,
             batching,
         )
-
-    def _inline(
-        self, inst: Instance, deadline: float | None = None, cancel: CancelToken | None = None
-    ) -> Callable[..., dict[str, np.ndarray]]:
-        """What ``run()`` calls on an instance it holds: the program itself when nothing is
-        added, so the common case costs no extra Python call; with a ``deadline``, the run
-        stopped by the watchdog then (made per call)."""
-        execute: Callable[..., dict[str, np.ndarray]]
-        plain = self._exec_timeout is None and deadline is None and cancel is None
-        if plain:
-            execute = inst.direct(len(self.executable.inputs))  # run() maps what it raises
-        elif self._exec_timeout is None and deadline is None:
-            assert cancel is not None
-            execute = stoppable(inst, cancel)
-        else:
-            execute = timed(self.name, inst, self._exec_timeout, deadline, cancel)
-        if self._resident:
-            execute = on_host(execute, self._transfers)
-        if self._check_numerics:
-            execute = checking(self.name, execute)
-        return recording(execute, self._last) if self._record_shapes else execute
-
-    def _finish(
-        self, execute: Callable[..., dict[str, Any]], feed: dict[str, Any], outputs: Any
-    ) -> Any:
-        """A queued request's run in a worker: outputs bound, results checked."""
-        if self._check_numerics:
-            execute = checking(self.name, execute)
-        if outputs is None or (not outputs and type(outputs) is dict):
-            result = execute(feed)
-            return to_host_results(result, self._transfers) if self._resident else result
-        return self._binder.run(execute, feed, outputs)
 
     @overload
     def run(
@@ -314,7 +289,7 @@ class Running:
             if deadline is None and cancel is None:  # the common case: two checks, no more
                 call = self._calls[inst.index]
             else:
-                call = self._limited(inst, deadline, cancel)
+                call = self._calling.limited(inst, deadline, cancel)
             if binding is not None:
                 binding.call_on(inst, call, self._direct)()
                 result: Any = dict(outputs)  # type: ignore[arg-type]  # each bound in place
@@ -339,15 +314,6 @@ class Running:
         if len(statistics.pending) > SUM_AT:
             statistics.sum()
         return result
-
-    def _limited(
-        self, inst: Instance, deadline: float | None, cancel: CancelToken | None
-    ) -> Callable[..., dict[str, np.ndarray]]:
-        """What a run with a ``deadline`` or a ``cancel`` token calls on ``inst`` (made per
-        call); TIMEOUT when the deadline passed already."""
-        if deadline is not None and time.monotonic() >= deadline:
-            raise late(self.name, "its deadline passed before it could start")
-        return self._inline(inst, deadline, cancel)
 
     def _in_line(self) -> Instance:
         """``run()`` with every instance busy: in line for one, to run in this thread. The
