@@ -21,7 +21,7 @@ from .binding import OutputBinder
 from .instance import Instance
 from .memory.transfer import Transfers, release_made, to_host_results
 from .numerics import checking
-from .scheduler import late
+from .queued import late
 
 
 class Calls:
