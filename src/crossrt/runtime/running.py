@@ -5,7 +5,7 @@ not an object it holds: ``run`` is the hottest path there is, and one more call 
 cost more than the whole of crossrt's share of a tiny model's run). The road of a request:
 
 - ``run()`` checks the inputs (``inputs.py``) or takes a bound :class:`Request`'s binding
-  (``binding.py``), takes an idle instance from the scheduler (``scheduler.py``) and calls
+  (``binding.py``), takes an idle instance (``line.py``) and calls
   it in the caller's thread: the program itself, or the wrappers around it (``calls.py``),
   every one ending in :class:`Instance` (``instance.py``), the only caller of a program;
 - with every instance busy, it waits in line for one, or (a deadline, a cancel token,
@@ -73,6 +73,7 @@ class Running:
         executable = self.executable
         if batching is not None:
             refuse_unbatchable(self.name, executable, batching)
+        self._refusal = self._released = None
         self._batching = batching
         self._check_numerics = check_numerics
         self._instances = tuple(instances)
@@ -226,9 +227,9 @@ class Running:
             inputs: ``{name: array or Tensor}``, a :class:`TensorSet`, or a list in input
                 order (a single value for a one-input model). Every input is checked: name,
                 dtype, rank and the static dimensions. Host tensors and C-contiguous arrays
-                are passed to the engine without a copy. A call that passes the same
-                objects as the last one with tensors for ``outputs``, none changed since,
-                reuses that call's checks.
+                are passed to the engine without a copy. Every call is checked; to run the
+                same inputs and outputs many times without the checks, bind them once with
+                :meth:`request`.
             outputs: where results go, by output name (see ``docs/memory.md``): a NumPy
                 array or a :class:`Tensor` is written in place when the output's shape is
                 static (a dynamic result is copied in, its shape set); ``None`` lets the
@@ -247,6 +248,9 @@ class Running:
                 those, though it runs every node, as ORT's own session does), others keep
                 those of every output computed. ``outputs=`` may give buffers for these
                 names only, in a dict. Default: every output.
+            binding: what a bound :class:`Request` passes (its inputs and outputs checked
+                and bound already: none of the checks run); not for direct use, with
+                neither ``deadline``, ``cancel`` nor ``output_names``.
 
         Returns:
             ``{output name: array}``; with ``outputs=``, the arrays and Tensors given (and
