@@ -93,13 +93,28 @@ class Running:
         self._record_shapes = not all(s.is_static for s in executable.outputs)
         self._last = threading.local()
         self._exec_timeout = exec_timeout
-        inputs = len(executable.inputs)
+        self._prepare_calls(memory, exec_timeout, check_numerics)
+        self._output_names = tuple(s.name for s in executable.outputs)
+        self._checked_names: set[tuple[str, ...]] = set()  # output_names= found valid
+        # Per instance index: its program and that program's run_outputs, unguarded as
+        # run() calls run (made again for a program swapped in since).
+        self._run_outputs: dict[int, tuple[Any, Callable[..., dict[str, Any]]]] = {}
+        self._scheduler = self._scheduled(instances, queue_depth, statistics, batching)
+        self._line = self._scheduler.line
+        self._take = self._line.idle.pop  # run() takes an instance without blocking
+        self._give = self._line.idle.append
+
+    def _prepare_calls(
+        self, memory: Memory, exec_timeout: float | None, check_numerics: bool
+    ) -> None:
+        """The outputs' binder and what a run calls on each instance (:class:`Calls`)."""
+        inputs = len(self.executable.inputs)
         self._binder = OutputBinder(
-            executable.outputs,
+            self.executable.outputs,
             self._checker,
             memory.allocator,
             memory.owner,
-            transfers,
+            self._transfers,
             self._resident,
         )
         self._calling = Calls(
@@ -107,7 +122,7 @@ class Running:
             inputs,
             exec_timeout,
             check_numerics,
-            transfers if self._resident else None,
+            self._transfers if self._resident else None,
             self._last if self._record_shapes else None,
             self._binder,
         )
@@ -128,15 +143,6 @@ class Running:
             and not check_numerics
             and all(inst.whole(inputs) for inst in self._instances)
         )
-        self._output_names = tuple(s.name for s in executable.outputs)
-        self._checked_names: set[tuple[str, ...]] = set()  # output_names= found valid
-        # Per instance index: its program and that program's run_outputs, unguarded as
-        # run() calls run (made again for a program swapped in since).
-        self._run_outputs: dict[int, tuple[Any, Callable[..., dict[str, Any]]]] = {}
-        self._scheduler = self._scheduled(instances, queue_depth, statistics, batching)
-        self._line = self._scheduler.line
-        self._take = self._line.idle.pop  # run() takes an instance without blocking
-        self._give = self._line.idle.append
 
     def _scheduled(
         self,
