@@ -1,5 +1,6 @@
-"""A request in a loaded model's queue (:class:`Job`): its inputs, outputs, deadline, cancel
-token, statistics times and the future that completes it; and the TIMEOUT a late one gets."""
+"""A request in a loaded model's queue (:class:`QueuedRequest`): its inputs, outputs,
+deadline, cancel token, statistics times and the future that completes it; and the TIMEOUT a
+late one gets."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ STOP = None
 
 
 @dataclass(eq=False)
-class Job:
-    """One queued request."""
+class QueuedRequest:
+    """One request in the queue: what it runs on, where its results go, its limits, its
+    times for the statistics, and the future its caller waits on."""
 
     future: Future[Any]
     feed: dict[str, Any]

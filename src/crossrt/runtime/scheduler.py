@@ -41,7 +41,7 @@ from .admission import Admission
 from .batching import Batching, batch_key
 from .instance import Instance as Instance  # where loading.py and runtime.py find it
 from .line import InstanceLine
-from .queued import STOP, Job, late
+from .queued import STOP, QueuedRequest, late
 from .statistics import Statistics
 
 log = logging.getLogger("crossrt")
@@ -72,14 +72,14 @@ class Scheduler:
         # Weak: the worker threads must not keep the model (and through it its runtime and
         # reserved cores) alive once its user lets go of it; a finalizer then stops them.
         self._finish = weakref.WeakMethod(finish)
-        self.entry: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self.entry: queue.SimpleQueue[QueuedRequest | None] = queue.SimpleQueue()
         self._admission = Admission(depth, self._enqueue)
         self._slots = threading.Lock()  # who gives a job's slot back: see _give_slot_back
         # Each queued job by its future, until the future resolves: a callback holding the
         # job would make a cycle (future -> callback -> job -> future) that only the cyclic
         # garbage collector frees, with the job's inputs and outputs, long after the caller
         # dropped the future (a daemon kept 16-32 MiB of posted requests a round this way).
-        self._settling: dict[Future[Any], Job] = {}
+        self._settling: dict[Future[Any], QueuedRequest] = {}
         self._closed = False
         # What a request that will not run now fails with: the model's reason for closing.
         self._closing: Callable[[], BaseException] = self._closed_error
@@ -90,7 +90,7 @@ class Scheduler:
         self._threads: list[threading.Thread] = []
         for inst in self.instances:
             nodes = len(inst.programs)
-            stages: list[queue.SimpleQueue[Job | None]] = [self.entry]
+            stages: list[queue.SimpleQueue[QueuedRequest | None]] = [self.entry]
             stages += [queue.SimpleQueue() for _ in range(nodes - 1)]
             for j in range(nodes):
                 target = workers.serve if nodes == 1 else workers.stage
@@ -139,7 +139,7 @@ class Scheduler:
                 the engine can if it runs (``CancelledError``).
         """
         now = time.perf_counter_ns()
-        job = Job(Future(), feed, outputs, deadline)
+        job = QueuedRequest(Future(), feed, outputs, deadline)
         if self.batching is not None and outputs is None:
             job.batch = batch_key(feed)
         job.arrived = arrived or now
@@ -176,7 +176,7 @@ class Scheduler:
             cancel.on_cancel(partial(self._abandon, job))
         return job.future
 
-    def _abandon(self, job: Job) -> None:
+    def _abandon(self, job: QueuedRequest) -> None:
         """Its caller went away: drop ``job`` if it waits, stop it where the engine can if
         it runs."""
         if job.deadline is not None and time.monotonic() >= job.deadline:
@@ -188,7 +188,7 @@ class Scheduler:
         if token is not None:
             token.cancel()
 
-    def _expire(self, job: Job) -> None:
+    def _expire(self, job: QueuedRequest) -> None:
         """Fail ``job`` with TIMEOUT if nothing has started or settled it yet."""
         try:
             waiting = job.future.set_running_or_notify_cancel()
@@ -202,7 +202,7 @@ class Scheduler:
         if job is not None:
             self._settled(job, future)
 
-    def _settled(self, job: Job, future: Future[Any]) -> None:
+    def _settled(self, job: QueuedRequest, future: Future[Any]) -> None:
         if not job.started:
             # Resolved before it ran (its deadline, its caller gone, cancel(), a close): its
             # slot goes back now, not when a worker reaches it and skips it, so that a
@@ -244,7 +244,7 @@ class Scheduler:
             details={**details, "timeout": waited},
         )
 
-    def _enqueue(self, job: Job) -> None:
+    def _enqueue(self, job: QueuedRequest) -> None:
         """Hand an admitted request (it holds a slot) to the workers."""
         job.admitted = True
         if job.future.done():  # resolved as it was admitted: the slot is not its to keep
@@ -253,7 +253,7 @@ class Scheduler:
         if self._closed:  # closed while queueing: the workers may be gone
             self.fail(job, self._closing())
 
-    def _give_slot_back(self, job: Job) -> None:
+    def _give_slot_back(self, job: QueuedRequest) -> None:
         """Give ``job``'s queue slot back if it holds one, once whoever calls."""
         with self._slots:
             if not job.admitted or job.slot_back:
@@ -264,13 +264,13 @@ class Scheduler:
     def _closed_error(self) -> CrossrtError:
         return ClosedError(f"model {self.name!r} was unloaded before the request ran")
 
-    def fail(self, job: Job, error: BaseException) -> None:
+    def fail(self, job: QueuedRequest, error: BaseException) -> None:
         # Resolved meanwhile (by a worker, or cancelled): nothing left to report.
         with contextlib.suppress(Exception):
             if job.future.set_running_or_notify_cancel():
                 job.future.set_exception(error)
 
-    def start(self, job: Job) -> bool:
+    def start(self, job: QueuedRequest) -> bool:
         """Whether ``job`` may run: not cancelled, deadline not passed (else it is resolved)."""
         try:
             runnable = job.future.set_running_or_notify_cancel()
@@ -295,7 +295,9 @@ class Scheduler:
         job.started = time.perf_counter_ns()
         return True
 
-    def done(self, job: Job, result: Any = None, error: BaseException | None = None) -> None:
+    def done(
+        self, job: QueuedRequest, result: Any = None, error: BaseException | None = None
+    ) -> None:
         if job.token is not None:
             expired = watchdog.finish(job.token)
             late_now = job.end is not None and time.monotonic() > job.end
@@ -334,7 +336,7 @@ class Scheduler:
         self._closed = True
         self.line.close()  # those in line for an instance get none: they see the close
         self._admission.close(self._closing)
-        pending: list[Job] = []
+        pending: list[QueuedRequest] = []
         try:
             while True:
                 job = self.entry.get_nowait()

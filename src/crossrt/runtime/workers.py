@@ -21,7 +21,7 @@ from . import watchdog
 from .batching import Batching, join, split
 from .instance import Instance, assemble
 from .line import InstanceLine
-from .queued import STOP, Job, late
+from .queued import STOP, QueuedRequest, late
 
 log = logging.getLogger("crossrt")
 
@@ -32,14 +32,16 @@ class Workers(Protocol):
     name: str
     batching: Batching | None
     exec_timeout: float | None
-    entry: queue.SimpleQueue[Job | None]
+    entry: queue.SimpleQueue[QueuedRequest | None]
     line: InstanceLine
 
-    def start(self, job: Job) -> bool: ...
+    def start(self, job: QueuedRequest) -> bool: ...
 
-    def done(self, job: Job, result: Any = None, error: BaseException | None = None) -> None: ...
+    def done(
+        self, job: QueuedRequest, result: Any = None, error: BaseException | None = None
+    ) -> None: ...
 
-    def fail(self, job: Job, error: BaseException) -> None: ...
+    def fail(self, job: QueuedRequest, error: BaseException) -> None: ...
 
     def closing_error(self) -> BaseException: ...
 
@@ -52,7 +54,7 @@ def serve(scheduler: Workers) -> None:
     """One worker of a single-node model: a request, then an idle instance to run it on
     (joined with others into a batch where the model batches)."""
     pinned: tuple[int, ...] | None = None
-    carried: Job | None = None  # taken from the queue by a batch it could not join
+    carried: QueuedRequest | None = None  # taken from the queue by a batch it could not join
     while True:
         job = carried if carried is not None else scheduler.entry.get()
         carried = None
@@ -78,7 +80,7 @@ def serve(scheduler: Workers) -> None:
         run_one(scheduler, inst, job)
 
 
-def run_one(scheduler: Workers, inst: Instance, job: Job, keep: bool = False) -> None:
+def run_one(scheduler: Workers, inst: Instance, job: QueuedRequest, keep: bool = False) -> None:
     """Run ``job`` on ``inst`` (held by this worker) and resolve it; the instance is
     given back first unless ``keep``."""
     try:
@@ -95,7 +97,9 @@ def run_one(scheduler: Workers, inst: Instance, job: Job, keep: bool = False) ->
         scheduler.done(job, result)
 
 
-def gather(scheduler: Workers, first: Job) -> tuple[list[Job], Job | None]:
+def gather(
+    scheduler: Workers, first: QueuedRequest
+) -> tuple[list[QueuedRequest], QueuedRequest | None]:
     """``first`` and the queued requests that can join it, up to the batch's size, for
     at most the batching delay; and the request taken that could not join (or the
     stop), for this worker's next turn."""
@@ -123,7 +127,7 @@ def gather(scheduler: Workers, first: Job) -> tuple[list[Job], Job | None]:
     return jobs, None
 
 
-def run_batch(scheduler: Workers, inst: Instance, jobs: list[Job]) -> None:
+def run_batch(scheduler: Workers, inst: Instance, jobs: list[QueuedRequest]) -> None:
     """Run ``jobs`` (started) as one batch on ``inst`` and resolve each with its rows.
 
     A request's own deadline or cancel does not stop the batch (the others want it):
@@ -162,7 +166,10 @@ def run_batch(scheduler: Workers, inst: Instance, jobs: list[Job]) -> None:
 
 
 def stage(
-    scheduler: Workers, inst: Instance, j: int, stages: list[queue.SimpleQueue[Job | None]]
+    scheduler: Workers,
+    inst: Instance,
+    j: int,
+    stages: list[queue.SimpleQueue[QueuedRequest | None]],
 ) -> None:
     """The stage thread of node ``j`` of a multi-node instance: requests pass from stage to
     stage, each node walked by :meth:`Instance.step` under that node's lock."""
