@@ -132,9 +132,10 @@ class IOBinding:
         try:
             if every and cancel is None:
                 if self._request is None:
-                    self._request = session.model.request(outputs=self._outputs)
+                    request = session.model.request(outputs=self._outputs)
                     for name, value in self._inputs.items():  # checked as it runs
-                        self._request.set_input(name, value)
+                        request.set_input(name, value)
+                    self._request = request
                 result = self._request.run()
             else:
                 result = session.model.run(
