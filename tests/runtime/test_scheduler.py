@@ -454,7 +454,9 @@ def test_callers_in_a_loop_share_one_instance_fairly(rt: crossrt.Runtime) -> Non
     assert max(longest) < 0.5, longest
 
 
-def test_a_cancel_token_stops_a_run_and_drops_a_queued_one(rt: crossrt.Runtime) -> None:
+def test_a_cancel_token_stops_a_run_and_drops_a_queued_one(
+    rt: crossrt.Runtime, tiny_exe: crossrt.Executable
+) -> None:
     """``run(cancel=)``: the caller went away. A run in the caller's thread is stopped, and
     one waiting in the queue is dropped; both raise CancelledError, counted CANCELLED."""
     import threading
@@ -469,14 +471,24 @@ def test_a_cancel_token_stops_a_run_and_drops_a_queued_one(rt: crossrt.Runtime) 
     with pytest.raises(CancelledError):
         model.run({"x": a}, cancel=token)
     assert time.monotonic() - started < 1.5  # the whole run takes seconds
-    # Queued behind a running request, then abandoned: it never runs.
-    busy = model.run_async({"x": a})
+    assert model.statistics().failures == {"CANCELLED": 1}
+    # Queued behind a running request (held at a gate, not a long run: a loaded machine
+    # took more than WAIT to finish the heavy one), then abandoned: it never runs.
+    small = rt.load(tiny_exe)
+    gated = gate(small)
+    busy = small.run_async({"x": x(1)})
+    assert gated.started.wait(WAIT)
     waiting = CancelToken()
-    threading.Timer(0.2, waiting.cancel).start()
+    threading.Timer(0.05, waiting.cancel).start()
+    opens = threading.Timer(WAIT, gated.gate.set)  # were the cancel lost, the run returns
+    opens.start()
     with pytest.raises(CancelledError):
-        model.run({"x": a}, cancel=waiting)
+        small.run({"x": x(2)}, cancel=waiting)
+    opens.cancel()
+    gated.gate.set()
     busy.result(WAIT)
-    assert model.statistics().failures == {"CANCELLED": 2}
+    assert gated.calls == 1  # the abandoned request never ran
+    assert small.statistics().failures == {"CANCELLED": 1}
 
 
 def test_a_request_resolved_while_queued_gives_its_slot_back_at_once(
