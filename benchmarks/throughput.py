@@ -94,7 +94,7 @@ def run_async_loop(
 ) -> dict[str, Any]:
     """Keep ``model``'s queue full through ``run_async`` for ``seconds``."""
     latencies: list[float] = []
-    room = threading.Semaphore(model.queue_depth)
+    room = threading.Semaphore(model.instances.queue_depth)
     stop = time.perf_counter() + seconds
     cpu0, t0 = cpu_seconds(), time.perf_counter()
     pending = []

@@ -321,12 +321,12 @@ def test_exec_timeout_stops_a_long_execution(monkeypatch: pytest.MonkeyPatch) ->
     _init()
     monkeypatch.setenv("NEURON_RT_EXEC_TIMEOUT", "0.001")
     model = _load(_crm(heavy()))
-    assert model.model.exec_timeout == 0.001
+    assert model.model.instances.exec_timeout == 0.001
     x = np.eye(512, dtype=np.float32)
     inputs, outputs = _sets(model, {"x": x})
     assert nrt.nrt_execute(model, inputs, outputs) == nrt.NRT_TIMEOUT
     monkeypatch.delenv("NEURON_RT_EXEC_TIMEOUT")
-    assert _load(_crm()).model.exec_timeout == 30  # the seed's default
+    assert _load(_crm()).model.instances.exec_timeout == 30  # the seed's default
     monkeypatch.setenv("NEURON_RT_EXEC_TIMEOUT", "soon")
     data = _crm()
     assert nrt.nrt_load(data, len(data), -1, -1) == (nrt.NRT_INVALID, None)

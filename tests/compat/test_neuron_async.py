@@ -69,7 +69,7 @@ def test_execute_queues_its_run_and_the_output_counts_when_done(
     async_mode: list[tuple[Any, ...]],
 ) -> None:
     model = _load(_crm())
-    assert model.model.queue_depth == 3  # the in-flight limit is the model's queue
+    assert model.model.instances.queue_depth == 3  # the in-flight limit is the model's queue
     gated = gate(model.model)
     x = _x(0)
     inputs, outputs = _sets(model, {"x": x})
@@ -219,7 +219,7 @@ def test_inflight_sets_the_queue_clamped_at_63(
 ) -> None:
     monkeypatch.setenv(INFLIGHT, value)
     _init()
-    assert _load(_crm()).model.queue_depth == depth
+    assert _load(_crm()).model.instances.queue_depth == depth
 
 
 @pytest.mark.parametrize("value", ["-1", "many"])

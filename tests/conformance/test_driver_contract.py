@@ -695,7 +695,7 @@ def test_runtime_resident_tensors_move_nothing(
         result = model.run(feed, outputs=outputs)
         assert all(result[name] is outputs[name] for name in outputs)
         check_results({n: t.numpy() for n, t in outputs.items()}, TWO_OUTPUTS.answer(inputs))
-    assert model.transfer_stats() == TransferStats()
+    assert model.memory.transfer_stats() == TransferStats()
     for tensor in (*feed.values(), *outputs.values()):
         tensor.free()
 
@@ -709,13 +709,13 @@ def test_runtime_host_inputs_are_copied_once_each(
     check_results(model.run(inputs), CASES["add"].answer(inputs))
     nbytes = inputs["x"].nbytes  # x, y and z are all [2, 3] float32
     ins, outs = len(resident & {"x", "y"}), len(resident & {"z"})
-    assert model.transfer_stats() == TransferStats(
+    assert model.memory.transfer_stats() == TransferStats(
         host_to_device_bytes=ins * nbytes,
         device_to_host_bytes=outs * nbytes,
         host_to_device_copies=ins,
         device_to_host_copies=outs,
     )
-    assert model.stats()["transfers"]["host_to_device_copies"] == ins
+    assert model.memory.summary()["transfers"]["host_to_device_copies"] == ins
 
 
 def test_runtime_outputs_left_to_the_runtime_are_charged_to_the_model(
@@ -726,10 +726,10 @@ def test_runtime_outputs_left_to_the_runtime_are_charged_to_the_model(
     result = model.run(inputs, outputs={"shifted": None, "positive": None})
     assert all(isinstance(t, crossrt.Tensor) for t in result.values())
     check_results({n: t.numpy() for n, t in result.items()}, TWO_OUTPUTS.answer(inputs))
-    assert model.memory_stats().allocations == 2
+    assert model.memory.stats().allocations == 2
     for tensor in result.values():
         tensor.free()
-    assert model.memory_stats().allocations == 0
+    assert model.memory.stats().allocations == 0
 
 
 def test_runtime_a_tensor_on_another_device(
@@ -750,7 +750,7 @@ def test_runtime_a_tensor_on_another_device(
         assert other.id in info.value.message and device.id in info.value.message
     else:  # a program on the host: the tensor is copied out, once, and counted
         check_results(model.run({"x": x}), DENSE.answer(inputs))
-        stats = model.transfer_stats()
+        stats = model.memory.transfer_stats()
         assert (stats.device_to_host_copies, stats.device_to_host_bytes) == (1, x.byte_size)
         assert stats.host_to_device_copies == 0
     x.free()
@@ -851,6 +851,6 @@ def test_runtime_device_arrays_in_and_out(
     if on_device:
         assert y.device == device.id
     check_results({"y": y.numpy()}, DENSE.answer(inputs))
-    assert model.transfer_stats() == TransferStats()
+    assert model.memory.transfer_stats() == TransferStats()
     for tensor in (*feed.values(), y):
         tensor.free()

@@ -81,7 +81,7 @@ def test_readme_snippet_names() -> None:
     exe = crossrt.compile(str(DIGITS / "digits.onnx"), device="cpu")
     with crossrt.Runtime() as rt:
         model = rt.load(exe, cores=min(2, rt.devices()[0].cores))
-        info = {t.name: t for t in model.tensor_info()}
+        info = {t.name: t for t in model.tensors.info()}
         assert info["input"].usage == "input"
         x = np.load(DIGITS / "test_images.npy")[:1]
         out = model.run({"input": x})

@@ -65,8 +65,8 @@ def test_device_resident_inputs_and_outputs_move_nothing() -> None:
         x.write(X)  # the caller's upload
         (y,) = model.run({"x": x}, outputs={model.outputs[0].name: None}).values()
         assert y.device == "cuda:0" and not y.is_host
-        assert model.transfer_stats().host_to_device_bytes == 0
-        assert model.transfer_stats().device_to_host_bytes == 0
+        assert model.memory.transfer_stats().host_to_device_bytes == 0
+        assert model.memory.transfer_stats().device_to_host_bytes == 0
         np.testing.assert_allclose(y.numpy(), _cpu_answer(), atol=1e-3)
 
 
@@ -74,7 +74,7 @@ def test_host_inputs_are_copied_in_once_and_counted() -> None:
     with crossrt.Runtime() as rt:
         model = rt.load(crossrt.compile(_mlp(), "cuda:0"))
         (y,) = model.run({"x": X}).values()
-        assert model.transfer_stats().host_to_device_bytes == X.nbytes
+        assert model.memory.transfer_stats().host_to_device_bytes == X.nbytes
         np.testing.assert_allclose(y, _cpu_answer(), atol=1e-3)
 
 

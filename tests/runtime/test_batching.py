@@ -53,7 +53,7 @@ def test_queued_requests_run_as_one_batch_each_getting_its_rows(
     stats = model.statistics()
     assert stats.success == 6
     assert sum(d.count for d in stats.instances) == 2  # executions: the batch counts once
-    assert model.batching == crossrt.runtime.batching.Batching(16, 0.0)
+    assert model.instances.batching == crossrt.runtime.batching.Batching(16, 0.0)
 
 
 def test_a_batch_holds_at_most_max_batch_size_rows(

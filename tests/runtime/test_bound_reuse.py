@@ -1,6 +1,7 @@
-"""A bound call repeated with the same objects reuses its checks (``OutputBinder.reuse``);
-anything that changes what the checks saw (another object, a new shape or dtype set in place,
-other memory, a freed tensor) is checked again, with the same errors as a first call."""
+"""A bound request (``model.request(inputs, outputs)``) run again with the same objects skips
+its checks (``Binding.holds``); anything that changes what the checks saw (another object, a
+new shape or dtype set in place, other memory, a freed tensor) is checked again, with the
+same errors as a first call. ``model.run(inputs, outputs)`` is checked on every call."""
 
 from __future__ import annotations
 
@@ -47,95 +48,111 @@ def _x(value: float = 0.0) -> np.ndarray:
     return np.full(N, value, np.float32)
 
 
-def test_the_same_tensors_are_checked_once_and_copy_nothing(
+def test_the_same_tensors_are_checked_until_bound_and_copy_nothing(
     model: crossrt.LoadedModel, checks: list[int]
 ) -> None:
     x, y = Tensor.from_buffer(_x()), Tensor((N,), "float32")
     feed, outs = {"x": x}, {"y": y}
     where = y.address
     before = copied_bytes()
+    request = model.request(feed, outs)
+    assert len(checks) == 1  # checked as it is made
     for value in (1.0, 5.0, -2.0, 3.0):
         x.numpy()[:] = value  # the engine reads the input's current bytes each time
-        result = model.run(feed, outputs=outs)
+        result = request.run()
         assert result == {"y": y} and result is not outs and y.address == where
         assert np.all(y.numpy() == value + 1)
     assert copied_bytes() == before
-    assert len(checks) == 1
-    model.run({"x": x}, outputs={"y": y})  # new dicts, the same objects: still reused
-    assert len(checks) == 1
+    assert len(checks) == 3  # the first run, and the second as it binds: no more
     if model.executable.nodes[0].driver == "onnxruntime":  # straight into ORT's binding
-        assert model._binder._last is not None and len(model._binder._last.calls) == 1
+        assert request._binding is not None and len(request._binding.calls) == 1
+
+
+def test_a_plain_run_with_outputs_is_checked_every_call(
+    model: crossrt.LoadedModel, checks: list[int]
+) -> None:
+    x, y = Tensor.from_buffer(_x(3)), Tensor((N,), "float32")
+    for _ in range(3):  # the same objects: no guessing from their identity
+        assert model.run({"x": x}, outputs={"y": y}) == {"y": y}
+    assert len(checks) == 3 and np.all(y.numpy() == 4)
+
+
+def bound(model: crossrt.LoadedModel, feed: dict[str, Any], outs: dict[str, Any]) -> Any:
+    """A request run twice: bound to ``feed`` and ``outs``."""
+    request = model.request(feed, outs)
+    request.run()
+    request.run()
+    assert request._binding is not None
+    return request
 
 
 def test_another_tensor_under_the_same_name_is_checked(
     model: crossrt.LoadedModel, checks: list[int]
 ) -> None:
     y = Tensor((N,), "float32")
-    feed, outs = {"x": Tensor.from_buffer(_x(1))}, {"y": y}
-    model.run(feed, outputs=outs)
-    feed["x"] = Tensor.from_buffer(_x(7))  # the caller's dict changed in place
-    model.run(feed, outputs=outs)
-    assert np.all(y.numpy() == 8) and len(checks) == 2
-    other = Tensor((N,), "float32")
-    assert model.run(feed, outputs={"y": other})["y"] is other
-    assert np.all(other.numpy() == 8) and len(checks) == 3
+    request = bound(model, {"x": Tensor.from_buffer(_x(1))}, {"y": y})
+    checked = len(checks)
+    request.set_input("x", Tensor.from_buffer(_x(7)))
+    request.run()
+    assert np.all(y.numpy() == 8) and len(checks) == checked + 1
     with pytest.raises(InvalidInputError, match="expected float32 \\[256\\], got int32"):
-        model.run({"x": Tensor((N,), "int32")}, outputs=outs)
+        request.set_input("x", Tensor((N,), "int32"))
+        request.run()
 
 
 def test_an_input_tensor_reshaped_in_place_is_refused(model: crossrt.LoadedModel) -> None:
     x, y = Tensor.from_buffer(_x()), Tensor((N,), "float32")
-    model.run({"x": x}, outputs={"y": y})
+    request = bound(model, {"x": x}, {"y": y})
     x.set_shape((N // 2,))
     with pytest.raises(InvalidInputError, match="dimension 0 must be 256"):
-        model.run({"x": x}, outputs={"y": y})
+        request.run()
     x.set_shape((N,), "int32")
     with pytest.raises(InvalidInputError, match="got int32"):
-        model.run({"x": x}, outputs={"y": y})
+        request.run()
 
 
 def test_an_input_array_changed_in_place_is_refused(model: crossrt.LoadedModel) -> None:
     x, y = _x(), Tensor((N,), "float32")
-    model.run({"x": x}, outputs={"y": y})
+    request = bound(model, {"x": x}, {"y": y})
     x.shape = (2, N // 2)
     with pytest.raises(InvalidInputError, match="give it 1 dimensions"):
-        model.run({"x": x}, outputs={"y": y})
+        request.run()
     x.shape = (N,)
     x.dtype = np.int32  # the same bytes seen as another type
     with pytest.raises(InvalidInputError, match="got int32"):
-        model.run({"x": x}, outputs={"y": y})
+        request.run()
 
 
 def test_an_output_tensor_given_another_dtype_is_refused(model: crossrt.LoadedModel) -> None:
     x, y = Tensor.from_buffer(_x()), Tensor((N,), "float32")
-    model.run({"x": x}, outputs={"y": y})
+    request = bound(model, {"x": x}, {"y": y})
     y.set_shape((N // 2,), "float64")
     with pytest.raises(InvalidInputError, match="is float64, the output is float32"):
-        model.run({"x": x}, outputs={"y": y})
+        request.run()
 
 
 def test_a_freed_output_tensor_is_refused(model: crossrt.LoadedModel) -> None:
     x, y = Tensor.from_buffer(_x()), Tensor((N,), "float32")
-    model.run({"x": x}, outputs={"y": y})
+    request = bound(model, {"x": x}, {"y": y})
     y.free()
     with pytest.raises(InvalidHandleError, match="was freed"):
-        model.run({"x": x}, outputs={"y": y})
+        request.run()
 
 
 def test_an_output_tensor_attached_elsewhere_is_written_there(model: crossrt.LoadedModel) -> None:
     x, y = Tensor.from_buffer(_x(2)), Tensor((N,), "float32")
-    model.run({"x": x}, outputs={"y": y})
+    request = bound(model, {"x": x}, {"y": y})
     out = np.zeros(N, np.float32)
     y.attach_buffer(out)
-    model.run({"x": x}, outputs={"y": y})
+    request.run()
     assert np.all(out == 3)
     y.attach_buffer(np.zeros(N, np.float32).view())  # fine, and then a read-only one:
-    model.run({"x": x}, outputs={"y": y})
+    request.run()
     frozen = np.zeros(N, np.float32)
     frozen.flags.writeable = False
     y.attach_buffer(frozen)
     with pytest.raises(OperationForbiddenError, match="read-only"):
-        model.run({"x": x}, outputs={"y": y})
+        request.run()
 
 
 def test_converted_inputs_are_converted_each_time(
@@ -154,37 +171,37 @@ def test_converted_inputs_are_converted_each_time(
 def test_inputs_that_change_every_call_stay_correct(
     model: crossrt.LoadedModel, checks: list[int]
 ) -> None:
-    # Rotating objects are kept for reuse only now and then (every 16th miss): each call must
-    # still see its own input.
     y = Tensor((N,), "float32")
     xs = [Tensor.from_buffer(_x(i)) for i in range(3)]
-    for i in range(40):
-        model.run({"x": xs[i % 3]}, outputs={"y": y})
+    request = model.request(outputs={"y": y})
+    for i in range(40):  # a new input each run: each must see its own
+        request.set_input("x", xs[i % 3])
+        request.run()
         assert np.all(y.numpy() == i % 3 + 1)
     assert len(checks) == 40
-    for _ in range(20):  # the same again: reused from the next kept call on
-        model.run({"x": xs[0]}, outputs={"y": y})
+    request.set_input("x", xs[0])
+    for _ in range(20):  # the same again: bound at its second run
+        request.run()
         assert np.all(y.numpy() == 1)
-    assert len(checks) < 40 + 20
+    assert len(checks) == 40 + 2
 
 
-def test_reuse_keeps_no_tensor_alive(model: crossrt.LoadedModel) -> None:
+def test_a_bound_request_keeps_no_tensor_alive(model: crossrt.LoadedModel) -> None:
     x = Tensor.from_buffer(_x())
     y = Tensor((N,), "float32", owner=model)
-    model.run({"x": x}, outputs={"y": y})
-    model.run({"x": x}, outputs={"y": y})
-    assert model.memory_stats().bytes_in_use == 4 * N
-    del y
+    request = bound(model, {"x": x}, {"y": y})
+    assert model.memory.stats().bytes_in_use == 4 * N
+    del y, request
     gc.collect()
-    assert model.memory_stats().bytes_in_use == 0  # the tensor was freed: its memory too
+    assert model.memory.stats().bytes_in_use == 0  # the tensor was freed: its memory too
 
 
-def test_an_unloaded_model_refuses_a_repeated_call(model: crossrt.LoadedModel) -> None:
+def test_an_unloaded_model_refuses_a_bound_request(model: crossrt.LoadedModel) -> None:
     x, y = Tensor.from_buffer(_x()), Tensor((N,), "float32")
-    model.run({"x": x}, outputs={"y": y})
+    request = bound(model, {"x": x}, {"y": y})
     model.unload()
     with pytest.raises(InvalidHandleError, match="was unloaded"):
-        model.run({"x": x}, outputs={"y": y})
+        request.run()
 
 
 @pytest.mark.parametrize("load", [{"check_numerics": True}, {"exec_timeout": 60.0}])
@@ -192,14 +209,15 @@ def test_repeated_calls_keep_what_wraps_the_engine(load: dict[str, Any]) -> None
     with crossrt.Runtime() as rt:
         model = rt.load(add_one(N), "cpu", driver="onnxruntime", **load)
         x, y = Tensor.from_buffer(_x()), Tensor((N,), "float32")
+        request = model.request({"x": x}, {"y": y})
         for value in (1.0, 2.0, 3.0):
             x.numpy()[:] = value
-            model.run({"x": x}, outputs={"y": y})
+            request.run()
             assert np.all(y.numpy() == value + 1)
         if load.get("check_numerics"):
-            x.numpy()[0] = np.nan  # the numerics check still runs on a reused call
+            x.numpy()[0] = np.nan  # the numerics check still runs on a bound run
             with pytest.raises(crossrt.CrossrtError, match="non-finite"):
-                model.run({"x": x}, outputs={"y": y})
+                request.run()
 
 
 def test_each_instance_runs_its_own_binding() -> None:
@@ -209,12 +227,13 @@ def test_each_instance_runs_its_own_binding() -> None:
         feed, outs = {"x": x}, {"y": y}
         start = threading.Barrier(2)
         failures: list[BaseException] = []
+        request = bound(model, feed, outs)
 
         def calls() -> None:
             start.wait(timeout=60)
             try:
                 for _ in range(50):  # both threads at once: each on an idle instance
-                    assert model.run(feed, outputs=outs) == {"y": y}
+                    assert request.run() == {"y": y}
             except BaseException as exc:  # reported by the main thread
                 failures.append(exc)
 
@@ -224,4 +243,4 @@ def test_each_instance_runs_its_own_binding() -> None:
         for thread in threads:
             thread.join(timeout=120)
         assert not failures and np.all(y.numpy() == 5)
-        assert model._binder._last is not None and 1 <= len(model._binder._last.calls) <= 2
+        assert request._binding is not None and 1 <= len(request._binding.calls) <= 2

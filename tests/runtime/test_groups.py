@@ -1,4 +1,4 @@
-"""Core groups (start/stop, one running, destroy), requests, run_repeat and numerics checks."""
+"""Core groups (start/stop, one running, destroy), requests, Request.repeat and numerics checks."""
 
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def test_implicit_groups_come_and_go_with_their_model(
     other = rt.load(tiny_exe)  # implicit groups may share cores: the CPU is time-shared
     assert len(rt.core_groups) == 2
     model.unload()
-    assert rt.core_groups == [other.group]
+    assert rt.core_groups == [other.instances.group]
     other.unload()
     assert rt.core_groups == []
 
@@ -139,10 +139,10 @@ def test_run_repeat_feeds_outputs_back(rt: crossrt.Runtime) -> None:
     x = b.input("x", "float32", [3])
     b.output(b.op("Add", [x, b.constant(np.ones(3, np.float32))], outputs=["next"]))
     model = rt.load(b.finish())
-    result = model.run_repeat({"x": np.zeros(3, np.float32)}, 5, feedback={"next": "x"})
+    result = model.request({"x": np.zeros(3, np.float32)}).repeat(5, feedback={"next": "x"})
     np.testing.assert_array_equal(result["next"], np.full(3, 5, np.float32))
     with pytest.raises(crossrt.InvalidArgumentError):
-        model.run_repeat({"x": np.zeros(3, np.float32)}, 2, feedback={"nope": "x"})
+        model.request({"x": np.zeros(3, np.float32)}).repeat(2, feedback={"nope": "x"})
 
 
 def log_model() -> crossrt.Model:
@@ -173,6 +173,6 @@ def test_check_numerics_from_the_environment(
 ) -> None:
     monkeypatch.setenv("CROSSRT_CHECK_NUMERICS", "1")
     model = rt.load(crossrt.compile(log_model()))
-    assert model.check_numerics
+    assert model.instances.check_numerics
     with pytest.raises(crossrt.ExecutionError):
         model.run({"x": np.zeros(3, np.float32)})

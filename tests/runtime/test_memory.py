@@ -78,22 +78,22 @@ def test_bad_sizes_are_invalid(size: Any) -> None:
 def test_budget_exceeded_names_the_model_the_request_and_what_is_left() -> None:
     with crossrt.Runtime() as rt:
         model = rt.load(add_one(256), "cpu")
-        model.set_memory_budget(1000)
-        assert model.memory_budget == 1000
+        model.memory.set_budget(1000)
+        assert model.memory.budget == 1000
         kept = Tensor((150,), "float32", owner=model)  # 600 bytes
         with pytest.raises(OutOfResourcesError) as info:
             Tensor((128,), "float32", name="extra", owner=model)  # 512 more
         err = info.value
         assert err.code is StatusCode.RESOURCE
         assert "model 'add_one'" in err.message and "'extra' (512 bytes)" in err.message
-        assert "400 are left" in err.message and "set_memory_budget" in err.message
+        assert "400 are left" in err.message and "memory.set_budget" in err.message
         assert err.details["requested"] == 512 and err.details["available"] == 400
-        stats = model.memory_stats()
+        stats = model.memory.stats()
         assert (stats.bytes_in_use, stats.allocations, stats.budget_bytes) == (600, 1, 1000)
         kept.free()
-        assert model.memory_stats().bytes_in_use == 0
+        assert model.memory.stats().bytes_in_use == 0
         Tensor((250,), "float32", owner=model).free()  # fits now
-        model.set_memory_budget(None)
+        model.memory.set_budget(None)
         Tensor((1000,), "float32", owner=model).free()
 
 
@@ -187,20 +187,20 @@ def test_runtime_memory_stats_show_devices_and_models() -> None:
         host = Tensor((8,), "float32", placement=Placement.HOST)
         stats = rt.memory_stats()
         assert {"cpu:0", "host"} <= set(stats)
-        assert model.memory_owner in stats["cpu:0"].owners
+        assert model.memory.owner in stats["cpu:0"].owners
         result = model.run({"x": np.zeros(256, np.float32)}, outputs={"y": None})
         stats = rt.memory_stats()
-        assert stats["cpu:0"].owners[model.memory_owner].bytes_in_use == 1024
+        assert stats["cpu:0"].owners[model.memory.owner].bytes_in_use == 1024
         assert stats["host"].bytes_in_use >= 32
         json.dumps({k: v.to_dict() for k, v in stats.items()})
         result["y"].free()
         host.free()
-        assert rt.memory_stats()["cpu:0"].owners[model.memory_owner].bytes_in_use == 0
+        assert rt.memory_stats()["cpu:0"].owners[model.memory.owner].bytes_in_use == 0
         kept = model.run({"x": np.zeros(256, np.float32)}, outputs={"y": None})["y"]
         model.unload()
-        assert model.memory_owner in allocator.all_stats()["cpu:0"].owners
+        assert model.memory.owner in allocator.all_stats()["cpu:0"].owners
         kept.free()  # the unloaded model's account goes with its last tensor
-        assert model.memory_owner not in allocator.all_stats()["cpu:0"].owners
+        assert model.memory.owner not in allocator.all_stats()["cpu:0"].owners
 
 
 def test_copied_bytes_counts_only_runtime_copies() -> None:

@@ -167,4 +167,4 @@ def test_copies_between_host_and_device_memory_are_drawn(rt: crossrt.Runtime) ->
         "host to device",
         "device to host",
     }
-    assert model.transfers.spans is None  # stopped
+    assert model.memory.transfers.spans is None  # stopped

@@ -270,7 +270,7 @@ def test_memmap_of_right_dtype_runs(tmp_path, loaded):
 
 
 def test_tensor_info(loaded):
-    infos = loaded.tensor_info()
+    infos = loaded.tensors.info()
     assert [(i.name, i.usage) for i in infos] == [
         ("image", "input"),
         ("count", "input"),
@@ -295,7 +295,7 @@ def test_tensor_info_of_scalar_and_bytes_sizes():
     b.output(b.op("Identity", [s]))
     b.output(b.op("Identity", [h]))
     with crossrt.Runtime() as rt:
-        infos = {i.name: i for i in rt.load(b.finish()).tensor_info()}
+        infos = {i.name: i for i in rt.load(b.finish()).tensors.info()}
     assert infos["s"].shape == () and infos["s"].size == 8
     assert infos["h"].size == 4 * 5 * 2
 

@@ -187,8 +187,8 @@ def test_instances_use_disjoint_cores_and_that_many_threads(rt: crossrt.Runtime)
     exe = crossrt.compile(tiny())
     cores = len(rt.cores)
     model = rt.load(exe, instances=cores, cores_per_instance=1)
-    assert model.instance_count == cores
-    assert model.instance_cores == [(i,) for i in range(cores)]
+    assert len(model.instances) == cores
+    assert model.instances.cores == [(i,) for i in range(cores)]
     for program in model._programs:
         assert program.session.get_session_options().intra_op_num_threads == 1
     whole = rt.load(exe)
@@ -298,15 +298,15 @@ def test_exec_timeout_from_the_environment(
     rt: crossrt.Runtime, monkeypatch: pytest.MonkeyPatch, tiny_exe: crossrt.Executable
 ) -> None:
     monkeypatch.setenv("CROSSRT_EXEC_TIMEOUT", "2.5")
-    assert rt.load(tiny_exe).exec_timeout == 2.5
-    assert rt.load(tiny_exe, exec_timeout=1).exec_timeout == 1
+    assert rt.load(tiny_exe).instances.exec_timeout == 2.5
+    assert rt.load(tiny_exe, exec_timeout=1).instances.exec_timeout == 1
     with pytest.raises(crossrt.InvalidArgumentError):
         rt.load(tiny_exe, exec_timeout=-1)
     monkeypatch.setenv("CROSSRT_EXEC_TIMEOUT", "soon")
     with pytest.raises(crossrt.InvalidOptionError):
         rt.load(tiny_exe)
     monkeypatch.setenv("CROSSRT_EXEC_TIMEOUT", "0")
-    assert rt.load(tiny_exe).exec_timeout is None
+    assert rt.load(tiny_exe).instances.exec_timeout is None
 
 
 def test_nodes_of_different_requests_overlap_in_the_pipeline(rt: crossrt.Runtime) -> None:
@@ -460,7 +460,7 @@ def test_a_worker_waits_for_the_instance_a_run_holds(
     gated.gate.set()
     np.testing.assert_array_equal(queued.result(WAIT)["y"], want)
     inline.join(WAIT)
-    assert gated.calls == 2 and list(model._scheduler.idle) == list(model._instances)
+    assert gated.calls == 2 and list(model._scheduler.line.idle) == list(model._instances)
 
 
 def test_callers_in_a_loop_share_one_instance_fairly(rt: crossrt.Runtime) -> None:
@@ -564,9 +564,9 @@ def test_run_callers_in_line_for_an_instance_fail_at_once_on_unload(
     for t in waiting:
         t.start()
     deadline = time.monotonic() + WAIT
-    while len(model._scheduler.waiting) < 2 and time.monotonic() < deadline:
+    while len(model._scheduler.line.waiting) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert len(model._scheduler.waiting) == 2
+    assert len(model._scheduler.line.waiting) == 2
     unloading = threading.Thread(target=model.unload)
     unloading.start()
     for t in waiting:

@@ -89,23 +89,23 @@ def test_tensor_set_outputs_are_filled_by_the_runtime(rt: crossrt.Runtime) -> No
     assert (y.placement, y.device, y.shape) == (Placement.DEVICE, "cpu:0", (N,))
     assert np.array_equal(y.numpy(), _x() + 1)
     assert copied_bytes() == before  # the engine's result is adopted, not copied
-    assert model.memory_stats().bytes_in_use == 4 * N
+    assert model.memory.stats().bytes_in_use == 4 * N
     model.run({"x": _x()}, outputs=outs)  # reused: written in place this time
     assert outs["y"] is y
     y.free()
-    assert model.memory_stats().bytes_in_use == 0
+    assert model.memory.stats().bytes_in_use == 0
 
 
 def test_none_asks_the_runtime_to_allocate(rt: crossrt.Runtime, driver: str) -> None:
     model = rt.load(add_one(N), "cpu", driver=driver)
     y = model.run({"x": _x()}, outputs={"y": None})["y"]
     assert isinstance(y, Tensor) and np.array_equal(y.numpy(), _x() + 1)
-    assert model.memory_stats().allocations == 1
+    assert model.memory.stats().allocations == 1
 
 
 def test_runtime_allocation_respects_the_model_budget(rt: crossrt.Runtime) -> None:
     model = rt.load(add_one(N), "cpu")
-    model.set_memory_budget(N)  # a quarter of the output
+    model.memory.set_budget(N)  # a quarter of the output
     with pytest.raises(OutOfResourcesError, match=r"model 'add_one' cannot allocate 'y'"):
         model.run({"x": _x()}, outputs={"y": None})
 
@@ -187,28 +187,28 @@ def test_dynamic_output_allocated_by_the_runtime(rt: crossrt.Runtime) -> None:
 def test_output_shapes_are_per_thread(rt: crossrt.Runtime) -> None:
     model = rt.load(add_one("N"), "cpu")
     with pytest.raises(OperationForbiddenError, match="has not run it yet"):
-        model.output_shapes()
+        model.tensors.output_shapes()
     model.run({"x": np.ones(3, np.float32)})
-    assert model.output_shapes() == {"y": (3,)}
+    assert model.tensors.output_shapes() == {"y": (3,)}
     seen: dict[str, object] = {}
 
     def other() -> None:
         try:
-            model.output_shapes()
+            model.tensors.output_shapes()
         except OperationForbiddenError:
             seen["before"] = "refused"
         model.run({"x": np.ones(5, np.float32)}, outputs={"y": None})
-        seen["after"] = model.output_shapes()
+        seen["after"] = model.tensors.output_shapes()
 
     thread = threading.Thread(target=other)
     thread.start()
     thread.join(timeout=60)
     assert seen == {"before": "refused", "after": {"y": (5,)}}
-    assert model.output_shapes() == {"y": (3,)}
+    assert model.tensors.output_shapes() == {"y": (3,)}
 
 
 def test_static_output_shapes_need_no_run(rt: crossrt.Runtime) -> None:
-    assert rt.load(add_one(N), "cpu").output_shapes() == {"y": (N,)}
+    assert rt.load(add_one(N), "cpu").tensors.output_shapes() == {"y": (N,)}
 
 
 # -- input dimension ranges -----------------------------------------------------------------
@@ -233,14 +233,14 @@ def _dynamic_proto(ranges: str | None) -> onnx.ModelProto:
 
 def test_dim_ranges_default_from_the_shapes(rt: crossrt.Runtime) -> None:
     model = rt.load(_dynamic_proto(None), "cpu")
-    assert model.input_dim_ranges() == {"a": ((1, None), (3, 3)), "b": ((1, 1), (3, 3))}
+    assert model.tensors.dim_ranges() == {"a": ((1, None), (3, 3)), "b": ((1, 1), (3, 3))}
 
 
 @pytest.mark.parametrize("driver", DRIVERS)
 def test_dim_ranges_declared_in_metadata(rt: crossrt.Runtime, driver: str) -> None:
     ranges = json.dumps({"a": [[2, 64], [3, 3]]})
     model = rt.load(_dynamic_proto(ranges), "cpu", driver=driver)
-    assert model.input_dim_ranges() == {"a": ((2, 64), (3, 3)), "b": ((1, 1), (3, 3))}
+    assert model.tensors.dim_ranges() == {"a": ((2, 64), (3, 3)), "b": ((1, 1), (3, 3))}
 
 
 def test_dim_ranges_survive_the_offline_file(rt: crossrt.Runtime, tmp_path: Path) -> None:
@@ -249,7 +249,7 @@ def test_dim_ranges_survive_the_offline_file(rt: crossrt.Runtime, tmp_path: Path
     path = tmp_path / "m.crm"
     crossrt.compile(crossrt.load_model(_dynamic_proto(ranges)), "cpu").save(path)
     model = rt.load(crossrt.load_executable(path))
-    assert model.input_dim_ranges()["a"] == ((2, 64), (3, 3))
+    assert model.tensors.dim_ranges()["a"] == ((2, 64), (3, 3))
 
 
 @pytest.mark.parametrize(
@@ -265,7 +265,7 @@ def test_dim_ranges_survive_the_offline_file(rt: crossrt.Runtime, tmp_path: Path
 def test_bad_dim_range_declarations(rt: crossrt.Runtime, ranges: str, message: str) -> None:
     model = rt.load(_dynamic_proto(ranges), "cpu")
     with pytest.raises(InvalidModelError, match=message):
-        model.input_dim_ranges()
+        model.tensors.dim_ranges()
 
 
 # -- reusing an ONNX Runtime binding ---------------------------------------------------------

@@ -77,7 +77,7 @@ def _crowd(
         t.start()
     scheduler = model._scheduler
     _until(
-        lambda: len(scheduler.waiting) == threads - 1,
+        lambda: len(scheduler.line.waiting) == threads - 1,
         "the other callers in line for the instance",
     )
     return outcomes, started, gated.gate
@@ -87,7 +87,7 @@ def _crowd(
 def test_closing_wakes_every_thread_waiting_in_run(how: str) -> None:
     rt = crossrt.Runtime()
     model = rt.load(crossrt.compile(tiny()))
-    assert model.instance_count == 1
+    assert len(model.instances) == 1
     outcomes, threads, long_run = _crowd(model)
     closer = threading.Thread(target=model.unload if how == "unload" else rt.close)
     closer.start()

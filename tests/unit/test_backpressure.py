@@ -47,7 +47,7 @@ def test_gather_of_more_infers_than_the_queue_holds_runs_them_all(
 ) -> None:
     # The issue: 8 infer() on a model of 2 instances failed at once with QUEUE_FULL.
     model = rt.load(tiny_exe, instances=min(2, len(rt.cores)))
-    assert model.queue_depth < 8
+    assert model.instances.queue_depth < 8
     want = [model.run({"x": x(i)})["y"] for i in range(8)]
 
     async def main() -> list[dict[str, np.ndarray]]:
@@ -219,7 +219,7 @@ def test_infer_on_a_staged_model_goes_to_each_stage_and_waits_there(
     exe = crossrt.compile(b.finish(), stages=[{"x": [1, 3]}, {"x": [4, 3]}])
     model = rt.load(exe, cores=1)
     feeds = [np.full((1 if i % 2 else 4, 3), i - 6, np.float32) for i in range(12)]
-    assert model.queue_depth < 6  # each stage gets 6 requests: more than its queue holds
+    assert model.instances.queue_depth < 6  # each stage gets 6 requests: more than its queue holds
 
     async def main() -> list[dict[str, np.ndarray]]:
         return await asyncio.gather(*(model.infer({"x": f}) for f in feeds))

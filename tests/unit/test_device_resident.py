@@ -1,7 +1,7 @@
 """Device-resident data through the runtime, on the ``sim`` accelerator (its own memory).
 
 The runtime moves a value only where a program wants it elsewhere, and counts each move per
-model and direction (``LoadedModel.transfer_stats``):
+model and direction (``LoadedModel.memory.transfer_stats``):
 
 - inputs and outputs resident on the model's device: nothing moves;
 - host inputs: one host -> device copy per input; host outputs: one device -> host per output;
@@ -49,11 +49,11 @@ def test_host_inputs_copy_each_input_in_and_each_output_out_once(loaded) -> None
     assert isinstance(out["y"], np.ndarray)
     np.testing.assert_array_equal(out["y"], feed["x"] * 2)
     np.testing.assert_array_equal(out["z"], feed["x"] * 2 + 1)
-    stats = loaded.transfer_stats()
+    stats = loaded.memory.transfer_stats()
     assert stats.host_to_device_copies == 2 and stats.host_to_device_bytes == 2 * N * 4
     assert stats.device_to_host_copies == 2 and stats.device_to_host_bytes == 2 * N * 4
     assert stats.device_to_device_copies == 0
-    assert loaded.stats()["transfers"]["host_to_device_bytes"] == 2 * N * 4
+    assert loaded.memory.summary()["transfers"]["host_to_device_bytes"] == 2 * N * 4
 
 
 def test_resident_inputs_and_outputs_move_nothing(loaded) -> None:
@@ -64,7 +64,7 @@ def test_resident_inputs_and_outputs_move_nothing(loaded) -> None:
     for _ in range(3):  # the first run binds, the next ones repeat the binding
         result = loaded.run(feed, outputs=outputs)
         assert result["y"] is outputs["y"] and result["z"] is outputs["z"]
-    assert loaded.transfer_stats() == TransferStats()
+    assert loaded.memory.transfer_stats() == TransferStats()
     assert not outputs["z"].is_host  # still in sim:3's memory
     np.testing.assert_array_equal(outputs["z"].numpy(), _host_inputs()["x"] * 2 + 1)
 
@@ -75,13 +75,13 @@ def test_outputs_left_to_the_runtime_stay_on_the_device(loaded) -> None:
         feed[name].write(array)
     result = loaded.run(feed, outputs={"y": None, "z": None})
     assert result["z"].device == "sim:3" and not result["z"].is_host
-    assert loaded.transfer_stats().device_to_host_bytes == 0
-    assert loaded.transfer_stats().host_to_device_bytes == 0
+    assert loaded.memory.transfer_stats().device_to_host_bytes == 0
+    assert loaded.memory.transfer_stats().host_to_device_bytes == 0
     np.testing.assert_array_equal(result["y"].numpy(), _host_inputs()["x"] * 2)
-    assert loaded.memory_stats().allocations == 2  # charged to the model until freed
+    assert loaded.memory.stats().allocations == 2  # charged to the model until freed
     result["y"].free()
     result["z"].free()
-    assert loaded.memory_stats().allocations == 0
+    assert loaded.memory.stats().allocations == 0
 
 
 def test_a_buffer_on_another_device_is_refused(loaded) -> None:
@@ -103,7 +103,7 @@ def test_a_cpu_model_copies_a_device_tensor_to_the_host_and_counts_it() -> None:
         model = rt.load(_model(), "cpu")
         out = model.run({"x": x, "w": w})
         np.testing.assert_array_equal(out["y"], w)
-        stats = model.transfer_stats()
+        stats = model.memory.transfer_stats()
     assert stats.device_to_host_copies == 1 and stats.device_to_host_bytes == N * 4
     assert stats.host_to_device_bytes == 0
 
@@ -112,4 +112,4 @@ def test_queued_runs_on_the_device_return_host_arrays(loaded) -> None:
     futures = [loaded.run_async(_host_inputs()) for _ in range(4)]
     for future in futures:
         np.testing.assert_array_equal(future.result()["y"], _host_inputs()["x"] * 2)
-    assert loaded.transfer_stats().device_to_host_copies == 8
+    assert loaded.memory.transfer_stats().device_to_host_copies == 8

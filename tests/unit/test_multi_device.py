@@ -37,8 +37,8 @@ def test_linked_devices_each_get_their_instances(
     rt: crossrt.Runtime, exe: crossrt.Executable
 ) -> None:
     model = rt.load(exe, ["sim:0", "sim:1"], instances=2, cores_per_instance=1)
-    assert model.instance_devices == ["sim:0", "sim:0", "sim:1", "sim:1"]
-    assert model.instance_cores == [(0,), (1,), (0,), (1,)]
+    assert model.instances.devices == ["sim:0", "sim:0", "sim:1", "sim:1"]
+    assert model.instances.cores == [(0,), (1,), (0,), (1,)]
     assert model.device.id == "sim:0"
     results: list[np.ndarray] = []
 
@@ -55,7 +55,7 @@ def test_linked_devices_each_get_their_instances(
     for result in results:
         (value,) = result.values()
         np.testing.assert_array_equal(value, np.maximum(X, 0))
-    moved = model.transfer_stats()
+    moved = model.memory.transfer_stats()
     assert moved.host_to_device_copies == 80 and moved.device_to_host_copies == 80
     assert moved.host_to_device_bytes == 80 * X.nbytes
 
@@ -64,7 +64,7 @@ def test_devices_reached_through_the_others_are_linked(
     rt: crossrt.Runtime, exe: crossrt.Executable
 ) -> None:
     model = rt.load(exe, ["sim:0", "sim:1", "sim:5"])  # sim:5 through sim:1
-    assert model.instance_devices == ["sim:0", "sim:1", "sim:5"]
+    assert model.instances.devices == ["sim:0", "sim:1", "sim:5"]
     (value,) = model.run({"x": X}).values()
     np.testing.assert_array_equal(value, np.maximum(X, 0))
 
@@ -87,7 +87,7 @@ def test_a_list_of_devices_is_distinct_and_not_empty(
 
 def test_a_list_of_one_device_is_that_device(rt: crossrt.Runtime, exe: crossrt.Executable) -> None:
     model = rt.load(exe, ["sim:3"])
-    assert model.device.id == "sim:3" and model.instance_devices == ["sim:3"]
+    assert model.device.id == "sim:3" and model.instances.devices == ["sim:3"]
 
 
 def test_a_model_compiled_for_another_kind_is_refused_on_a_list(

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from ..compiler import Executable
 from ..errors import InvalidArgumentError
 from ..model import TensorSpec
 
@@ -91,6 +92,18 @@ def why_not_batchable(
                     "export the model with a dynamic batch dimension"
                 )
     return None
+
+
+def refuse_unbatchable(name: str, executable: Executable, batching: Batching) -> None:
+    """Raise INVALID_ARGUMENT when model ``name`` (``executable``) cannot be batched."""
+    why = why_not_batchable(
+        executable.inputs, executable.outputs, len(executable.nodes), bool(executable.stages)
+    )
+    if why is not None:
+        raise InvalidArgumentError(
+            f"model {name!r} cannot be batched: {why}; load it without max_batch_size",
+            details={"max_batch_size": batching.max_size},
+        )
 
 
 def batch_key(feed: dict[str, Any]) -> tuple[Any, int] | None:

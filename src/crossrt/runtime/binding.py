@@ -12,12 +12,12 @@ allocates (``bmrt_launch_tensor``'s ``user_mem`` semantics).
   engine's result becomes a tensor charged to the model's memory budget, without a copy.
   The caller keeps it, reuses it in later runs, or frees it.
 
-A call that passes the same inputs and output tensors as the last one, unchanged, skips the
-checks (:meth:`OutputBinder.reuse`) and runs the :class:`Binding` the runtime keeps for the
-caller: each instance's program bound once to those tensors (:meth:`Program.bind`). The caller
-of a bound loop pays for the checks and the binding once, as a caller of ONNX Runtime's
-IOBinding binds once. This is the only place calls are remembered: drivers keep no cache of
-their own.
+A bound request (:class:`~crossrt.runtime.request.Request`, ``model.request(inputs,
+outputs)``) is checked once: :meth:`OutputBinder.bind` makes its :class:`Binding`, each
+instance's program bound once to those tensors (:meth:`Instance.bind`), and the request runs
+that binding while what it holds is unchanged (:meth:`Binding.holds`), as a caller of ONNX
+Runtime's IOBinding binds once. A ``run(inputs, outputs)`` is checked every call. This is
+the only place calls are prepared for repeating: drivers keep no cache of their own.
 """
 
 from __future__ import annotations
@@ -43,10 +43,9 @@ from .memory.tensorset import TensorSet
 from .memory.transfer import H2D, Transfers, device_array, release, release_made, to_host
 
 if TYPE_CHECKING:
-    from .scheduler import Instance
+    from .instance import Instance
 
 _BOUND, _COPY, _ALLOCATE = 0, 1, 2
-_PROBE = 16  # how often calls whose objects keep changing are still kept for reuse
 
 # Per input then per output of a checked call: (name, host view of a tensor, None) or (name,
 # array, (shape, dtype)).
@@ -54,8 +53,8 @@ _Kept = tuple[str, np.ndarray, tuple[tuple[int, ...], np.dtype[Any]] | None]
 
 
 class Binding:
-    """Checked inputs and outputs bound in place, kept for :meth:`OutputBinder.reuse`, with
-    each instance's prepared call.
+    """A bound request's checked inputs and outputs, bound in place, with each instance's
+    prepared call.
 
     Attributes:
         feed: the inputs as the checks passed them to the engine.
@@ -78,17 +77,46 @@ class Binding:
         self.bound = bound
         self.calls: dict[Instance, Callable[[], Any]] = {}
 
-    def call_on(self, inst: Instance, direct: bool) -> Callable[[], Any]:
+    def holds(self, inputs: dict[str, Any], outputs: dict[str, Any]) -> bool:
+        """Whether ``inputs`` and ``outputs`` (the request's) are still what was checked.
+
+        A tensor's host view is made by that tensor alone and replaced whenever its dtype,
+        shape or memory change (``set_shape``, ``attach_buffer``, ``detach``, ``free``): the
+        same view means the same tensor, which the checks would pass again and bind to the
+        same bytes. An array is the same object with the same shape and dtype (both can be
+        set in place).
+        """
+        if (len(inputs), len(outputs)) != self.sizes:
+            return False
+        kept = self.kept
+        # Written out by hand, not zipped: this runs on every bound call.
+        i = 0
+        for given in (inputs, outputs):
+            for name, value in given.items():
+                was, same, array = kept[i]
+                if array is None:
+                    if type(value) is not Tensor or value._view is not same:
+                        return False
+                elif value is not same or value.shape != array[0] or value.dtype is not array[1]:
+                    return False
+                if name != was:
+                    return False
+                i += 1
+        return True
+
+    def call_on(
+        self, inst: Instance, execute: Callable[..., Any], direct: bool
+    ) -> Callable[[], Any]:
         """The call that runs this binding on ``inst``, prepared on first use: where
-        ``inst.call`` is its single program with nothing around it (``direct``), the
-        program's own binding (:meth:`Program.bind`); else the instance's call on these
-        arrays."""
+        ``execute`` (what a run calls on ``inst``) is its single program with nothing around
+        it (``direct``), the program's own binding (:meth:`Instance.bind`); else
+        ``execute`` on these arrays."""
         call = self.calls.get(inst)
         if call is None:
             if direct:
-                call = inst.programs[0].bind(self.feed, self.bound)
+                call = inst.bind(self.feed, self.bound)
             else:
-                call = functools.partial(inst.call, self.feed, self.bound)
+                call = functools.partial(execute, self.feed, self.bound)
             self.calls[inst] = call
         return call
 
@@ -128,71 +156,53 @@ class OutputBinder:
                 shape = tuple(d for d in s.shape or () if isinstance(d, int))
                 nbytes = math.prod(shape) * s.dtype.itemsize
                 self._static[s.name] = (shape, nbytes)
-        self._last: Binding | None = None
-        self._misses = 0  # checked calls since the last reuse
-
-    def reuse(self, inputs: Any, outputs: Any) -> Binding | None:
-        """The last checked call when this one passes the same objects under the same names,
-        none changed since; else ``None`` (check them).
-
-        A tensor's host view is made by that tensor alone and replaced whenever its dtype,
-        shape or memory change (``set_shape``, ``attach_buffer``, ``detach``, ``free``): the
-        same view means the same tensor, which the checks would pass again and bind to the
-        same bytes. An array is the same object with the same shape and dtype (both can be
-        set in place). Only plain dicts of arrays and host tensors in, tensors bound in place
-        out, are kept (see :meth:`_checked`). Its dicts are shared: read them only.
-        """
-        last = self._last
-        if (
-            last is None
-            or type(outputs) is not dict
-            or type(inputs) is not dict
-            or (len(inputs), len(outputs)) != last.sizes
-        ):
-            return None
-        kept = last.kept
-        # Written out by hand, not zipped: this runs on every bound call.
-        i = 0
-        for given in (inputs, outputs):
-            for name, value in given.items():
-                was, same, array = kept[i]
-                if array is None:
-                    if type(value) is not Tensor or value._view is not same:
-                        return None
-                elif value is not same or value.shape != array[0] or value.dtype is not array[1]:
-                    return None
-                if name != was:
-                    return None
-                i += 1
-        if self._misses:
-            self._misses = 0
-        return last
-
-    def forget(self) -> None:
-        """Drop the last checked call (and the arrays it holds)."""
-        self._last = None
 
     def run(
-        self,
-        execute: Callable[..., dict[str, Any]],
-        feed: dict[str, Any],
-        outputs: Any,
-        inputs: Any = None,
+        self, execute: Callable[..., dict[str, Any]], feed: dict[str, Any], outputs: Any
     ) -> Any:
-        """Run ``execute`` with ``outputs`` bound; return the results (the set, for a set).
-
-        With ``inputs`` (what the caller passed, before :meth:`InputChecker.check` made
-        ``feed`` of it), a call that :meth:`reuse` can repeat is kept for it.
-        """
+        """Run ``execute`` with ``outputs`` bound; return the results (the set, for a set)."""
         if type(outputs) is dict:  # all arrays: the path as it was before tensors, kept fast
             for value in outputs.values():
                 if type(value) is not np.ndarray:
                     break
             else:
                 arrays = self._checker.check_outputs(outputs, self._by_name)
-                if inputs is not None:
-                    self._keep(inputs, feed, outputs, arrays, [])
                 return self._execute(execute, feed, arrays)
+        bound, after, is_set = self._prepare(outputs)
+        # A resident model's plain call returns host arrays: pass the (maybe empty) bindings.
+        result = self._execute(execute, feed, bound) if bound or self._resident else execute(feed)
+        for spec, how, tensor in after:
+            if how == _BOUND:
+                result[spec.name] = tensor
+            elif how == _COPY:
+                assert tensor is not None
+                result[spec.name] = self._copy_into(spec, tensor, result[spec.name])
+            else:
+                result[spec.name] = self._adopt(spec, result[spec.name])
+        if not is_set:
+            return result
+        assert isinstance(outputs, TensorSet)
+        for name, value in result.items():
+            outputs.add(name, value)
+        return outputs
+
+    def bind(self, inputs: Any, feed: dict[str, Any], outputs: Any) -> Binding | None:
+        """A :class:`Binding` of a request's ``inputs`` (``feed``: as the checks passed them)
+        and ``outputs``, checked now; ``None`` when it cannot be repeated as it is (see
+        :meth:`_checked`): such a request is checked on every run."""
+        if type(outputs) is not dict:
+            return None
+        if all(type(value) is np.ndarray for value in outputs.values()):
+            arrays = self._checker.check_outputs(outputs, self._by_name)
+            return self._checked(inputs, feed, outputs, arrays, [])
+        bound, after, _ = self._prepare(outputs)
+        return self._checked(inputs, feed, outputs, bound, after)
+
+    def _prepare(
+        self, outputs: Any
+    ) -> tuple[dict[str, np.ndarray], list[tuple[TensorSpec, int, Tensor | None]], bool]:
+        """``outputs`` checked: the arrays to bind, what to do with each output after the
+        run (bound, copied in, allocated), and whether they are a :class:`TensorSet`."""
         # isinstance against the mapping ABCs costs ~0.5 µs each: a plain dict skips them.
         plain = type(outputs) is dict
         is_set = not plain and isinstance(outputs, TensorSet)
@@ -217,34 +227,16 @@ class OutputBinder:
                 bound.update(self._checker.check_outputs({name: value}, self._by_name))
         if is_set:
             after += [(s, _ALLOCATE, None) for s in self._specs if s.name not in outputs]
-        if inputs is not None and plain:
-            self._keep(inputs, feed, outputs, bound, after)
-        # A resident model's plain call returns host arrays: pass the (maybe empty) bindings.
-        result = self._execute(execute, feed, bound) if bound or self._resident else execute(feed)
-        for spec, how, tensor in after:
-            if how == _BOUND:
-                result[spec.name] = tensor
-            elif how == _COPY:
-                assert tensor is not None
-                result[spec.name] = self._copy_into(spec, tensor, result[spec.name])
-            else:
-                result[spec.name] = self._adopt(spec, result[spec.name])
-        if not is_set:
-            return result
-        assert isinstance(outputs, TensorSet)
-        for name, value in result.items():
-            outputs.add(name, value)
-        return outputs
+        return bound, after, is_set
 
     def _execute(
         self, execute: Callable[..., dict[str, Any]], feed: dict[str, Any], bound: dict[str, Any]
     ) -> dict[str, Any]:
-        """``execute`` into the arrays bound; when it fails, the binding is not kept for reuse
-        and an array of the wrong shape for a dynamic output is named (:meth:`_explain`)."""
+        """``execute`` into the arrays bound; when it fails, an array of the wrong shape for a
+        dynamic output is named (:meth:`_explain`)."""
         try:
             return execute(feed, bound)
         except Exception:
-            self._last = None
             self._explain(execute, feed, bound)
             raise
 
@@ -274,21 +266,6 @@ class OutputBinder:
         finally:
             release_made(made, None)  # device results nobody receives
 
-    def _keep(
-        self,
-        inputs: Any,
-        feed: dict[str, Any],
-        outputs: dict[str, Any],
-        bound: dict[str, Any],
-        after: list[tuple[TensorSpec, int, Tensor | None]],
-    ) -> None:
-        """Keep this call's binding for :meth:`reuse`. Objects that change every call (fresh
-        or rotating arrays) never match: after two misses in a row only every _PROBE-th call
-        is kept, so such callers pay for little more than the checks they always paid for."""
-        self._misses = misses = self._misses + 1
-        keep = misses <= 2 or misses % _PROBE == 0
-        self._last = self._checked(inputs, feed, outputs, bound, after) if keep else None
-
     def _checked(
         self,
         inputs: Any,
@@ -297,7 +274,7 @@ class OutputBinder:
         bound: dict[str, np.ndarray],
         after: list[tuple[TensorSpec, int, Tensor | None]],
     ) -> Binding | None:
-        """A binding for :meth:`reuse`, when every output is an array or a tensor bound in
+        """A binding for a bound request, when every output is an array or a tensor bound in
         place and every input an array or a host tensor that the engine reads where it lies."""
         if type(inputs) is not dict or len(outputs) != len(self._specs):
             return None  # a repeat returns exactly the outputs given: they must be all
@@ -441,7 +418,7 @@ def _wrong_shape(name: str, shape: tuple[int, ...], array: np.ndarray) -> Invali
         f"output {name!r} is {array.dtype} {want} in this run ({needed} bytes) but the array "
         f"given for it is {given} ({array.nbytes} bytes); pass an array of shape {want}, or "
         "None to let the runtime allocate it (a dynamic output's shape is known after the run: "
-        "model.output_shapes())",
+        "model.tensors.output_shapes())",
         details={"output": name, "needed": needed, "size": array.nbytes, "shape": list(shape)},
     )
 

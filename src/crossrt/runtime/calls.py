@@ -1,6 +1,7 @@
-"""The wrappers ``LoadedModel.run`` puts around a program call, only where a model needs them
-(the common case calls the program itself): results copied to the host, output shapes kept,
-an execution timeout."""
+"""What a model's runs call on an instance (:class:`Calls`), and the wrappers put around a
+program call only where a model needs them (the common case calls the program itself):
+results copied to the host, output shapes kept, an execution timeout, a deadline, a cancel
+token, the numerics check."""
 
 from __future__ import annotations
 
@@ -16,8 +17,86 @@ import numpy as np
 from ..drivers.base import CancelToken
 from ..errors import DeadlineExceededError
 from . import watchdog
+from .binding import OutputBinder
+from .instance import Instance
 from .memory.transfer import Transfers, release_made, to_host_results
-from .scheduler import Instance, late
+from .numerics import checking
+from .queued import late
+
+
+class Calls:
+    """What one model's runs call on its instances.
+
+    Args:
+        name: the model's name, for its errors.
+        inputs: how many inputs the model takes.
+        exec_timeout: seconds a run may take (``None``: no limit).
+        check_numerics: check each run's results for NaN and infinity.
+        transfers: where a resident model's copies to the host are counted (``None``: its
+            programs take host memory).
+        last: where each run's output shapes are kept per thread (``None``: its outputs are
+            static).
+        binder: binds and finishes the model's outputs.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        inputs: int,
+        exec_timeout: float | None,
+        check_numerics: bool,
+        transfers: Transfers | None,
+        last: threading.local | None,
+        binder: OutputBinder,
+    ) -> None:
+        self._name = name
+        self._inputs = inputs
+        self._limit = exec_timeout
+        self._numerics = check_numerics
+        self._transfers = transfers
+        self._last = last
+        self._binder = binder
+
+    def plain(
+        self, inst: Instance, deadline: float | None = None, cancel: CancelToken | None = None
+    ) -> Callable[..., dict[str, np.ndarray]]:
+        """What ``run()`` calls on an instance it holds: the program itself when nothing is
+        added, so the common case costs no extra Python call; with a ``deadline`` or a
+        ``cancel`` token, the run stopped then (made per call)."""
+        execute: Callable[..., dict[str, np.ndarray]]
+        if self._limit is None and deadline is None and cancel is None:
+            execute = inst.direct(self._inputs)  # run() maps what it raises
+        elif self._limit is None and deadline is None:
+            assert cancel is not None
+            execute = stoppable(inst, cancel)
+        else:
+            execute = timed(self._name, inst, self._limit, deadline, cancel)
+        if self._transfers is not None:
+            execute = on_host(execute, self._transfers)
+        if self._numerics:
+            execute = checking(self._name, execute)
+        return recording(execute, self._last) if self._last is not None else execute
+
+    def limited(
+        self, inst: Instance, deadline: float | None, cancel: CancelToken | None
+    ) -> Callable[..., dict[str, np.ndarray]]:
+        """:meth:`plain` with a ``deadline`` or a ``cancel`` token (made per call); TIMEOUT
+        when the deadline passed already."""
+        if deadline is not None and time.monotonic() >= deadline:
+            raise late(self._name, "its deadline passed before it could start")
+        return self.plain(inst, deadline, cancel)
+
+    def finish(
+        self, execute: Callable[..., dict[str, Any]], feed: dict[str, Any], outputs: Any
+    ) -> Any:
+        """A queued request's run in a worker (``execute``: the scheduler's call on the
+        instance it holds): outputs bound, results checked."""
+        if self._numerics:
+            execute = checking(self._name, execute)
+        if outputs is None or (not outputs and type(outputs) is dict):
+            result = execute(feed)
+            return to_host_results(result, self._transfers) if self._transfers else result
+        return self._binder.run(execute, feed, outputs)
 
 
 def on_host(

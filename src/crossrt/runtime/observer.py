@@ -224,19 +224,20 @@ def describe(model: LoadedModel) -> dict[str, Any]:
     """One loaded model as a snapshot shows it."""
     memory = None
     with contextlib.suppress(CrossrtError):
-        memory = dataclasses.asdict(model.memory_stats())
+        memory = dataclasses.asdict(model.memory.stats())
+    batching = model.instances.batching
     return {
         "name": model.name,
-        "load": model.memory_owner,  # one per load: a model loaded again is another
+        "load": model.memory.owner,  # one per load: a model loaded again is another
         "served_as": model.served_as,
         "device": model.device.id,
         "drivers": sorted({node.driver for node in model.executable.nodes}),
-        "instances": model.instance_count,
-        "cores": [list(c) for c in model.instance_cores],
-        "devices": model.instance_devices,
+        "instances": len(model.instances),
+        "cores": [list(c) for c in model.instances.cores],
+        "devices": model.instances.devices,
         "running": model.running,
-        "queue_depth": model.queue_depth,
-        "max_batch_size": model.batching.max_size if model.batching is not None else 0,
+        "queue_depth": model.instances.queue_depth,
+        "max_batch_size": batching.max_size if batching is not None else 0,
         "statistics": model.statistics().to_dict(),
         "memory": memory,
     }

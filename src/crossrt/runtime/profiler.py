@@ -128,7 +128,7 @@ class Profile:
             for inst in model._instances:
                 if len(inst.programs) > 1:
                     inst.trace = self._nodes[k]
-            model.transfers.spans = self._copies[k]  # a model with device memory copies
+            model.memory.transfers.spans = self._copies[k]  # a model with device memory copies
         return self
 
     def _tap(self, k: int) -> Any:
@@ -163,8 +163,8 @@ class Profile:
             for inst in model._instances:
                 if inst.trace is self._nodes[k]:
                     inst.trace = None
-            if model.transfers.spans is self._copies[k]:
-                model.transfers.spans = None
+            if model.memory.transfers.spans is self._copies[k]:
+                model.memory.transfers.spans = None
             self._failed[k] = statistics.snapshot().failure - self._failed_before[k]
         self._trace = self._build()
         if self.path is not None:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from ..cancel import CancelToken
     from ..model import TensorSpec
-    from .loaded import LoadedModel, TensorInfo
+    from .loaded import LoadedModel
     from .staged import StagedModel
     from .statistics import ModelStatistics
 
@@ -71,10 +71,6 @@ class RunnableModel(Protocol):
         self, inputs: Any, outputs: Any = None, *, deadline: float | None = None
     ) -> Any:
         """``await model.infer(inputs)``: :meth:`run_async` for asyncio."""
-        ...
-
-    def tensor_info(self) -> list[TensorInfo]:
-        """Inputs then outputs: name, usage, dtype, shape and size."""
         ...
 
     def statistics(self) -> ModelStatistics:

@@ -111,11 +111,11 @@ class Runtime:
 
     def memory_stats(self) -> dict[str, MemoryStats]:
         """Memory statistics per device (``nrt_get_vnc_memory_stats``): bytes in use, peak,
-        limit, and per loaded model (its ``memory_owner``). Memory belongs to the process,
+        limit, and per loaded model (its ``memory.owner``). Memory belongs to the process,
         so the figures cover every runtime in it; ``"host"`` is host and shared memory."""
         self._check_open()
         for model in self.models:
-            model.memory_stats()  # so each model's device appears, even with nothing in use
+            model.memory.stats()  # so each model's device appears, even with nothing in use
         return all_stats()
 
     def devices(self, *, simulated: bool | None = None) -> list[DeviceInfo]:

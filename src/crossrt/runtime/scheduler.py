@@ -1,179 +1,53 @@
-"""Instances, the bounded request queue and the worker threads of one loaded model.
+"""The bounded request queue of one loaded model: a queued request's life, from admission
+to completion (its workers run it: ``workers.py``; the request itself: ``queued.py``).
 
 - An **instance** is one copy of the model's programs on its own cores. It takes one request
   at a time; for a multi-node executable, one request per node at a time (each node has a
   lock, taken hand over hand, so requests pass through the nodes in a pipeline).
 - ``run()`` pops an idle instance without blocking and runs in the caller's thread; with
-  none idle it waits in line for one (:meth:`Scheduler.take_in_turn`, the workers' line
-  too, first come first served), or, with a deadline, a cancel token or batching, queues
-  like ``run_async`` and waits.
+  none idle it waits in line for one (``line.py``: the workers' line too, first come first
+  served), or, with a deadline, a cancel token or batching, queues like ``run_async`` and
+  waits.
 - ``run_async`` admits at most ``depth`` requests not yet finished (waiting or running);
   past that a request waits in line for room, or gets ``QUEUE_FULL`` when its caller asks
   not to wait (``admission.py``). There is one worker thread per instance, each taking a
   request, then an idle instance (the request is queued, and can still be cancelled or
   expire, until it has one); for a multi-node executable, each instance has one stage
-  thread per node with a queue between stages.
+  thread per node with a queue between stages (``workers.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import queue
 import threading
 import time
 import weakref
-from collections import deque
-from collections.abc import Callable, Mapping, MutableSequence, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError, Future
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-import numpy as np
-
-from ..drivers import Program
 from ..drivers.base import CancelToken
 from ..errors import (
     ClosedError,
     CrossrtError,
-    DeadlineExceededError,
     OutOfResourcesError,
     StatusCode,
 )
-from . import watchdog
+from . import watchdog, workers
 from .admission import Admission
-from .batching import Batching, batch_key, join, split
-from .memory.allocator import count_copy
+from .batching import Batching, batch_key
+from .instance import Instance as Instance  # where loading.py and runtime.py find it
+from .line import InstanceLine
+from .queued import STOP, QueuedRequest, late
 from .statistics import Statistics
 
 log = logging.getLogger("crossrt")
 
 Finish = Callable[[Callable[..., dict[str, Any]], dict[str, Any], Any], Any]
 """``finish(execute, feed, outputs)``: binds outputs, runs ``execute``, checks the results."""
-
-
-@dataclass(eq=False)
-class Instance:
-    """One copy of a model's programs on its own cores."""
-
-    index: int
-    cores: tuple[int, ...]
-    programs: list[Program]
-    steps: Sequence[tuple[Sequence[str], Sequence[str]]]  # per node: its inputs, its outputs
-    output_names: tuple[str, ...]
-    pin: tuple[int, ...] | None = None
-    """The host CPUs of its cores when they are part of the process's: workers running it
-    pin themselves there (a ``run()`` caller's thread is never pinned)."""
-    device: str = ""
-    """The device it runs on (a load across devices has instances on several)."""
-    pipelined: bool = True
-    """For a multi-node executable: requests pass through the nodes in a pipeline (a stage
-    thread per node); ``False``: one request at a time walks all the nodes (``serial``)."""
-    locks: list[threading.Lock] = field(default_factory=list)
-    call: Callable[..., dict[str, np.ndarray]] = field(init=False)
-    """What ``LoadedModel.run`` calls on the instance it took (set by the model)."""
-    trace: MutableSequence[tuple[int, int, int, int, int]] | None = None
-    """While a profile records a multi-node instance: ``(instance, node, request id, start,
-    end)`` per node run (``time.perf_counter_ns()``; request id 0 for a ``run()`` walk)."""
-
-    def __post_init__(self) -> None:
-        self.locks = [threading.Lock() for _ in self.programs]
-
-    def execute(
-        self,
-        feed: dict[str, Any],
-        outputs: Mapping[str, np.ndarray] | None = None,
-        cancel: CancelToken | None = None,
-    ) -> dict[str, np.ndarray]:
-        """Run once. A single node needs no lock (its caller took the instance); a multi-node
-        walk takes the nodes' locks hand over hand, sharing them with the pipeline stages."""
-        if len(self.programs) == 1:
-            program = self.programs[0]
-            names = self.steps[0][0]
-            if len(names) != len(feed):  # inputs the node does not read (a type-only input)
-                feed = {n: feed[n] for n in names}
-            if cancel is None:
-                return program.run(feed, outputs)
-            return program.run_cancellable(feed, cancel, outputs)
-        values = dict(feed)
-        held = 0
-        self.locks[0].acquire()
-        try:
-            for j, ((names, _), program) in enumerate(zip(self.steps, self.programs, strict=True)):
-                if j:
-                    self.locks[j].acquire()
-                    self.locks[j - 1].release()
-                    held = j
-                if self.trace is None:
-                    values.update(run_node(program, {n: values[n] for n in names}, cancel))
-                else:
-                    start = time.perf_counter_ns()
-                    values.update(run_node(program, {n: values[n] for n in names}, cancel))
-                    self.trace.append((self.index, j, 0, start, time.perf_counter_ns()))
-        finally:
-            self.locks[held].release()
-        return assemble(values, self.output_names, outputs)
-
-
-def run_node(
-    program: Program, inputs: dict[str, Any], cancel: CancelToken | None
-) -> dict[str, np.ndarray]:
-    """One node's run, cancellable when a timeout applies."""
-    return program.run(inputs) if cancel is None else program.run_cancellable(inputs, cancel)
-
-
-def assemble(
-    values: dict[str, Any], names: Sequence[str], outputs: Mapping[str, np.ndarray] | None
-) -> dict[str, np.ndarray]:
-    """The graph outputs out of every value computed, copied into ``outputs`` where given."""
-    result = {name: values[name] for name in names}
-    for name, buffer in (outputs or {}).items():
-        np.copyto(buffer, result[name], casting="no")
-        count_copy(buffer.nbytes)
-        result[name] = buffer
-    return result
-
-
-@dataclass(eq=False)
-class Job:
-    """One queued request."""
-
-    future: Future[Any]
-    feed: dict[str, Any]
-    outputs: Any
-    deadline: float | None
-    values: dict[str, Any] = field(default_factory=dict)
-    token: CancelToken | None = None
-    end: float | None = None
-    abandoned: bool = False  # its caller's cancel token fired (the caller went away)
-    admitted: bool = False  # it holds a queue slot (handed to the workers)
-    slot_back: bool = False  # that slot was given back (once, by whoever comes first)
-    stoppable: bool = False  # give it a token when it starts, though no time limit applies
-    batch: tuple[Any, int] | None = None  # what it shares with requests it may join; rows
-    # time.perf_counter_ns() when it arrived, its inputs were checked, its run started and
-    # the engine was done; the instance that ran it (for the statistics).
-    arrived: int = 0
-    checked: int = 0
-    started: int = 0
-    computed: int = 0
-    instance: int = -1
-
-
-_STOP = None
-
-
-class _Waiter:
-    """One thread in line for an instance: ``wake`` is released when it is handed one
-    (``instance``), or when the model closes (``instance`` stays ``None``)."""
-
-    __slots__ = ("instance", "wake")
-
-    def __init__(self) -> None:
-        self.instance: Instance | None = None
-        self.wake = threading.Lock()
-        self.wake.acquire()
 
 
 class Scheduler:
@@ -198,94 +72,38 @@ class Scheduler:
         # Weak: the worker threads must not keep the model (and through it its runtime and
         # reserved cores) alive once its user lets go of it; a finalizer then stops them.
         self._finish = weakref.WeakMethod(finish)
-        self._entry: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self.entry: queue.SimpleQueue[QueuedRequest | None] = queue.SimpleQueue()
         self._admission = Admission(depth, self._enqueue)
         self._slots = threading.Lock()  # who gives a job's slot back: see _give_slot_back
         # Each queued job by its future, until the future resolves: a callback holding the
         # job would make a cycle (future -> callback -> job -> future) that only the cyclic
         # garbage collector frees, with the job's inputs and outputs, long after the caller
         # dropped the future (a daemon kept 16-32 MiB of posted requests a round this way).
-        self._settling: dict[Future[Any], Job] = {}
+        self._settling: dict[Future[Any], QueuedRequest] = {}
         self._closed = False
         # What a request that will not run now fails with: the model's reason for closing.
         self._closing: Callable[[], BaseException] = self._closed_error
-        # Instances no caller or worker holds. deque.pop/append are atomic and cost a third
-        # of a lock's acquire/release, on the path every synchronous run() takes.
-        self.idle: deque[Instance] = deque(self.instances)
-        # In line for an idle instance, first come first served: workers, and run() callers
-        # that found every instance busy (truthy while anyone waits: run() reads it).
-        self.waiting: deque[_Waiter] = deque()
-        self._line_lock = threading.Lock()
+        # The workers and run() callers take instances from one line (line.py).
+        self.line = InstanceLine(self.instances)
+        self.give_back = self.line.give_back
+        self.take_in_turn = self.line.take_in_turn
         self._threads: list[threading.Thread] = []
         for inst in self.instances:
             nodes = len(inst.programs) if inst.pipelined else 1  # 1: a worker walks them all
-            stages: list[queue.SimpleQueue[Job | None]] = [self._entry]
+            stages: list[queue.SimpleQueue[QueuedRequest | None]] = [self.entry]
             stages += [queue.SimpleQueue() for _ in range(nodes - 1)]
             for j in range(nodes):
-                target = self._serve if nodes == 1 else self._stage
-                args = () if nodes == 1 else (inst, j, stages)
+                target = workers.serve if nodes == 1 else workers.stage
+                args = (self,) if nodes == 1 else (self, inst, j, stages)
                 thread = threading.Thread(
                     target=target, args=args, name=f"crossrt-{name}-{inst.index}.{j}", daemon=True
                 )
                 thread.start()
                 self._threads.append(thread)
 
-    # -- instances ------------------------------------------------------------------------
-
-    def give_back(self, inst: Instance) -> None:
-        """Return an instance taken from :attr:`idle`: to the first in line for one, if any."""
-        self.idle.append(inst)
-        if self.waiting:
-            self.hand_over()
-
-    def hand_over(self) -> None:
-        """Give the idle instances to those in line for one, first come first served (call
-        after appending to :attr:`idle` when :attr:`waiting`)."""
-        with self._line_lock:
-            while self.waiting:
-                try:
-                    inst = self.idle.pop()
-                except IndexError:
-                    return
-                waiter = self.waiting.popleft()
-                waiter.instance = inst
-                waiter.wake.release()
-
     def closing_error(self) -> BaseException:
         """What a request that will not run fails with: the model's reason for closing."""
         return self._closing()
-
-    def take_in_turn(self) -> Instance | None:
-        """An idle instance, or the next one given back, in the order asked for (the
-        workers, and ``run()`` callers that found every instance busy, share one line: the
-        one given back goes to whoever has waited longest, so a caller in a loop cannot
-        keep an instance for good); ``None`` once the model closes (a request must not
-        wait for a run that may be long)."""
-        if not self.waiting:
-            try:
-                return self.idle.pop()
-            except IndexError:
-                pass
-        waiter = _Waiter()
-        with self._line_lock:
-            if self._closed:
-                return None
-            self.waiting.append(waiter)
-        # Given back before this joined the line, by a thread that saw no one waiting: the
-        # append came first, so it is seen here.
-        if self.idle:
-            self.hand_over()
-        try:
-            waiter.wake.acquire()
-        except BaseException:  # interrupted (Ctrl-C): leave the line, or pass the instance on
-            with self._line_lock:
-                if waiter in self.waiting:
-                    self.waiting.remove(waiter)
-                    raise
-            if waiter.instance is not None:
-                self.give_back(waiter.instance)
-            raise
-        return waiter.instance
 
     # -- admission ------------------------------------------------------------------------
 
@@ -321,7 +139,7 @@ class Scheduler:
                 the engine can if it runs (``CancelledError``).
         """
         now = time.perf_counter_ns()
-        job = Job(Future(), feed, outputs, deadline)
+        job = QueuedRequest(Future(), feed, outputs, deadline)
         if self.batching is not None and outputs is None:
             job.batch = batch_key(feed)
         job.arrived = arrived or now
@@ -358,7 +176,7 @@ class Scheduler:
             cancel.on_cancel(partial(self._abandon, job))
         return job.future
 
-    def _abandon(self, job: Job) -> None:
+    def _abandon(self, job: QueuedRequest) -> None:
         """Its caller went away: drop ``job`` if it waits, stop it where the engine can if
         it runs."""
         if job.deadline is not None and time.monotonic() >= job.deadline:
@@ -370,7 +188,7 @@ class Scheduler:
         if token is not None:
             token.cancel()
 
-    def _expire(self, job: Job) -> None:
+    def _expire(self, job: QueuedRequest) -> None:
         """Fail ``job`` with TIMEOUT if nothing has started or settled it yet."""
         try:
             waiting = job.future.set_running_or_notify_cancel()
@@ -384,7 +202,7 @@ class Scheduler:
         if job is not None:
             self._settled(job, future)
 
-    def _settled(self, job: Job, future: Future[Any]) -> None:
+    def _settled(self, job: QueuedRequest, future: Future[Any]) -> None:
         if not job.started:
             # Resolved before it ran (its deadline, its caller gone, cancel(), a close): its
             # slot goes back now, not when a worker reaches it and skips it, so that a
@@ -426,16 +244,16 @@ class Scheduler:
             details={**details, "timeout": waited},
         )
 
-    def _enqueue(self, job: Job) -> None:
+    def _enqueue(self, job: QueuedRequest) -> None:
         """Hand an admitted request (it holds a slot) to the workers."""
         job.admitted = True
         if job.future.done():  # resolved as it was admitted: the slot is not its to keep
             self._give_slot_back(job)
-        self._entry.put(job)
+        self.entry.put(job)
         if self._closed:  # closed while queueing: the workers may be gone
-            self._fail(job, self._closing())
+            self.fail(job, self._closing())
 
-    def _give_slot_back(self, job: Job) -> None:
+    def _give_slot_back(self, job: QueuedRequest) -> None:
         """Give ``job``'s queue slot back if it holds one, once whoever calls."""
         with self._slots:
             if not job.admitted or job.slot_back:
@@ -446,13 +264,13 @@ class Scheduler:
     def _closed_error(self) -> CrossrtError:
         return ClosedError(f"model {self.name!r} was unloaded before the request ran")
 
-    def _fail(self, job: Job, error: BaseException) -> None:
+    def fail(self, job: QueuedRequest, error: BaseException) -> None:
         # Resolved meanwhile (by a worker, or cancelled): nothing left to report.
         with contextlib.suppress(Exception):
             if job.future.set_running_or_notify_cancel():
                 job.future.set_exception(error)
 
-    def _start(self, job: Job) -> bool:
+    def start(self, job: QueuedRequest) -> bool:
         """Whether ``job`` may run: not cancelled, deadline not passed (else it is resolved)."""
         try:
             runnable = job.future.set_running_or_notify_cancel()
@@ -462,7 +280,7 @@ class Scheduler:
             self._give_slot_back(job)
             return False
         if job.deadline is not None and time.monotonic() >= job.deadline:
-            self._done(job, error=late(self.name, "its deadline passed while it was queued"))
+            self.done(job, error=late(self.name, "its deadline passed while it was queued"))
             return False
         limit = self.exec_timeout
         end = job.deadline
@@ -477,7 +295,9 @@ class Scheduler:
         job.started = time.perf_counter_ns()
         return True
 
-    def _done(self, job: Job, result: Any = None, error: BaseException | None = None) -> None:
+    def done(
+        self, job: QueuedRequest, result: Any = None, error: BaseException | None = None
+    ) -> None:
         if job.token is not None:
             expired = watchdog.finish(job.token)
             late_now = job.end is not None and time.monotonic() > job.end
@@ -491,147 +311,7 @@ class Scheduler:
         else:
             job.future.set_result(result)
 
-    # -- workers --------------------------------------------------------------------------
-
-    def _serve(self) -> None:
-        pinned: tuple[int, ...] | None = None
-        carried: Job | None = None  # taken from the queue by a batch it could not join
-        while True:
-            job = carried if carried is not None else self._entry.get()
-            carried = None
-            if job is _STOP:
-                return
-            # The instance first: while this waits for one that run() callers hold, the
-            # request is still queued, so its deadline, its caller going away or cancel()
-            # resolve it at once rather than when an instance frees up.
-            inst = self.take_in_turn()
-            if inst is None:  # closed while it waited for an instance
-                self._fail(job, self._closing())
-                continue
-            if not self._start(job):
-                self.give_back(inst)
-                continue
-            if inst.pin is not None and inst.pin != pinned:  # it serves any idle instance
-                pinned = _pin_thread(inst.pin)
-            if job.batch is not None and job.batch[1] < self.batching.max_size:  # type: ignore[union-attr]
-                jobs, carried = self._gather(job)
-                if len(jobs) > 1:
-                    self._run_batch(inst, jobs)
-                    continue
-            self._run(inst, job)
-
-    def _run(self, inst: Instance, job: Job, keep: bool = False) -> None:
-        """Run ``job`` on ``inst`` (held by this worker) and resolve it; the instance is
-        given back first unless ``keep``."""
-        try:
-            execute = partial(_execute_with, inst, job.token)
-            result = self._call(execute, job.feed, job.outputs)
-        except BaseException as exc:  # the caller gets it through the future
-            if not keep:
-                self.give_back(inst)
-            self._done(job, error=exc)
-        else:
-            job.computed, job.instance = time.perf_counter_ns(), inst.index
-            if not keep:
-                self.give_back(inst)
-            self._done(job, result)
-
-    def _gather(self, first: Job) -> tuple[list[Job], Job | None]:
-        """``first`` and the queued requests that can join it, up to the batch's size, for
-        at most the batching delay; and the request taken that could not join (or the
-        stop), for this worker's next turn."""
-        batching = self.batching
-        assert batching is not None and first.batch is not None
-        key, rows = first.batch
-        jobs = [first]
-        until = time.monotonic() + batching.delay
-        while rows < batching.max_size:
-            try:
-                left = until - time.monotonic()
-                job = self._entry.get(timeout=left) if left > 0 else self._entry.get_nowait()
-            except queue.Empty:
-                break
-            if (
-                job is _STOP
-                or job.batch is None
-                or job.batch[0] != key
-                or rows + job.batch[1] > batching.max_size
-            ):
-                return jobs, job
-            if self._start(job):  # else resolved meanwhile: skipped, its slot given back
-                jobs.append(job)
-                rows += job.batch[1]
-        return jobs, None
-
-    def _run_batch(self, inst: Instance, jobs: list[Job]) -> None:
-        """Run ``jobs`` (started) as one batch on ``inst`` and resolve each with its rows.
-
-        A request's own deadline or cancel does not stop the batch (the others want it):
-        it is judged when the batch ends (``_done``). The execution timeout does."""
-        token = None
-        if self.exec_timeout is not None:
-            token = CancelToken()
-            watchdog.watch(token, time.monotonic() + self.exec_timeout)
-        execute = partial(_execute_with, inst, token)
-        try:
-            result = self._call(execute, join([job.feed for job in jobs]), None)
-        except BaseException as exc:
-            self.give_back(inst)
-            for job in jobs:
-                self._done(job, error=exc)
-            return
-        finally:
-            expired = token is not None and watchdog.finish(token)
-        parts = split(result, [job.batch[1] for job in jobs])  # type: ignore[index]
-        if parts is None:  # an output that does not follow the batch: each runs alone
-            for job in jobs:
-                self._run(inst, job, keep=True)
-            self.give_back(inst)
-            return
-        computed = time.perf_counter_ns()
-        self.give_back(inst)
-        for i, (job, part) in enumerate(zip(jobs, parts, strict=True)):
-            # The instance's run is counted once, with the first request: its busy time and
-            # execution count are the batch's.
-            job.computed, job.instance = computed, inst.index if i == 0 else -1
-            if expired:
-                self._done(job, error=late(self.name, "its batch ran past the execution timeout"))
-            else:
-                self._done(job, part)
-
-    def _stage(self, inst: Instance, j: int, stages: list[queue.SimpleQueue[Job | None]]) -> None:
-        if inst.pin is not None:
-            _pin_thread(inst.pin)
-        last = j == len(inst.programs) - 1
-        names = inst.steps[j][0]
-        while (job := stages[j].get()) is not _STOP:
-            try:
-                with inst.locks[j]:
-                    if j == 0:  # started once the node is free: queued until then
-                        if not self._start(job):
-                            continue
-                        job.values = dict(job.feed)
-                    start = time.perf_counter_ns()
-                    made = run_node(inst.programs[j], {n: job.values[n] for n in names}, job.token)
-                    if inst.trace is not None:
-                        end = time.perf_counter_ns()
-                        inst.trace.append((inst.index, j, id(job.future), start, end))
-                job.values.update(made)
-                if last:
-                    execute = partial(_assemble_with, job.values, inst.output_names)
-                    result = self._call(execute, job.feed, job.outputs)
-            except BaseException as exc:
-                self._done(job, error=exc)
-                continue
-            if last:
-                job.computed, job.instance = time.perf_counter_ns(), inst.index
-                self._done(job, result)
-            else:
-                stages[j + 1].put(job)
-        if not last:
-            stages[j + 1].put(_STOP)
-
-    def _call(
+    def call(
         self, execute: Callable[..., dict[str, Any]], feed: dict[str, Any], outputs: Any
     ) -> Any:
         """``execute`` on ``feed`` through the model's ``finish`` (outputs bound, results
@@ -654,59 +334,23 @@ class Scheduler:
         if error is not None:
             self._closing = error
         self._closed = True
-        with self._line_lock:  # those in line for an instance get none: they see the close
-            line = list(self.waiting)
-            self.waiting.clear()
-        for waiter in line:
-            waiter.wake.release()
+        self.line.close()  # those in line for an instance get none: they see the close
         self._admission.close(self._closing)
-        pending: list[Job] = []
+        pending: list[QueuedRequest] = []
         try:
             while True:
-                job = self._entry.get_nowait()
+                job = self.entry.get_nowait()
                 if job is not None:
                     pending.append(job)
         except queue.Empty:
             pass
         for job in pending:  # a job its deadline or its caller resolved already is skipped
-            self._fail(job, self._closing())
+            self.fail(job, self._closing())
         for _ in self.instances:
-            self._entry.put(_STOP)
+            self.entry.put(STOP)
         current = threading.current_thread()
         for thread in self._threads:
             if thread is not current:  # a completion callback may unload its own model
                 thread.join(timeout)
             if thread.is_alive() and thread is not current:
                 log.warning("crossrt: worker %s did not stop within %s s", thread.name, timeout)
-
-
-def _execute_with(
-    inst: Instance, token: CancelToken | None, feed: dict[str, Any], outputs: Any = None
-) -> dict[str, np.ndarray]:
-    return inst.execute(feed, outputs, token)
-
-
-def _assemble_with(
-    values: dict[str, Any], names: Sequence[str], feed: dict[str, Any], outputs: Any = None
-) -> dict[str, np.ndarray]:
-    return assemble(values, names, outputs)
-
-
-def late(name: str, why: str) -> DeadlineExceededError:
-    """TIMEOUT for a request of model ``name``: ``why`` it did not finish in time."""
-    return DeadlineExceededError(
-        f"model {name!r}: request timed out, {why}; allow more time (deadline=, exec_timeout=, "
-        "CROSSRT_EXEC_TIMEOUT) or load more instances",
-        details={"model": name},
-    )
-
-
-def _pin_thread(cpus: tuple[int, ...]) -> tuple[int, ...]:
-    """Pin the calling thread to ``cpus`` where the OS allows; return them."""
-    setaffinity = getattr(os, "sched_setaffinity", None)
-    if setaffinity is not None:  # not on Linux: threads stay where the OS puts them
-        try:
-            setaffinity(0, cpus)  # 0: this thread, on Linux
-        except OSError as exc:  # a CPU taken away since (cgroup change): run unpinned
-            log.debug("could not pin a worker to CPUs %s: %s", cpus, exc)
-    return cpus

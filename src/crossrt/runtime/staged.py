@@ -11,8 +11,9 @@ from ..compiler import Executable
 from ..compiler.stages import describe, stage_shapes
 from ..drivers.base import CancelToken
 from ..errors import InvalidHandleError, InvalidInputError
+from .binding import Binding
+from .instance import Instance
 from .loaded import LoadedModel
-from .scheduler import Instance
 
 
 class StagedModel(LoadedModel):
@@ -41,10 +42,10 @@ class StagedModel(LoadedModel):
                         load(stage),
                         self.device,
                         self.cores,
-                        self.group,
+                        self.instances.group,
                         queue_depth=kwargs.get("queue_depth"),
-                        exec_timeout=self._exec_timeout,
-                        check_numerics=self.check_numerics,
+                        exec_timeout=self.instances.exec_timeout,
+                        check_numerics=self.instances.check_numerics,
                         statistics=self._statistics,
                     )
                 )
@@ -85,8 +86,10 @@ class StagedModel(LoadedModel):
         deadline: float | None = None,
         cancel: CancelToken | None = None,
         output_names: Sequence[str] | None = None,
+        binding: Binding | None = None,
     ) -> Any:
-        """Run the stage whose input shapes equal the inputs' (see :meth:`LoadedModel.run`).
+        """Run the stage whose input shapes equal the inputs' (see :meth:`LoadedModel.run`;
+        a request to a staged model is checked on every run: ``binding`` is never given).
 
         Raises:
             InvalidInputError: (EXEC_BAD_INPUT) no stage takes these shapes; the message
@@ -124,6 +127,10 @@ class StagedModel(LoadedModel):
         if stage is self:
             return await super().infer(inputs, outputs, **options)
         return await stage.infer(inputs, outputs, **options)
+
+    def _bind(self, inputs: dict[str, Any], outputs: dict[str, Any]) -> Binding | None:
+        """Never bound: which stage runs is known only from the inputs of each run."""
+        return None
 
     def _release(self, error: type[Exception], message: str) -> None:
         super()._release(error, message)

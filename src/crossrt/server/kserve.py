@@ -165,7 +165,7 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
         # Triton's convention: with batching on, max_batch_size > 0 and the config's dims
         # leave out the batch dimension (dynamic: batching needs it), which ModelMetadata
         # keeps as -1 and clients send; without batching, dims are the whole shapes.
-        batch = model.batching.max_size if model.batching is not None else 0
+        batch = model.instances.batching.max_size if model.instances.batching is not None else 0
         config = mc.ModelConfig(
             name=entry.name,
             platform="crossrt",
@@ -176,7 +176,7 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
             instance_group=[
                 mc.ModelInstanceGroup(
                     name=model.device.id,
-                    count=model.instance_count,
+                    count=len(model.instances),
                     kind=mc.ModelInstanceGroup.KIND_CPU
                     if cpu
                     else mc.ModelInstanceGroup.KIND_MODEL,
@@ -184,11 +184,11 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
             ],
             default_model_filename=entry.path.name if entry.path else "",
         )
-        if model.batching is not None:
+        if model.instances.batching is not None:
             config.dynamic_batching.CopyFrom(
                 mc.ModelDynamicBatching(
-                    preferred_batch_size=[model.batching.max_size],
-                    max_queue_delay_microseconds=round(model.batching.delay * 1e6),
+                    preferred_batch_size=[model.instances.batching.max_size],
+                    max_queue_delay_microseconds=round(model.instances.batching.delay * 1e6),
                 )
             )
         return pb.ModelConfigResponse(config=config)
@@ -277,7 +277,7 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
             and all(region is None for _, region in chosen)  # else written there, not carried
         ):
             began = time.perf_counter_ns()
-            key = self.cache.key(model.memory_owner, feed, [spec.name for spec, _ in chosen])
+            key = self.cache.key(model.memory.owner, feed, [spec.name for spec, _ in chosen])
             cached = None if key is None else self.cache.get(key)
             if cached is not None:
                 hit = pb.ModelInferResponse.FromString(cached)

@@ -186,12 +186,12 @@ def place(
 
 def nc_busy(model: LoadedModel, doing: str) -> CrossrtError | None:
     """EXEC_NC_BUSY when another model runs on ``model``'s group (``None`` when not)."""
-    running = model.group.running
+    running = model.instances.group.running
     if running is None or running is model:
         return None
     return CrossrtError(
         f"cannot {doing} model {model.name!r}: model {running.name!r} is running on its core "
-        f"group {list(model.group.indices)}; stop it first",
+        f"group {list(model.instances.group.indices)}; stop it first",
         code=StatusCode.EXEC_NC_BUSY,
         details={"running": running.name, "model": model.name},
     )
@@ -238,7 +238,7 @@ class Profiles:
         safe = re.sub(r"[^A-Za-z0-9._-]", "_", model.name)[:100]
         path = self.folder / f"{safe}-{time.strftime('%Y%m%dT%H%M%S')}-{next(_serial)}.json"
         profile = Profile(model).start()
-        group = model.group
+        group = model.instances.group
 
         def unloaded(member: object) -> None:
             if member is model:

@@ -125,14 +125,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "model": model.name,
                 "device": model.device.id,
                 "drivers": drivers,
-                "instances": model.instance_count,
+                "instances": len(model.instances),
             }
             where = f"{model.name!r} on {model.device.id} ({drivers})"
-            if model.batching is not None:
+            if model.instances.batching is not None:
                 runs = sum(d.count for d in after.instances) - sum(
                     d.count for d in before.instances
                 )
-                report["max_batch_size"] = model.batching.max_size
+                report["max_batch_size"] = model.instances.batching.max_size
                 report["mean_batch"] = (after.success - before.success) / max(1, runs)
                 where += f", batches of {report['mean_batch']:.2f} on average"
     except CrossrtError as exc:

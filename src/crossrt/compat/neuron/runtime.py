@@ -293,7 +293,7 @@ nrt_get_model_vnc_count = nrt_get_model_nc_count
 @guarded("pair")
 def nrt_get_model_instance_count(model: nrt_model_t) -> tuple[NRT_STATUS, int | None]:
     """How many copies of ``model`` are staged: threads that may call nrt_execute at once."""
-    return NRT_STATUS.NRT_SUCCESS, _model(model).model.instance_count
+    return NRT_STATUS.NRT_SUCCESS, len(_model(model).model.instances)
 
 
 @guarded("pair")
@@ -311,7 +311,7 @@ def nrt_get_model_tensor_info(
 ) -> tuple[NRT_STATUS, nrt_tensor_info_array_t | None]:
     """The inputs, then the outputs, of ``model``: name, usage, bytes, dtype, shape."""
     infos = []
-    for info in _model(model).model.tensor_info():
+    for info in _model(model).model.tensors.info():
         shape = [d if isinstance(d, int) else 0 for d in info.shape or ()]
         usage = nrt_tensor_usage_t[f"NRT_TENSOR_USAGE_{info.usage.upper()}"]
         infos.append(
@@ -369,7 +369,7 @@ def nrt_execute_repeat(
 
     def run() -> None:
         completion.settle(input_set, output_set)
-        results = handle.model.run_repeat(input_set, repeat_count, _feedback(handle.model))
+        results = handle.model.request(input_set).repeat(repeat_count, _feedback(handle.model))
         for name, value in results.items():
             if name in output_set:
                 output_set[name].write(np.ascontiguousarray(value))

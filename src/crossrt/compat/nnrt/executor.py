@@ -132,7 +132,7 @@ def OH_NNExecutor_GetInputDimRange(
     bound has max :data:`DIM_MAX`."""
     e = executor_of(executor)
     spec = _spec(e.model.inputs, index, "input")
-    ranges = e.model.input_dim_ranges()[spec.name]
+    ranges = e.model.tensors.dim_ranges()[spec.name]
     mins = [int(lo) for lo, _ in ranges]
     maxs = [DIM_MAX if hi is None else int(hi) for _, hi in ranges]
     return _OK, (mins, maxs)
@@ -148,7 +148,7 @@ def OH_NNExecutor_GetOutputShape(
     spec = _spec(e.model.outputs, outputIndex, "output")
     if spec.name in e.shapes:
         return _OK, list(e.shapes[spec.name])
-    shape = e.model.output_shapes()[spec.name]
+    shape = e.model.tensors.output_shapes()[spec.name]
     return _OK, list(shape or ())
 
 

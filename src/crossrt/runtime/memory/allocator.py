@@ -3,7 +3,7 @@
 Every byte the runtime allocates (device tensors, host tensors, shared-memory segments,
 outputs it allocates for a run) goes through an :class:`Allocator`, which keeps statistics
 (bytes in use, peak, limit, per owner), enforces per-owner budgets (a loaded model's
-``set_memory_budget``) and the device's limit, and records every event in the allocation log
+``model.memory.set_budget``) and the device's limit, and records every event in the allocation log
 (:mod:`.memlog`), dumped as CSV when an allocation fails. Allocators live as long as the
 process: memory is a property of the device, not of one :class:`Runtime`.
 
@@ -266,7 +266,7 @@ class Allocator:
                 owner,
                 name,
                 f"its memory budget is {account.budget} bytes and {left} are left; raise the "
-                "budget (LoadedModel.set_memory_budget) or free tensors it no longer needs",
+                "budget (LoadedModel.memory.set_budget) or free tensors it no longer needs",
                 budget=account.budget,
                 available=left,
             )

@@ -137,10 +137,10 @@ class TensorDesc:
 
 
 def owner_key(owner: Any) -> str:
-    """The accounting key of an owner: a string, or an object's ``memory_owner``."""
+    """The accounting key of an owner: a string, or a model's ``memory.owner``."""
     if owner is None:
         return ""
-    return owner if isinstance(owner, str) else str(owner.memory_owner)
+    return owner if isinstance(owner, str) else str(owner.memory.owner)
 
 
 def byte_index(value: Any, what: str) -> int:
