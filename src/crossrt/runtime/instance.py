@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from ..drivers import Program
-from ..drivers.boundary import unguarded
 from ..drivers.base import CancelToken
+from ..drivers.boundary import unguarded
 from .memory.allocator import count_copy
 
 

@@ -26,8 +26,8 @@ from typing import Any, overload
 import numpy as np
 
 from ..compiler import Executable
-from ..drivers.boundary import program_error
 from ..drivers.base import CancelToken
+from ..drivers.boundary import program_error
 from ..errors import CrossrtError, InvalidArgumentError
 from ..model import TensorSpec
 from .batching import Batching, refuse_unbatchable

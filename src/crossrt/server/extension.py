@@ -260,8 +260,8 @@ class RuntimeService(v1_grpc.RuntimeServicer):
             if exc.code is not StatusCode.QUEUE_FULL:
                 raise
             raise OutOfResourcesError(
-                f"model {model.name!r} has {model.instances.queue_depth} requests in flight, the most "
-                "its load allows (ninfer, or queue_depth); InferWait for some first, or load "
+                f"model {model.name!r} has {model.instances.queue_depth} requests in flight, the "
+                "most its load allows (ninfer, or queue_depth); InferWait for some first, or load "
                 "it with a larger ninfer",
                 code=StatusCode.QUEUE_FULL,
                 details=exc.details,
