@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ..compiler.calibrate import declared_tolerance
 from ..drivers.base import CompileOptions
 from ..dtypes import DType
 from ..errors import InvalidOptionError
@@ -77,18 +78,8 @@ def tolerance(model: Model, opts: CompileOptions) -> float:
     Raises:
         InvalidOptionError: a ``crossrt.tolerance`` that is not a number >= 0.
     """
-    given = {p.key: p.value for p in model.proto.metadata_props}.get("crossrt.tolerance")
-    if given is not None:
-        try:
-            value = float(given)
-        except ValueError:
-            value = -1.0
-        if not value >= 0:
-            raise InvalidOptionError(
-                f"model {model.name!r} metadata crossrt.tolerance={given!r}: give a number >= 0"
-            )
-        return value
-    return TOLERANCES[opts.precision]
+    declared = declared_tolerance(model)
+    return TOLERANCES[opts.precision] if declared is None else declared
 
 
 PROBE_SHAPES_KEY = "crossrt.probe_shapes"

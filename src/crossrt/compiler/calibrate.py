@@ -109,7 +109,8 @@ def quantize(model: Model, calibration: Any) -> Quantized:
     held = max(1, int(len(data) * HOLD_OUT))
     fit, holdout = data[:-held], data[-held:]
     proto = _quantize_static(model, fit)
-    allowed = _tolerance(model)
+    declared = declared_tolerance(model)
+    allowed = INT8_TOLERANCE if declared is None else declared
     error = _holdout_error(model.proto, proto, holdout)
     report = {
         "method": "int8 static (QDQ of Conv/MatMul/Gemm, per-channel weights, MinMax)",
@@ -284,10 +285,16 @@ def _holdout_error(fp32: onnx.ModelProto, int8: onnx.ModelProto, holdout: list[S
     return worst
 
 
-def _tolerance(model: Model) -> float:
+def declared_tolerance(model: Model) -> float | None:
+    """The model's own tolerance, its metadata ``crossrt.tolerance`` (``None`` when it
+    declares none): what ``verify``, ``auto`` and the int8 hold-out allow it.
+
+    Raises:
+        InvalidOptionError: a ``crossrt.tolerance`` that is not a number >= 0.
+    """
     given = {p.key: p.value for p in model.proto.metadata_props}.get("crossrt.tolerance")
     if given is None:
-        return INT8_TOLERANCE
+        return None
     try:
         value = float(given)
     except ValueError:
