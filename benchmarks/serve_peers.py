@@ -41,6 +41,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -375,6 +376,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--ready-timeout", type=float, default=300.0)
     p.add_argument("--out", type=Path, default=RESULTS / "serve_peers.json")
     args = p.parse_args(argv)
+    # SIGTERM (timeout, an impatient operator) unwinds like Ctrl-C: the servers are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     split = lambda text: [x for x in text.split(",") if x]  # noqa: E731
     report = run_all(
         split(args.models),

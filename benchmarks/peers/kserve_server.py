@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import queue
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -63,7 +64,9 @@ class OnnxModel(Model):
             out.set_data_from_numpy(array, binary_data=False)
             infer_outputs.append(out)
         return InferResponse(
-            model_name=self.name, infer_outputs=infer_outputs, response_id=payload.id
+            model_name=self.name,
+            infer_outputs=infer_outputs,
+            response_id=payload.id or str(uuid.uuid4()),  # KServe's examples do the same
         )
 
 

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -144,6 +145,12 @@ class Server:
                         f"{self.name} HTTP {name}",
                     )
                     break
+                except urllib.error.HTTPError as e:  # up, but answering with an error
+                    if e.code in (404, 503) and time.monotonic() < deadline:
+                        time.sleep(0.5)  # the model (or Ray's route) not there yet
+                        continue
+                    body = e.read()[:2000].decode(errors="replace")
+                    raise SystemExit(f"{self.name} HTTP {name}: {e}: {body}") from e
                 except (OSError, KeyError, ValueError) as e:
                     if self.proc.poll() is not None or time.monotonic() > deadline:
                         tail = Path(self.log.name).read_text()[-3000:]
