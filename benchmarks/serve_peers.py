@@ -177,6 +177,12 @@ def h2load(
 # -- the run -------------------------------------------------------------------------------
 
 
+def pins(peer: str) -> list[str]:
+    """The ``==`` pins of a peer's requirements file."""
+    lines = (PEERS_SRC / f"{peer}.txt").read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
 def cpu_model() -> str:
     for line in Path("/proc/cpuinfo").read_text().splitlines():
         if line.startswith("model name"):
@@ -259,7 +265,7 @@ def run_all(
         "client": subprocess.run(
             ["h2load", "--version"], capture_output=True, text=True
         ).stdout.strip(),
-        "pins": {p: (PEERS_SRC / f"{p}.txt").read_text().split() for p in peers},
+        "pins": {p: pins(p) for p in peers},
         "settings": {
             "instances": instances,
             "ort_threads_per_instance": 1,
@@ -371,7 +377,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=4.0,
         help="per run, the CNN and ResNet-50 (a few requests/s: more to count)",
     )
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--instances", type=int, default=2)
     p.add_argument("--ready-timeout", type=float, default=300.0)
     p.add_argument("--out", type=Path, default=RESULTS / "serve_peers.json")
