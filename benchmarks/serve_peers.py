@@ -203,6 +203,7 @@ def run_all(
     if shutil.which("h2load") is None:
         raise SystemExit("h2load not found: apt-get install nghttp2-client")
     short, long = seconds
+    load_before = os.getloadavg()
     paths = {name: MODELS[name][0]() for name in names}
     requests = {name: requests_for(name, paths[name], MODELS[name][1]) for name in names}
     servers: dict[str, Server] = {}
@@ -260,6 +261,7 @@ def run_all(
             "cpu": cpu_model(),
             "machine": platform.machine(),
             "cpus": os.cpu_count(),
+            "load_before": load_before,
             "load": os.getloadavg(),
         },
         "client": subprocess.run(
@@ -337,11 +339,13 @@ def _line(cell: dict[str, Any], order: Sequence[str]) -> str:
 def markdown(report: dict[str, Any]) -> str:
     order = report["servers"]
     host = report["host"]
+    before = f"{host['load_before'][0]:.1f} at start, " if "load_before" in host else ""
     s = report["settings"]
     lines = [
         f"# crossrt serve against other model servers ({report['date']})",
         "",
-        f"{host['cpu']}, {host['cpus']} CPUs, load {host['load'][0]:.1f}; "
+        f"{host['cpu']}, {host['cpus']} CPUs, load {before}"
+        f"{host['load'][0]:.1f} at end; "
         f"{s['instances']} instances of {s['ort_threads_per_instance']} ORT thread each; "
         f"client {report['client']}; {s['rounds']} paired rounds of {s['seconds']['tiny']} s "
         f"(tiny) or {s['seconds']['others']} s, "
