@@ -247,12 +247,14 @@ def test_a_request_longer_than_the_drain_is_cut_and_the_process_exits_in_time(
     tmp_path: Path,
 ) -> None:
     model = tmp_path / "slow.onnx"
-    slow_rows(chain=100, size=512).save(model)
+    slow_rows(chain=400, size=512).save(model)
     drain = 1.0
     pod = start(tmp_path, "slow", model, "--drain-seconds", str(drain))
     try:
         wait_ready(pod)
-        x = np.ones((4096, 512), np.float32)  # 8 s of work here: longer than the drain
+        # ~12 s of work on a quiet 2-core machine (the manifest batches: a dynamic first
+        # dimension is needed, so not concurrency_models.endless): longer than drain + grace
+        x = np.ones((8192, 512), np.float32)
         client = pod.grpc()
         given = tc.InferInput("x", list(x.shape), "FP32")
         given.set_data_from_numpy(x)
@@ -268,7 +270,8 @@ def test_a_request_longer_than_the_drain_is_cut_and_the_process_exits_in_time(
         running.start()
         deadline = time.monotonic() + 30
         while _pending(pod, "slow") < 1 and time.monotonic() < deadline:
-            pass
+            time.sleep(0.01)  # a bounded poll of the daemon's count (no event to wait on)
+        assert _pending(pod, "slow") == 1, "the request never started: " + "".join(pod.log)
         pod.proc.send_signal(signal.SIGTERM)
         stopped = time.monotonic()
         code = pod.proc.wait(GRACE)

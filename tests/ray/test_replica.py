@@ -68,7 +68,7 @@ def test_the_health_check_means_the_model_is_ready(replica: Replica) -> None:
 
 def test_batching_and_the_response_cache_are_those_of_crossrt_serve(replica: Replica) -> None:
     entry, model = replica.repository.get("mm")
-    assert model.batching is not None and model.batching.max_size == 4
+    assert model.instances.batching is not None and model.instances.batching.max_size == 4
     x = np.ones((1, 8), dtype=np.float32)
     first = asyncio.run(replica.ModelInfer(request(x), Context()))
     second = asyncio.run(replica.ModelInfer(request(x), Context()))

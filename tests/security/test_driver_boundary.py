@@ -157,20 +157,22 @@ def test_a_leak_in_run_is_an_execution_error_in_run_and_run_async(leaky) -> None
 
 
 def test_a_bound_call_that_leaks_is_an_execution_error(leaky) -> None:
-    """A repeated bound run calls what ``Program.bind`` returned; the runtime maps its leak."""
+    """A bound request's later runs call what ``Program.bind`` returned; the runtime maps
+    its leak."""
     exe = crossrt.compile(_model(), "cpu", driver="leaky")
     with crossrt.Runtime() as rt:
         model = rt.load(exe)
         out = {"y": crossrt.Tensor((2,), "float32")}
-        model.run(X, out)
-        model.run(X, out)  # the same objects: the bound call kept from the first run
+        request = model.request(X, out)
+        request.run()
+        request.run()  # bound on its second run: later runs call the bound call
         np.testing.assert_array_equal(out["y"].numpy(), [0.0, 2.0])
         (program,) = model._programs
         program.leak = RuntimeError("engine state lost")
         with pytest.raises(
             crossrt.ExecutionError, match=r"RuntimeError.*engine state lost"
         ) as info:
-            model.run(X, out)
+            request.run()
         assert "a bound call" in info.value.message
 
 

@@ -138,6 +138,6 @@ def test_a_model_not_compiled_yet_is_compiled_for_the_first_device_of_the_list(
     x = b.input("x", "float32", [4])
     b.output(b.op("Relu", [x]))
     model = rt.load(b.finish(), ["sim:1", "sim:0"])
-    assert model.executable.device == "sim:1" and model.instance_devices == ["sim:1", "sim:0"]
+    assert model.executable.device == "sim:1" and model.instances.devices == ["sim:1", "sim:0"]
     (value,) = model.run({"x": X}).values()
     np.testing.assert_array_equal(value, np.maximum(X, 0))
