@@ -280,3 +280,24 @@ def test_log_version_logs_crossrts_version_at_create(handle, monkeypatch, caplog
         p = bmrt_create(handle)
     assert f"crossrt {crossrt.__version__}" in caplog.text
     bmrt_destroy(p)
+
+
+def test_sophgo_variables_not_read_and_share_mem_are_warned_of_once(
+    handle, monkeypatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 27.4: BMRUNTIME_USING_FAST_ALLREDUCE and BM_RUNTIME_SHARE_MEM changed nothing,
+    silently."""
+    from crossrt.compat.bmruntime import BM_RUNTIME_SHARE_MEM, bmodel, bmrt_set_flags, envvars
+
+    monkeypatch.setattr(envvars, "_warned", set())
+    monkeypatch.setattr(bmodel, "_share_mem_said", [])
+    monkeypatch.setenv("BMRUNTIME_USING_FAST_ALLREDUCE", "1")
+    monkeypatch.setenv("BMRT_SAVE_IO_TENSORS", "0")  # read: never warned of
+    for _ in range(2):
+        p = bmrt_create(handle)
+        bmrt_set_flags(p, int(BM_RUNTIME_SHARE_MEM))
+        bmrt_destroy(p)
+    text = [r.getMessage() for r in caplog.records if "no effect here" in r.getMessage()]
+    assert len(text) == 2, text
+    assert any("BMRUNTIME_USING_FAST_ALLREDUCE" in t for t in text)
+    assert any("BM_RUNTIME_SHARE_MEM" in t for t in text)

@@ -611,3 +611,20 @@ def test_enable_float16_is_precision_fp16() -> None:
     assert nn.OH_NNCompilation_Build(c) == R.OH_NN_SUCCESS
     exe = compilation_of(c).exe
     assert exe is not None and exe.options.precision == "fp16"
+
+
+def test_nnrt_keys_with_no_effect_are_warned_of_once_by_name(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 27.4: isProfiling, AIPP... were recorded and dropped without a word."""
+    from crossrt.compat.nnrt import compilation
+
+    monkeypatch.setattr(compilation, "_warned", set())
+    for _ in range(2):
+        c = nn.OH_NNCompilation_Construct(add_model())
+        assert nn.OH_NNCompilation_SetDevice(c, REF) == 0
+        assert nn.OH_NNCompilation_AddExtensionConfig(c, "isProfiling", b"1", 1) == 0
+        assert nn.OH_NNCompilation_AddExtensionConfig(c, "ModelName", b"net", 3) == 0
+        assert nn.OH_NNCompilation_Build(c) == 0
+    warned = [r.getMessage() for r in caplog.records if "no effect here" in r.getMessage()]
+    assert len(warned) == 1 and "isProfiling" in warned[0]  # once; ModelName takes effect

@@ -24,7 +24,28 @@ SAVE_IO = "BMRT_SAVE_IO_TENSORS"
 PROFILE = "BMRUNTIME_ENABLE_PROFILE"
 LOG_VERSION = "BMRT_LOG_VERSION"
 
+READ = frozenset({SAVE_IO, PROFILE, LOG_VERSION})
+"""The Sophgo variables this layer reads."""
+PREFIXES = ("BMRT_", "BMRUNTIME_", "BMLIB_")
+"""The prefixes of Sophgo's runtime and bmlib variables."""
+
 _profiles = itertools.count()
+_warned: set[str] = set()
+
+
+def warn_unread(environ: dict[str, str] | None = None) -> list[str]:
+    """Warn once per process, by name, of each Sophgo variable set that this layer does not
+    read (``BMRUNTIME_USING_FAST_ALLREDUCE``, ``BMRUNTIME_NEURON_HEAP_MASK``, the profile
+    buffer sizes...: they tune Sophgo's hardware and firmware). Returns the names warned of."""
+    env = os.environ if environ is None else environ
+    warned = []
+    for name in sorted(env):
+        if not name.startswith(PREFIXES) or name in READ or name in _warned:
+            continue
+        log.warning("%s is set but has no effect here: crossrt does not read it", name)
+        _warned.add(name)
+        warned.append(name)
+    return warned
 
 
 def enabled(name: str) -> bool:

@@ -326,6 +326,7 @@ def bmrt_create_ex(bm_handles: Sequence[bm_handle_t], num_handles: int) -> Bmrun
             h.check()
         if os.environ.get(envvars.LOG_VERSION) is not None:
             log.info("bmrt_create: crossrt %s (BMRuntime compatibility layer)", __version__)
+        envvars.warn_unread()
         return Bmruntime(handles)
     except CrossrtError as exc:
         failed("bmrt_create", exc)

@@ -17,7 +17,7 @@ from ...model import Model
 from .cache_names import model_name, named_entry, renamed, write_info
 from .devices import device
 from .model import model_of
-from .status import NNError, OH_NN_ReturnCode, forbidden, guarded, invalid
+from .status import NNError, OH_NN_ReturnCode, forbidden, guarded, invalid, log
 from .types import OH_NN_PerformanceMode, OH_NN_Priority
 
 __all__ = [
@@ -48,6 +48,21 @@ NNRT_KEYS = frozenset(
     | {"NPU_FM_SHARED", "AIPP", "isExceedRamLimit"}
 )
 """Extension keys NNRt itself reads: recorded, not passed to the driver."""
+
+NO_EFFECT = {
+    "QuantBuffer": "quantization parameters come from OH_NN_QuantParam on the tensors",
+    "isProfiling": "profile with crossrt.profiling.Profile or `crossrt profile` instead",
+    "opLayout": "crossrt's engines choose their own layouts",
+    "InputDims": "give dynamic dimensions' ranges in the model (crossrt.dim_ranges)",
+    "DynamicDims": "give dynamic dimensions' ranges in the model (crossrt.dim_ranges)",
+    "NPU_FM_SHARED": "no NPU feature-map memory to share here",
+    "AIPP": "no AIPP image preprocessing here: preprocess before the run",
+    "isExceedRamLimit": "memory is bounded by the device's memory budget",
+}
+"""NNRt's own keys that change nothing here, and why: each is warned of once per process,
+by name, when a Build finds it set (ModelName names the cache files)."""
+
+_warned: set[str] = set()
 
 
 @dataclass(eq=False)
@@ -263,6 +278,7 @@ def OH_NNCompilation_Build(compilation: OH_NNCompilation) -> OH_NN_ReturnCode:
         _cache_dir(c.cache_dir)  # it may have gone since SetCache
         _check_cache(c.cache_dir)
     name = model_name(c.extensions)
+    _warn_no_effect(c.extensions)
     if c.model is not None:
         extensions = {k: v.decode("latin-1") for k, v in c.extensions.items() if k not in NNRT_KEYS}
         c.exe = crossrt_compile(
@@ -281,6 +297,13 @@ def OH_NNCompilation_Build(compilation: OH_NNCompilation) -> OH_NN_ReturnCode:
     else:
         c.exe = _as_set(c, _compiled(c, name))
     return _OK
+
+
+def _warn_no_effect(extensions: dict[str, bytes]) -> None:
+    """Warn once, by name, of each NNRt key set that changes nothing here."""
+    for key in sorted(extensions.keys() & NO_EFFECT.keys() - _warned):
+        log.warning("extension %s is recorded and has no effect here: %s", key, NO_EFFECT[key])
+        _warned.add(key)
 
 
 def _compiled(c: OH_NNCompilation, name: str | None) -> Executable:
