@@ -22,9 +22,10 @@ from typing import Any
 
 import numpy as np
 import onnxruntime as ort
+from starlette.requests import Request
+
 import ray
 from ray import serve
-from starlette.requests import Request
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0})
