@@ -289,6 +289,7 @@ def test_sophgo_variables_not_read_and_share_mem_are_warned_of_once(
     silently."""
     from crossrt.compat.bmruntime import BM_RUNTIME_SHARE_MEM, bmodel, bmrt_set_flags, envvars
 
+    caplog.set_level(logging.WARNING, logger="crossrt")  # another test may have raised it
     monkeypatch.setattr(envvars, "_warned", set())
     monkeypatch.setattr(bmodel, "_share_mem_said", [])
     monkeypatch.setenv("BMRUNTIME_USING_FAST_ALLREDUCE", "1")

@@ -5,6 +5,7 @@ and every OH_NN_ReturnCode the layer returns, with its meaning. No exception cro
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 import threading
 from pathlib import Path
@@ -619,6 +620,7 @@ def test_nnrt_keys_with_no_effect_are_warned_of_once_by_name(
     """Issue 27.4: isProfiling, AIPP... were recorded and dropped without a word."""
     from crossrt.compat.nnrt import compilation
 
+    caplog.set_level(logging.WARNING, logger="crossrt")  # another test may have raised it
     monkeypatch.setattr(compilation, "_warned", set())
     for _ in range(2):
         c = nn.OH_NNCompilation_Construct(add_model())

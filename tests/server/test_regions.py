@@ -246,7 +246,9 @@ def test_regions_of_a_dead_process_are_released(
     handle = shm.create_shared_memory_region("dead-region", key, 64)
     try:
         got = in_child(daemon, "dead_process", key)
-        assert got["listed"] == ["dead-region"]  # registered, then its process ended
+        # registered, then its process ended (others of this user's, such as the lane's memfd
+        # segments an earlier test of this module left registered, may be listed beside it)
+        assert "dead-region" in got["listed"], got["listed"]
         assert "dead-region" not in client.get_system_shared_memory_status().regions
     finally:
         shm.destroy_shared_memory_region(handle)
