@@ -252,74 +252,89 @@ class Profile:
         return result
 
     def _build(self) -> dict[str, Any]:
-        pid = os.getpid()
-        events: list[dict[str, Any]] = [
-            _meta(pid, 0, "process_name", {"name": f"crossrt {pid}"}),
-        ]
-        tid = 1
-
-        def us(ns: int) -> float:
-            return round((ns - self._start) / 1e3, 3)
-
+        trace = _Trace(self._start)
         for k, model in enumerate(self.models):
-            rows = self.requests(k)[: self._drawn]
-            nodes = model.executable.nodes
-            tracks: dict[tuple[int, int], int] = {}
-            for i, inst in enumerate(model._instances):
-                where = f"{model.name} instance {i} ({inst.device or model.device.id})"
-                if len(inst.programs) == 1:
-                    tracks[(i, -1)] = tid
-                    events.append(_meta(pid, tid, "thread_name", {"name": where}))
-                    tid += 1
-                    continue
-                for j, node in enumerate(nodes):
-                    tracks[(i, j)] = tid
-                    name = f"{where} node {j} {node.name} ({node.driver})"
-                    events.append(_meta(pid, tid, "thread_name", {"name": name}))
-                    tid += 1
-            for n, (finished, arrived, queue, checked, infer, instance) in enumerate(rows.tolist()):
-                ident = f"{k}.{n}"
-                started = arrived + checked + queue
-                marks = (arrived, arrived + checked, started, started + infer, finished)
-                request = {"cat": "request", "id": ident, "pid": pid, "tid": 0}
-                events.append(
-                    {**request, "ph": "b", "name": model.name, "ts": us(arrived),
-                     "args": {"instance": instance}}
-                )  # fmt: skip
-                for phase, begin, end in zip(
-                    ("input", "queue", "infer", "output"), marks, marks[1:], strict=False
-                ):
-                    if end > begin:
-                        events.append({**request, "ph": "b", "name": phase, "ts": us(begin)})
-                        events.append({**request, "ph": "e", "name": phase, "ts": us(end)})
-                events.append({**request, "ph": "e", "name": model.name, "ts": us(finished)})
-                track = tracks.get((instance, -1))
-                if track is not None:
-                    events.append(
-                        {"ph": "X", "cat": "infer", "name": "infer", "pid": pid, "tid": track,
-                         "ts": us(marks[2]), "dur": round(infer / 1e3, 3),
-                         "args": {"model": model.name}}
-                    )  # fmt: skip
-            copies = [c for c in self._copies[k] if c[2] >= self._start][: self._drawn * 4]
-            if copies:
-                events.append(_meta(pid, tid, "thread_name", {"name": f"{model.name} copies"}))
-                for direction, nbytes, begin, end in copies:
-                    events.append(
-                        {"ph": "X", "cat": "copy", "name": direction.replace("_", " "),
-                         "pid": pid, "tid": tid, "ts": us(begin),
-                         "dur": round((end - begin) / 1e3, 3),
-                         "args": {"model": model.name, "bytes": nbytes}}
-                    )  # fmt: skip
-                tid += 1
-            drawn = itertools.islice(self._nodes[k], self._drawn * max(1, len(nodes)))
-            for instance, j, _, begin, end in drawn:
-                if begin < self._start or (instance, j) not in tracks:
-                    continue
-                events.append(
-                    {"ph": "X", "cat": "node", "name": f"{nodes[j].name} ({nodes[j].driver})",
-                     "pid": pid, "tid": tracks[(instance, j)], "ts": us(begin),
-                     "dur": round((end - begin) / 1e3, 3), "args": {"model": model.name}}
-                )  # fmt: skip
+            tracks = self._draw_instances(trace, model)
+            self._draw_requests(trace, k, model, tracks)
+            self._draw_copies(trace, k, model)
+            self._draw_nodes(trace, k, model, tracks)
+        self._draw_marks(trace)
+        return {
+            "traceEvents": trace.events,
+            "displayTimeUnit": "ms",
+            "otherData": {
+                "producer": "crossrt",
+                "pid": trace.pid,
+                "start_epoch_us": self._epoch_ns // 1000,
+                "summary": self.summary(),
+            },
+        }
+
+    @staticmethod
+    def _draw_instances(trace: _Trace, model: LoadedModel) -> dict[tuple[int, int], int]:
+        """A track per instance, or per node of it; by ``(instance, node)``, node -1: all."""
+        tracks: dict[tuple[int, int], int] = {}
+        for i, inst in enumerate(model._instances):
+            where = f"{model.name} instance {i} ({inst.device or model.device.id})"
+            if len(inst.programs) == 1:
+                tracks[(i, -1)] = trace.track(where)
+                continue
+            for j, node in enumerate(model.executable.nodes):
+                tracks[(i, j)] = trace.track(f"{where} node {j} {node.name} ({node.driver})")
+        return tracks
+
+    def _draw_requests(
+        self, trace: _Trace, k: int, model: LoadedModel, tracks: dict[tuple[int, int], int]
+    ) -> None:
+        """Each drawn request as an async slice holding its phases, and its ``infer`` slice
+        on its instance's track."""
+        pid = trace.pid
+        rows = self.requests(k)[: self._drawn]
+        for n, (finished, arrived, queue, checked, infer, instance) in enumerate(rows.tolist()):
+            started = arrived + checked + queue
+            marks = (arrived, arrived + checked, started, started + infer, finished)
+            request = {"cat": "request", "id": f"{k}.{n}", "pid": pid, "tid": 0}
+            events = trace.events
+            events.append(
+                {**request, "ph": "b", "name": model.name, "ts": trace.us(arrived),
+                 "args": {"instance": instance}}
+            )  # fmt: skip
+            for phase, begin, end in zip(
+                ("input", "queue", "infer", "output"), marks, marks[1:], strict=False
+            ):
+                if end > begin:
+                    events.append({**request, "ph": "b", "name": phase, "ts": trace.us(begin)})
+                    events.append({**request, "ph": "e", "name": phase, "ts": trace.us(end)})
+            events.append({**request, "ph": "e", "name": model.name, "ts": trace.us(finished)})
+            track = tracks.get((instance, -1))
+            if track is not None:
+                trace.slice("infer", "infer", track, marks[2], infer, {"model": model.name})
+
+    def _draw_copies(self, trace: _Trace, k: int, model: LoadedModel) -> None:
+        """The model's copies between host and device memory, on a track of their own."""
+        copies = [c for c in self._copies[k] if c[2] >= self._start][: self._drawn * 4]
+        if not copies:
+            return
+        track = trace.track(f"{model.name} copies")
+        for direction, nbytes, begin, end in copies:
+            args = {"model": model.name, "bytes": nbytes}
+            trace.slice("copy", direction.replace("_", " "), track, begin, end - begin, args)
+
+    def _draw_nodes(
+        self, trace: _Trace, k: int, model: LoadedModel, tracks: dict[tuple[int, int], int]
+    ) -> None:
+        """Each node run of a multi-node executable, on its instance's node track."""
+        nodes = model.executable.nodes
+        drawn = itertools.islice(self._nodes[k], self._drawn * max(1, len(nodes)))
+        for instance, j, _, begin, end in drawn:
+            if begin < self._start or (instance, j) not in tracks:
+                continue
+            name = f"{nodes[j].name} ({nodes[j].driver})"
+            track = tracks[(instance, j)]
+            trace.slice("node", name, track, begin, end - begin, {"model": model.name})
+
+    def _draw_marks(self, trace: _Trace) -> None:
+        """The spans of :meth:`mark` inside the profile, a track per ``track`` name."""
         named: dict[str, int] = {}
         with self._lock:
             own = list(self._marks)
@@ -327,23 +342,38 @@ class Profile:
             if begin < self._start or end > self._end:
                 continue
             if where not in named:
-                named[where] = tid
-                events.append(_meta(pid, tid, "thread_name", {"name": where}))
-                tid += 1
-            events.append(
-                {"ph": "X", "cat": "mark", "name": name, "pid": pid, "tid": named[where],
-                 "ts": us(begin), "dur": round((end - begin) / 1e3, 3), "args": args}
-            )  # fmt: skip
-        return {
-            "traceEvents": events,
-            "displayTimeUnit": "ms",
-            "otherData": {
-                "producer": "crossrt",
-                "pid": pid,
-                "start_epoch_us": self._epoch_ns // 1000,
-                "summary": self.summary(),
-            },
-        }
+                named[where] = trace.track(where)
+            trace.slice("mark", name, named[where], begin, end - begin, args)
+
+
+class _Trace:
+    """A trace's events as they are drawn, and the next free track id."""
+
+    def __init__(self, start_ns: int) -> None:
+        self.pid = os.getpid()
+        self.start_ns = start_ns
+        self.events: list[dict[str, Any]] = [
+            _meta(self.pid, 0, "process_name", {"name": f"crossrt {self.pid}"})
+        ]
+        self.tid = 1
+
+    def us(self, ns: int) -> float:
+        """``ns`` (``perf_counter_ns``) as microseconds since the profile's start."""
+        return round((ns - self.start_ns) / 1e3, 3)
+
+    def track(self, name: str) -> int:
+        """A new track named ``name``; its id."""
+        tid = self.tid
+        self.events.append(_meta(self.pid, tid, "thread_name", {"name": name}))
+        self.tid += 1
+        return tid
+
+    def slice(self, cat: str, name: str, tid: int, begin_ns: int, ns: int, args: Any) -> None:
+        """A complete slice on track ``tid`` from ``begin_ns``, ``ns`` long."""
+        self.events.append(
+            {"ph": "X", "cat": cat, "name": name, "pid": self.pid, "tid": tid,
+             "ts": self.us(begin_ns), "dur": round(ns / 1e3, 3), "args": args}
+        )  # fmt: skip
 
 
 def save_trace(trace: dict[str, Any], path: str | os.PathLike[str]) -> None:

@@ -61,6 +61,16 @@ def parser() -> argparse.ArgumentParser:
         help="the .crm file to write (default: the model file's name with .crm, here)",
     )
     flags.add(p, "--driver", "--fallback")
+    # Added group by group, in the order --help lists them.
+    _add_precision(p)
+    _add_auto(p)
+    _add_code(p)
+    _add_cache(p)
+    return p
+
+
+def _add_precision(p: argparse.ArgumentParser) -> None:
+    """The numeric precision compiled for, and int8's calibration samples."""
     p.add_argument("--fp16", action="store_true", help="the same as --precision fp16")
     flags.add(p, "--precision")
     p.add_argument(
@@ -71,6 +81,10 @@ def parser() -> argparse.ArgumentParser:
         "named as the inputs) or one NAME.npy per input (first axis: the samples); the last "
         "fifth is held back to measure the error against fp32",
     )
+
+
+def _add_auto(p: argparse.ArgumentParser) -> None:
+    """How ``--device auto`` measures its candidates."""
     p.add_argument(
         "--auto-seconds",
         type=float,
@@ -86,6 +100,10 @@ def parser() -> argparse.ArgumentParser:
         help="with --device auto: measure with this shape of input NAME (1x3x48x320) where "
         "its dynamic dimensions would otherwise be 1; repeat for several inputs",
     )
+
+
+def _add_code(p: argparse.ArgumentParser) -> None:
+    """What the compiled code is made for: static shapes, any CPU, performance, priority."""
     p.add_argument(
         "--shape",
         action="append",
@@ -107,6 +125,10 @@ def parser() -> argparse.ArgumentParser:
         help="performance mode: NONE, LOW, MEDIUM, HIGH or EXTREME",
     )
     p.add_argument("--priority", default=None, help="priority: NONE, LOW, MEDIUM or HIGH")
+
+
+def _add_cache(p: argparse.ArgumentParser) -> None:
+    """The compile cache: where it is, and which version of its entries is current."""
     flags.add(p, "--cache-dir")
     p.add_argument(
         "--cache-version",
@@ -116,7 +138,6 @@ def parser() -> argparse.ArgumentParser:
         help="cache version: an entry of an older version is rebuilt, a newer one is an error "
         "(default: 0)",
     )
-    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:

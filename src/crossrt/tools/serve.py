@@ -28,6 +28,18 @@ def parser() -> argparse.ArgumentParser:
         "in the runtime directory. SIGTERM drains and stops; SIGHUP rescans the model "
         "repository. As a KServe runtime: crossrt serve --kserve --model NAME=/mnt/models.",
     )
+    # Added group by group, in the order --help lists them.
+    _add_daemon(p)
+    _add_repository(p)
+    _add_serving_runtime(p)
+    _add_listeners(p)
+    _add_limits(p)
+    _add_security(p)
+    return p
+
+
+def _add_daemon(p: argparse.ArgumentParser) -> None:
+    """Where the daemon listens, its config file, its logs and its CPUs."""
     p.add_argument(
         "-g", dest="endpoint", action="append", metavar="ENDPOINT",
         help="listen here: unix:/path (or /path) for a Unix socket in place of the default "
@@ -43,6 +55,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-x", dest="console", action="store_true", default=None,
                    help="log to the console instead of syslog")  # fmt: skip
     p.add_argument("--cores", metavar="LIST", help="reserve these host CPUs ('0-3', '4,5')")
+
+
+def _add_repository(p: argparse.ArgumentParser) -> None:
+    """The models served: a model repository, and models named on the command line."""
     p.add_argument(
         "--model-repository",
         metavar="DIR",
@@ -71,6 +87,10 @@ def parser() -> argparse.ArgumentParser:
         "cores, queue_depth, timeout, precision, max_batch_size, batch_delay, "
         "response_cache, device; e.g. instances=2, max_batch_size=8",
     )  # fmt: skip
+
+
+def _add_serving_runtime(p: argparse.ArgumentParser) -> None:
+    """Running as a KServe runtime, what the daemon's calls mean, and how it stops."""
     p.add_argument(
         "--kserve", action="store_true", default=None,
         help="run as a KServe serving runtime: where not set otherwise, HTTP/REST on "
@@ -89,6 +109,10 @@ def parser() -> argparse.ArgumentParser:
         help="on SIGTERM, the seconds the calls under way get to finish before the daemon "
         "cuts them and exits (default 30; --kserve: 20)",
     )  # fmt: skip
+
+
+def _add_listeners(p: argparse.ArgumentParser) -> None:
+    """The Prometheus metrics and HTTP/REST endpoints served besides gRPC."""
     p.add_argument(
         "--metrics", metavar="HOST:PORT",
         help="serve Prometheus metrics here (PORT or :PORT: 127.0.0.1)",
@@ -98,6 +122,10 @@ def parser() -> argparse.ArgumentParser:
         help="serve KServe v2 HTTP/REST here too (health, metadata, config, infer, "
         "statistics, repository, shared memory; PORT or :PORT: 127.0.0.1)",
     )  # fmt: skip
+
+
+def _add_limits(p: argparse.ArgumentParser) -> None:
+    """Connection, size and time limits, and the response cache's budget."""
     p.add_argument(
         "--max-connections", type=int, metavar="N",
         help="connections a Unix socket keeps open at once (default 1024); one more is "
@@ -138,6 +166,10 @@ def parser() -> argparse.ArgumentParser:
         help="the time an HTTP client has to send a request's headers, and may stay idle "
         "between requests (default 30)",
     )  # fmt: skip
+
+
+def _add_security(p: argparse.ArgumentParser) -> None:
+    """Bearer tokens: one for every call, or one per user with a role."""
     p.add_argument(
         "--token", metavar="T",
         help="require the metadata 'authorization: Bearer T' on every call (or set "
@@ -148,7 +180,6 @@ def parser() -> argparse.ArgumentParser:
         help="per-user tokens (TOML: [[tokens]] token, user, role), readable by the daemon's "
         "user only: a TCP or HTTP client sending one is that user, with that role",
     )  # fmt: skip
-    return p
 
 
 def given(args: argparse.Namespace) -> dict[str, Any]:

@@ -6,7 +6,7 @@ multicore.py's thread-slot and core-list variants."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -82,6 +82,9 @@ def _output_specs(exe: Executable, feed: Mapping[str, CrossrtTensor]) -> tuple[T
     return tuple(exe.outputs)
 
 
+_Layout = tuple[DeviceMemory, DeviceMemory, int, tuple[int, ...], Any]
+
+
 def launch(
     p_bmrt: Bmruntime,
     net_name: str,
@@ -102,67 +105,26 @@ def launch(
     handle = p_bmrt.handle_of(first.device_mem if isinstance(first, bm_tensor_t) else None)
     model = p_bmrt.model(net_name, handle, cores, slot)
     device = handle.check()
-    if input_num != len(exe.inputs) or output_num != len(exe.outputs):
-        raise InvalidArgumentError(
-            f"network {net_name!r} has {len(exe.inputs)} inputs and {len(exe.outputs)} outputs;"
-            f" got input_num={input_num}, output_num={output_num}"
-        )
-    if len(input_tensors) < input_num or len(output_tensors) < output_num:
-        raise InvalidArgumentError("fewer tensors in the arrays than input_num / output_num")
+    _check_counts(net_name, exe, input_tensors, input_num, output_tensors, output_num)
+    outs = output_tensors[:output_num]
     temps: list[DeviceMemory] = []  # freed once the run is over
     made: list[DeviceMemory] = []  # output memory this launch allocated: the caller's to free
     try:
-        for t in input_tensors[:input_num]:
-            if isinstance(t, bm_tensor_t) and t.device_mem is not None:
-                device.before_device_access(t.device_mem, f"running {net_name!r} on it")
-        feed = {
-            spec.name: _as_tensor(device, t, spec, temps)
-            for spec, t in zip(exe.inputs, input_tensors, strict=False)
-        }
+        feed = _feed(device, net_name, exe, input_tensors[:input_num], temps)
         specs = _output_specs(exe, feed)
         saving = envvars.enabled(envvars.SAVE_IO)
         if saving:
             envvars.save_io("input", (_tensor_bytes(feed[s.name]) for s in exe.inputs))
         if not all(s.is_static for s in specs):
-            for spec, t in zip(specs, output_tensors, strict=False):
-                if user_stmode:  # the layout is checked; the shape comes after the run
-                    batches_per_word(t.st_mode, crossrt_dtype(bm_dtype(spec.dtype)), spec.name)
-                    if t.st_mode != BM_STORE_1N:
-                        raise InvalidArgumentError(
-                            f"output {spec.name!r}: a dynamic network's outputs are stored "
-                            "BM_STORE_1N; give user_stmode=false"
-                        )
-            if user_mem:  # refused before the run, not after it
-                for spec, t in zip(exe.outputs, output_tensors, strict=False):
-                    if t.device_mem is None:
-                        _user_mem(t, spec, 0, net.info.max_output_bytes[exe.outputs.index(spec)])
-            _run_now(handle, net, model, feed, output_tensors[:output_num], user_mem)
+            _check_dynamic_outputs(net, specs, output_tensors, user_mem, user_stmode)
+            _run_now(handle, net, model, feed, outs, user_mem)
             _free(device, temps)
             if saving:
-                envvars.save_io("output", _outputs_bytes(device, output_tensors[:output_num]))
+                envvars.save_io("output", _outputs_bytes(device, outs))
             return
-        outputs: dict[str, CrossrtTensor] = {}
-        layouts: list[tuple[DeviceMemory, DeviceMemory, int, tuple[int, ...], Any]] = []
-        mems: list[DeviceMemory] = []
-        for spec, t in zip(specs, output_tensors, strict=False):
-            dims = tuple(shape_dims(spec.shape))
-            dtype = crossrt_dtype(bm_dtype(spec.dtype))
-            mode = t.st_mode if user_stmode else BM_STORE_1N
-            k = batches_per_word(mode, dtype, f"output {spec.name!r}")
-            size = stored_bytes(dims, max(1, dtype.itemsize), k)
-            if user_mem:
-                mem = _user_mem(t, spec, size)
-            else:
-                mem = device.malloc(size)
-                made.append(mem)
-            device.before_device_access(mem, f"running {net_name!r} into it")
-            mems.append(mem)
-            target = mem
-            if k > 1:  # the run writes 1N into a temporary; the sync lays it out
-                target = device.malloc(math.prod(dims) * dtype.itemsize)
-                temps.append(target)
-                layouts.append((target, mem, k, dims, dtype.numpy))
-            outputs[spec.name] = device.tensor(target, dtype, dims, name=spec.name)
+        outputs, layouts, mems = _static_outputs(
+            device, net_name, specs, output_tensors, user_mem, user_stmode, temps, made
+        )
         future: Future[Any] = model.run_async(feed, outputs)
     except BaseException:
         _free(device, [*temps, *made])
@@ -172,6 +134,117 @@ def launch(
         t.device_mem = mem
         if not user_stmode:
             t.st_mode = BM_STORE_1N
+    done = _completion(device, future, layouts, mems, temps, saving, output_tensors, output_num)
+    handle.launched(future, done)
+
+
+def _check_counts(
+    net_name: str,
+    exe: Executable,
+    input_tensors: Sequence[bm_tensor_t],
+    input_num: int,
+    output_tensors: Sequence[bm_tensor_t],
+    output_num: int,
+) -> None:
+    """The counts given match the network's and the arrays hold that many tensors."""
+    if input_num != len(exe.inputs) or output_num != len(exe.outputs):
+        raise InvalidArgumentError(
+            f"network {net_name!r} has {len(exe.inputs)} inputs and {len(exe.outputs)} outputs;"
+            f" got input_num={input_num}, output_num={output_num}"
+        )
+    if len(input_tensors) < input_num or len(output_tensors) < output_num:
+        raise InvalidArgumentError("fewer tensors in the arrays than input_num / output_num")
+
+
+def _feed(
+    device: Device,
+    net_name: str,
+    exe: Executable,
+    input_tensors: Sequence[bm_tensor_t],
+    temps: list[DeviceMemory],
+) -> dict[str, CrossrtTensor]:
+    """The run's inputs by name, once the device may read the caller's memory."""
+    for t in input_tensors:
+        if isinstance(t, bm_tensor_t) and t.device_mem is not None:
+            device.before_device_access(t.device_mem, f"running {net_name!r} on it")
+    return {
+        spec.name: _as_tensor(device, t, spec, temps)
+        for spec, t in zip(exe.inputs, input_tensors, strict=False)
+    }
+
+
+def _check_dynamic_outputs(
+    net: _Network,
+    specs: Sequence[TensorSpec],
+    output_tensors: Sequence[bm_tensor_t],
+    user_mem: bool,
+    user_stmode: bool,
+) -> None:
+    """A dynamic network's outputs: refused before the run, not after it."""
+    exe = net.executable
+    for spec, t in zip(specs, output_tensors, strict=False):
+        if user_stmode:  # the layout is checked; the shape comes after the run
+            batches_per_word(t.st_mode, crossrt_dtype(bm_dtype(spec.dtype)), spec.name)
+            if t.st_mode != BM_STORE_1N:
+                raise InvalidArgumentError(
+                    f"output {spec.name!r}: a dynamic network's outputs are stored "
+                    "BM_STORE_1N; give user_stmode=false"
+                )
+    if user_mem:
+        for spec, t in zip(exe.outputs, output_tensors, strict=False):
+            if t.device_mem is None:
+                _user_mem(t, spec, 0, net.info.max_output_bytes[exe.outputs.index(spec)])
+
+
+def _static_outputs(
+    device: Device,
+    net_name: str,
+    specs: Sequence[TensorSpec],
+    output_tensors: Sequence[bm_tensor_t],
+    user_mem: bool,
+    user_stmode: bool,
+    temps: list[DeviceMemory],
+    made: list[DeviceMemory],
+) -> tuple[dict[str, CrossrtTensor], list[_Layout], list[DeviceMemory]]:
+    """The run's outputs by name, the store-mode layouts the sync applies, and the memory each
+    output ends in (the caller's with ``user_mem``, else allocated here and added to ``made``)."""
+    outputs: dict[str, CrossrtTensor] = {}
+    layouts: list[_Layout] = []
+    mems: list[DeviceMemory] = []
+    for spec, t in zip(specs, output_tensors, strict=False):
+        dims = tuple(shape_dims(spec.shape))
+        dtype = crossrt_dtype(bm_dtype(spec.dtype))
+        mode = t.st_mode if user_stmode else BM_STORE_1N
+        k = batches_per_word(mode, dtype, f"output {spec.name!r}")
+        size = stored_bytes(dims, max(1, dtype.itemsize), k)
+        if user_mem:
+            mem = _user_mem(t, spec, size)
+        else:
+            mem = device.malloc(size)
+            made.append(mem)
+        device.before_device_access(mem, f"running {net_name!r} into it")
+        mems.append(mem)
+        target = mem
+        if k > 1:  # the run writes 1N into a temporary; the sync lays it out
+            target = device.malloc(math.prod(dims) * dtype.itemsize)
+            temps.append(target)
+            layouts.append((target, mem, k, dims, dtype.numpy))
+        outputs[spec.name] = device.tensor(target, dtype, dims, name=spec.name)
+    return outputs, layouts, mems
+
+
+def _completion(
+    device: Device,
+    future: Future[Any],
+    layouts: Sequence[_Layout],
+    mems: Sequence[DeviceMemory],
+    temps: Sequence[DeviceMemory],
+    saving: bool,
+    output_tensors: Sequence[bm_tensor_t],
+    output_num: int,
+) -> Callable[[], None]:
+    """What ``bm_thread_sync`` does once the run is over: lay the outputs out in their store
+    modes, save them when asked, free the temporaries, mark the outputs written."""
 
     def done() -> None:
         try:
@@ -187,7 +260,7 @@ def launch(
             for mem in mems:
                 device.device_wrote(mem)
 
-    handle.launched(future, done)
+    return done
 
 
 def _tensor_bytes(tensor: CrossrtTensor) -> bytes:
