@@ -376,6 +376,17 @@ def test_nan_returns_1003_with_the_outputs_when_checked(
     assert np.isnan(got[1]) and got[0] == 0 and got[3] == np.float32(np.log(4))
 
 
+def test_infinity_is_a_value_not_a_numerical_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 27.4: 1003 means a NaN was produced (seed 002); log(0) = -inf counted as one."""
+    _init()
+    monkeypatch.setenv("NEURON_FAIL_ON_NAN", "1")
+    model = _load(_crm(_log_model()))
+    inputs, outputs = _sets(model, {"x": np.array([1, 0, 2, 4], np.float32)})
+    assert nrt.nrt_execute(model, inputs, outputs) == nrt.NRT_SUCCESS
+    (name,) = list(outputs)
+    assert np.isneginf(_read(outputs, name)[1])
+
+
 # -- models ------------------------------------------------------------------------------------
 
 
