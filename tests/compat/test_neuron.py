@@ -317,7 +317,9 @@ def test_memlog_max_size_sizes_the_allocation_log(monkeypatch: pytest.MonkeyPatc
 # -- model variables: NEURON_RT_EXEC_TIMEOUT, _VALIDATE_HASH, numerical errors -----------------
 
 
-def test_exec_timeout_stops_a_long_execution(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_exec_timeout_stops_a_long_execution(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     _init()
     monkeypatch.setenv("NEURON_RT_EXEC_TIMEOUT", "0.001")
     model = _load(_crm(heavy()))
@@ -325,6 +327,9 @@ def test_exec_timeout_stops_a_long_execution(monkeypatch: pytest.MonkeyPatch) ->
     x = np.eye(512, dtype=np.float32)
     inputs, outputs = _sets(model, {"x": x})
     assert nrt.nrt_execute(model, inputs, outputs) == nrt.NRT_TIMEOUT
+    # the message names Neuron's setting, not crossrt's (issue 27.4)
+    said = [r.getMessage() for r in caplog.records if "execution timeout" in r.getMessage()]
+    assert said and all("NEURON_RT_EXEC_TIMEOUT" in m and "CROSSRT_" not in m for m in said)
     monkeypatch.delenv("NEURON_RT_EXEC_TIMEOUT")
     assert _load(_crm()).model.instances.exec_timeout == 30  # the seed's default
     monkeypatch.setenv("NEURON_RT_EXEC_TIMEOUT", "soon")
@@ -374,6 +379,17 @@ def test_nan_returns_1003_with_the_outputs_when_checked(
     (name,) = list(outputs)
     got = _read(outputs, name)
     assert np.isnan(got[1]) and got[0] == 0 and got[3] == np.float32(np.log(4))
+
+
+def test_infinity_is_a_value_not_a_numerical_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 27.4: 1003 means a NaN was produced (seed 002); log(0) = -inf counted as one."""
+    _init()
+    monkeypatch.setenv("NEURON_FAIL_ON_NAN", "1")
+    model = _load(_crm(_log_model()))
+    inputs, outputs = _sets(model, {"x": np.array([1, 0, 2, 4], np.float32)})
+    assert nrt.nrt_execute(model, inputs, outputs) == nrt.NRT_SUCCESS
+    (name,) = list(outputs)
+    assert np.isneginf(_read(outputs, name)[1])
 
 
 # -- models ------------------------------------------------------------------------------------

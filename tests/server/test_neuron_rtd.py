@@ -99,6 +99,9 @@ def test_a_second_model_on_a_busy_group_is_nc_busy(remote: RemoteRuntime) -> Non
     with pytest.raises(crossrt.CrossrtError) as posted:
         second.post(X)
     assert posted.value.code is StatusCode.EXEC_NC_BUSY
+    with pytest.raises(crossrt.CrossrtError) as ran:  # KServe's ModelInfer too (rtd's infer)
+        second.run(X)
+    assert ran.value.code is StatusCode.EXEC_NC_BUSY, ran.value  # was OPERATION_FORBIDDEN
     first.stop()
     second.start()
     np.testing.assert_allclose(second.wait(second.post(X), 30)["y"], X @ W + 1, rtol=1e-6)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from enum import IntEnum
 from typing import Any, ParamSpec, Protocol
 
@@ -33,10 +33,21 @@ class Guard(Protocol):
     def __call__(self, shape: str = "status") -> Wrap: ...
 
 
-def never_raises(status_of: Callable[[BaseException], IntEnum], log: logging.Logger) -> Guard:
+def never_raises(
+    status_of: Callable[[BaseException], IntEnum],
+    log: logging.Logger,
+    spoken: Mapping[str, str] | None = None,
+) -> Guard:
     """A decorator factory for one layer: ``guarded(shape)`` wraps a function so that any
     exception becomes ``status_of(exc)`` in the form ``shape`` says (:data:`FAILURE_SHAPES`),
-    logged on ``log``."""
+    logged on ``log``; ``spoken``: crossrt's words in messages -> the layer's (a setting's
+    crossrt name -> the seed's variable), so a port reads the names it knows."""
+
+    def said(exc: Exception) -> str:
+        text = str(exc)
+        for crossrt_words, seed_words in (spoken or {}).items():
+            text = text.replace(crossrt_words, seed_words)
+        return text
 
     def guarded(shape: str = "status") -> Wrap:
         if shape not in FAILURE_SHAPES:
@@ -49,7 +60,7 @@ def never_raises(status_of: Callable[[BaseException], IntEnum], log: logging.Log
                     return function(*args, **kwargs)
                 except Exception as exc:  # the seed's API returns statuses, never raises
                     status = status_of(exc)
-                    log.error("%s: %s (%s)", function.__name__, exc, status.name)
+                    log.error("%s: %s (%s)", function.__name__, said(exc), status.name)
                     if shape == "pair":
                         return status, None
                     if shape == "value":

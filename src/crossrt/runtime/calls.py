@@ -20,7 +20,7 @@ from . import watchdog
 from .binding import OutputBinder
 from .instance import Instance
 from .memory.transfer import Transfers, release_made, to_host_results
-from .numerics import checking
+from .numerics import Numerics, checking
 from .queued import late
 
 
@@ -44,7 +44,7 @@ class Calls:
         name: str,
         inputs: int,
         exec_timeout: float | None,
-        check_numerics: bool,
+        check_numerics: Numerics,
         transfers: Transfers | None,
         last: threading.local | None,
         binder: OutputBinder,
@@ -74,7 +74,7 @@ class Calls:
         if self._transfers is not None:
             execute = on_host(execute, self._transfers)
         if self._numerics:
-            execute = checking(self._name, execute)
+            execute = checking(self._name, execute, self._numerics != "nan")
         return recording(execute, self._last) if self._last is not None else execute
 
     def limited(
@@ -92,7 +92,7 @@ class Calls:
         """A queued request's run in a worker (``execute``: the scheduler's call on the
         instance it holds): outputs bound, results checked."""
         if self._numerics:
-            execute = checking(self._name, execute)
+            execute = checking(self._name, execute, self._numerics != "nan")
         if outputs is None or (not outputs and type(outputs) is dict):
             result = execute(feed)
             return to_host_results(result, self._transfers) if self._transfers else result

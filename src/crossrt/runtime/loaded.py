@@ -15,6 +15,7 @@ from ..errors import ClosedError, InvalidHandleError, OperationForbiddenError
 from ..model import TensorSpec
 from .batching import Batching
 from .instance import Instance
+from .numerics import Numerics
 from .running import Running
 from .statistics import Statistics
 from .views import Instances, Memory, TensorInfo, Tensors
@@ -63,7 +64,7 @@ class LoadedModel(Running):
         *,
         queue_depth: int | None = None,
         exec_timeout: float | None = None,
-        check_numerics: bool = False,
+        check_numerics: Numerics = False,
         statistics: Statistics | None = None,
         batching: Batching | None = None,
         name: str | None = None,

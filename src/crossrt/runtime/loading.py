@@ -28,6 +28,7 @@ from .batching import Batching
 from .cores.groups import MODES, CoreGroup, core_set, node_cores, pinned_cpus
 from .loaded import LoadedModel
 from .memory.transfer import ResidentProgram, Transfers
+from .numerics import Numerics
 from .scheduler import Instance
 from .staged import StagedModel
 
@@ -121,8 +122,8 @@ def linked_devices(devices: Sequence[str], exe: Executable) -> list[DeviceInfo]:
 
 
 def run_limits(
-    exec_timeout: float | None, check_numerics: bool | None
-) -> tuple[float | None, bool]:
+    exec_timeout: float | None, check_numerics: Numerics | None
+) -> tuple[float | None, Numerics]:
     """``(exec_timeout, check_numerics)`` of every run, the environment's where not given.
 
     Raises:
@@ -134,7 +135,8 @@ def run_limits(
         isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0
     ):
         raise InvalidArgumentError(f"exec_timeout={timeout!r}: give seconds, more than 0")
-    return timeout, bool(config.check_numerics if check_numerics is None else check_numerics)
+    numerics = config.check_numerics if check_numerics is None else check_numerics
+    return timeout, "nan" if numerics == "nan" else bool(numerics)
 
 
 # -- the plan: instances, then the model -------------------------------------------------------

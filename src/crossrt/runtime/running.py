@@ -37,6 +37,7 @@ from .inputs import InputChecker, output_names_checked
 from .instance import Instance
 from .memory.tensorset import TensorSet
 from .memory.transfer import ResidentProgram
+from .numerics import Numerics
 from .queued_runs import QueuedRuns
 from .request import Request
 from .scheduler import Scheduler
@@ -64,7 +65,7 @@ class Running(QueuedRuns):
         *,
         queue_depth: int | None,
         exec_timeout: float | None,
-        check_numerics: bool,
+        check_numerics: Numerics,
         statistics: Statistics | None,
         batching: Batching | None,
     ) -> None:
@@ -105,7 +106,7 @@ class Running(QueuedRuns):
         self._give = self._line.idle.append
 
     def _prepare_calls(
-        self, memory: Memory, exec_timeout: float | None, check_numerics: bool
+        self, memory: Memory, exec_timeout: float | None, check_numerics: Numerics
     ) -> None:
         """The outputs' binder and what a run calls on each instance (:class:`Calls`)."""
         inputs = len(self.executable.inputs)

@@ -21,6 +21,7 @@ from .loaded import LoadedModel
 from .loading import LoadPlan, executable_for, load_devices, run_limits
 from .memory import shm
 from .memory.allocator import MemoryStats, all_stats
+from .numerics import Numerics
 from .profiler import Profile
 
 
@@ -150,7 +151,7 @@ class Runtime:
         cores_per_instance: int | None = None,
         queue_depth: int | None = None,
         exec_timeout: float | None = None,
-        check_numerics: bool | None = None,
+        check_numerics: Numerics | None = None,
         mode: str = "shared",
         max_batch_size: int = 0,
         batch_delay: float = 0.0,

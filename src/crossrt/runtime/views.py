@@ -19,6 +19,7 @@ from .batching import Batching
 from .instance import Instance
 from .memory.allocator import Allocator, OwnerStats, device_allocator
 from .memory.transfer import Transfers, TransferStats
+from .numerics import Numerics
 from .shapes import DimRange, declared_ranges
 
 if TYPE_CHECKING:
@@ -70,7 +71,7 @@ class Instances:
     queue_depth: int
     exec_timeout: float | None
     batching: Batching | None
-    check_numerics: bool
+    check_numerics: Numerics
 
     @classmethod
     def of(cls, instances: Sequence[Instance], device: str, **settings: Any) -> Instances:

@@ -36,6 +36,7 @@ from .extension import RuntimeService
 from .gate import Gate, authorization
 from .kserve import InferenceService
 from .lane import LaneServer
+from .neuron_rtd import NEURON_RTD, nc_busy
 from .peers import Peer, identify
 from .proto import runtime_pb2_grpc as v1_grpc
 from .regions import Regions
@@ -135,6 +136,7 @@ class Daemon:
             self.ready,
             cache,
             explicit=options.model_control == "explicit",
+            busy=nc_busy if options.semantics == NEURON_RTD else None,
         )
         self.service = service
         self._http: HttpFront | None = None

@@ -108,8 +108,12 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
         ready: Callable[[], bool],
         cache: ResponseCache | None = None,
         explicit: bool = True,
+        busy: Callable[[Any, str], Exception | None] | None = None,
     ) -> None:
         self.repository = repository
+        # --semantics neuron-rtd: a model stopped while another runs on its group is
+        # EXEC_NC_BUSY (1005, seed 003), the error it says (server/neuron_rtd.py's nc_busy)
+        self._busy = busy
         self.regions = regions
         self._identify = identify
         self._ready = ready
@@ -284,6 +288,11 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
                 hit.id = request.id
                 entry.count_cache(True, time.perf_counter_ns() - began)
                 return hit
+        if self._busy is not None and not model.running:
+            refused = self._busy(model, "run")
+            if refused is not None:
+                entry.count_refused()
+                raise refused
         if request.outputs:  # only those outputs asked of the engine (model.run's output_names)
             names = list(dict.fromkeys(spec.name for spec, _ in chosen))  # once each
             results = model.run(

@@ -36,6 +36,7 @@ import logging.handlers
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 from ...config import parse_core_list
 from ...errors import CrossrtError
@@ -137,7 +138,7 @@ class LoadSettings:
 
     exec_timeout: float
     validate_hash: bool
-    check_numerics: bool
+    check_numerics: Literal["nan"] | bool  # "nan": NaN only, as Neuron checks
 
 
 def init_settings(environ: Mapping[str, str] | None = None) -> InitSettings:
@@ -196,11 +197,14 @@ def load_settings(environ: Mapping[str, str] | None = None) -> LoadSettings:
     return LoadSettings(
         exec_timeout=seconds,
         validate_hash=_boolean(env, "NEURON_RT_VALIDATE_HASH"),
-        check_numerics=(
+        # Neuron's numerical error is a NaN produced (seed 002: 1003): infinity is a value
+        check_numerics="nan"
+        if (
             _boolean(env, "NEURON_RT_NUMERICAL_ERRORS_VERIFICATION")
             or _boolean(env, "NEURON_FAIL_ON_NAN")
             or verbosity == "critical"
-        ),
+        )
+        else False,
     )
 
 

@@ -204,7 +204,16 @@ def status_of(exc: BaseException) -> NRT_STATUS:
     return NRT_STATUS.NRT_FAILURE
 
 
-guarded = never_raises(status_of, log)
+SPOKEN = {
+    "exec_timeout (or CROSSRT_EXEC_TIMEOUT)": "NEURON_RT_EXEC_TIMEOUT",
+    "load without check_numerics": "unset NEURON_FAIL_ON_NAN and "
+    "NEURON_RT_NUMERICAL_ERRORS_VERIFICATION",
+    "CROSSRT_VISIBLE_CORES": "NEURON_RT_VISIBLE_CORES",
+    "CROSSRT_NUM_CORES": "NEURON_RT_NUM_CORES",
+}
+"""crossrt's names for settings, in messages, -> Neuron's: what a Neuron program reads."""
+
+guarded = never_raises(status_of, log, SPOKEN)
 """``@guarded(shape)``: the ``nrt_*`` function returns its NRT_STATUS in that shape
 (``compat.guard``), never raises."""
 
