@@ -127,6 +127,9 @@ def test_ninfer_is_the_most_requests_in_flight(remote: RemoteRuntime) -> None:
         model.post(x)
     assert info.value.code is StatusCode.QUEUE_FULL
     assert "ninfer" in str(info.value)
+    with pytest.raises(crossrt.CrossrtError) as ran:  # a synchronous infer counts too
+        model.run(x)
+    assert ran.value.code is StatusCode.QUEUE_FULL, ran.value  # it waited its turn before
     for cookie in cookies:
         np.testing.assert_array_equal(model.wait(cookie, 60)["y"], x)
     model.unload()

@@ -293,7 +293,11 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
             if refused is not None:
                 entry.count_refused()
                 raise refused
-        if request.outputs:  # only those outputs asked of the engine (model.run's output_names)
+        if self._busy is not None:
+            # neuron-rtd: a synchronous infer is one of the model's requests in flight, as an
+            # InferPost is: past ninfer (the queue's depth) it is QUEUE_FULL, never a wait
+            results = self._queued(model, feed, bound or None, deadline, gone)
+        elif request.outputs:  # only those outputs asked of the engine (model.run's output_names)
             names = list(dict.fromkeys(spec.name for spec, _ in chosen))  # once each
             results = model.run(
                 feed, bound or None, deadline=deadline, cancel=gone, output_names=names
@@ -363,6 +367,17 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
                 "cores, queue_depth, timeout, precision)",
             )
         self.repository.load(name, values)
+
+    @staticmethod
+    def _queued(
+        model: Any, feed: dict[str, Any], bound: Any, deadline: float | None, gone: Any
+    ) -> Any:
+        """One run through the model's queue (QUEUE_FULL when it holds ``ninfer`` already),
+        dropped or stopped when the client goes away."""
+        future = model.run_async(feed, bound, deadline=deadline, block=False)
+        if gone is not None:
+            gone.on_cancel(future.cancel)
+        return future.result()
 
     def unload_model(self, name: str, peer: Peer) -> None:
         """RepositoryModelUnload (gRPC's and HTTP's): a model of the repository, by the
