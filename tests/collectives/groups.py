@@ -26,11 +26,34 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+SHM = Path("/dev/shm")
+
+
+def mpich_segments() -> set[str]:
+    """MPICH's shared-memory segments on this machine (``mpich_shm_*``)."""
+    return {p.name for p in SHM.glob("mpich_shm_*")} if SHM.is_dir() else set()
+
+
+def remove_orphaned(before: set[str]) -> None:
+    """Unlink the MPICH segments made since ``before`` that no process maps any more: a rank
+    that dies without MPI_Finalize (a test's crashed peer) leaves its segment behind."""
+    mapped = ""
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            mapped += maps.read_text()
+        except OSError:
+            continue  # gone, or not ours to read
+    for name in mpich_segments() - before:
+        if name not in mapped:
+            (SHM / name).unlink(missing_ok=True)
+
+
 def run_group(scenario: str, size: int = 2, *extra: str, env: dict | None = None) -> list[Any]:
     """Run ``scenario`` on ``size`` ranks; each rank's JSON line (None for a rank that printed
     none), in rank order."""
     from crossrt.collectives import mpiexec
 
+    before = mpich_segments()
     root = f"127.0.0.1:{free_port()}"
     environ = {**os.environ, "PYTHONPATH": str(HERE), **(env or {})}
     command = [mpiexec(), "-n", "1", sys.executable, str(HERE / "ranks.py"), scenario]
@@ -55,4 +78,5 @@ def run_group(scenario: str, size: int = 2, *extra: str, env: dict | None = None
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+        remove_orphaned(before)
     return results

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+import crossrt
+
 pytest.importorskip("openvino")
 
 pytestmark = pytest.mark.usefixtures("runtime_dir")
@@ -103,3 +105,27 @@ def test_sigkill_of_the_parent_leaves_no_worker(how: str) -> None:
         parent.stdin.close()  # the forked child, if any, ends
         if _alive(worker):
             os.kill(worker, signal.SIGKILL)
+
+
+def test_the_worker_keeps_openvinos_telemetry_out() -> None:
+    """OpenVINO's telemetry forked a child from a thread of the worker (to post to Google
+    Analytics); a fork taken while the worker waited on stdin deadlocked and outlived the
+    worker. With ``_no_telemetry()`` OpenVINO reads a model through its own stub."""
+    script = str(Path(crossrt.__file__).parent / "drivers" / "openvino" / "_worker.py")
+    code = (
+        "import runpy, sys\n"
+        f"worker = runpy.run_path({script!r})\n"
+        "worker['_no_telemetry']()\n"
+        "import openvino\n"
+        "from crossrt.model import GraphBuilder\n"
+        "b = GraphBuilder('relu')\n"
+        "b.output(b.op('Relu', [b.input('x', 'float32', [1, 4])]), shape=[1, 4])\n"
+        "openvino.Core().read_model(b.finish().proto.SerializeToString())\n"
+        "print(sorted(m for m in sys.modules if 'telemetry' in m))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    loaded = done.stdout.strip()
+    assert "openvino.tools.ovc.telemetry_stub" in loaded, loaded
+    assert "'openvino_telemetry.main'" not in loaded, loaded

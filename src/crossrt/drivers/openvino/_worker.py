@@ -14,6 +14,12 @@ pool) holds the write end of the request pipe too, and the worker waited on it f
 orphans of 32 MB piled up in one afternoon). So a thread waits on the parent's pidfd and ends
 the process when the parent ends. Not ``PR_SET_PDEATHSIG``: that fires when the *thread* that
 started the worker exits, and crossrt starts it from whichever thread compiles first.
+
+OpenVINO's usage telemetry is kept out (:func:`_no_telemetry`): ``import openvino`` loads
+``openvino_telemetry``, whose sender forks a ``multiprocessing`` child from a pool thread to
+post to Google Analytics. A fork taken while this process's main thread held stdin's lock
+(waiting for the next request) deadlocked in the child closing stdin; the worker then ended
+and the child stayed, orphaned, forever. A compile must not talk to the network anyway.
 """
 
 import json
@@ -89,6 +95,11 @@ def _watch(parent: int) -> None:
     os._exit(0)
 
 
+def _no_telemetry() -> None:
+    """Make ``openvino_telemetry`` unimportable: OpenVINO then uses its own stub."""
+    sys.modules["openvino_telemetry"] = None  # type: ignore[assignment]
+
+
 def main() -> None:
     if len(sys.argv) > 1:
         parent = int(sys.argv[1])
@@ -96,6 +107,7 @@ def main() -> None:
     answers = os.fdopen(os.dup(1), "wb")  # the protocol's; fd 1 becomes stderr's
     os.dup2(2, 1)
     requests = sys.stdin.buffer
+    _no_telemetry()
     import openvino
 
     core = openvino.Core()
