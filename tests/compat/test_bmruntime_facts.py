@@ -287,11 +287,10 @@ def test_sophgo_variables_not_read_and_share_mem_are_warned_of_once(
 ) -> None:
     """Issue 27.4: BMRUNTIME_USING_FAST_ALLREDUCE and BM_RUNTIME_SHARE_MEM changed nothing,
     silently."""
-    from crossrt.compat.bmruntime import BM_RUNTIME_SHARE_MEM, bmodel, bmrt_set_flags, envvars
+    from crossrt.compat.bmruntime import BM_RUNTIME_SHARE_MEM, bmrt_set_flags, envvars
 
     caplog.set_level(logging.WARNING, logger="crossrt")  # another test may have raised it
     monkeypatch.setattr(envvars, "_warned", set())
-    monkeypatch.setattr(bmodel, "_share_mem_said", [])
     monkeypatch.setenv("BMRUNTIME_USING_FAST_ALLREDUCE", "1")
     monkeypatch.setenv("BMRT_SAVE_IO_TENSORS", "0")  # read: never warned of
     for _ in range(2):

@@ -145,6 +145,11 @@ def tensor(data: Any, dtype: np.dtype[Any]) -> np.ndarray | None:
     (then the caller flattens them itself, and says what is wrong)."""
     if not isinstance(data, list):
         return None
+    if dtype.kind in "fc":  # straight into the dtype: one pass, no float64 array first
+        try:
+            return np.array(data, dtype=dtype).reshape(-1)
+        except (ValueError, TypeError, OverflowError):
+            return None
     try:
         array = np.array(data)  # NumPy's own kind first: 1.5 or true must not become 1
     except (ValueError, TypeError, OverflowError):

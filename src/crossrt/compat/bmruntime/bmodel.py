@@ -21,6 +21,7 @@ from typing import Any
 from ...errors import CrossrtError, InvalidArgumentError, InvalidModelError
 from ...executables import list_networks
 from ..bmlib import DeviceMemory
+from . import envvars
 from .contract import seed_call
 from .runtime import Bmruntime
 from .status import ERRORS, failed
@@ -41,7 +42,6 @@ log = logging.getLogger("crossrt.compat.bmruntime")
 
 _ALIGN = 128  # bmruntime rounds each memory of a mem_info_t up to 128 bytes
 _KNOWN_FLAGS = int(BM_RUNTIME_SHARE_MEM | BM_RUNTIME_CHECK_MEM)
-_share_mem_said: list[bool] = []  # BM_RUNTIME_SHARE_MEM's warning: once per process
 
 # -- flags -----------------------------------------------------------------------------------
 
@@ -60,11 +60,11 @@ def bmrt_set_flags(p_bmrt: Bmruntime, flags: int) -> None:
             "bmrt_set_flags: bits 0x%x are no bm_runtime_flag_t; kept, with no effect",
             flags & ~_KNOWN_FLAGS,
         )
-    if flags & BM_RUNTIME_SHARE_MEM and not _share_mem_said:
-        _share_mem_said.append(True)
-        log.warning(
+    if flags & BM_RUNTIME_SHARE_MEM:
+        envvars.warn_once(
+            "BM_RUNTIME_SHARE_MEM",
             "bmrt_set_flags: BM_RUNTIME_SHARE_MEM is kept and has no effect here: crossrt's "
-            "engines hold no activation memory per network to share"
+            "engines hold no activation memory per network to share",
         )
     p_bmrt.flags = flags
 

@@ -39,13 +39,21 @@ def warn_unread(environ: dict[str, str] | None = None) -> list[str]:
     buffer sizes...: they tune Sophgo's hardware and firmware). Returns the names warned of."""
     env = os.environ if environ is None else environ
     warned = []
-    for name in sorted(env):
-        if not name.startswith(PREFIXES) or name in READ or name in _warned:
-            continue
-        log.warning("%s is set but has no effect here: crossrt does not read it", name)
-        _warned.add(name)
-        warned.append(name)
+    unread = [n for n in sorted(env) if n.startswith(PREFIXES) and n not in READ]
+    for name in unread:
+        if warn_once(name, f"{name} is set but has no effect here: crossrt does not read it"):
+            warned.append(name)
     return warned
+
+
+def warn_once(name: str, message: str) -> bool:
+    """Log ``message`` (WARNING) the first time ``name`` is warned of in this process;
+    whether it was logged now."""
+    if name in _warned:
+        return False
+    log.warning("%s", message)
+    _warned.add(name)
+    return True
 
 
 def enabled(name: str) -> bool:
