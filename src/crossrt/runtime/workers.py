@@ -52,32 +52,76 @@ class Workers(Protocol):
 
 def serve(scheduler: Workers) -> None:
     """One worker of a single-node model: a request, then an idle instance to run it on
-    (joined with others into a batch where the model batches)."""
+    (joined with others into a batch where the model batches).
+
+    Each request is served in a call of its own (:func:`_serve`), so that nothing of it is
+    left in this loop while it waits for the next: a request holds its caller's inputs and
+    outputs, which in the daemon are a client's shared memory, kept mapped as long as
+    anything refers to them (a dead client's memfd stayed mapped until the next request)."""
     pinned: tuple[int, ...] | None = None
     carried: QueuedRequest | None = None  # taken from the queue by a batch it could not join
     while True:
         job = carried if carried is not None else scheduler.entry.get()
-        carried = None
         if job is STOP:
             return
-        # The instance first: while this waits for one that run() callers hold, the
-        # request is still queued, so its deadline, its caller going away or cancel()
-        # resolve it at once rather than when an instance frees up.
-        inst = scheduler.line.take_in_turn()
-        if inst is None:  # closed while it waited for an instance
-            scheduler.fail(job, scheduler.closing_error())
-            continue
-        if not scheduler.start(job):
-            scheduler.line.give_back(inst)
-            continue
-        if inst.pin is not None and inst.pin != pinned:  # it serves any idle instance
-            pinned = pin_thread(inst.pin)
-        if job.batch is not None and job.batch[1] < scheduler.batching.max_size:  # type: ignore[union-attr]
-            jobs, carried = gather(scheduler, job)
-            if len(jobs) > 1:
-                run_batch(scheduler, inst, jobs)
-                continue
-        run_one(scheduler, inst, job)
+        pinned, carried = _serve(scheduler, job, pinned)
+        del job
+
+
+def _serve(
+    scheduler: Workers, job: QueuedRequest, pinned: tuple[int, ...] | None
+) -> tuple[tuple[int, ...] | None, QueuedRequest | None]:
+    """Serve ``job`` (and the requests a batch gathers with it); the cores this thread is
+    pinned to now, and the request taken that could not join the batch."""
+    # The instance first: while this waits for one that run() callers hold, the
+    # request is still queued, so its deadline, its caller going away or cancel()
+    # resolve it at once rather than when an instance frees up.
+    inst = scheduler.line.take_in_turn()
+    if inst is None:  # closed while it waited for an instance
+        scheduler.fail(job, scheduler.closing_error())
+        return pinned, None
+    if not scheduler.start(job):
+        scheduler.line.give_back(inst)
+        return pinned, None
+    if inst.pin is not None and inst.pin != pinned:  # it serves any idle instance
+        pinned = pin_thread(inst.pin)
+    carried = None
+    if job.batch is not None and job.batch[1] < scheduler.batching.max_size:  # type: ignore[union-attr]
+        jobs, carried = gather(scheduler, job)
+        if len(jobs) > 1:
+            run_batch(scheduler, inst, jobs)
+            return pinned, carried
+    run_one(scheduler, inst, job)
+    return pinned, carried
+
+
+def _stage(
+    scheduler: Workers,
+    inst: Instance,
+    j: int,
+    job: QueuedRequest,
+    following: queue.SimpleQueue[QueuedRequest | None] | None,
+) -> None:
+    """Walk node ``j`` of ``inst`` for ``job``, then hand it to the ``following`` stage, or
+    (the last) resolve it."""
+    try:
+        with inst.locks[j]:
+            if j == 0:  # started once the node is free: queued until then
+                if not scheduler.start(job):
+                    return
+                job.values = dict(job.feed)
+            inst.step(j, job.values, job.token, id(job.future))
+        if following is None:
+            execute = partial(_assemble_with, job.values, inst.output_names)
+            result = scheduler.call(execute, job.feed, job.outputs)
+    except BaseException as exc:
+        scheduler.done(job, error=exc)
+        return
+    if following is None:
+        job.computed, job.instance = time.perf_counter_ns(), inst.index
+        scheduler.done(job, result)
+    else:
+        following.put(job)
 
 
 def run_one(scheduler: Workers, inst: Instance, job: QueuedRequest, keep: bool = False) -> None:
@@ -176,25 +220,12 @@ def stage(
     if inst.pin is not None:
         pin_thread(inst.pin)
     last = j == len(inst.programs) - 1
-    while (job := stages[j].get()) is not STOP:
-        try:
-            with inst.locks[j]:
-                if j == 0:  # started once the node is free: queued until then
-                    if not scheduler.start(job):
-                        continue
-                    job.values = dict(job.feed)
-                inst.step(j, job.values, job.token, id(job.future))
-            if last:
-                execute = partial(_assemble_with, job.values, inst.output_names)
-                result = scheduler.call(execute, job.feed, job.outputs)
-        except BaseException as exc:
-            scheduler.done(job, error=exc)
-            continue
-        if last:
-            job.computed, job.instance = time.perf_counter_ns(), inst.index
-            scheduler.done(job, result)
-        else:
-            stages[j + 1].put(job)
+    while True:
+        job = stages[j].get()
+        if job is STOP:
+            break
+        _stage(scheduler, inst, j, job, None if last else stages[j + 1])
+        del job  # nothing of it kept while this waits for the next (see serve)
     if not last:
         stages[j + 1].put(STOP)
 
