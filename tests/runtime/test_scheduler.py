@@ -119,6 +119,26 @@ def test_queued_request_past_its_deadline_times_out_without_running(
     assert gated.calls == 1
 
 
+def test_a_request_past_its_deadline_while_running_logs_nothing_critical(
+    rt: crossrt.Runtime, tiny_exe: crossrt.Executable, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its deadline fires while a worker runs it: TIMEOUT for the caller, and no CRITICAL
+    line from concurrent.futures ("Future in unexpected state: RUNNING"), which every such
+    request logged: the deadline's watch asked the running future to start again."""
+    model = rt.load(tiny_exe, instances=1)
+    gated = gate(model)
+    deadline = time.monotonic() + 0.2
+    with caplog.at_level("WARNING"):
+        future = model.run_async({"x": x(1)}, deadline=deadline)
+        assert gated.started.wait(WAIT)
+        # The point is time passing: the deadline's watch fires while the request runs.
+        time.sleep(max(0.0, deadline - time.monotonic()) + 0.3)
+        gated.gate.set()
+        with pytest.raises(crossrt.DeadlineExceededError):
+            future.result(WAIT)
+    assert [r.getMessage() for r in caplog.records if r.levelname == "CRITICAL"] == []
+
+
 def test_callback_gets_result_or_error_and_user_data(
     rt: crossrt.Runtime, tiny_exe: crossrt.Executable
 ) -> None:

@@ -11,7 +11,6 @@ not to wait, or when its bounded wait expires.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections import deque
@@ -23,6 +22,7 @@ from typing import Any, Generic, TypeVar
 
 from ..drivers.base import CancelToken
 from . import watchdog
+from .queued import RequestFuture
 
 T = TypeVar("T")
 
@@ -32,7 +32,7 @@ class Waiter(Generic[T]):
     """A request waiting in line: the item to admit, and the future that reports on it."""
 
     item: T
-    future: Future[Any]
+    future: RequestFuture
     admitted: threading.Event | None = None
     """Set when a caller's thread waits for it: admitted, or the queue closed."""
     give_up: CancelToken | None = None
@@ -62,7 +62,7 @@ class Admission(Generic[T]):
     def enter(
         self,
         item: T,
-        future: Future[Any],
+        future: RequestFuture,
         *,
         block: bool,
         timeout: float | None,
@@ -158,8 +158,7 @@ class Admission(Generic[T]):
             _fail(waiter.future, error)
 
 
-def _fail(future: Future[Any], error: BaseException) -> None:
-    # Resolved meanwhile (cancelled): nothing left to report.
-    with contextlib.suppress(Exception):
-        if future.set_running_or_notify_cancel():
-            future.set_exception(error)
+def _fail(future: RequestFuture, error: BaseException) -> None:
+    # Resolved meanwhile (cancelled, or claimed by another): nothing left to report.
+    if future.claim():
+        future.set_exception(error)

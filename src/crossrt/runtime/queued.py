@@ -4,6 +4,7 @@ late one gets."""
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,13 +15,37 @@ from ..errors import DeadlineExceededError
 STOP = None
 """What a worker takes from a queue to stop."""
 
+_CLAIMING = threading.Lock()
+
+
+class RequestFuture(Future[Any]):
+    """The future of a queued request: :meth:`claim` starts it, or fails it, at most once.
+
+    A worker starting a request, its deadline passing while it waits, a full queue's
+    timeout and the model's close all race to settle the same future. ``Future``'s own
+    ``set_running_or_notify_cancel`` answers the losers by logging CRITICAL ("Future in
+    unexpected state") before it raises: a user saw that line for every request that ran past
+    its deadline. Here only the first claim asks it; the others learn they lost, silently.
+    """
+
+    _claimed = False
+
+    def claim(self) -> bool:
+        """Whether this call moved the request from waiting to running (a caller that cancelled
+        it meanwhile is told, once); ``False`` when it was cancelled or claimed before."""
+        with _CLAIMING:
+            if self._claimed:
+                return False
+            self._claimed = True
+        return self.set_running_or_notify_cancel()
+
 
 @dataclass(eq=False)
 class QueuedRequest:
     """One request in the queue: what it runs on, where its results go, its limits, its
     times for the statistics, and the future its caller waits on."""
 
-    future: Future[Any]
+    future: RequestFuture
     feed: dict[str, Any]
     outputs: Any
     deadline: float | None

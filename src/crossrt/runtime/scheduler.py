@@ -18,7 +18,6 @@ to completion (its workers run it: ``workers.py``; the request itself: ``queued.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import queue
 import threading
@@ -41,7 +40,7 @@ from .admission import Admission
 from .batching import Batching, batch_key
 from .instance import Instance as Instance  # where loading.py and runtime.py find it
 from .line import InstanceLine
-from .queued import STOP, QueuedRequest, late
+from .queued import STOP, QueuedRequest, RequestFuture, late
 from .statistics import Statistics
 
 log = logging.getLogger("crossrt")
@@ -139,7 +138,7 @@ class Scheduler:
                 the engine can if it runs (``CancelledError``).
         """
         now = time.perf_counter_ns()
-        job = QueuedRequest(Future(), feed, outputs, deadline)
+        job = QueuedRequest(RequestFuture(), feed, outputs, deadline)
         if self.batching is not None and outputs is None:
             job.batch = batch_key(feed)
         job.arrived = arrived or now
@@ -190,11 +189,8 @@ class Scheduler:
 
     def _expire(self, job: QueuedRequest) -> None:
         """Fail ``job`` with TIMEOUT if nothing has started or settled it yet."""
-        try:
-            waiting = job.future.set_running_or_notify_cancel()
-        except RuntimeError:  # running (its own token stops it) or already settled
-            return
-        if waiting:
+        # Running (its own token stops it), settled or cancelled: nothing to do
+        if job.future.claim():
             job.future.set_exception(late(self.name, "its deadline passed while it was queued"))
 
     def _settled_future(self, future: Future[Any]) -> None:
@@ -266,17 +262,12 @@ class Scheduler:
 
     def fail(self, job: QueuedRequest, error: BaseException) -> None:
         # Resolved meanwhile (by a worker, or cancelled): nothing left to report.
-        with contextlib.suppress(Exception):
-            if job.future.set_running_or_notify_cancel():
-                job.future.set_exception(error)
+        if job.future.claim():
+            job.future.set_exception(error)
 
     def start(self, job: QueuedRequest) -> bool:
         """Whether ``job`` may run: not cancelled, deadline not passed (else it is resolved)."""
-        try:
-            runnable = job.future.set_running_or_notify_cancel()
-        except RuntimeError:  # failed meanwhile: the model closed as it was queued
-            runnable = False
-        if not runnable:
+        if not job.future.claim():  # cancelled, or failed meanwhile (its deadline, a close)
             self._give_slot_back(job)
             return False
         if job.deadline is not None and time.monotonic() >= job.deadline:
