@@ -1,0 +1,294 @@
+"""Tickets: crossrt's own gRPC client on a socket gRPC owns, with no relay, still known by
+the kernel.
+
+The daemon's Unix socket learns who connected from the kernel (``SO_PEERCRED``) and relays
+each gRPC connection to gRPC's own socket (:mod:`.relay`): two more hops per call. A client
+that can take one step first skips them. It opens a connection to the main socket with the
+greeting :data:`MAGIC` (the relay recognises it, as it does the lane's), and the daemon,
+which knows that connection's uid, gid and pid, answers a *ticket*: 32 random bytes, bound
+to those credentials and valid while that connection stays open. The client then calls gRPC
+on a second socket of the daemon's (the *direct socket*, beside the main one, same mode and
+owner), which gRPC owns itself, sending the ticket as the metadata ``crossrt-ticket`` on
+every call. When the client closes the connection or dies, the kernel closes it, the daemon
+sees the end of file and drops the ticket: a ticket of a closed connection is refused.
+
+Wire format (the lane's frames, :mod:`.lane`): the client sends :data:`MAGIC` and a frame
+with status 0 whose body is its authorization value (``Bearer <token>``, empty without a
+token); the daemon answers a frame with status 0 whose body is the ticket
+(:data:`TICKET_BYTES` bytes) followed by the direct socket's path (UTF-8), or a frame with
+UNAUTHENTICATED (a wrong token) or RESOURCE_EXHAUSTED (as many connections open as the
+daemon allows, or the user's share) and a message, then closes. After the ticket, neither
+side sends anything: a byte from the client ends the connection (and the ticket).
+
+gRPC's server tells a servicer only ``context.peer()``, which is ``unix:`` for every unnamed
+Unix client, and a client may name its socket what it likes (a path, or an abstract name,
+in a network namespace of its own even one the relay's table holds). So nothing is believed
+of a direct-socket caller's address: its gRPC server has a gate of its own
+(:class:`TicketGate`) that refuses every call without a live ticket (UNAUTHENTICATED, before
+its request is read) and gives each other call the peer address ``ticket:<n>`` of its
+ticket's connection, which :func:`.peers.identify` looks up here. Tickets are compared by
+their SHA-256 digests (a dict lookup: its time says nothing of a ticket's bytes) and never
+logged. Each ticket holds one connection of the main socket open, counted in
+``max_connections`` and in the user's ``user_connections``: a user holds at most that many
+tickets at once. tritonclient and perf_analyzer, which know no greeting, keep the relay.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import secrets
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import grpc
+
+from .gate import Gate, _refusing
+from .lane import GREETING_LIMIT, HEADER, Activity, FrameError, Frames, send
+from .peers import Peer
+from .status import ServiceError, error_from
+
+log = logging.getLogger("crossrt.serve")
+
+MAGIC = b"CRTTICK1"
+"""What a client asking for a ticket sends first (the lane's is ``CRTLANE1``)."""
+KEY = "crossrt-ticket"
+"""The metadata key a ticket travels under (its value: the ticket in hex)."""
+TICKET_BYTES = 32
+GREETING_SECONDS = 10.0
+REFUSED = (
+    "this socket serves crossrt clients with a ticket (metadata 'crossrt-ticket'), which a "
+    "connection to the daemon's main socket ({main}) gets: crossrt.connect() does it; "
+    "tritonclient, perf_analyzer and other gRPC clients use the main socket"
+)
+ENDED = (
+    "the ticket sent is not one of a connection open now (its connection closed, or the "
+    "daemon restarted); get another from the main socket, as crossrt.connect() does"
+)
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
+def direct_path(main: str) -> str:
+    """The direct socket of the main socket at ``main``: beside it, in the same folder."""
+    return f"{main}.direct"
+
+
+class Tickets:
+    """The tickets of the connections open now (the daemon's side)."""
+
+    def __init__(self, gate: Gate) -> None:
+        self._gate = gate
+        self._lock = threading.Lock()
+        self._by_digest: dict[bytes, tuple[Peer, Activity]] = {}
+        self.peers: dict[str, Peer] = {}
+        """``ticket:<n>`` (the peer address its calls get) -> the credentials read at accept."""
+
+    def __len__(self) -> int:
+        return len(self._by_digest)
+
+    def held(self, value: str | bytes | None) -> tuple[Peer, Activity] | None:
+        """The peer and connection activity of a live ticket (metadata value, hex), else
+        ``None``."""
+        if not value or len(value) != 2 * TICKET_BYTES:
+            return None
+        try:
+            raw = bytes.fromhex(value if isinstance(value, str) else value.decode("ascii"))
+        except (ValueError, UnicodeDecodeError):
+            return None
+        return self._by_digest.get(hashlib.sha256(raw).digest())
+
+    def serve(self, sock: socket.socket, peer: Peer, activity: Activity, direct: str) -> None:
+        """The daemon's end of a ticket connection (the relay calls it in the connection's
+        thread, ``peer`` being what the kernel said at accept): check the greeting's token,
+        issue the ticket, then hold it until the connection ends."""
+        frames = Frames(sock)
+        try:
+            sock.settimeout(GREETING_SECONDS)
+            sock.recv(len(MAGIC))  # peeked by the relay
+            _, token = frames.read(GREETING_LIMIT)
+            try:
+                self._gate.grant(bytes(token))  # the call's token grants roles, per call
+            except ServiceError as exc:
+                send(sock, exc.status.value[0], exc.message.encode())
+                return
+            sock.settimeout(None)
+        except (OSError, EOFError, FrameError):
+            return
+        ticket = secrets.token_bytes(TICKET_BYTES)
+        digest = hashlib.sha256(ticket).digest()
+        with self._lock:
+            self._by_digest[digest] = (peer, activity)
+            self.peers[peer.address] = peer
+        try:
+            send(sock, 0, ticket + direct.encode())
+            del ticket
+            sock.recv(1)  # nothing comes: returns at the end of file, or the daemon's cut
+        except OSError:
+            pass
+        finally:
+            with self._lock:
+                self._by_digest.pop(digest, None)
+                self.peers.pop(peer.address, None)
+
+
+class TicketGate(grpc.ServerInterceptor):  # type: ignore[misc]
+    """The direct socket's interceptor: a call without a live ticket is refused before its
+    request is read; any other passes the daemon's :class:`.gate.Gate` (token, drain,
+    errors) and its servicer sees ``context.peer()`` as its ticket's ``ticket:<n>``."""
+
+    def __init__(self, tickets: Tickets, gate: Gate, mains: Sequence[str]) -> None:
+        self._tickets = tickets
+        self._gate = gate
+        self._refusal = (
+            grpc.StatusCode.UNAUTHENTICATED,
+            REFUSED.format(main=", ".join(f"unix:{m}" for m in mains)),
+        )
+
+    def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
+        value = None
+        for key, found in details.invocation_metadata or ():
+            if key == KEY:
+                value = found
+                break
+        held = self._tickets.held(value)
+        if held is None:
+            handler = continuation(details)
+            if handler is None:
+                return None
+            refusal = self._refusal if value is None else (grpc.StatusCode.UNAUTHENTICATED, ENDED)
+            return _refusing(handler, refusal)
+        peer, activity = held
+        activity.last = time.monotonic()  # the ticket's connection is in use
+        handler = self._gate.intercept_service(continuation, details)
+        return None if handler is None else _renamed(handler, peer.address)
+
+
+class _Renamed:
+    """A servicer context whose ``peer()`` is the ticket's connection."""
+
+    __slots__ = ("_address", "_context")
+
+    def __init__(self, context: Any, address: str) -> None:
+        self._context = context
+        self._address = address
+
+    def peer(self) -> str:
+        return self._address
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+
+def _renamed(handler: Any, address: str) -> Any:
+    """``handler`` with its behaviour given a :class:`_Renamed` context."""
+
+    def wrap(behaviour: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+        return lambda request, context: behaviour(request, _Renamed(context, address))
+
+    serializers = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(wrap(handler.unary_unary), **serializers)
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(wrap(handler.unary_stream), **serializers)
+    if handler.stream_unary is not None:
+        return grpc.stream_unary_rpc_method_handler(wrap(handler.stream_unary), **serializers)
+    return grpc.stream_stream_rpc_method_handler(wrap(handler.stream_stream), **serializers)
+
+
+def listen_direct(server: grpc.Server, main: str, mode: int) -> str | None:
+    """Add the direct socket of the main socket ``main`` to ``server`` with ``mode``; its
+    path, or ``None`` (logged) when it cannot be had: crossrt clients then use the relay."""
+    path = direct_path(main)
+    if os.path.exists(path):
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(path)
+        except OSError:
+            pass  # left by a daemon that died: gRPC replaces it
+        else:
+            # gRPC would unlink a live socket and take its place.
+            log.warning("%s is served by another process: no direct socket", path)
+            return None
+        finally:
+            probe.close()
+    old = os.umask(0o777 ^ mode)  # no moment where the file is wider than mode
+    try:
+        port = server.add_insecure_port(f"unix:{path}")
+    except RuntimeError as exc:
+        port, why = 0, str(exc)
+    else:
+        why = "gRPC could not bind it"
+    finally:
+        os.umask(old)
+    if not port:
+        log.warning("no direct socket at %s (%s): crossrt clients use the relay", path, why)
+        return None
+    os.chmod(path, mode)
+    return path
+
+
+# -- the client's end ---------------------------------------------------------------------
+
+
+class Ticket:
+    """A ticket held by this process: :attr:`value` for the metadata, :attr:`direct` the
+    socket to call, valid while :attr:`sock` (the connection that got it) stays open."""
+
+    def __init__(self, sock: socket.socket, value: str, direct: str) -> None:
+        self.sock = sock
+        self.value = value
+        self.direct = direct
+        self._poll = select.poll()
+        self._poll.register(sock, select.POLLIN | select.POLLRDHUP)
+
+    def alive(self) -> bool:
+        """Whether the daemon still holds it: it closes the connection when it drops the
+        ticket (idle, or stopping), and sends nothing on it otherwise."""
+        return not self._poll.poll(0)
+
+    def close(self) -> None:
+        """Give the ticket back (the daemon drops it at the end of file)."""
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+def request_ticket(
+    path: str, token: str | None, endpoint: str, seconds: float = GREETING_SECONDS
+) -> Ticket | None:
+    """A ticket from the daemon at the main socket ``path``; ``None`` when there is no daemon
+    there or it issues none (an older daemon, or no direct socket: use the main socket).
+
+    Raises:
+        CrossrtError: the daemon refused (a wrong token, too many connections open).
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(seconds)
+        sock.connect(path)
+        body = f"Bearer {token}".encode() if token else b""
+        sock.sendall(MAGIC + HEADER.pack(len(body), 0) + body)
+        status, answer = Frames(sock).read(GREETING_LIMIT)
+        sock.settimeout(None)
+    except (OSError, EOFError, FrameError):
+        sock.close()  # no daemon, or one that knows no tickets (it relayed the greeting)
+        return None
+    if status:
+        sock.close()
+        code = _CODES.get(status, grpc.StatusCode.UNKNOWN)
+        if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.RESOURCE_EXHAUSTED):
+            raise error_from(code, bytes(answer).decode(errors="replace"), endpoint)
+        return None
+    if len(answer) <= TICKET_BYTES:
+        sock.close()
+        return None
+    value, direct = bytes(answer[:TICKET_BYTES]).hex(), bytes(answer[TICKET_BYTES:]).decode()
+    return Ticket(sock, value, direct)
