@@ -11,11 +11,18 @@ gRPC stub, as tritonclient sends it) on each of
   relay copies in the daemon's own threads (its fallback, and the design before the pump
   process);
 - **inner socket**: gRPC's own socket behind the relay, reached directly (only the daemon's
-  user can): gRPC over a Unix socket with no relay, the floor.
+  user can): gRPC over a Unix socket with no relay, the floor;
+- **direct socket, ticket**: the daemon's direct socket (``server/tickets.py``), the stub
+  sending the ticket a connection to the main socket got: what crossrt's client does;
+- **crossrt client, TCP** and **crossrt client, direct socket with ticket**: ``connect(...,
+  lane=False)`` and its ``RemoteRuntime.infer`` (the gRPC path of ``RemoteModel.run``) on
+  loopback TCP and on the Unix socket, where it takes a ticket and calls the direct socket;
+  the second against the first.
 
 Rounds alternate the order; each round runs ``--calls`` calls per variant from 1 client and
-from ``--clients`` threads (a connection each). p50 and throughput per variant, and each
-Unix variant's p50 minus TCP's of the same daemon.
+from ``--clients`` threads (a client each). p50 and throughput per variant, and each
+variant's p50 minus that of its TCP row of the same daemon; the load average at the start
+and the end.
 
     python benchmarks/relay.py                 # ~1 min on 2 cores
 """
@@ -33,7 +40,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -44,6 +51,8 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
 import crossrt
+from crossrt.server.client import RemoteRuntime, connect
+from crossrt.server.tickets import KEY, request_ticket
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import models  # benchmarks/ is not a package: found through sys.path
@@ -87,7 +96,52 @@ def start(folder: Path, tag: str, pumps: bool) -> tuple[subprocess.Popen[str], d
     inner = glob.glob(f"{run}/crossrt-serve-*/grpc.sock")
     if pumps and inner:
         targets["inner socket, no relay"] = f"unix:{inner[0]}"
+    if pumps:
+        targets[DIRECT] = f"unix:{folder}/{tag}.sock"
+        targets[CROSSRT_TCP] = tcp
+        targets[CROSSRT_DIRECT] = f"unix:{folder}/{tag}.sock"
     return proc, targets
+
+
+DIRECT = "direct socket, ticket"
+CROSSRT_TCP = "crossrt client, TCP"
+CROSSRT_DIRECT = "crossrt client, direct socket with ticket"
+BASELINE = {
+    CROSSRT_DIRECT: CROSSRT_TCP,
+    CROSSRT_TCP: CROSSRT_TCP,
+    "Unix, daemon threads": "TCP (b)",
+}
+"""The row each variant is compared with (else TCP (a))."""
+
+
+class Caller:
+    """One client of a variant: :meth:`call` sends the request once."""
+
+    def __init__(self, variant: str, target: str, request: pb.ModelInferRequest) -> None:
+        self._request = request
+        self._close: list[Any] = []
+        self.call: Callable[[], Any]
+        if variant.startswith("crossrt client"):
+            remote: RemoteRuntime = connect(target, lane=False, shm_threshold=None)
+            assert (variant == CROSSRT_DIRECT) == (remote._ticket is not None), variant
+            self._close.append(remote)
+            self.call = lambda: remote.infer(request)
+            return
+        metadata: tuple[tuple[str, str], ...] = ()
+        if variant == DIRECT:
+            ticket = request_ticket(target.removeprefix("unix:"), None, target)
+            assert ticket is not None, "the daemon issued no ticket"
+            self._close.append(ticket)
+            target, metadata = f"unix:{ticket.direct}", ((KEY, ticket.value),)
+        # a connection per client
+        channel = grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+        self._close.append(channel)
+        stub = pbg.GRPCInferenceServiceStub(channel)
+        self.call = lambda: stub.ModelInfer(request, metadata=metadata)
+
+    def close(self) -> None:
+        for thing in self._close:
+            thing.close()
 
 
 def request() -> pb.ModelInferRequest:
@@ -100,6 +154,7 @@ def request() -> pb.ModelInferRequest:
 
 
 def run_all(rounds: int, calls: int, clients: int) -> dict[str, Any]:
+    load_at_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="crossrt-bench-relay-") as tmp:
         folder = Path(tmp)
         (folder / "models").mkdir()
@@ -118,7 +173,12 @@ def run_all(rounds: int, calls: int, clients: int) -> dict[str, Any]:
     return {
         "benchmark": "relay",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "load": os.getloadavg()},
+        "host": {
+            "machine": platform.machine(),
+            "cpus": os.cpu_count(),
+            "load": os.getloadavg(),
+            "load_at_start": load_at_start,
+        },
         "rounds": rounds,
         "calls": calls,
         "rows": rows,
@@ -127,33 +187,28 @@ def run_all(rounds: int, calls: int, clients: int) -> dict[str, Any]:
 
 def measure(targets: dict[str, str], rounds: int, calls: int, clients: int) -> list[dict[str, Any]]:
     req = request()
-    own = [("grpc.use_local_subchannel_pool", 1)]  # a connection per stub
     rows = []
     for n in sorted({1, clients}):
-        channels = {
-            k: [grpc.insecure_channel(v, options=own) for _ in range(n)] for k, v in targets.items()
-        }
-        stubs = {
-            k: [pbg.GRPCInferenceServiceStub(c) for c in group] for k, group in channels.items()
-        }
-        for group in stubs.values():
-            for stub in group:
+        callers = {k: [Caller(k, v, req) for _ in range(n)] for k, v in targets.items()}
+        for group in callers.values():
+            for caller in group:
                 for _ in range(100):
-                    stub.ModelInfer(req)
-        times: dict[str, list[int]] = {k: [] for k in stubs}
-        rates: dict[str, list[float]] = {k: [] for k in stubs}
-        names = list(stubs)
+                    caller.call()
+        times: dict[str, list[int]] = {k: [] for k in callers}
+        rates: dict[str, list[float]] = {k: [] for k in callers}
+        names = list(callers)
         for r in range(rounds):
             for k in names[r % len(names) :] + names[: r % len(names)]:
                 got = times[k]
 
-                def loop(stub: Any, got: list[int] = got, each: int = calls // n) -> None:
+                def loop(caller: Caller, got: list[int] = got, each: int = calls // n) -> None:
+                    call = caller.call
                     for _ in range(each):
                         t = time.perf_counter_ns()
-                        stub.ModelInfer(req)
+                        call()
                         got.append(time.perf_counter_ns() - t)
 
-                threads = [threading.Thread(target=loop, args=(s,)) for s in stubs[k]]
+                threads = [threading.Thread(target=loop, args=(c,)) for c in callers[k]]
                 started = time.perf_counter()
                 for t in threads:
                     t.start()
@@ -162,24 +217,25 @@ def measure(targets: dict[str, str], rounds: int, calls: int, clients: int) -> l
                 rates[k].append(n * (calls // n) / (time.perf_counter() - started))
         p50 = {k: float(np.percentile(v, 50) / 1e3) for k, v in times.items()}
         for k in names:
-            tcp = "TCP (b)" if "daemon threads" in k or k.endswith("(b)") else "TCP (a)"
+            tcp = BASELINE.get(k, "TCP (a)")
             rows.append({
-                "variant": k, "clients": n, "p50_us": p50[k],
+                "variant": k, "clients": n, "baseline": tcp, "p50_us": p50[k],
                 "p99_us": float(np.percentile(times[k], 99) / 1e3),
                 "throughput": float(np.median(rates[k])),
                 "p50_minus_tcp_us": p50[k] - p50[tcp],
                 "throughput_vs_tcp": float(np.median(rates[k]) / np.median(rates[tcp])),
             })  # fmt: skip
             print(_row(rows[-1]), flush=True)
-        for group in channels.values():
-            for channel in group:
-                channel.close()
+        for group in callers.values():
+            for caller in group:
+                caller.close()
     return rows
 
 
 def _row(r: dict[str, Any]) -> str:
     return (
-        f"| {r['variant']} | {r['clients']} | {r['p50_us']:.0f} | {r['p99_us']:.0f} | "
+        f"| {r['variant']} | {r['clients']} | {r['baseline']} | {r['p50_us']:.0f} | "
+        f"{r['p99_us']:.0f} | "
         f"{r['throughput']:.0f} | {r['p50_minus_tcp_us']:+.0f} | {r['throughput_vs_tcp']:.2f} |"
     )
 
@@ -188,14 +244,16 @@ def markdown(report: dict[str, Any]) -> str:
     host = report["host"]
     lines = [
         f"# gRPC over the Unix socket vs loopback TCP ({report['date']}, {host['cpus']} CPUs, "
-        f"load {host['load'][0]:.1f})",
+        f"{host['machine']})",
         "",
         f"{report['rounds']} alternating rounds of {report['calls']} tiny ModelInfer calls per "
-        "variant; medians of the rounds' throughput; the Unix rows against the TCP row of the "
-        "same daemon.",
+        "variant; medians of the rounds' throughput; each row against the TCP row named (the "
+        "same daemon, the same client code). Load average (1 min) "
+        f"{host.get('load_at_start', host['load'])[0]:.1f} at the start, "
+        f"{host['load'][0]:.1f} at the end.",
         "",
-        "| variant | clients | p50 us | p99 us | req/s | p50 - TCP us | req/s vs TCP |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| variant | clients | against | p50 us | p99 us | req/s | p50 - TCP us | req/s vs TCP |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     return "\n".join(lines + [_row(r) for r in report["rows"]]) + "\n"
 

@@ -62,6 +62,8 @@ KEY = "crossrt-ticket"
 """The metadata key a ticket travels under (its value: the ticket in hex)."""
 TICKET_BYTES = 32
 GREETING_SECONDS = 10.0
+LOOK_S = 0.05
+"""How often a client looks whether the daemon dropped its ticket (:meth:`Ticket.alive`)."""
 REFUSED = (
     "this socket serves crossrt clients with a ticket (metadata 'crossrt-ticket'), which a "
     "connection to the daemon's main socket ({main}) gets: crossrt.connect() does it; "
@@ -97,11 +99,8 @@ class Tickets:
         ``None``."""
         if not value or len(value) != 2 * TICKET_BYTES:
             return None
-        try:
-            raw = bytes.fromhex(value if isinstance(value, str) else value.decode("ascii"))
-        except (ValueError, UnicodeDecodeError):
-            return None
-        return self._by_digest.get(hashlib.sha256(raw).digest())
+        text = value.encode() if isinstance(value, str) else value
+        return self._by_digest.get(hashlib.sha256(text).digest())
 
     def serve(self, sock: socket.socket, peer: Peer, activity: Activity, direct: str) -> None:
         """The daemon's end of a ticket connection (the relay calls it in the connection's
@@ -121,7 +120,7 @@ class Tickets:
         except (OSError, EOFError, FrameError):
             return
         ticket = secrets.token_bytes(TICKET_BYTES)
-        digest = hashlib.sha256(ticket).digest()
+        digest = hashlib.sha256(ticket.hex().encode()).digest()  # as it comes, in hex
         with self._lock:
             self._by_digest[digest] = (peer, activity)
             self.peers[peer.address] = peer
@@ -249,11 +248,21 @@ class Ticket:
         self.direct = direct
         self._poll = select.poll()
         self._poll.register(sock, select.POLLIN | select.POLLRDHUP)
+        self._seen = time.monotonic()
 
     def alive(self) -> bool:
-        """Whether the daemon still holds it: it closes the connection when it drops the
-        ticket (idle, or stopping), and sends nothing on it otherwise."""
-        return not self._poll.poll(0)
+        """Whether the daemon still holds it, as far as this process knows: it closes the
+        connection when it drops the ticket (idle, or stopping), and sends nothing on it
+        otherwise. Looked at when :data:`LOOK_S` passed since the last look (a look is a
+        system call): a ticket is dropped after a client's idle time, or at a restart,
+        whose calls fail for longer than that anyway."""
+        now = time.monotonic()
+        if now - self._seen < LOOK_S:
+            return True
+        if self.sock.fileno() < 0 or self._poll.poll(0):
+            return False
+        self._seen = now
+        return True
 
     def close(self) -> None:
         """Give the ticket back (the daemon drops it at the end of file)."""
