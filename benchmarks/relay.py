@@ -27,6 +27,11 @@ load from other work that drifts between rounds mostly cancels), beside the diff
 the pooled p50s; the load average at the start
 and the end.
 
+Then, interleaved: each client alternates, call by call, between a variant and its TCP row
+(the order swapped every call), so both see the same moment's load; p50 of each over
+``--paired-calls`` calls per client, and the median of the per-call differences. A pair of
+two TCP clients of the same daemon shows what the machine can resolve.
+
     python benchmarks/relay.py                 # ~1 min on 2 cores
 """
 
@@ -156,7 +161,7 @@ def request() -> pb.ModelInferRequest:
     return r
 
 
-def run_all(rounds: int, calls: int, clients: int) -> dict[str, Any]:
+def run_all(rounds: int, calls: int, clients: int, paired_calls: int) -> dict[str, Any]:
     load_at_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="crossrt-bench-relay-") as tmp:
         folder = Path(tmp)
@@ -169,6 +174,7 @@ def run_all(rounds: int, calls: int, clients: int) -> dict[str, Any]:
                 procs.append(proc)
                 targets.update(found)
             rows = measure(targets, rounds, calls, clients)
+            paired = interleave(targets, paired_calls, clients)
         finally:
             for proc in procs:
                 proc.send_signal(signal.SIGTERM)
@@ -185,6 +191,8 @@ def run_all(rounds: int, calls: int, clients: int) -> dict[str, Any]:
         "rounds": rounds,
         "calls": calls,
         "rows": rows,
+        "paired_calls": paired_calls,
+        "interleaved": paired,
     }
 
 
@@ -239,6 +247,74 @@ def measure(targets: dict[str, str], rounds: int, calls: int, clients: int) -> l
     return rows
 
 
+SAME_TCP = "TCP (a), a second client"
+PAIRS = [
+    (SAME_TCP, "TCP (a)"),
+    ("Unix, pump process", "TCP (a)"),
+    ("inner socket, no relay", "TCP (a)"),
+    (DIRECT, "TCP (a)"),
+    (CROSSRT_DIRECT, CROSSRT_TCP),
+]
+"""(variant, its TCP row) measured call by call, interleaved."""
+
+
+def interleave(targets: dict[str, str], calls: int, clients: int) -> list[dict[str, Any]]:
+    """Each pair of :data:`PAIRS`, each client alternating between the two call by call."""
+    req = request()
+    targets = {**targets, SAME_TCP: targets["TCP (a)"]}
+    rows = []
+    for n in sorted({1, clients}):
+        for variant, tcp in PAIRS:
+            if variant not in targets:
+                continue
+            pairs = [
+                (Caller(variant, targets[variant], req), Caller(tcp, targets[tcp], req))
+                for _ in range(n)
+            ]
+            got: list[tuple[int, int]] = []
+
+            def loop(pair: tuple[Caller, Caller], got: list[tuple[int, int]] = got) -> None:
+                one, other = pair[0].call, pair[1].call
+                for _ in range(100):
+                    one()
+                    other()
+                for i in range(calls):
+                    first, second = (one, other) if i % 2 else (other, one)
+                    t0 = time.perf_counter_ns()
+                    first()
+                    t1 = time.perf_counter_ns()
+                    second()
+                    t2 = time.perf_counter_ns()
+                    a, b = (t1 - t0, t2 - t1) if i % 2 else (t2 - t1, t1 - t0)
+                    got.append((a, b))  # (variant, TCP)
+
+            threads = [threading.Thread(target=loop, args=(pair,)) for pair in pairs]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            for pair in pairs:
+                for caller in pair:
+                    caller.close()
+            mine, theirs = np.array(got, dtype=np.float64).T / 1e3
+            rows.append({
+                "variant": variant, "baseline": tcp, "clients": n,
+                "p50_us": float(np.median(mine)), "tcp_p50_us": float(np.median(theirs)),
+                "p50_minus_tcp_us": float(np.median(mine) - np.median(theirs)),
+                "median_difference_us": float(np.median(mine - theirs)),
+            })  # fmt: skip
+            print(_paired_row(rows[-1]), flush=True)
+    return rows
+
+
+def _paired_row(r: dict[str, Any]) -> str:
+    return (
+        f"| {r['variant']} | {r['clients']} | {r['baseline']} | {r['p50_us']:.0f} | "
+        f"{r['tcp_p50_us']:.0f} | {r['p50_minus_tcp_us']:+.0f} | "
+        f"{r['median_difference_us']:+.0f} |"
+    )
+
+
 def _row(r: dict[str, Any]) -> str:
     return (
         f"| {r['variant']} | {r['clients']} | {r['baseline']} | {r['p50_us']:.0f} | "
@@ -265,7 +341,20 @@ def markdown(report: dict[str, Any]) -> str:
         "p50 - TCP us (pooled) | req/s vs TCP |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    return "\n".join(lines + [_row(r) for r in report["rows"]]) + "\n"
+    lines += [_row(r) for r in report["rows"]]
+    if report.get("interleaved"):
+        lines += [
+            "",
+            f"Interleaved: each client alternates call by call between the variant and its TCP "
+            f"row, {report['paired_calls']} pairs of calls per client; p50 of each side, their "
+            "difference, and the median of the per-call differences.",
+            "",
+            "| variant | clients | against | p50 us | TCP p50 us | p50 - TCP us | "
+            "median of differences us |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        lines += [_paired_row(r) for r in report["interleaved"]]
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -273,9 +362,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--calls", type=int, default=1000)
     p.add_argument("--clients", type=int, default=4)
+    p.add_argument("--paired-calls", type=int, default=2000)
     p.add_argument("--out", type=Path, default=RESULTS / "relay.json")
     args = p.parse_args(argv)
-    report = run_all(args.rounds, args.calls, args.clients)
+    report = run_all(args.rounds, args.calls, args.clients, args.paired_calls)
     reporting.save(args.out, report, markdown(report))
     return 0
 
