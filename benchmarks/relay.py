@@ -13,7 +13,8 @@ gRPC stub, as tritonclient sends it) on each of
 - **inner socket**: gRPC's own socket behind the relay, reached directly (only the daemon's
   user can): gRPC over a Unix socket with no relay, the floor;
 - **direct socket, ticket**: the daemon's direct socket (``server/tickets.py``), the stub
-  sending the ticket a connection to the main socket got: what crossrt's client does;
+  sending the ticket a connection to the main socket got in its user agent, as crossrt's
+  client does;
 - **crossrt client, TCP** and **crossrt client, direct socket with ticket**: ``connect(...,
   lane=False)`` and its ``RemoteRuntime.infer`` (the gRPC path of ``RemoteModel.run``) on
   loopback TCP and on the Unix socket, where it takes a ticket and calls the direct socket;
@@ -60,7 +61,7 @@ from tritonclient.grpc import service_pb2_grpc as pbg
 
 import crossrt
 from crossrt.server.client import RemoteRuntime, connect
-from crossrt.server.tickets import KEY, request_ticket
+from crossrt.server.tickets import AGENT, request_ticket
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import models  # benchmarks/ is not a package: found through sys.path
@@ -135,17 +136,17 @@ class Caller:
             self._close.append(remote)
             self.call = lambda: remote.infer(request)
             return
-        metadata: tuple[tuple[str, str], ...] = ()
-        if variant == DIRECT:
+        options: list[tuple[str, int | str]] = [("grpc.use_local_subchannel_pool", 1)]
+        if variant == DIRECT:  # the ticket in the user agent, as crossrt's client sends it
             ticket = request_ticket(target.removeprefix("unix:"), None, target)
             assert ticket is not None, "the daemon issued no ticket"
             self._close.append(ticket)
-            target, metadata = f"unix:{ticket.direct}", ((KEY, ticket.value),)
-        # a connection per client
-        channel = grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+            target = f"unix:{ticket.direct}"
+            options.append(("grpc.primary_user_agent", f"{AGENT}{ticket.value}"))
+        channel = grpc.insecure_channel(target, options=options)  # a connection per client
         self._close.append(channel)
         stub = pbg.GRPCInferenceServiceStub(channel)
-        self.call = lambda: stub.ModelInfer(request, metadata=metadata)
+        self.call = lambda: stub.ModelInfer(request)
 
     def close(self) -> None:
         for thing in self._close:

@@ -57,7 +57,7 @@ from .proto import runtime_pb2_grpc as v1_grpc
 from .remote_model import RemoteCoreGroup, RemoteModel
 from .settings import parse_endpoint
 from .status import error_of
-from .tickets import ENDED, KEY, Ticket, request_ticket
+from .tickets import AGENT, ENDED, Ticket, request_ticket
 
 ASYNC_LANES = 16
 """Requests of ``run_async``/``infer`` under way at once on the direct lane (threads of the
@@ -149,13 +149,13 @@ class RemoteRuntime:
         )
         self.shm_threshold = shm_threshold if local else None
         self._token = token
-        self._authorization: tuple[tuple[str, str], ...] = (
+        self._metadata: tuple[tuple[str, str], ...] = (
             (("authorization", f"Bearer {token}"),) if token else ()
         )
-        self._metadata: tuple[tuple[str, str], ...] = self._authorization
         self._timeout = timeout
         self._credentials = credentials
         self._channel: Any = None
+        self._retired: Any = None
         self._target = ""
         self._ticket: Ticket | None = None
         self._models: list[RemoteModel] = []
@@ -175,19 +175,25 @@ class RemoteRuntime:
             raise
 
     def _use(self, ticket: Ticket | None) -> None:
-        """Call gRPC on ``ticket``'s direct socket with it, or on the endpoint without one."""
+        """Call gRPC on ``ticket``'s direct socket with it, or on the endpoint without one.
+
+        The ticket rides in the channel's user agent (:data:`.tickets.AGENT`), which gRPC
+        sends with every call anyway: as metadata of its own it cost ~9 µs a call. A new
+        ticket is a new channel; the one before stays open for the calls still on it, until
+        the next change (a ticket lasts at least the daemon's idle timeout)."""
         target = self.endpoint if ticket is None else f"unix:{ticket.direct}"
         self._ticket = ticket
-        self._metadata = self._authorization + (() if ticket is None else ((KEY, ticket.value),))
-        if self._channel is not None and self._target == target:
-            return
-        options = [
+        options: list[tuple[str, int | str]] = [
             ("grpc.max_receive_message_length", -1),
             ("grpc.max_send_message_length", -1),
             ("grpc.initial_reconnect_backoff_ms", 200),
             ("grpc.max_reconnect_backoff_ms", 2000),
         ]
-        old, self._target = self._channel, target
+        if ticket is not None:
+            options.append(("grpc.primary_user_agent", f"{AGENT}{ticket.value}"))
+        if self._retired is not None:
+            self._retired.close()
+        self._retired, self._target = self._channel, target
         self._channel = (
             grpc.insecure_channel(target, options=options)
             if self._credentials is None
@@ -195,16 +201,14 @@ class RemoteRuntime:
         )
         self._stub = pbg.GRPCInferenceServiceStub(self._channel)
         self._v1 = v1_grpc.RuntimeStub(self._channel)  # type: ignore[no-untyped-call]
-        if old is not None:
-            old.close()
 
-    def _current(self) -> tuple[tuple[str, str], ...]:
-        """The metadata of the next call: with a ticket the daemon still holds (one it
+    def _current(self) -> Any:
+        """The KServe stub for the next call: with a ticket the daemon still holds (one it
         dropped, at its idle timeout or a restart, is replaced first)."""
         ticket = self._ticket
         if ticket is not None and not ticket.alive():
             self._renew(ticket)
-        return self._metadata
+        return self._stub
 
     def _renew(self, ticket: Ticket) -> None:
         """Replace ``ticket``, which the daemon no longer holds (unless another thread did)."""
@@ -279,7 +283,8 @@ class RemoteRuntime:
                 self._lane = None
         if cancel is None:
             return self._unary("ModelInfer", request, seconds)
-        call = self._stub.ModelInfer.future(request, timeout=seconds, metadata=self._current())
+        stub = self._current()
+        call = stub.ModelInfer.future(request, timeout=seconds, metadata=self._metadata)
         if cancel is not None:
             cancel.on_cancel(call.cancel)
         try:
@@ -306,12 +311,11 @@ class RemoteRuntime:
         new ticket when the daemon dropped the one sent while the call was on its way."""
         for again in (True, False):
             ticket = self._ticket
-            metadata = self._current()
-            stub = self._v1 if method.startswith("v1.") else self._stub
+            stub = self._current()
+            if method.startswith("v1."):
+                stub, method = self._v1, method[3:]
             try:
-                return getattr(stub, method.removeprefix("v1."))(
-                    request, timeout=seconds, metadata=metadata
-                )
+                return getattr(stub, method)(request, timeout=seconds, metadata=self._metadata)
             except grpc.RpcError as exc:
                 if not (again and ticket is not None and _ticket_refused(exc)):
                     raise error_of(exc, self.endpoint) from None
@@ -334,7 +338,8 @@ class RemoteRuntime:
         if seconds is not None and seconds <= 0:
             future.set_exception(_unsent(request))
             return future
-        call = self._stub.ModelInfer.future(request, timeout=seconds, metadata=self._current())
+        stub = self._current()
+        call = stub.ModelInfer.future(request, timeout=seconds, metadata=self._metadata)
 
         def done(call: Any) -> None:
             try:
@@ -443,5 +448,6 @@ class RemoteRuntime:
             self._lane.close()
         if self._ticket is not None:
             self._ticket.close()
-        if self._channel is not None:
-            self._channel.close()
+        for channel in (self._channel, self._retired):
+            if channel is not None:
+                channel.close()
