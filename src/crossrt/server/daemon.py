@@ -220,8 +220,12 @@ class Daemon:
         gate has checked it already)."""
         # A view of every relay's table, not a copy of them all on each call.
         relayed = ChainMap(*(relay.peers for relay in self.relays))
-        grant = self.gate.grant(authorization(context.invocation_metadata()))
-        return identify(context.peer(), relayed, grant, self.tickets.peers)
+        metadata = context.invocation_metadata()
+        grant = self.gate.grant(authorization(metadata))
+        address = context.peer()
+        # A call with a ticket is its holder (the direct socket lets in no other).
+        bearer = self.tickets.bearer(metadata) if address.startswith("unix") else None
+        return identify(address, relayed, grant, bearer)
 
     def ready(self) -> bool:
         """Whether the daemon takes requests: started, not draining, and every ``--model``

@@ -6,8 +6,9 @@ names the relay connection (:mod:`.relay`) whose credentials the kernel gave at 
 (``SO_PEERCRED``): that user, and the operator when it is root or the daemon's own user. On
 the direct socket, gRPC's own (:mod:`.tickets`), the address a client reports is its own
 choice and nothing is believed of it: every call there carries a ticket, which its gate has
-checked, and is named ``ticket:<n>`` after the ticket's connection to the main socket, whose
-credentials the kernel gave at accept; a call without one never gets here. Over
+checked (a call without one never gets here), and is the ticket's holder, named
+``ticket:<n>`` after the ticket's connection to the main socket, whose credentials the
+kernel gave at accept; a ticket that ended since is refused, not passed over. Over
 TCP (and HTTP) a client is anonymous unless it sends a token of the operator's tokens file
 (:mod:`.tokens`): then it is that token's user, with that token's role. Nothing is inferred
 from the client's address: the kernel's socket tables (``/proc/net/tcp``) name whoever holds
@@ -107,26 +108,15 @@ def identify(
     address: str,
     relayed: Mapping[str, Peer],
     grant: Grant | None = None,
-    ticketed: Mapping[str, Peer] | None = None,
+    bearer: Peer | None = None,
 ) -> Peer:
     """The peer behind ``context.peer()``; ``relayed`` maps relay connection names to the
-    credentials read at accept, ``ticketed`` the ``ticket:<n>`` of each live ticket to its
-    connection's; ``grant`` is what the call's token says.
-
-    Raises:
-        ServiceError: UNAUTHENTICATED for a ticket whose connection has closed since its call
-            was let in.
-    """
+    credentials read at accept; ``grant`` is what the call's token says; ``bearer`` the
+    holder of the live ticket the call carries (:meth:`.tickets.Tickets.bearer`), which a
+    call over a Unix socket is, whatever its address."""
     kind, _, rest = address.partition(":")
-    if kind == "ticket":
-        held = (ticketed or {}).get(address)
-        if held is None:
-            raise ServiceError(
-                grpc.StatusCode.UNAUTHENTICATED,
-                "the ticket of this call ended (its connection to the daemon's main socket "
-                "closed); get another, as crossrt.connect() does",
-            )
-        return held.granted(grant)
+    if bearer is not None and kind in ("unix", "unix-abstract"):
+        return bearer.granted(grant)
     if kind == "unix-abstract":
         known = relayed.get(rest)
         return (known if known is not None else Peer(address, local=True)).granted(grant)

@@ -102,7 +102,7 @@ class UnixRelay:
         """Connections open now, by user (the operator's not counted)."""
         self._activity: dict[int, tuple[Activity, tuple[socket.socket, ...], str]] = {}
         """serial -> (its activity, its sockets, the peer address its gRPC calls have, or
-        "" for the lane)."""
+        "" for those served here)."""
         self._idle_wake = threading.Event()
         self.connections = 0
         """Connections open now: being routed, served on the lane, or relayed."""
@@ -293,11 +293,12 @@ class UnixRelay:
             greeting = opening(client, self._greetings()) if self._greetings() else b""
             if greeting == MAGIC and self._lane is not None:
                 routed = True  # _serve counts it closed
-                self._serve(client, serial, socket_peer(f"lane:{serial}", uid, gid, pid), "")
+                peer = socket_peer(f"lane:{serial}", uid, gid, pid)
+                self._serve(client, serial, peer, self._lane)
             elif greeting == TICKET and self.ticket is not None:
                 routed = True
-                address = f"ticket:{serial}"  # what its calls on the direct socket are named
-                self._serve(client, serial, socket_peer(address, uid, gid, pid), address)
+                peer = socket_peer(f"ticket:{serial}", uid, gid, pid)  # its calls' holder
+                self._serve(client, serial, peer, self.ticket)
             else:
                 self._relay(client, serial, uid, gid, pid)
                 routed = True  # _forget counts it closed
@@ -308,14 +309,14 @@ class UnixRelay:
             if not routed:
                 self._closed_one(uid)
 
-    def _serve(self, client: socket.socket, serial: int, peer: Peer, address: str) -> None:
-        """Serve a lane connection (``address`` empty) or a ticket's, in this thread."""
-        served = self.ticket if address else self._lane
-        assert served is not None and peer.uid is not None
+    def _serve(self, client: socket.socket, serial: int, peer: Peer, served: Served) -> None:
+        """Serve a lane connection or a ticket's with ``served``, in this thread (its
+        activity kept by ``served``: a ticket's calls note theirs when they start)."""
+        assert peer.uid is not None
         activity = Activity()
         with self._lock:
             self._served[serial] = client
-            self._activity[serial] = (activity, (client,), address)
+            self._activity[serial] = (activity, (client,), "")
         try:
             served(client, peer, activity)
         finally:

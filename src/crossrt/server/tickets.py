@@ -28,8 +28,11 @@ Unix client, and a client may name its socket what it likes (a path, or an abstr
 in a network namespace of its own even one the relay's table holds). So nothing is believed
 of a direct-socket caller's address: its gRPC server has a gate of its own
 (:class:`TicketGate`) that refuses every call without a live ticket (UNAUTHENTICATED, before
-its request is read) and gives each other call the peer address ``ticket:<n>`` of its
-ticket's connection, which :func:`.peers.identify` looks up here. A ticket is looked up in
+its request is read), and wherever the daemon asks who calls, a call that carries a ticket is
+that ticket's holder (:meth:`Tickets.bearer`, then :func:`.peers.identify`), named
+``ticket:<n>`` after its connection; a call carrying a ticket that has ended since is
+refused, never taken for its address. The ticket is looked up again only then: an inference
+call that asks nothing of its caller pays for one lookup at the gate. A ticket is looked up in
 a dict keyed by its text, never compared byte by byte with a guess: CPython hashes the key
 with SipHash under a random key of its own and compares bytes only with an entry whose
 64-bit hash matches, so a wrong guess's time says nothing of any ticket's bytes (a SHA-256
@@ -98,11 +101,26 @@ class Tickets:
         self._lock = threading.Lock()
         self._by_value: dict[str, tuple[Peer, Activity]] = {}
         """The ticket in hex -> its connection's peer and activity."""
-        self.peers: dict[str, Peer] = {}
-        """``ticket:<n>`` (the peer address its calls get) -> the credentials read at accept."""
 
     def __len__(self) -> int:
         return len(self._by_value)
+
+    def bearer(self, metadata: Any) -> Peer | None:
+        """The holder of the ticket a call carries (its connection's peer, ``ticket:<n>``);
+        ``None`` for a call that carries none.
+
+        Raises:
+            ServiceError: UNAUTHENTICATED, the call carries a ticket that is not live (its
+                connection closed since the call was let in): never taken for the call's
+                address, which a direct-socket client chooses.
+        """
+        value = ticket_of(metadata)
+        if value is None:
+            return None
+        held = self.held(value)
+        if held is None:
+            raise ServiceError(grpc.StatusCode.UNAUTHENTICATED, ENDED)
+        return held[0]
 
     def held(self, value: str | bytes | None) -> tuple[Peer, Activity] | None:
         """The peer and connection activity of a live ticket (metadata value, hex), else
@@ -132,7 +150,6 @@ class Tickets:
         value = ticket.hex()  # as it comes
         with self._lock:
             self._by_value[value] = (peer, activity)
-            self.peers[peer.address] = peer
         try:
             send(sock, 0, ticket + direct.encode())
             sock.recv(1)  # nothing comes: returns at the end of file, or the daemon's cut
@@ -141,13 +158,13 @@ class Tickets:
         finally:
             with self._lock:
                 self._by_value.pop(value, None)
-                self.peers.pop(peer.address, None)
 
 
 class TicketGate(grpc.ServerInterceptor):  # type: ignore[misc]
     """The direct socket's interceptor: a call without a live ticket is refused before its
     request is read; any other passes the daemon's :class:`.gate.Gate` (token, drain,
-    errors) and its servicer sees ``context.peer()`` as its ticket's ``ticket:<n>``."""
+    errors), and is its ticket's holder wherever the daemon asks who calls
+    (:meth:`Tickets.bearer`)."""
 
     def __init__(self, tickets: Tickets, gate: Gate, mains: Sequence[str]) -> None:
         self._tickets = tickets
@@ -158,14 +175,7 @@ class TicketGate(grpc.ServerInterceptor):  # type: ignore[misc]
         )
 
     def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
-        value = None
-        for key, found in details.invocation_metadata or ():
-            if key == KEY:
-                value = found
-                break
-            if key == "user-agent" and found.startswith(AGENT):
-                value = found[len(AGENT) : len(AGENT) + 2 * TICKET_BYTES]
-                break
+        value = ticket_of(details.invocation_metadata)
         held = self._tickets.held(value)
         if held is None:
             handler = continuation(details)
@@ -173,53 +183,19 @@ class TicketGate(grpc.ServerInterceptor):  # type: ignore[misc]
                 return None
             refusal = self._refusal if value is None else (grpc.StatusCode.UNAUTHENTICATED, ENDED)
             return _refusing(handler, refusal)
-        peer, activity = held
-        activity.last = time.monotonic()  # the ticket's connection is in use
-        handler = self._gate.intercept_service(continuation, details)
-        return None if handler is None else _renamed(handler, peer.address)
+        held[1].last = time.monotonic()  # the ticket's connection is in use
+        return self._gate.intercept_service(continuation, details)
 
 
-class _Renamed:
-    """A servicer context whose ``peer()`` is the ticket's connection."""
-
-    __slots__ = ("_address", "_context")
-
-    def __init__(self, context: Any, address: str) -> None:
-        self._context = context
-        self._address = address
-
-    def peer(self) -> str:
-        return self._address
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._context, name)
-
-
-def _renamed(handler: Any, address: str) -> Any:
-    """``handler`` with its behaviour given a :class:`_Renamed` context (on every call: the
-    fewer objects made here, the better)."""
-    decode, encode = handler.request_deserializer, handler.response_serializer
-    if handler.unary_unary is not None:
-        unary = handler.unary_unary
-        return grpc.unary_unary_rpc_method_handler(
-            lambda request, context: unary(request, _Renamed(context, address)), decode, encode
-        )
-    if handler.stream_unary is not None:  # also the gate's refusals
-        gathered = handler.stream_unary
-        return grpc.stream_unary_rpc_method_handler(
-            lambda requests, context: gathered(requests, _Renamed(context, address)),
-            decode,
-            encode,
-        )
-    if handler.unary_stream is not None:
-        answers = handler.unary_stream
-        return grpc.unary_stream_rpc_method_handler(
-            lambda request, context: answers(request, _Renamed(context, address)), decode, encode
-        )
-    streams = handler.stream_stream
-    return grpc.stream_stream_rpc_method_handler(
-        lambda requests, context: streams(requests, _Renamed(context, address)), decode, encode
-    )
+def ticket_of(metadata: Any) -> str | None:
+    """The ticket a call's metadata carries (``crossrt-ticket``, or at the head of its user
+    agent), ``None`` when it carries none."""
+    for key, found in metadata or ():
+        if key == KEY:
+            return found  # type: ignore[no-any-return]
+        if key == "user-agent" and found.startswith(AGENT):
+            return found[len(AGENT) : len(AGENT) + 2 * TICKET_BYTES]  # type: ignore[no-any-return]
+    return None
 
 
 def listen_direct(server: grpc.Server, main: str, mode: int) -> str | None:
