@@ -8,6 +8,7 @@ import os
 import select
 import socket
 import stat
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,8 +24,19 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
 from crossrt.server.client import connect
-from crossrt.server.lane import HEADER, Frames
-from crossrt.server.tickets import KEY, MAGIC, TICKET_BYTES, direct_path, request_ticket
+from crossrt.server.gate import Gate
+from crossrt.server.lane import HEADER, Activity, Frames
+from crossrt.server.peers import identify, socket_peer
+from crossrt.server.status import ServiceError
+from crossrt.server.tickets import (
+    AGENT,
+    KEY,
+    MAGIC,
+    TICKET_BYTES,
+    Tickets,
+    direct_path,
+    request_ticket,
+)
 
 IDLE_S = 2
 
@@ -161,3 +173,33 @@ def test_a_direct_path_someone_serves_is_left_alone(tmp_path: Path) -> None:
         assert os.path.exists(direct_path(d.socket))  # still the squatter's
     finally:
         squatter.close()
+
+
+def test_a_call_with_a_ticket_is_its_holder_over_unix_only() -> None:
+    """Tickets.bearer and peers.identify, on a ticket a real socket pair got."""
+    tickets = Tickets(Gate())
+    ours, theirs = socket.socketpair(socket.AF_UNIX)
+    holder = socket_peer("ticket:7", 4321, 4321, 99)
+    served = threading.Thread(
+        target=tickets.serve, args=(ours, holder, Activity(), "/run/x.sock.direct")
+    )
+    served.start()
+    theirs.sendall(MAGIC + HEADER.pack(0, 0))
+    status, answer = Frames(theirs).read()
+    assert status == 0 and answer[TICKET_BYTES:] == b"/run/x.sock.direct"
+    value = bytes(answer[:TICKET_BYTES]).hex()
+    agent = (("user-agent", f"{AGENT}{value} grpc-python/1.0"),)
+    assert tickets.bearer(agent) == holder and tickets.bearer(((KEY, value),)) == holder
+    assert tickets.bearer((("user-agent", "grpc-python/1.0"),)) is None
+    # the holder, whatever the address a direct-socket client reports
+    for address in ("unix:", "unix:/tmp/me", "unix-abstract:crossrt-peer-0"):
+        assert identify(address, {}, None, tickets.bearer(agent)).uid == 4321
+    assert identify("ipv4:127.0.0.1:5000", {}, None, holder).uid is None  # not over TCP
+    theirs.close()
+    served.join(30)
+    assert not served.is_alive()
+    with pytest.raises(ServiceError) as info:
+        tickets.bearer(agent)  # ended: refused, not taken for the address
+    assert info.value.status == grpc.StatusCode.UNAUTHENTICATED
+    assert len(tickets) == 0
+    ours.close()
