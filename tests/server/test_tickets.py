@@ -203,3 +203,19 @@ def test_a_call_with_a_ticket_is_its_holder_over_unix_only() -> None:
     assert info.value.status == grpc.StatusCode.UNAUTHENTICATED
     assert len(tickets) == 0
     ours.close()
+
+
+def test_a_client_takes_a_new_ticket_when_the_daemon_restarts(tmp_path: Path) -> None:
+    repository = make_repository(tmp_path / "models")
+    d = start_daemon(tmp_path, repository, EXPLICIT)
+    try:
+        with connect(d.url, lane=False) as rt:
+            model = rt.load("tiny")
+            first = rt._ticket
+            assert first is not None and model.run(np.ones((4, 8), np.float32))["y"].size
+            assert d.stop() == 0, "".join(d.log)
+            d = start_daemon(tmp_path, repository, EXPLICIT)  # the same sockets
+            assert model.run(np.ones((4, 8), np.float32))["y"].shape == (4, 8)
+            assert rt._ticket is not None and rt._ticket.value != first.value
+    finally:
+        assert d.stop() == 0, "".join(d.log)

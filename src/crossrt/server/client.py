@@ -165,7 +165,8 @@ class RemoteRuntime:
         try:
             if target.startswith("unix:"):
                 # connect() names it as settings.Endpoint writes it: unix:/absolute/path
-                self._ticket = request_ticket(target.removeprefix("unix:"), token, target)
+                with contextlib.suppress(OSError):  # no daemon: ServerLive below says so
+                    self._ticket = request_ticket(target.removeprefix("unix:"), token, target)
             self._use(self._ticket)
             if lane and target.startswith("unix:"):
                 self._lane = LaneClient(target.removeprefix("unix:"), token, timeout, target)
@@ -217,10 +218,11 @@ class RemoteRuntime:
                 return
             ticket.close()
             path = self.endpoint.removeprefix("unix:")
-            fresh = request_ticket(path, self._token, self.endpoint)
-            if fresh is not None:
-                self._use(fresh)
-            # else no daemon there now: the call fails as it would have (it is tried again)
+            try:
+                fresh = request_ticket(path, self._token, self.endpoint)
+            except OSError:
+                return  # no daemon there now: the call fails as it would have; tried again
+            self._use(fresh)  # None: a daemon that issues no tickets, the main socket
 
     def _greet(self, target: str, token: str | None, timeout: float | None) -> None:
         """Check the daemon answers, and whether it speaks the lane."""

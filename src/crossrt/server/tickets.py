@@ -268,22 +268,27 @@ class Ticket:
 def request_ticket(
     path: str, token: str | None, endpoint: str, seconds: float = GREETING_SECONDS
 ) -> Ticket | None:
-    """A ticket from the daemon at the main socket ``path``; ``None`` when there is no daemon
-    there or it issues none (an older daemon, or no direct socket: use the main socket).
+    """A ticket from the daemon at the main socket ``path``; ``None`` when it issues none (an
+    older daemon, or no direct socket: use the main socket).
 
     Raises:
+        OSError: no daemon there (the connection is refused).
         CrossrtError: the daemon refused (a wrong token, too many connections open).
     """
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(seconds)
         sock.connect(path)
+    except OSError:
+        sock.close()
+        raise
+    try:
         body = f"Bearer {token}".encode() if token else b""
         sock.sendall(MAGIC + HEADER.pack(len(body), 0) + body)
         status, answer = Frames(sock).read(GREETING_LIMIT)
         sock.settimeout(None)
     except (OSError, EOFError, FrameError):
-        sock.close()  # no daemon, or one that knows no tickets (it relayed the greeting)
+        sock.close()  # a daemon that knows no tickets (it relayed the greeting to gRPC)
         return None
     if status:
         sock.close()
