@@ -7,7 +7,6 @@ still knows tritonclient's user."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 import tempfile
@@ -28,6 +27,7 @@ import numpy as np
 import tritonclient.grpc as tc
 import tritonclient.utils.shared_memory as shm
 from as_user import AsUser, Lines, User, needs_root, once
+from test_daemon_identity import _pump  # a byte pump between two sockets
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 from tritonclient.utils import InferenceServerException
@@ -130,18 +130,6 @@ def test_b_cannot_use_a_ticket_after_a_died(daemon: Daemon, people: list[User]) 
 
 
 # -- no ticket, a wrong ticket, whatever the socket is named -------------------------------
-
-
-def _pump(a: socket.socket, b: socket.socket) -> None:
-    try:
-        while data := a.recv(65536):
-            b.sendall(data)
-    except OSError:
-        pass
-    finally:
-        for s in (a, b):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
 
 
 def named_caller(direct: str, name: str) -> str:
