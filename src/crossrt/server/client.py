@@ -14,7 +14,9 @@ naming the model as the daemon's repository does)::
 On a ``unix:`` endpoint, :meth:`RemoteModel.run` goes through the daemon's direct lane
 (:mod:`.lane`: the same ModelInfer messages without HTTP/2, about 120 µs a call on the
 project's VM where gRPC takes 900 µs); ``connect(..., lane=False)`` keeps everything on gRPC,
-``run_async``/``infer`` too, from a pool of client threads.
+``run_async``/``infer`` too, from a pool of client threads. gRPC calls on a ``unix:``
+endpoint go to the daemon's direct socket with a ticket (:mod:`.tickets`), which skips the
+relay's two hops, where the daemon issues tickets; to the main socket otherwise.
 
 From ``shm_threshold`` bytes (inputs and static outputs together), a request's inputs, and
 its outputs when their shapes are static, travel through a shared-memory segment of this
@@ -55,6 +57,7 @@ from .proto import runtime_pb2_grpc as v1_grpc
 from .remote_model import RemoteCoreGroup, RemoteModel
 from .settings import parse_endpoint
 from .status import error_of
+from .tickets import AGENT, ENDED, Ticket, request_ticket
 
 ASYNC_LANES = 16
 """Requests of ``run_async``/``infer`` under way at once on the direct lane (threads of the
@@ -112,6 +115,12 @@ def _why_refused(target: str, token: str | None, timeout: float | None) -> None:
         lane.close()
 
 
+def _ticket_refused(exc: grpc.RpcError) -> bool:
+    """Whether the daemon refused a call for its ticket (dropped since it was sent)."""
+    code = exc.code() if hasattr(exc, "code") else None
+    return code is grpc.StatusCode.UNAUTHENTICATED and ENDED in (exc.details() or "")
+
+
 def _unsent(request: pb.ModelInferRequest) -> DeadlineExceededError:
     """TIMEOUT for a request whose deadline passed before it could be sent."""
     return DeadlineExceededError(
@@ -139,33 +148,81 @@ class RemoteRuntime:
             "[::1]",
         )
         self.shm_threshold = shm_threshold if local else None
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._token = token
+        self._metadata: tuple[tuple[str, str], ...] = (
+            (("authorization", f"Bearer {token}"),) if token else ()
+        )
         self._timeout = timeout
-        options = [
+        self._credentials = credentials
+        self._channel: Any = None
+        self._retired: Any = None
+        self._target = ""
+        self._ticket: Ticket | None = None
+        self._models: list[RemoteModel] = []
+        self._lane = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        try:
+            if target.startswith("unix:"):
+                # connect() names it as settings.Endpoint writes it: unix:/absolute/path
+                with contextlib.suppress(OSError):  # no daemon: ServerLive below says so
+                    self._ticket = request_ticket(target.removeprefix("unix:"), token, target)
+            self._use(self._ticket)
+            if lane and target.startswith("unix:"):
+                self._lane = LaneClient(target.removeprefix("unix:"), token, timeout, target)
+            self._greet(target, token, timeout)
+        except BaseException:
+            self.close()  # a channel left open would keep reconnecting, holding a connection
+            raise
+
+    def _use(self, ticket: Ticket | None) -> None:
+        """Call gRPC on ``ticket``'s direct socket with it, or on the endpoint without one.
+
+        The ticket rides in the channel's user agent (:data:`.tickets.AGENT`), which gRPC
+        sends with every call anyway: as metadata of its own it cost ~9 µs a call. A new
+        ticket is a new channel; the one before stays open for the calls still on it, until
+        the next change (a ticket lasts at least the daemon's idle timeout)."""
+        target = self.endpoint if ticket is None else f"unix:{ticket.direct}"
+        self._ticket = ticket
+        options: list[tuple[str, int | str]] = [
             ("grpc.max_receive_message_length", -1),
             ("grpc.max_send_message_length", -1),
             ("grpc.initial_reconnect_backoff_ms", 200),
             ("grpc.max_reconnect_backoff_ms", 2000),
         ]
+        if ticket is not None:
+            options.append(("grpc.primary_user_agent", f"{AGENT}{ticket.value}"))
+        if self._retired is not None:
+            self._retired.close()
+        self._retired, self._target = self._channel, target
         self._channel = (
             grpc.insecure_channel(target, options=options)
-            if credentials is None
-            else grpc.secure_channel(target, credentials, options=options)
+            if self._credentials is None
+            else grpc.secure_channel(target, self._credentials, options=options)
         )
         self._stub = pbg.GRPCInferenceServiceStub(self._channel)
         self._v1 = v1_grpc.RuntimeStub(self._channel)  # type: ignore[no-untyped-call]
-        self._models: list[RemoteModel] = []
-        self._lane = None
-        self._pool: ThreadPoolExecutor | None = None
-        self._lock = threading.Lock()
-        if lane and target.startswith("unix:"):
-            # connect() names it as settings.Endpoint writes it: unix:/absolute/path
-            self._lane = LaneClient(target.removeprefix("unix:"), token, timeout, target)
-        try:
-            self._greet(target, token, timeout)
-        except BaseException:
-            self.close()  # a channel left open would keep reconnecting, holding a connection
-            raise
+
+    def _current(self) -> Any:
+        """The KServe stub for the next call: with a ticket the daemon still holds (one it
+        dropped, at its idle timeout or a restart, is replaced first)."""
+        ticket = self._ticket
+        if ticket is not None and not ticket.alive():
+            self._renew(ticket)
+        return self._stub
+
+    def _renew(self, ticket: Ticket) -> None:
+        """Replace ``ticket``, which the daemon no longer holds (unless another thread did)."""
+        with self._lock:
+            if self._ticket is not ticket:
+                return
+            ticket.close()
+            path = self.endpoint.removeprefix("unix:")
+            try:
+                fresh = request_ticket(path, self._token, self.endpoint)
+            except OSError:
+                return  # no daemon there now: the call fails as it would have; tried again
+            self._use(fresh)  # None: a daemon that issues no tickets, the main socket
 
     def _greet(self, target: str, token: str | None, timeout: float | None) -> None:
         """Check the daemon answers, and whether it speaks the lane."""
@@ -227,8 +284,9 @@ class RemoteRuntime:
                 self._lane.close()
                 self._lane = None
         if cancel is None:
-            return self._unary(self._stub.ModelInfer, request, seconds)
-        call = self._stub.ModelInfer.future(request, timeout=seconds, metadata=self._metadata)
+            return self._unary("ModelInfer", request, seconds)
+        stub = self._current()
+        call = stub.ModelInfer.future(request, timeout=seconds, metadata=self._metadata)
         if cancel is not None:
             cancel.on_cancel(call.cancel)
         try:
@@ -248,15 +306,23 @@ class RemoteRuntime:
     def call(self, method: str, request: Any) -> Any:
         """One unary call (a KServe method, or ``v1.Method`` of crossrt.v1), its errors as
         crossrt's."""
-        stub, name = (self._v1, method[3:]) if method.startswith("v1.") else (self._stub, method)
-        return self._unary(getattr(stub, name), request, self._timeout)
+        return self._unary(method, request, self._timeout)
 
-    def _unary(self, rpc: Any, request: Any, seconds: float | None) -> Any:
-        """``rpc(request)`` within ``seconds``, its errors as crossrt's."""
-        try:
-            return rpc(request, timeout=seconds, metadata=self._metadata)
-        except grpc.RpcError as exc:
-            raise error_of(exc, self.endpoint) from None
+    def _unary(self, method: str, request: Any, seconds: float | None) -> Any:
+        """``method(request)`` within ``seconds``, its errors as crossrt's; once more with a
+        new ticket when the daemon dropped the one sent while the call was on its way."""
+        for again in (True, False):
+            ticket = self._ticket
+            stub = self._current()
+            if method.startswith("v1."):
+                stub, method = self._v1, method[3:]
+            try:
+                return getattr(stub, method)(request, timeout=seconds, metadata=self._metadata)
+            except grpc.RpcError as exc:
+                if not (again and ticket is not None and _ticket_refused(exc)):
+                    raise error_of(exc, self.endpoint) from None
+                self._renew(ticket)  # refused before it was served: safe to send again
+        raise AssertionError("unreachable")
 
     def infer_async(
         self, request: pb.ModelInferRequest, deadline: float | None = None
@@ -274,7 +340,8 @@ class RemoteRuntime:
         if seconds is not None and seconds <= 0:
             future.set_exception(_unsent(request))
             return future
-        call = self._stub.ModelInfer.future(request, timeout=seconds, metadata=self._metadata)
+        stub = self._current()
+        call = stub.ModelInfer.future(request, timeout=seconds, metadata=self._metadata)
 
         def done(call: Any) -> None:
             try:
@@ -381,4 +448,8 @@ class RemoteRuntime:
             self._pool.shutdown(wait=False, cancel_futures=True)
         if self._lane is not None:
             self._lane.close()
-        self._channel.close()
+        if self._ticket is not None:
+            self._ticket.close()
+        for channel in (self._channel, self._retired):
+            if channel is not None:
+                channel.close()

@@ -11,6 +11,7 @@ repository: new models are loaded, changed ones reloaded, removed ones unloaded.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import resource
@@ -45,6 +46,7 @@ from .repository import LoadOptions, Repository
 from .response_cache import CacheCounts, ResponseCache
 from .rest import HttpFront
 from .settings import ServeOptions, default_profile_dir
+from .tickets import TicketGate, Tickets, listen_direct
 from .tokens import load_tokens
 
 log = logging.getLogger("crossrt.serve")
@@ -116,15 +118,19 @@ class Daemon:
         remove_orphans(_INNER_PREFIX, [tempfile.gettempdir()])
         self._inner_dir = tempfile.mkdtemp(prefix=owned_name(_INNER_PREFIX))  # 0700
         inner = os.path.join(self._inner_dir, "grpc.sock")
-        self.server = grpc.server(
-            ThreadPoolExecutor(options.threads, thread_name_prefix="crossrt-serve"),
-            interceptors=[self.gate],
-            options=[
-                # Refused by gRPC from the message's length prefix, before it is read.
-                ("grpc.max_receive_message_length", options.max_message_bytes),
-                ("grpc.max_send_message_length", -1),
-            ],
-        )
+        executor = ThreadPoolExecutor(options.threads, thread_name_prefix="crossrt-serve")
+        limits = [
+            # Refused by gRPC from the message's length prefix, before it is read.
+            ("grpc.max_receive_message_length", options.max_message_bytes),
+            ("grpc.max_send_message_length", -1),
+        ]
+        self.server = grpc.server(executor, interceptors=[self.gate], options=limits)
+        # crossrt's own clients, with a ticket, call this one's sockets without the relay.
+        self.tickets = Tickets(self.gate)
+        mains = [e.address for e in options.endpoints() if e.kind == "unix"]
+        gate = TicketGate(self.tickets, self.gate, mains)
+        self.direct = grpc.server(executor, interceptors=[gate], options=limits)
+        self._direct_paths: list[str] = []
         cache = (
             ResponseCache(options.response_cache_bytes) if options.response_cache_bytes else None
         )
@@ -143,7 +149,6 @@ class Daemon:
         self.lane = LaneServer(
             service.infer, self.gate, self.regions.register_sealed, options.max_message_bytes
         )
-        pbg.add_GRPCInferenceServiceServicer_to_server(service, self.server)
         self.extension = RuntimeService(
             self.runtime,
             self.repository,
@@ -153,7 +158,9 @@ class Daemon:
             semantics=options.semantics,
             profile_dir=options.profile_dir or str(default_profile_dir()),
         )
-        v1_grpc.add_RuntimeServicer_to_server(self.extension, self.server)  # type: ignore[no-untyped-call]
+        for server in (self.server, self.direct):
+            pbg.add_GRPCInferenceServiceServicer_to_server(service, server)
+            v1_grpc.add_RuntimeServicer_to_server(self.extension, server)  # type: ignore[no-untyped-call]
         self._stopping = threading.Event()
         self._trimmed = 0  # RSS after the last trim (give_back_memory)
         self._previous: dict[int, Any] = {}
@@ -190,6 +197,10 @@ class Daemon:
                     ) from None
                 self.relays.append(relay)
                 self.addresses.append(f"unix:{endpoint.address}")
+                direct = listen_direct(self.direct, endpoint.address, self.options.socket_mode)
+                if direct is not None:
+                    relay.ticket = functools.partial(self.tickets.serve, direct=direct)
+                    self._direct_paths.append(direct)
                 continue
             why = "in use, or not an address of this host"
             try:
@@ -209,8 +220,12 @@ class Daemon:
         gate has checked it already)."""
         # A view of every relay's table, not a copy of them all on each call.
         relayed = ChainMap(*(relay.peers for relay in self.relays))
-        grant = self.gate.grant(authorization(context.invocation_metadata()))
-        return identify(context.peer(), relayed, grant)
+        metadata = context.invocation_metadata()
+        grant = self.gate.grant(authorization(metadata))
+        address = context.peer()
+        # A call with a ticket is its holder (the direct socket lets in no other).
+        bearer = self.tickets.bearer(metadata) if address.startswith("unix") else None
+        return identify(address, relayed, grant, bearer)
 
     def ready(self) -> bool:
         """Whether the daemon takes requests: started, not draining, and every ``--model``
@@ -244,11 +259,15 @@ class Daemon:
     def start(self) -> None:
         """Listen, load the repository (unless explicit), then be ready."""
         self.server.start()
+        if self._direct_paths:
+            self.direct.start()
         for relay in self.relays:
             relay.start()
         for address in self.addresses:
             lane = " and the direct lane" if address.startswith("unix:") else ""
             log.info("serving KServe v2 gRPC%s on %s", lane, address)
+        for path in self._direct_paths:
+            log.info("serving gRPC with a ticket (crossrt clients) on unix:%s", path)
         if self.options.metrics:
             from .metrics import (
                 CacheCollector,
@@ -372,6 +391,9 @@ class Daemon:
             log.warning("%d calls still running after %.0f s; cutting them", left,
                         self.options.drain_seconds)  # fmt: skip
         self.server.stop(grace=1.0).wait()
+        if self._direct_paths:
+            self.direct.stop(grace=1.0).wait()
+            self._direct_paths = []  # gRPC removed them
         if self._http is not None:
             self._http.close()
         self._close_sockets()
@@ -393,5 +415,8 @@ class Daemon:
         for relay in self.relays:
             relay.close()
         self.lane.close()
+        for path in self._direct_paths:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
         with contextlib.suppress(OSError):
             shutil.rmtree(self._inner_dir)

@@ -466,18 +466,27 @@ def _close_all(fds: list[int]) -> None:
 def is_lane(sock: socket.socket, seconds: float = 10.0) -> bool:
     """Whether a new connection opens with :data:`MAGIC` (looked at without reading it);
     false as soon as its first bytes differ, or when it sends too few within ``seconds``."""
+    return opening(sock, (MAGIC,), seconds) == MAGIC
+
+
+def opening(sock: socket.socket, greetings: tuple[bytes, ...], seconds: float = 10.0) -> bytes:
+    """Which of ``greetings`` (all as long as :data:`MAGIC`) a new connection opens with,
+    looked at without reading it; ``b""`` as soon as its first bytes differ from all, or
+    when it sends too few within ``seconds``."""
     deadline = time.monotonic() + seconds
     sock.settimeout(seconds)
     try:
         while True:
             seen = sock.recv(len(MAGIC), socket.MSG_PEEK)
-            if not MAGIC.startswith(seen) or seen == MAGIC or not seen:
-                return seen == MAGIC
+            if seen in greetings:
+                return seen
+            if not seen or not any(g.startswith(seen) for g in greetings):
+                return b""
             if _hung_up(sock) or time.monotonic() > deadline:
-                return False
+                return b""
             time.sleep(0.001)  # the rest of a greeting split by the kernel
     except OSError:
-        return False
+        return b""
     finally:
         sock.settimeout(None)
 

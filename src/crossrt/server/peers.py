@@ -3,7 +3,12 @@ table lookup.
 
 gRPC tells a servicer only ``context.peer()``. Over the daemon's Unix socket that string
 names the relay connection (:mod:`.relay`) whose credentials the kernel gave at accept
-(``SO_PEERCRED``): that user, and the operator when it is root or the daemon's own user. Over
+(``SO_PEERCRED``): that user, and the operator when it is root or the daemon's own user. On
+the direct socket, gRPC's own (:mod:`.tickets`), the address a client reports is its own
+choice and nothing is believed of it: every call there carries a ticket, which its gate has
+checked (a call without one never gets here), and is the ticket's holder, named
+``ticket:<n>`` after the ticket's connection to the main socket, whose credentials the
+kernel gave at accept; a ticket that ended since is refused, not passed over. Over
 TCP (and HTTP) a client is anonymous unless it sends a token of the operator's tokens file
 (:mod:`.tokens`): then it is that token's user, with that token's role. Nothing is inferred
 from the client's address: the kernel's socket tables (``/proc/net/tcp``) name whoever holds
@@ -77,7 +82,7 @@ class Peer:
         operator token adds the role; over TCP the token's user is the peer's."""
         if grant is None:
             return self
-        if self.uid is not None and self.address.startswith(("unix", "lane:")):
+        if self.uid is not None and self.address.startswith(("unix", "lane:", "ticket:")):
             return replace(self, operator=self.operator or grant.operator)
         return replace(
             self,
@@ -99,15 +104,25 @@ def socket_peer(address: str, uid: int, gid: int, pid: int) -> Peer:
     return Peer(address, True, uid, gid, pid, operator=is_operator_uid(uid))
 
 
-def identify(address: str, relayed: Mapping[str, Peer], grant: Grant | None = None) -> Peer:
+def identify(
+    address: str,
+    relayed: Mapping[str, Peer],
+    grant: Grant | None = None,
+    bearer: Peer | None = None,
+) -> Peer:
     """The peer behind ``context.peer()``; ``relayed`` maps relay connection names to the
-    credentials read at accept; ``grant`` is what the call's token says."""
+    credentials read at accept; ``grant`` is what the call's token says; ``bearer`` the
+    holder of the live ticket the call carries (:meth:`.tickets.Tickets.bearer`), which a
+    call over a Unix socket is, whatever its address."""
     kind, _, rest = address.partition(":")
+    if bearer is not None and kind in ("unix", "unix-abstract"):
+        return bearer.granted(grant)
     if kind == "unix-abstract":
         known = relayed.get(rest)
         return (known if known is not None else Peer(address, local=True)).granted(grant)
     if kind == "unix":
-        # The daemon's inner socket, in a folder only the daemon's user may enter.
+        # The daemon's inner socket, in a folder only the daemon's user may enter (the direct
+        # socket's calls are all ``ticket:``: see the module's docstring).
         return socket_peer(address, os.geteuid(), os.getegid(), 0).granted(grant)
     if kind in ("ipv4", "ipv6"):
         host = rest.rpartition(":")[0].strip("[]")

@@ -1,7 +1,8 @@
 """The daemon's Unix socket: connections accepted here, where the kernel says who connected
 (``SO_PEERCRED``), and relayed to gRPC's own socket in a folder only the daemon's user may
 enter; a connection that opens with the direct lane's greeting (:mod:`.lane`) is served
-here instead.
+here instead, as is one that opens with the ticket greeting (:mod:`.tickets`): crossrt's
+own gRPC client then calls a socket gRPC owns directly, with no relay.
 
 Each connection holds a thread (or, relayed, two in the pump process) and file descriptors
 while it is open, so the relay keeps at most ``limit`` open (``max_connections``), and at
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import logging
 import os
 import secrets
@@ -42,9 +44,10 @@ from collections.abc import Callable
 
 import grpc
 
-from .lane import GREETING_LIMIT, MAGIC, Activity, FrameError, Frames, is_lane, send
+from .lane import GREETING_LIMIT, MAGIC, Activity, FrameError, Frames, opening, send
 from .peers import Peer, is_operator_uid, socket_peer
 from .pump import Both, Pumps, relay
+from .tickets import MAGIC as TICKET
 
 log = logging.getLogger("crossrt.serve")
 _SHORT_OF = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
@@ -56,6 +59,11 @@ _REFUSE_S = 1.0
 """How long a refused connection may take to show whether it is a lane client."""
 DEFAULT_LIMIT = 1024
 _CREDENTIALS = struct.Struct("3i")  # SO_PEERCRED: pid, uid, gid
+_SERIALS = itertools.count(1)
+"""Connection numbers, one sequence for every relay: ``lane:<n>`` and ``ticket:<n>`` name
+a connection across all of the daemon's sockets."""
+Served = Callable[[socket.socket, Peer, Activity], None]
+"""Serves a connection in its thread: the lane's, or a ticket's."""
 
 
 class UnixRelay:
@@ -63,7 +71,8 @@ class UnixRelay:
     those of the direct lane, which go to ``lane`` (called in a thread of their own); at
     most ``limit`` connections at once, ``user_limit`` of one user's; those idle for
     ``idle_seconds`` (0: never) closed, unless ``busy`` (given the gRPC peer name) says a
-    call is under way on them.
+    call is under way on them. Connections that open with the ticket greeting go to
+    :attr:`ticket` when it is set (:meth:`.tickets.Tickets.serve`).
 
     Raises:
         OSError: the socket cannot be created (the message of :func:`bind_unix`).
@@ -74,7 +83,7 @@ class UnixRelay:
         path: str,
         inner: str,
         mode: int = 0o660,
-        lane: Callable[[socket.socket, Peer, Activity], None] | None = None,
+        lane: Served | None = None,
         limit: int = DEFAULT_LIMIT,
         user_limit: int | None = None,
         idle_seconds: float = 0.0,
@@ -83,6 +92,8 @@ class UnixRelay:
         self.path = path
         self._inner = inner
         self._lane = lane
+        self.ticket: Served | None = None
+        """Serves the connections that ask for a ticket; ``None``: relayed as gRPC."""
         self._limit = limit
         self._user_limit = user_limit or limit
         self._idle_seconds = idle_seconds
@@ -90,7 +101,8 @@ class UnixRelay:
         self._by_user: dict[int, int] = {}
         """Connections open now, by user (the operator's not counted)."""
         self._activity: dict[int, tuple[Activity, tuple[socket.socket, ...], str]] = {}
-        """serial -> (its activity, its sockets, its gRPC peer name or "" for the lane)."""
+        """serial -> (its activity, its sockets, the peer address its gRPC calls have, or
+        "" for those served here)."""
         self._idle_wake = threading.Event()
         self.connections = 0
         """Connections open now: being routed, served on the lane, or relayed."""
@@ -98,9 +110,9 @@ class UnixRelay:
         """Connections refused since the start because ``limit`` were open."""
         self._stopping = False
         self._warned: dict[str, float] = {}
-        self._lanes: dict[int, socket.socket] = {}
+        self._served: dict[int, socket.socket] = {}
+        """The lane's and the tickets' connections, served in the daemon."""
         self._listener = bind_unix(path, mode)
-        self._serial = 0
         self._lock = threading.Lock()
         self._closed = threading.Condition(self._lock)
         self._open: dict[str, tuple[socket.socket, socket.socket]] = {}
@@ -138,7 +150,7 @@ class UnixRelay:
             for activity, sockets, name in found:
                 if activity.last > limit or activity.busy:
                     continue
-                if name and self._busy(f"unix-abstract:{name}"):
+                if name and self._busy(name):
                     activity.last = time.monotonic()  # a call runs: idle from its end on
                     continue
                 self._warn("idle", "closed connections idle for longer than idle_timeout")
@@ -159,12 +171,12 @@ class UnixRelay:
             os.unlink(self.path)
 
     def close(self, seconds: float = 5.0) -> None:
-        """Stop accepting, cut the lane's connections (their requests were drained), give
-        the relayed connections ``seconds`` to pass on what gRPC wrote last (the answers of
-        drained calls), then cut them."""
+        """Stop accepting, cut the lane's and the tickets' connections (the lane's requests
+        were drained), give the relayed connections ``seconds`` to pass on what gRPC wrote
+        last (the answers of drained calls), then cut them."""
         self.stop_accepting()
         with self._lock:
-            lanes = list(self._lanes.values())
+            lanes = list(self._served.values())
         for sock in lanes:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
@@ -259,9 +271,10 @@ class UnixRelay:
         """A connection over a limit: a lane client is told ``why``, then it is closed."""
         self._warn("refused", f"refused a connection: {why}")
         try:
-            if self._lane is not None and is_lane(client, _REFUSE_S):
+            greetings = self._greetings()
+            if greetings and opening(client, greetings, _REFUSE_S):
                 client.settimeout(_REFUSE_S)
-                client.recv(len(MAGIC))  # peeked by is_lane
+                client.recv(len(MAGIC))  # peeked by opening
                 Frames(client).read(GREETING_LIMIT)  # the token, unread: never checked
                 send(client, grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], why.encode())
         except (OSError, EOFError, FrameError):
@@ -269,16 +282,23 @@ class UnixRelay:
         finally:
             client.close()
 
+    def _greetings(self) -> tuple[bytes, ...]:
+        """The greetings of the connections served here, not relayed."""
+        return (MAGIC,) * (self._lane is not None) + (TICKET,) * (self.ticket is not None)
+
     def _route(self, client: socket.socket, pid: int, uid: int, gid: int) -> None:
         routed = False
         try:
-            with self._lock:
-                self._serial += 1
-                serial = self._serial
-            if self._lane is not None and is_lane(client):
-                routed = True  # _serve_lane counts it closed
+            serial = next(_SERIALS)
+            greeting = opening(client, self._greetings()) if self._greetings() else b""
+            if greeting == MAGIC and self._lane is not None:
+                routed = True  # _serve counts it closed
                 peer = socket_peer(f"lane:{serial}", uid, gid, pid)
-                self._serve_lane(client, serial, peer)
+                self._serve(client, serial, peer, self._lane)
+            elif greeting == TICKET and self.ticket is not None:
+                routed = True
+                peer = socket_peer(f"ticket:{serial}", uid, gid, pid)  # its calls' holder
+                self._serve(client, serial, peer, self.ticket)
             else:
                 self._relay(client, serial, uid, gid, pid)
                 routed = True  # _forget counts it closed
@@ -289,17 +309,19 @@ class UnixRelay:
             if not routed:
                 self._closed_one(uid)
 
-    def _serve_lane(self, client: socket.socket, serial: int, peer: Peer) -> None:
-        assert self._lane is not None and peer.uid is not None
+    def _serve(self, client: socket.socket, serial: int, peer: Peer, served: Served) -> None:
+        """Serve a lane connection or a ticket's with ``served``, in this thread (its
+        activity kept by ``served``: a ticket's calls note theirs when they start)."""
+        assert peer.uid is not None
         activity = Activity()
         with self._lock:
-            self._lanes[serial] = client
+            self._served[serial] = client
             self._activity[serial] = (activity, (client,), "")
         try:
-            self._lane(client, peer, activity)
+            served(client, peer, activity)
         finally:
             with self._lock:
-                self._lanes.pop(serial, None)
+                self._served.pop(serial, None)
                 self._activity.pop(serial, None)
             self._closed_one(peer.uid)
             client.close()
@@ -319,7 +341,7 @@ class UnixRelay:
         with self._lock:
             self.peers[name] = socket_peer(f"unix-abstract:{name}", uid, gid, pid)
             self._open[name] = sockets
-            self._activity[serial] = (activity, sockets, name)
+            self._activity[serial] = (activity, sockets, f"unix-abstract:{name}")
             self._pumped[serial] = (name, uid)
         pumps = self._pumps
         slot = pumps.relay(serial, client, upstream) if pumps is not None else None
@@ -327,7 +349,7 @@ class UnixRelay:
             # Copied in the pump process (:mod:`.pump`), its activity noted in the board.
             with self._lock:
                 if serial in self._activity:  # not ended already
-                    self._activity[serial] = (_Board(pumps, slot), sockets, name)
+                    self._activity[serial] = (_Board(pumps, slot), sockets, f"unix-abstract:{name}")
             return
         with self._lock:
             self._pumped.pop(serial, None)
