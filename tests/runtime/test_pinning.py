@@ -1,4 +1,5 @@
-"""Threads pinned to their instance's cores: crossrt's workers and ONNX Runtime's pool threads."""
+"""Threads pinned to their instance's cores: crossrt's workers, ONNX Runtime's pool threads,
+and a caller's thread in ``pinned_runs`` (a user's thread is otherwise left where it is)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import numpy as np
 import pytest
 
 import crossrt
-from concurrency_models import tiny
+from concurrency_models import tiny, watch_affinity
 from crossrt.drivers import get_driver
 from crossrt.drivers.base import CoreSet
 from crossrt.host import host_cpus
+from crossrt.runtime.cores.pinning import pinned_runs
 
 WAIT = 10
 CPUS = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
@@ -59,10 +61,46 @@ def test_the_callers_thread_is_never_pinned(
     rt: crossrt.Runtime, tiny_exe: crossrt.Executable
 ) -> None:
     model = rt.load(tiny_exe, instances=2, cores_per_instance=1)
+    seen = watch_affinity(model)
     before = os.sched_getaffinity(0)
     for _ in range(4):
         model.run({"x": X})
+        model._line.idle.rotate(1)  # the other instance next
     assert os.sched_getaffinity(0) == before
+    assert [cpus for _, cpus in seen] == [before] * 4  # the engine ran where the caller was
+
+
+def test_a_thread_in_pinned_runs_computes_on_each_instance_s_cores(
+    rt: crossrt.Runtime, tiny_exe: crossrt.Executable
+) -> None:
+    model = rt.load(tiny_exe, instances=2, cores_per_instance=1)
+    seen = watch_affinity(model)
+    before = os.sched_getaffinity(0)
+    with pinned_runs():
+        for _ in range(6):
+            model.run({"x": X})
+            model._line.idle.rotate(1)  # the other instance next: the thread moves
+        model.run_async({"x": X}).result(WAIT)  # a worker's run, as before
+    assert os.sched_getaffinity(0) == before  # given back on leaving
+    pins = {(rt.cores[0],), (rt.cores[1],)}
+    assert len(seen) == 7 and {pin for pin, _ in seen} == pins
+    assert all(pin is not None and cpus == set(pin) for pin, cpus in seen), seen
+
+
+def test_a_thread_in_pinned_runs_goes_back_to_its_cpus_for_a_model_on_every_core(
+    rt: crossrt.Runtime, tiny_exe: crossrt.Executable
+) -> None:
+    split = rt.load(tiny_exe, instances=2, cores_per_instance=1)
+    whole = rt.load(tiny_exe)
+    on_split, on_whole = watch_affinity(split), watch_affinity(whole)
+    before = os.sched_getaffinity(0)
+    with pinned_runs():
+        split.run({"x": X})
+        whole.run({"x": X})  # not pinned: on the CPUs the thread had, not the last instance's
+        split.run({"x": X})
+    assert [cpus for _, cpus in on_whole] == [before]
+    pin = on_split[0][0]
+    assert pin is not None and [cpus for _, cpus in on_split] == [set(pin)] * 2
 
 
 def test_a_model_on_every_core_is_not_pinned(
