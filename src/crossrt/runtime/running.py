@@ -292,8 +292,7 @@ class Running(QueuedRuns):
                 # back would let a caller in a loop keep it for good (another thread's call
                 # waited 2-3 s, the whole run, with 2 callers on one instance).
                 raise IndexError
-            inst = self._take()
-            started = ready
+            inst, started = self._take(), ready
         except IndexError:  # every instance busy
             if deadline is not None or cancel is not None or self._batching is not None:
                 # In the queue like run_async: there its deadline or token resolve it while

@@ -23,7 +23,6 @@ from .line import InstanceLine
 from .queued import STOP, QueuedRequest, late
 
 
-
 class Workers(Protocol):
     """What the workers need of their scheduler."""
 

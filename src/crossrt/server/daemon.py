@@ -31,6 +31,7 @@ from ..compiler.cache import cache_stats
 from ..errors import InvalidOptionError, OutOfResourcesError
 from ..host import give_back_memory, owned_name, remove_orphans, resident_bytes
 from ..runtime import Runtime
+from ..runtime.cores.pinning import own_thread
 from ..runtime.statistics import ModelStatistics
 from .extension import RuntimeService
 from .gate import Gate, authorization
@@ -117,7 +118,10 @@ class Daemon:
         self._inner_dir = tempfile.mkdtemp(prefix=owned_name(_INNER_PREFIX))  # 0700
         inner = os.path.join(self._inner_dir, "grpc.sock")
         self.server = grpc.server(
-            ThreadPoolExecutor(options.threads, thread_name_prefix="crossrt-serve"),
+            # Its threads call the models: each run on the cores of the instance it takes.
+            ThreadPoolExecutor(
+                options.threads, thread_name_prefix="crossrt-serve", initializer=own_thread
+            ),
             interceptors=[self.gate],
             options=[
                 # Refused by gRPC from the message's length prefix, before it is read.
