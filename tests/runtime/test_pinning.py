@@ -145,3 +145,21 @@ def test_a_runtime_that_owns_its_cores_pins_a_load_on_all_of_them(
         model.run_async({"x": X}, callback=lambda r, d: seen.append(os.sched_getaffinity(0)))
         model.run_async({"x": X}, block=True).result(WAIT)
         assert seen == [{CPUS[1]}]
+
+
+def test_a_load_from_a_pinned_thread_starts_its_threads_on_every_cpu(
+    rt: crossrt.Runtime, tiny_exe: crossrt.Executable
+) -> None:
+    """A thread inherits its creator's affinity: a model loaded from a request thread the
+    last run() moved onto one core must not have its engine's and workers' threads there."""
+    split = rt.load(tiny_exe, instances=2, cores_per_instance=1)
+    with pinned_runs():
+        split.run({"x": X})
+        assert len(os.sched_getaffinity(0)) == 1  # moved onto that instance's core
+        before = set(affinities())
+        whole = rt.load(tiny_exe)  # on every core: 2 ORT threads, a worker, not pinned
+        new = _new_threads(before)
+        assert whole._scheduler.instances[0].pin is None
+        assert new and all(cpus == set(CPUS) for cpus in new.values()), new
+        split.run({"x": X})  # and run() moves it back where it was
+        assert len(os.sched_getaffinity(0)) == 1

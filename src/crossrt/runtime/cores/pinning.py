@@ -67,6 +67,13 @@ class Caller(threading.local):
                 pin_thread(target)
         self.cpus = pin  # the same object next time: run() compares by identity first
 
+    def unpin(self) -> None:
+        """Back onto :attr:`free` if ``run()`` moved it: before it starts threads (a load's
+        engine and worker threads), which would inherit its affinity; the next ``run()``
+        moves it again."""
+        if self.cpus is not None:
+            self.follow(None)
+
 
 CALLER = Caller()
 """The calling thread's state; ``run()`` reads ``CALLER.moves`` on every call."""
