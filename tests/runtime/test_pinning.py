@@ -4,6 +4,8 @@ and a caller's thread in ``pinned_runs`` (a user's thread is otherwise left wher
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -163,3 +165,33 @@ def test_a_load_from_a_pinned_thread_starts_its_threads_on_every_cpu(
         assert new and all(cpus == set(CPUS) for cpus in new.values()), new
         split.run({"x": X})  # and run() moves it back where it was
         assert len(os.sched_getaffinity(0)) == 1
+
+
+WATCHDOG = """
+import os, threading, time
+import numpy as np
+import crossrt
+from crossrt.runtime import watchdog
+from crossrt.runtime.cores.pinning import pinned_runs
+from concurrency_models import tiny
+with crossrt.Runtime() as rt:
+    model = rt.load(crossrt.compile(tiny()), instances=2, cores_per_instance=1)
+    x = {"x": np.ones((4, 8), np.float32)}
+    with pinned_runs():
+        model.run(x)
+        assert watchdog._thread is None and len(os.sched_getaffinity(0)) == 1
+        model.run(x, deadline=time.monotonic() + 60)  # the watchdog starts from this thread
+        print(sorted(os.sched_getaffinity(watchdog._thread.native_id)))
+"""
+
+
+def test_the_watchdog_started_from_a_pinned_thread_is_not_pinned(tmp_path: Path) -> None:
+    """One watchdog per process, started by the first call with a deadline: from a thread
+    run() moved onto one core, it must not stay on that core for good."""
+    tests = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, CROSSRT_RUNTIME_DIR=str(tmp_path), PYTHONPATH=str(tests))
+    done = subprocess.run(
+        [sys.executable, "-c", WATCHDOG], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[-2] == str(CPUS), done.stdout
