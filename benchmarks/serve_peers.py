@@ -35,6 +35,7 @@ Writes ``results/serve_peers.json`` (``--out``) and the Markdown table next to i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import json
 import os
@@ -199,6 +200,7 @@ def run_all(
     rounds: int,
     instances: int,
     ready_timeout: float,
+    nice: int | None = None,
 ) -> dict[str, Any]:
     if shutil.which("h2load") is None:
         raise SystemExit("h2load not found: apt-get install nghttp2-client")
@@ -221,6 +223,10 @@ def run_all(
                 t = time.monotonic()
                 servers[who] = start(who, paths, instances, folder)
                 servers[who].wait_ready(requests, ready_timeout)
+                if nice is not None:
+                    for pid in servers[who].tree():  # each scheduling group of its tree
+                        with contextlib.suppress(OSError):
+                            Path(f"/proc/{pid}/autogroup").write_text(str(nice))
                 print(f"{who}: ready in {time.monotonic() - t:.0f} s, outputs checked", flush=True)
             order = list(servers)
             for name in names:
@@ -269,6 +275,7 @@ def run_all(
         ).stdout.strip(),
         "pins": {p: pins(p) for p in peers},
         "settings": {
+            "nice": nice,
             "instances": instances,
             "ort_threads_per_instance": 1,
             "seconds": {"tiny": short, "others": long},
@@ -351,8 +358,9 @@ def markdown(report: dict[str, Any]) -> str:
         f"(tiny) or {s['seconds']['others']} s, "
         "order rotated. Cells: req/s / p50 ms (medians over rounds); ratios crossrt/peer: "
         "throughput / p50 (median of per-round ratios; **bold**: crossrt behind, "
-        "throughput < 1 or p50 > 1).",
+        "throughput < 1 or p50 > 1)." + _nice(s.get("nice")),
         "",
+        *_merged_note(report),
         "| "
         + " | ".join(["model", "protocol", "clients", *order, *(f"crossrt/{w}" for w in order[1:])])
         + " |",
@@ -366,6 +374,44 @@ def markdown(report: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def merge(previous: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
+    """``previous`` with the rows ``report`` measured replaced by its own (same servers),
+    each replaced row marked with the run it comes from; the header stays ``previous``'s."""
+    if list(previous["servers"]) != list(report["servers"]):
+        raise SystemExit(f"--merge: the runs served {previous['servers']} and {report['servers']}")
+    key = lambda c: (c["model"], c["protocol"], c["clients"])  # noqa: E731
+    new = {key(c): dict(c, run=report["date"]) for c in report["cells"]}
+    merged = dict(previous)
+    merged["cells"] = [new.pop(key(c), c) for c in previous["cells"]] + list(new.values())
+    merged.setdefault("runs", []).append(
+        {k: report[k] for k in ("date", "host", "settings", "memory_pss_mib")}
+    )
+    return merged
+
+
+def _nice(nice: int | None) -> str:
+    return "" if nice is None else f" Servers' scheduling groups at nice {nice}."
+
+
+def _merged_note(report: dict[str, Any]) -> list[str]:
+    """Which rows come from a later run (``--merge``), with that run's host and load."""
+    lines = []
+    for run in report.get("runs", []):
+        rows = [
+            f"{c['model']} {c['protocol']} {c['clients']}"
+            for c in report["cells"]
+            if c.get("run") == run["date"]
+        ]
+        host, nice = run["host"], run["settings"].get("nice")
+        lines += [
+            f"Rows {', '.join(rows)}: from the run of {run['date']} (load "
+            f"{host['load_before'][0]:.1f} at start, {host['load'][0]:.1f} at end"
+            + f").{_nice(nice)} The others from the run above.",
+            "",
+        ]
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -385,6 +431,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--instances", type=int, default=2)
     p.add_argument("--ready-timeout", type=float, default=300.0)
     p.add_argument("--out", type=Path, default=RESULTS / "serve_peers.json")
+    p.add_argument("--nice", type=int, default=None, help="servers' autogroup nice (root)")
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="replace only the rows measured in the --out JSON, the others kept",
+    )
     args = p.parse_args(argv)
     # SIGTERM (timeout, an impatient operator) unwinds like Ctrl-C: the servers are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -398,7 +450,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.rounds,
         args.instances,
         args.ready_timeout,
+        args.nice,
     )
+    if args.merge and args.out.exists():
+        report = merge(json.loads(args.out.read_text()), report)
     reporting.save(args.out, report, markdown(report))
     return 0
 

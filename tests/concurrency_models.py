@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -137,3 +138,30 @@ def gate(model: crossrt.LoadedModel, instance: int = 0) -> GatedProgram:
     inst.programs[0] = gated
     model._calls[inst.index] = model._calling.plain(inst)  # what run() calls on it
     return gated
+
+
+class AffinityProgram(Program):
+    """Wraps a program: each run records its instance's ``pin`` and the CPUs the thread
+    calling the engine may run on, read as the engine starts (tests only)."""
+
+    def __init__(self, inner: Program, pin: tuple[int, ...] | None, seen: list[Any]) -> None:
+        self.inner, self.pin, self.seen = inner, pin, seen
+
+    def run(
+        self, inputs: Mapping[str, Any], outputs: Mapping[str, np.ndarray] | None = None
+    ) -> dict[str, np.ndarray]:
+        self.seen.append((self.pin, os.sched_getaffinity(0)))
+        return self.inner.run(inputs, outputs)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def watch_affinity(model: crossrt.LoadedModel) -> list[tuple[tuple[int, ...] | None, set[int]]]:
+    """Put an :class:`AffinityProgram` in front of each instance's (single) program; the list
+    its runs append ``(instance's pin, the engine thread's CPUs)`` to."""
+    seen: list[tuple[tuple[int, ...] | None, set[int]]] = []
+    for inst in model._instances:
+        inst.programs[0] = AffinityProgram(inst.programs[0], inst.pin, seen)
+        model._calls[inst.index] = model._calling.plain(inst)  # what run() calls on it
+    return seen

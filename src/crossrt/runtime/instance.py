@@ -36,7 +36,8 @@ class Instance:
     output_names: tuple[str, ...]
     pin: tuple[int, ...] | None = None
     """The host CPUs of its cores when they are part of the process's: workers running it
-    pin themselves there (a ``run()`` caller's thread is never pinned)."""
+    pin themselves there, and so do the daemon's threads (a user's ``run()`` thread only
+    within ``pinned_runs``: ``cores/pinning.py``)."""
     device: str = ""
     """The device it runs on (a load across devices has instances on several)."""
     pipelined: bool = True

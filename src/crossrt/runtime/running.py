@@ -33,6 +33,7 @@ from ..model import TensorSpec
 from .batching import Batching, refuse_unbatchable
 from .binding import Binding, OutputBinder
 from .calls import Calls
+from .cores.pinning import CALLER
 from .inputs import InputChecker, output_names_checked
 from .instance import Instance
 from .memory.tensorset import TensorSet
@@ -228,7 +229,13 @@ class Running(QueuedRuns):
         output_names: Sequence[str] | None = None,
         binding: Binding | None = None,
     ) -> Any:
-        """Run the model once (nrt_execute).
+        """Run the model once (nrt_execute), in the calling thread.
+
+        The calling thread is left on the CPUs it has: a user's thread is not pinned (its
+        affinity is the user's) unless it runs within
+        :func:`~crossrt.runtime.cores.pinning.pinned_runs`; a thread crossrt owns (the
+        daemon's) computes on the CPUs of the instance it takes, as the workers of
+        ``run_async`` do (``docs/cores.md``, "Pinning").
 
         Args:
             inputs: ``{name: array or Tensor}``, a :class:`TensorSet`, or a list in input
@@ -285,8 +292,7 @@ class Running(QueuedRuns):
                 # back would let a caller in a loop keep it for good (another thread's call
                 # waited 2-3 s, the whole run, with 2 callers on one instance).
                 raise IndexError
-            inst = self._take()
-            started = ready
+            inst, started = self._take(), ready
         except IndexError:  # every instance busy
             if deadline is not None or cancel is not None or self._batching is not None:
                 # In the queue like run_async: there its deadline or token resolve it while
@@ -297,6 +303,8 @@ class Running(QueuedRuns):
             statistics.failed(exc)
             raise
         try:
+            if CALLER.moves and CALLER.cpus is not inst.pin:  # crossrt's thread, or opted in
+                CALLER.follow(inst.pin)  # computes on the instance's CPUs (cores/pinning.py)
             if deadline is None and cancel is None:  # the common case: two checks, no more
                 call = self._calls[inst.index]
             else:

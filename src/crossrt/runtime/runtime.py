@@ -16,6 +16,7 @@ from ..errors import ClosedError, InvalidArgumentError, OperationForbiddenError
 from . import observer
 from .batching import batching
 from .cores.groups import CoreGroup, choose_cores, core_indices, pick_free, split_instances
+from .cores.pinning import CALLER
 from .cores.reservation import reserve_cores
 from .loaded import LoadedModel
 from .loading import LoadPlan, executable_for, load_devices, run_limits
@@ -209,6 +210,7 @@ class Runtime:
                 instances x cores_per_instance more than the load has.
         """
         self._check_open()
+        CALLER.unpin()  # a request thread's pin is not for the threads this load starts
         batched = batching(max_batch_size, batch_delay)
         observer.watch(self)  # crossrt top, monitor and profile --pid see its models
         exe = executable_for(source, device, driver, compile_options)

@@ -12,6 +12,7 @@ import threading
 import time
 
 from ..drivers.base import CancelToken
+from .cores.pinning import CALLER
 
 _lock = threading.Condition()
 _heap: list[tuple[float, int, CancelToken]] = []
@@ -26,6 +27,7 @@ def watch(token: CancelToken, deadline: float) -> None:
         entry = (deadline, next(_order), token)
         heapq.heappush(_heap, entry)
         if _thread is None or not _thread.is_alive():
+            CALLER.unpin()  # a request thread's pin is not for the thread it starts
             _thread = threading.Thread(target=_loop, name="crossrt-watchdog", daemon=True)
             _thread.start()
         if _heap[0] is entry:

@@ -6,8 +6,6 @@ is the scheduler's (``scheduler.py``); these run it."""
 
 from __future__ import annotations
 
-import logging
-import os
 import queue
 import time
 from collections.abc import Callable, Sequence
@@ -19,11 +17,10 @@ import numpy as np
 from ..drivers.base import CancelToken
 from . import watchdog
 from .batching import Batching, join, split
+from .cores.pinning import pin_thread
 from .instance import Instance, assemble
 from .line import InstanceLine
 from .queued import STOP, QueuedRequest, late
-
-log = logging.getLogger("crossrt")
 
 
 class Workers(Protocol):
@@ -240,14 +237,3 @@ def _assemble_with(
     values: dict[str, Any], names: Sequence[str], feed: dict[str, Any], outputs: Any = None
 ) -> dict[str, np.ndarray]:
     return assemble(values, names, outputs)
-
-
-def pin_thread(cpus: tuple[int, ...]) -> tuple[int, ...]:
-    """Pin the calling thread to ``cpus`` where the OS allows; return them."""
-    setaffinity = getattr(os, "sched_setaffinity", None)
-    if setaffinity is not None:  # not on Linux: threads stay where the OS puts them
-        try:
-            setaffinity(0, cpus)  # 0: this thread, on Linux
-        except OSError as exc:  # a CPU taken away since (cgroup change): run unpinned
-            log.debug("could not pin a worker to CPUs %s: %s", cpus, exc)
-    return cpus

@@ -32,6 +32,7 @@ from ..compiler.cache import cache_stats
 from ..errors import InvalidOptionError, OutOfResourcesError
 from ..host import give_back_memory, owned_name, remove_orphans, resident_bytes
 from ..runtime import Runtime
+from ..runtime.cores.pinning import own_thread
 from ..runtime.statistics import ModelStatistics
 from .extension import RuntimeService
 from .gate import Gate, authorization
@@ -118,7 +119,10 @@ class Daemon:
         remove_orphans(_INNER_PREFIX, [tempfile.gettempdir()])
         self._inner_dir = tempfile.mkdtemp(prefix=owned_name(_INNER_PREFIX))  # 0700
         inner = os.path.join(self._inner_dir, "grpc.sock")
-        executor = ThreadPoolExecutor(options.threads, thread_name_prefix="crossrt-serve")
+        # Its threads call the models: each run on the cores of the instance it takes.
+        executor = ThreadPoolExecutor(
+            options.threads, thread_name_prefix="crossrt-serve", initializer=own_thread
+        )
         limits = [
             # Refused by gRPC from the message's length prefix, before it is read.
             ("grpc.max_receive_message_length", options.max_message_bytes),

@@ -21,6 +21,8 @@ import time
 from http.server import ThreadingHTTPServer
 from typing import Any
 
+from ..runtime.cores.pinning import own_thread
+
 log = logging.getLogger("crossrt.serve")
 
 REAP_SECONDS = 0.25
@@ -93,6 +95,7 @@ class BoundedServer(ThreadingHTTPServer):
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
+        own_thread()  # its runs on the cores of the instance each takes (cores/pinning.py)
         try:
             super().process_request_thread(request, client_address)
         finally:

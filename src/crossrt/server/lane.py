@@ -52,6 +52,7 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
 from ..drivers.base import CancelToken
+from ..runtime.cores.pinning import own_thread
 from .gate import Gate
 from .peers import Peer
 from .status import ServiceError, status_of
@@ -210,6 +211,7 @@ class LaneServer:
     def serve(self, sock: socket.socket, peer: Peer, activity: Activity | None = None) -> None:
         """Greet, then answer requests until the client leaves or the daemon stops;
         ``activity`` (the relay's idle timeout reads it) is kept up to date."""
+        own_thread()  # its runs on the cores of the instance each takes (cores/pinning.py)
         frames = Frames(sock, descriptors=True)
         watch = self._hang_ups.watch(sock)
         seen = activity or Activity()
