@@ -14,7 +14,8 @@ import pytest
 from onnx import helper, numpy_helper
 
 import crossrt
-from crossrt.compiler.calibrate import METADATA_KEY
+from crossrt.compiler.calibrate import METADATA_KEY, quantize
+from crossrt.model import Model
 from crossrt.tools import compile as compile_tool
 from crossrt.tools import inspect as inspect_tool
 
@@ -61,6 +62,8 @@ def test_an_int8_model_is_qdq_and_close_to_fp32(driver: str):
     assert report is not None and report["calibration_samples"] == 8
     assert report["holdout_samples"] == 2 and 0 <= report["error"] <= report["tolerance"]
     assert report["quantized_nodes"] >= 2  # the convolution's and the product's inputs
+    assert 0 < report["max_abs_error"] and 0 < report["relative_error"] < 0.1
+    assert report["top1_agreement"] in (0.0, 0.5, 1.0)  # y is [batch, classes]: 2 rows
     assert exe.placement[0]["quantization"] == report
     x = _samples(1, seed=99)[0]["x"]
     with crossrt.Runtime() as rt:
@@ -71,8 +74,60 @@ def test_an_int8_model_is_qdq_and_close_to_fp32(driver: str):
 
 
 def test_an_error_over_the_tolerance_is_refused_with_the_number():
-    with pytest.raises(crossrt.CompileError, match=r"off by .* over the tolerance 1e-09"):
+    with pytest.raises(crossrt.CompileError, match=r"off by .* over the tolerance 1e-09") as e:
         crossrt.compile(_model(tolerance="1e-9"), precision="int8", calibration=_samples(5))
+    # each measure named: the one checked, and what a user of a classifier reads
+    assert "relative to max(1, max |fp32|) (max abs " in e.value.message
+    assert "relative 2-norm" in e.value.message and "top-1 agreement" in e.value.message
+    assert e.value.details["tolerance"] == 1e-9 and e.value.details["error"] > 1e-9
+
+
+def _attention(heads: int = 2, seq: int = 6, width: int = 8) -> onnx.ModelProto:
+    """Self-attention's core: projections by constant weights (quantized), and the products
+    of two activations, scores = q x k^T and scores x v (left in float)."""
+    rng = np.random.default_rng(5)
+    weights = [
+        numpy_helper.from_array(rng.standard_normal((width, width)).astype(np.float32) * 0.1, n)
+        for n in ("wq", "wk", "wv")
+    ]
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "wq"], ["q"]),
+            helper.make_node("MatMul", ["x", "wk"], ["k"]),
+            helper.make_node("MatMul", ["x", "wv"], ["v"]),
+            helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+            helper.make_node("MatMul", ["q", "kt"], ["scores"]),
+            helper.make_node("Softmax", ["scores"], ["p"], axis=-1),
+            helper.make_node("MatMul", ["p", "v"], ["y"]),
+        ],
+        "attention",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [heads, seq, width])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [heads, seq, width])],
+        weights,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_weights_are_int8_symmetric_activations_uint8_and_attention_stays_float():
+    rng = np.random.default_rng(3)
+    calibration = [{"x": rng.standard_normal((2, 6, 8)).astype(np.float32)} for _ in range(6)]
+    proto = quantize(Model(_attention()), calibration).model.proto
+    made_by = {o: n for n in proto.graph.node for o in n.output}
+    inits = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
+    products = [n for n in proto.graph.node if n.op_type == "MatMul"]
+    quantized = [
+        n for n in products if all(made_by[i].op_type == "DequantizeLinear" for i in n.input)
+    ]
+    assert len(quantized) == 3  # x @ wq, wk, wv; not q @ k^T nor p @ v
+    for node in quantized:
+        activation, weight = (made_by[i] for i in node.input)
+        zero = inits[made_by[activation.input[0]].input[2]]  # its QuantizeLinear's zero point
+        assert zero.dtype == np.uint8  # u8 x s8: the form VNNI and ORT's x86 kernels run fast
+        weight_zero = inits[weight.input[2]]
+        assert weight_zero.dtype == np.int8 and not weight_zero.any()  # symmetric
+        assert inits[weight.input[1]].shape == (8,)  # a scale per output channel
+    # the products of two activations are not quantized: nothing quantizes the softmax
+    assert not any(n.op_type == "QuantizeLinear" and n.input[0] == "p" for n in proto.graph.node)
 
 
 @pytest.mark.parametrize(
