@@ -73,6 +73,26 @@ def test_an_int8_model_is_qdq_and_close_to_fp32(driver: str):
     assert 0 < error <= 0.1  # quantized: close, and not bit-equal to fp32
 
 
+def test_openvino_computes_what_is_not_int8_in_bf16_where_the_cpu_has_it():
+    pytest.importorskip("openvino")
+    from crossrt.drivers import get_driver
+    from crossrt.drivers.openvino import artifact
+
+    (cpu,) = [d for d in get_driver("openvino").devices() if d.id == "cpu:0"]
+    exe = crossrt.compile(_model(), driver="openvino", precision="int8", calibration=_samples(10))
+    bf16 = cpu.capabilities.bf16
+    assert artifact.unpack(exe.nodes[0].artifact).precision == ("bf16" if bf16 else None)
+    with crossrt.Runtime() as rt:
+        program = rt.load(exe)._instances[0].programs[0]  # type: ignore[attr-defined]
+        hint = str(program._compiled.get_property("INFERENCE_PRECISION_HINT"))
+    assert hint == ("<Type: 'bfloat16'>" if bf16 else "<Type: 'float32'>")
+    # a model of the user's own keeps its precision
+    plain = crossrt.compile(_model(), driver="openvino")
+    assert artifact.unpack(plain.nodes[0].artifact).precision is None
+    with pytest.raises(crossrt.InvalidContainerError, match="names precision 'int4'"):
+        artifact.unpack(artifact.pack(b"blob", ["x"], ["y"], precision="int4"))
+
+
 def test_an_error_over_the_tolerance_is_refused_with_the_number():
     with pytest.raises(crossrt.CompileError, match=r"off by .* over the tolerance 1e-09") as e:
         crossrt.compile(_model(tolerance="1e-9"), precision="int8", calibration=_samples(5))
