@@ -15,6 +15,7 @@ from onnx import helper, numpy_helper
 
 import crossrt
 from crossrt.compiler.calibrate import METADATA_KEY, quantize
+from crossrt.errors import InvalidContainerError
 from crossrt.model import Model
 from crossrt.tools import compile as compile_tool
 from crossrt.tools import inspect as inspect_tool
@@ -89,7 +90,7 @@ def test_openvino_computes_what_is_not_int8_in_bf16_where_the_cpu_has_it():
     # a model of the user's own keeps its precision
     plain = crossrt.compile(_model(), driver="openvino")
     assert artifact.unpack(plain.nodes[0].artifact).precision is None
-    with pytest.raises(crossrt.InvalidContainerError, match="names precision 'int4'"):
+    with pytest.raises(InvalidContainerError, match="names precision 'int4'"):
         artifact.unpack(artifact.pack(b"blob", ["x"], ["y"], precision="int4"))
 
 
