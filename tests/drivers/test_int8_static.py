@@ -185,7 +185,9 @@ def test_the_command_line_quantizes_from_a_folder_and_inspect_says_so(tmp_path: 
     assert json.loads(exe.metadata[METADATA_KEY])["calibration_samples"] == 8
     capsys.readouterr()
     assert inspect_tool.main([str(out)]) == 0
-    assert "quantization    int8 static (QDQ" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "quantization    int8 static (QDQ" in printed
+    assert "relative to max(1, max |fp32|) (max abs " in printed and "top-1 agreement" in printed
     empty = tmp_path / "empty"
     empty.mkdir()
     argv[-1] = str(empty)

@@ -2,20 +2,25 @@
 
 The model is rewritten, before any driver sees it, into ONNX's QDQ form by ONNX Runtime's
 ``quantize_static``: the operators int8 kernels speed up (:data:`QUANTIZED`: Conv, MatMul,
-Gemm) get QuantizeLinear/DequantizeLinear around them, weights quantized per channel to int8
-and activations to int8 with ranges observed on the calibration samples (MinMax). The rest
-(additions, softmax, normalization) stays in float: quantizing them too took a BERT-like
-encoder's error on held-back samples from 0.067 to 0.1 and saves little time. QDQ is the form
-both engines run as int8 kernels (ONNX Runtime fuses it into QLinearConv/MatMulInteger, which
-use VNNI and AMX-INT8 where the CPU has them; OpenVINO's low-precision transformations do the
-same), so the quantized model compiles on any driver at its own precision.
+Gemm, where one factor is a constant weight) get QuantizeLinear/DequantizeLinear around
+them, weights quantized per channel to symmetric int8 and activations to uint8 with ranges
+observed on the calibration samples (MinMax): U8S8, the form both engines run as int8
+kernels on x86 (ONNX Runtime's QLinearConv/QLinearMatMul, OpenVINO's int8 FullyConnected and
+Convolution; VNNI, AMX-INT8 where the CPU has them). The rest (additions, softmax,
+normalization, attention's products of two activations) stays in float: quantizing them
+too took a BERT-like encoder's error on held-back samples from 0.067 to 0.1 and saves little
+time. So the quantized model compiles on any driver at its own precision (OpenVINO computes
+its float part in bf16 where the CPU has it: ``drivers/openvino/driver.py``).
 
 The last fifth of the samples (at least one) is held back: the quantized model and the
 original are both run on them (ONNX Runtime, CPU) and the largest error, relative to
-``max(1, max |fp32|)`` of each output as ``crossrt verify`` measures it, must be within the
-tolerance (the model's ``crossrt.tolerance`` metadata, else :data:`INT8_TOLERANCE`), or the
-compile is refused with the error it measured. What was done is kept in the executable's
-metadata ``crossrt.quantization`` (JSON), shown by ``inspect`` and ``placement``.
+``max(1, max |fp32|)`` of each output as ``crossrt verify`` and ``auto`` measure it, must be
+within the tolerance (the model's ``crossrt.tolerance`` metadata, else
+:data:`INT8_TOLERANCE`), or the compile is refused with every measure named: that one, the
+largest absolute error, the relative error in the 2-norm, and for ``[batch, classes]``
+outputs the share of rows whose top class is unchanged. What was done and measured is kept
+in the executable's metadata ``crossrt.quantization`` (JSON), shown by ``inspect`` and
+``placement``.
 """
 
 from __future__ import annotations
@@ -40,7 +45,8 @@ same as ``int8-dynamic``'s in ``crossrt verify``); a model's ``crossrt.tolerance
 METADATA_KEY = "crossrt.quantization"
 """The executable's metadata that records the quantization (JSON)."""
 QUANTIZED = ("Conv", "ConvTranspose", "MatMul", "Gemm")
-"""The operator types quantized: where int8 arithmetic (VNNI, AMX-INT8) pays."""
+"""The operator types quantized (MatMul and Gemm only by a constant weight): where int8
+arithmetic (VNNI, AMX-INT8) pays."""
 HOLD_OUT = 0.2
 METHOD = (
     "int8 static (QDQ of Conv/MatMul/Gemm with a constant weight: weights int8 symmetric "
@@ -58,7 +64,8 @@ class Quantized:
     Attributes:
         model: the QDQ model, its metadata holding :data:`METADATA_KEY`.
         report: ``{"method", "calibration_samples", "holdout_samples", "error",
-            "tolerance", "quantized_nodes"}``.
+            "max_abs_error", "relative_error", "top1_agreement", "tolerance",
+            "quantized_nodes"}`` (the measures: :func:`describe`).
     """
 
     model: Model
@@ -141,12 +148,13 @@ def quantize(model: Model, calibration: Any) -> Quantized:
 def describe(report: Mapping[str, Any]) -> str:
     """The measured error of a :func:`quantize` report in words, each measure named."""
     top1 = report.get("top1_agreement")
+    nan = float("nan")
     return (
-        f"{report['error']:.3g} relative to max(1, max |fp32|) (max abs "
-        f"{report.get('max_abs_error', float('nan')):.3g}, relative 2-norm "
-        f"{report.get('relative_error', float('nan')):.3g}"
+        f"{report.get('error', nan):.3g} relative to max(1, max |fp32|) (max abs "
+        f"{report.get('max_abs_error', nan):.3g}, relative 2-norm "
+        f"{report.get('relative_error', nan):.3g}"
         + ("" if top1 is None else f", top-1 agreement {top1:.0%}")
-        + f") on {report['holdout_samples']} held-back calibration samples"
+        + f") on {report.get('holdout_samples')} held-back calibration samples"
     )
 
 
