@@ -44,9 +44,7 @@ PRECISIONS = ("bf16",)
 """The precisions an index may name."""
 
 
-def pack(
-    blob: bytes, inputs: list[str], outputs: list[str], precision: str | None = None
-) -> bytes:
+def pack(blob: bytes, inputs: list[str], outputs: list[str], precision: str | None = None) -> bytes:
     """The artifact holding OpenVINO's exported ``blob`` for a model of these inputs and
     outputs (OpenVINO may give a tensor several names: the index says which is the model's),
     compiled at ``precision`` where not the options' own."""

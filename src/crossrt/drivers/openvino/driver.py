@@ -5,7 +5,8 @@
 (``CompiledModel.export_model``); ``load`` imports it
 (``Core.import_model``) without converting or compiling again. Every model computes in its
 own precision: OpenVINO's CPU plugin would run fp32 models in bf16 on CPUs that have it, so
-``INFERENCE_PRECISION_HINT`` is always set to f32.
+``INFERENCE_PRECISION_HINT`` is set to f32 unless a reduced precision was asked for (or int8:
+:func:`_precision`).
 """
 
 from __future__ import annotations
