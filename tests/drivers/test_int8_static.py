@@ -94,6 +94,17 @@ def test_openvino_computes_what_is_not_int8_in_bf16_where_the_cpu_has_it():
         artifact.unpack(artifact.pack(b"blob", ["x"], ["y"], precision="int4"))
 
 
+def test_auto_weighs_every_engine_at_int8_by_the_int8_tolerance():
+    pytest.importorskip("openvino")
+    exe = crossrt.compile(
+        _model(), device="auto", precision="int8", calibration=_samples(10), auto_seconds=0.2
+    )
+    assert exe.quantization is not None and exe.decision["tolerance"] == 0.1
+    rows = {r["driver"]: r for r in exe.decision["candidates"]}
+    # engines round int8 their own way (here ~0.005 apart): not a fp32 tolerance of 1e-4
+    assert rows["openvino"]["status"] == "ok" and rows["onnxruntime"]["status"] == "ok"
+
+
 def test_an_error_over_the_tolerance_is_refused_with_the_number():
     with pytest.raises(crossrt.CompileError, match=r"off by .* over the tolerance 1e-09") as e:
         crossrt.compile(_model(tolerance="1e-9"), precision="int8", calibration=_samples(5))
