@@ -31,12 +31,15 @@ what ``auto`` chose and why.
 
     python benchmarks/drivers.py              # ~6 min on 2 cores
     python benchmarks/drivers.py --quick --models tiny,resnet50
-    python benchmarks/drivers.py --models resnet50,bert --out results/drivers_int8.json \
-        --variants "raw onnxruntime,raw openvino bf16,openvino bf16,onnxruntime int8,openvino int8"
+    python benchmarks/drivers.py --models resnet50,bert --out $INT8 --variants "$VARIANTS"
 
-``--variants`` runs only the variants named (their labels as in the table; the raw engines
-whose ratios are reported always run). Each ``int8`` row is also compared, paired, with
-``raw onnxruntime`` (fp32) and with the bf16 variants: the int8 table.
+The last (~10 min) writes ``results/drivers_int8``, with ``INT8`` that path's ``.json`` and
+``VARIANTS`` ``raw onnxruntime,raw openvino,raw openvino bf16,openvino bf16,onnxruntime
+int8,openvino int8``.
+
+``--variants`` runs only the variants named, by their labels in the table (``raw
+onnxruntime``, the reference of the errors, always runs). Each ``int8`` row is also compared,
+paired, with ``raw onnxruntime`` (fp32) and with the bf16 variants: the int8 table.
 
 Writes ``results/drivers.json`` (``--out``) and a Markdown table next to it.
 """
@@ -116,8 +119,8 @@ def raw_openvino(
         "INFERENCE_NUM_THREADS": threads,
         "NUM_STREAMS": 1,
         "PERFORMANCE_HINT": "LATENCY",
-        # as crossrt's driver: threads pinned to cores other work shares ran 1.5-2.5x slower
-        # on this project's loaded 2-core machines than crossrt's unpinned ones
+        # as crossrt's driver: pinned to cores that other work shares, raw OpenVINO took
+        # 1.1-2.5x crossrt's time on this project's loaded 2-core machine
         "ENABLE_CPU_PINNING": False,
     }
     request = core.compile_model(core.read_model(str(path)), "CPU", config).create_infer_request()

@@ -48,11 +48,11 @@ QUANTIZED = ("Conv", "ConvTranspose", "MatMul", "Gemm")
 """The operator types quantized (MatMul and Gemm only by a constant weight): where int8
 arithmetic (VNNI, AMX-INT8) pays."""
 HOLD_OUT = 0.2
+"""The share of the calibration samples held back to measure the error."""
 METHOD = (
     "int8 static (QDQ of Conv/MatMul/Gemm with a constant weight: weights int8 symmetric "
     "per channel, activations uint8 MinMax)"
 )
-"""The share of the calibration samples held back to measure the error."""
 
 Sample = dict[str, np.ndarray]
 
@@ -348,7 +348,8 @@ def _holdout_error(
             measured = {
                 "error": float(diff.max()) / max(1.0, float(np.abs(a).max())),
                 "max_abs_error": float(diff.max()),
-                "relative_error": float(np.linalg.norm(diff)) / norm if norm else 0.0,
+                # an all-zero output: its absolute 2-norm
+                "relative_error": float(np.linalg.norm(diff)) / (norm or 1.0),
             }
             worst = {k: max(v, measured[k]) for k, v in worst.items()}
             if a.ndim == 2 and a.shape[1] > 1:  # [batch, classes]: a classifier's scores
