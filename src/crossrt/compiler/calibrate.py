@@ -38,6 +38,7 @@ import onnx
 
 from ..errors import CompileError, InvalidArgumentError, InvalidOptionError
 from ..model import Model
+from .smooth import smooth
 
 INT8_TOLERANCE = 0.1
 """The error allowed on the hold-out, relative to ``max(1, max |fp32|)`` of each output (the
@@ -264,7 +265,7 @@ def _quantize_static(model: Model, fit: list[Sample]) -> onnx.ModelProto:
         source, out = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
         # A path, not the proto: quantize_static saves a proto it is given with its weights
         # moved out to files, rewriting the caller's proto in place.
-        onnx.save(model.proto, source)
+        onnx.save(smooth(model.proto, fit), source)
         root = logging.getLogger()  # the quantizer warns through the root logger
         level = root.level
         root.setLevel(max(level, logging.ERROR))
