@@ -223,7 +223,7 @@ def test_the_command_line_quantizes_from_a_folder_and_inspect_says_so(tmp_path: 
     capsys.readouterr()
     assert inspect_tool.main([str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "quantization    int8 static (QDQ" in printed
+    assert "quantization    int8 static (SmoothQuant, then QDQ" in printed
     assert "relative to max(1, max |fp32|) (max abs " in printed and "top-1 agreement" in printed
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -1,7 +1,8 @@
 """``compile(precision="int8", calibration=...)``: static post-training quantization.
 
-The model is rewritten, before any driver sees it, into ONNX's QDQ form by ONNX Runtime's
-``quantize_static``: the operators int8 kernels speed up (:data:`QUANTIZED`: Conv, MatMul,
+The model is smoothed (``smooth.py``: activation channels' ranges moved into the weights,
+SmoothQuant), then rewritten, before any driver sees it, into ONNX's QDQ form by ONNX
+Runtime's ``quantize_static``: the operators int8 kernels speed up (:data:`QUANTIZED`: Conv, MatMul,
 Gemm, where one factor is a constant weight) get QuantizeLinear/DequantizeLinear around
 them, weights quantized per channel to symmetric int8 and activations to uint8 with ranges
 observed on the calibration samples (MinMax): U8S8, the form both engines run as int8
@@ -51,8 +52,8 @@ arithmetic (VNNI, AMX-INT8) pays."""
 HOLD_OUT = 0.2
 """The share of the calibration samples held back to measure the error."""
 METHOD = (
-    "int8 static (QDQ of Conv/MatMul/Gemm with a constant weight: weights int8 symmetric "
-    "per channel, activations uint8 MinMax)"
+    "int8 static (SmoothQuant, then QDQ of Conv/MatMul/Gemm with a constant weight: weights "
+    "int8 symmetric per channel, activations uint8 MinMax)"
 )
 
 Sample = dict[str, np.ndarray]

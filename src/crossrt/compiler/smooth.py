@@ -8,7 +8,8 @@ calibration samples) and the weights' rows ``j`` multiplied by ``s_j``: the same
 float, with the range moved from the activation, quantized per tensor, to the weights,
 quantized per output channel. On the BERT-like benchmark model it halved the int8 error on
 held-back samples (relative 2-norm 0.060 to 0.029, max abs 0.31 to 0.15, as OpenVINO's NNCF
-reaches) at the same speed (OpenVINO folds the ``Mul`` into its quantization).
+reaches) at about the same speed (OpenVINO int8 0.61x of its bf16 time, paired, against 0.59x
+unsmoothed; the ``Mul`` s are elementwise).
 """
 
 from __future__ import annotations
