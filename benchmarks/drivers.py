@@ -9,9 +9,9 @@ new random order every round, after a short pause, so that a noisy machine and t
 engine's spinning threads slow them alike):
 
 - ``raw onnxruntime`` (``InferenceSession.run``) and ``raw openvino`` (``compile_model`` with
-  crossrt's settings: f32 hint, one stream of one thread per core, latency hint; an infer
-  request reused, input tensors over the caller's arrays, outputs copied out); ``raw openvino
-  bf16`` where the CPU has bfloat16 arithmetic;
+  crossrt's settings: f32 hint, one stream of one thread per core, latency hint, no pinning;
+  an infer request reused, input tensors over the caller's arrays, outputs copied out); ``raw
+  openvino bf16`` where the CPU has bfloat16 arithmetic;
 - ``onnxruntime`` and ``openvino``: ``crossrt.compile(model, "cpu", driver=...)`` (with
   ``fallback="cpu"`` where the driver cannot run every node: marked ``+fallback``);
 - ``auto``: ``crossrt.compile(model, device="auto", fallback="cpu")``;
@@ -31,6 +31,15 @@ what ``auto`` chose and why.
 
     python benchmarks/drivers.py              # ~6 min on 2 cores
     python benchmarks/drivers.py --quick --models tiny,resnet50
+    python benchmarks/drivers.py --models resnet50,bert --out $INT8 --variants "$VARIANTS"
+
+The last (~10 min) writes ``results/drivers_int8``, with ``INT8`` that path's ``.json`` and
+``VARIANTS`` ``raw onnxruntime,raw openvino,raw openvino bf16,openvino bf16,onnxruntime
+int8,openvino int8``.
+
+``--variants`` runs only the variants named, by their labels in the table (``raw
+onnxruntime``, the reference of the errors, always runs). Each ``int8`` row is also compared,
+paired, with ``raw onnxruntime`` (fp32) and with the bf16 variants: the int8 table.
 
 Writes ``results/drivers.json`` (``--out``) and a Markdown table next to it.
 """
@@ -110,6 +119,9 @@ def raw_openvino(
         "INFERENCE_NUM_THREADS": threads,
         "NUM_STREAMS": 1,
         "PERFORMANCE_HINT": "LATENCY",
+        # as crossrt's driver: pinned to cores that other work shares, raw OpenVINO took
+        # 1.1-2.5x crossrt's time on this project's loaded 2-core machine
+        "ENABLE_CPU_PINNING": False,
     }
     request = core.compile_model(core.read_model(str(path)), "CPU", config).create_infer_request()
     names = [p.any_name for p in request.model_inputs]
@@ -128,18 +140,27 @@ def raw_openvino(
 
 
 def crossrt_variants(
-    rt: crossrt.Runtime, path: Path, feed: dict[str, np.ndarray], seconds: float
+    rt: crossrt.Runtime,
+    path: Path,
+    feed: dict[str, np.ndarray],
+    seconds: float,
+    wanted: Callable[[str], bool] = lambda label: True,
 ) -> tuple[dict[str, Callable[[], Any]], dict[str, Any]]:
-    """The crossrt variants of one model, and what ``auto`` decided at each precision."""
+    """The crossrt variants of one model (those ``wanted``), and what ``auto`` decided at
+    each precision."""
     found: dict[str, Callable[[], Any]] = {}
     decisions: dict[str, Any] = {}
     for precision in (None, *PRECISIONS):
         suffix = "" if precision is None else f" {precision}"
         for driver in ("onnxruntime", "openvino"):
+            if not wanted(f"{driver}{suffix}"):
+                continue
             exe, fell_back = _compile(path, driver, precision)
             if exe is not None:
                 label = f"{driver}{suffix}" + (" +fallback" if fell_back else "")
                 found[label] = _runner(rt, exe, feed)
+        if not wanted(f"auto{suffix}"):
+            continue
         try:
             with contextlib.redirect_stderr(io.StringIO()):  # auto's progress lines
                 exe = crossrt.compile(
@@ -226,12 +247,18 @@ def max_abs_error(call: Callable[[], Any], reference: list[np.ndarray]) -> float
     )
 
 
-def bench_model(name: str, threads: int, rounds: int, seconds: float) -> dict[str, Any]:
+def bench_model(
+    name: str,
+    threads: int,
+    rounds: int,
+    seconds: float,
+    wanted: Callable[[str], bool] = lambda label: True,
+) -> dict[str, Any]:
     path, feed = model_and_input(name)
     calls: dict[str, Callable[[], Any]] = {"raw onnxruntime": raw_onnxruntime(path, feed)}
     raw_errors = {}
     for label, precision in (("raw openvino", "f32"), ("raw openvino bf16", "bf16")):
-        if precision == "bf16" and not _bf16_capable():
+        if (precision == "bf16" and not _bf16_capable()) or not wanted(label):
             continue
         try:
             calls[label] = raw_openvino(path, feed, threads, precision)
@@ -239,10 +266,12 @@ def bench_model(name: str, threads: int, rounds: int, seconds: float) -> dict[st
             raw_errors[label] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
     reference = [np.asarray(v, np.float64) for v in calls["raw onnxruntime"]()]
     rt = crossrt.Runtime()
-    found, decisions = crossrt_variants(rt, path, feed, seconds)
+    found, decisions = crossrt_variants(rt, path, feed, seconds, wanted)
     calls.update(found)
-    int8, int8_report = int8_variants(rt, name, path, feed)
-    calls.update(int8)
+    int8_report: dict[str, Any] = {}
+    if any(wanted(f"{d} int8") for d in ("onnxruntime", "openvino")):
+        int8, int8_report = int8_variants(rt, name, path, feed, wanted)
+        calls.update(int8)
     median, samples = measure(calls, rounds)
     raws = [k for k in ("raw onnxruntime", "raw openvino") if k in median]
     best_label = min(raws, key=lambda k: median[k])
@@ -261,6 +290,16 @@ def bench_model(name: str, threads: int, rounds: int, seconds: float) -> dict[st
             }
         )
     rt.close()
+    if "method" in int8_report:  # quantized (a refusal has only "error")
+        int8_report["paired"] = {
+            label: {
+                against: round(paired(samples, label, against), 3)
+                for against in ("raw onnxruntime", "raw openvino bf16", "openvino bf16")
+                if against in samples
+            }
+            for label in samples
+            if label.split(" +")[0].endswith(" int8")
+        }
     return {
         "model": name,
         "input": {k: list(v.shape) for k, v in feed.items()},
@@ -293,7 +332,11 @@ def calibration(name: str, feed: dict[str, np.ndarray]) -> list[dict[str, np.nda
 
 
 def int8_variants(
-    rt: crossrt.Runtime, name: str, path: Path, feed: dict[str, np.ndarray]
+    rt: crossrt.Runtime,
+    name: str,
+    path: Path,
+    feed: dict[str, np.ndarray],
+    wanted: Callable[[str], bool] = lambda label: True,
 ) -> tuple[dict[str, Callable[[], Any]], dict[str, Any]]:
     """``precision="int8"`` on each driver: the model quantized once, then compiled."""
     from crossrt.compiler.calibrate import quantize
@@ -307,6 +350,8 @@ def int8_variants(
     report = {**quantized.report, "quantize_s": round(time.perf_counter() - started, 1)}
     found = {}
     for driver in ("onnxruntime", "openvino"):
+        if not wanted(f"{driver} int8"):
+            continue
         exe, fell_back = _compile(quantized.model, driver, None)
         if exe is not None:
             found[f"{driver} int8" + (" +fallback" if fell_back else "")] = _runner(rt, exe, feed)
@@ -338,7 +383,8 @@ def _cell(value: float | None, spec: str) -> str:
 def table(doc: dict[str, Any]) -> str:
     lines = [
         f"Drivers, auto and reduced precision beside the raw engines, {doc['machine']['threads']} "
-        f"threads, {doc['machine']['cpu']} ({doc['date']})",
+        f"threads, {doc['machine']['cpu']} ({doc['date']}; load average after the run "
+        f"{doc['machine'].get('load_average', '-')})",
         "",
         "| model | variant | median ms | vs raw | vs best raw fp32 | paired | max abs err |",
         "|---|---|---:|---:|---:|---:|---:|",
@@ -359,18 +405,32 @@ def table(doc: dict[str, Any]) -> str:
             lines.append(f"| {m['model']} | {precision} | {who} | {why} |")
         for label, why in m["raw_errors"].items():
             lines.append(f"| {m['model']} | - | ({label} cannot run it) | {why[:160]} |")
-    lines += ["", "| model | int8 quantization | hold-out error (tolerance) | quantize s |"]
-    lines += ["|---|---|---:|---:|"]
+    lines += [
+        "",
+        "| model | int8 quantization | hold-out error (tolerance) | max abs | relative "
+        "2-norm | top-1 | quantize s |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     for m in doc["models"]:
         q = m.get("int8") or {}
         if "error" in q and "method" not in q:
-            lines.append(f"| {m['model']} | refused: {str(q['error'])[:120]} | - | - |")
+            lines.append(f"| {m['model']} | refused: {str(q['error'])[:120]} | - | - | - | - | - |")
         elif q:
+            top1 = q.get("top1_agreement")
             lines.append(
                 f"| {m['model']} | {q['calibration_samples']} calibration samples, "
                 f"{q['holdout_samples']} held back | {q['error']:.3g} ({q['tolerance']}) | "
-                f"{q['quantize_s']} |"
+                f"{_cell(q.get('max_abs_error'), '.3g')} | {_cell(q.get('relative_error'), '.3g')}"
+                f" | {_cell(top1, '.0%')} | {q['quantize_s']} |"
             )
+    against = ("raw onnxruntime", "raw openvino bf16", "openvino bf16")
+    lines += ["", "int8, paired (median over rounds of the ratio of times; under 1: int8 faster)"]
+    lines += ["", "| model | variant | " + " | ".join(f"vs {a}" for a in against) + " |"]
+    lines += ["|---|---|" + "---:|" * len(against)]
+    for m in doc["models"]:
+        for label, ratios in ((m.get("int8") or {}).get("paired") or {}).items():
+            cells = " | ".join(_cell(ratios.get(a), ".3f") for a in against)
+            lines.append(f"| {m['model']} | {label} | {cells} |")
     return "\n".join(lines) + "\n"
 
 
@@ -379,14 +439,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", type=Path)
+    p.add_argument("--variants", help="only these variants, comma-separated labels (default: all)")
     args = p.parse_args(argv)
+    only = None if args.variants is None else {v.strip() for v in args.variants.split(",")}
+    wanted = (lambda label: True) if only is None else (lambda label: label in only)
     threads = len(os.sched_getaffinity(0))
     rounds = QUICK_ROUNDS if args.quick else ROUNDS
     seconds = 0.5 if args.quick else 2.0
     results = []
     for name in args.models.split(","):
         print(f"{name} ...", file=sys.stderr, flush=True)
-        results.append(bench_model(name, threads, rounds, seconds))
+        results.append(bench_model(name, threads, rounds, seconds, wanted))
     doc = {
         "benchmark": "drivers",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -398,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
             "openvino": ov.__version__,
             "onnxruntime": ort.__version__,
             "crossrt": crossrt.__version__,
+            "load_average": [round(x, 1) for x in os.getloadavg()],
         },
         "models": results,
     }

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..compiler import Container, Executable, ExecutableNode, read_container
+from ..compiler.calibrate import describe as describe_error
 from ..compiler.container import MAGIC
 from ..compiler.stages import describe
 from ..drivers import driver_statuses
@@ -153,8 +154,7 @@ def _quantization(exe: Executable) -> list[str]:
         return []
     return [
         f"  quantization    {q.get('method')}: {q.get('calibration_samples')} calibration "
-        f"samples, error {q.get('error', float('nan')):.3g} on {q.get('holdout_samples')} "
-        f"held back (tolerance {q.get('tolerance')})"
+        f"samples, error {describe_error(q)} (tolerance {q.get('tolerance')})"
     ]
 
 

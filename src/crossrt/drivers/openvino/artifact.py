@@ -7,7 +7,9 @@ Layout (little-endian)::
     reserved u32      0
     names    u64      bytes of the index
     length   u64      bytes of the blob
-    index    JSON {"inputs": [ONNX names], "outputs": [ONNX names]}, in the model's order
+    index    JSON {"inputs": [ONNX names], "outputs": [ONNX names]}, in the model's order,
+             and "precision" where the blob was compiled at one other than the options'
+             (bf16 beside int8: driver.py's _precision), for the import to use again
     blob     length bytes: CompiledModel.export_model()
 
 The header lets ``load`` refuse a damaged or foreign artifact with a coded error before
@@ -35,12 +37,21 @@ class Unpacked:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     blob: memoryview
+    precision: str | None = None
 
 
-def pack(blob: bytes, inputs: list[str], outputs: list[str]) -> bytes:
+PRECISIONS = ("bf16",)
+"""The precisions an index may name."""
+
+
+def pack(blob: bytes, inputs: list[str], outputs: list[str], precision: str | None = None) -> bytes:
     """The artifact holding OpenVINO's exported ``blob`` for a model of these inputs and
-    outputs (OpenVINO may give a tensor several names: the index says which is the model's)."""
-    index = json.dumps({"inputs": inputs, "outputs": outputs}).encode()
+    outputs (OpenVINO may give a tensor several names: the index says which is the model's),
+    compiled at ``precision`` where not the options' own."""
+    fields: dict[str, object] = {"inputs": inputs, "outputs": outputs}
+    if precision is not None:
+        fields["precision"] = precision
+    index = json.dumps(fields).encode()
     return _HEADER.pack(MAGIC, FORMAT, 0, len(index), len(blob)) + index + blob
 
 
@@ -71,11 +82,14 @@ def unpack(artifact: bytes | memoryview) -> Unpacked:
     try:
         index = json.loads(bytes(view[_HEADER.size : _HEADER.size + names]))
         inputs, outputs = tuple(index["inputs"]), tuple(index["outputs"])
-    except (ValueError, KeyError, TypeError):
+        precision = index.get("precision")
+    except (ValueError, KeyError, TypeError, AttributeError):
         raise _damaged("its index is not the JSON crossrt writes") from None
     if not all(isinstance(n, str) for n in (*inputs, *outputs)):
         raise _damaged("its index names are not strings")
-    return Unpacked(inputs, outputs, view[_HEADER.size + names :])
+    if precision is not None and precision not in PRECISIONS:
+        raise _damaged(f"its index names precision {str(precision)[:20]!r}")
+    return Unpacked(inputs, outputs, view[_HEADER.size + names :], precision)
 
 
 def _damaged(why: str) -> InvalidContainerError:

@@ -5,7 +5,8 @@
 (``CompiledModel.export_model``); ``load`` imports it
 (``Core.import_model``) without converting or compiling again. Every model computes in its
 own precision: OpenVINO's CPU plugin would run fp32 models in bf16 on CPUs that have it, so
-``INFERENCE_PRECISION_HINT`` is always set to f32.
+``INFERENCE_PRECISION_HINT`` is set to f32 unless a reduced precision was asked for (or int8:
+:func:`_precision`).
 """
 
 from __future__ import annotations
@@ -135,7 +136,7 @@ class OpenVinoDriver(Driver):
         missing = [self._no_converter(model, i, target) for i in range(len(model.nodes))]
         if not any(refusals(model, whole=True)) and not any(missing):
             try:
-                self._compiled_blob(model, target)
+                self._compiled_blob(model, target, _precision(model, device, None))
                 return [None] * len(model.nodes)
             except CompileError:  # the reasons come from the nodes, one by one
                 pass
@@ -234,10 +235,12 @@ class OpenVinoDriver(Driver):
     # -- compile and load --------------------------------------------------------------------
 
     def compile(self, model: Model, device: DeviceInfo, options: CompileOptions) -> bytes:
-        blob = self._compiled_blob(model, self._ov_device(device), options.precision)
+        precision = _precision(model, device, options.precision)
+        blob = self._compiled_blob(model, self._ov_device(device), precision)
         inputs = [s.name for s in model.inputs]
         outputs = [s.name for s in model.outputs]
-        return ov_artifact.pack(blob, inputs, outputs)
+        kept = None if precision == options.precision else precision
+        return ov_artifact.pack(blob, inputs, outputs, kept)
 
     def load(
         self,
@@ -252,7 +255,7 @@ class OpenVinoDriver(Driver):
         target = self._ov_device(device)
         try:
             threads = options.performance_mode.threads(cores.threads)
-            config = _config(threads, options.precision)
+            config = _config(threads, unpacked.precision or options.precision)
             compiled = self._core.import_model(bytes(unpacked.blob), target, config)
         except Exception as exc:
             raise InvalidContainerError(
@@ -266,6 +269,20 @@ class OpenVinoDriver(Driver):
 
 
 _HINTS = {None: "f32", "fp32": "f32", "bf16": "bf16", "fp16": "f16"}
+_QUANTIZED = "crossrt.quantization"  # compiler/calibrate.py's METADATA_KEY (drivers come first)
+
+
+def _precision(model: Model, device: DeviceInfo, asked: str | None) -> str | None:
+    """The precision OpenVINO computes in: the one asked for, except for a model that
+    ``precision="int8"`` quantized (its metadata says so), whose layers that are not int8
+    (normalization, softmax, GELU, attention's products, the Q/DQ themselves) compute in
+    bf16 where the CPU has it: int8 was asked for, and bf16 is above it. On this project's
+    EPYC (AVX512-BF16) a BERT-like encoder's int8 took 0.65x of its bf16 time this way
+    against 0.77x with the rest in f32, its error 0.309 against 0.301 (max abs)."""
+    quantized = any(p.key == _QUANTIZED for p in model.proto.metadata_props)
+    if asked is None and quantized and device.capabilities.bf16:
+        return "bf16"
+    return asked
 
 
 def _config(threads: int, precision: str | None = None) -> dict[str, Any]:
