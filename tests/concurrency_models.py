@@ -135,5 +135,5 @@ def gate(model: crossrt.LoadedModel, instance: int = 0) -> GatedProgram:
     inst = model._instances[instance]
     gated = GatedProgram(inst.programs[0])
     inst.programs[0] = gated
-    model._calls[inst.index] = model._calling.plain(inst)  # what run() calls on it
+    inst.run_checked_with(model._calling.plain(inst))  # what run() calls on it
     return gated
