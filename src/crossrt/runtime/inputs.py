@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import InvalidArgumentError, InvalidInputError
 from ..model import TensorSpec
 from .memory.allocator import count_copy
-from .memory.tensor import Tensor
+from .memory.tensor import Tensor, host_view_of
 from .memory.transfer import D2H, Transfers, device_array
 
 
@@ -180,7 +180,7 @@ class InputChecker:
         if isinstance(value, Tensor):
             # A host tensor is passed as a view of its memory. Device memory is handed over as
             # it is when the model's programs take device memory, else copied to the host.
-            view = value._host_view()
+            view = host_view_of(value)
             if view is not None:
                 return view
             if self._device_array is not None:

@@ -362,3 +362,15 @@ class Running(QueuedRuns):
     def _bind(self, inputs: dict[str, Any], outputs: dict[str, Any]) -> Binding | None:
         """A bound request's :class:`Binding`, checked now (``None``: it cannot be bound)."""
         return self._binder.bind(inputs, self._checker.checked_feed(inputs), outputs)
+
+
+def statistics_of(model: Running) -> Statistics:
+    """``model``'s statistics recorder itself, for the observing room: a profile taps it
+    (``profiler.py``); users read :meth:`Running.statistics`."""
+    return model._statistics
+
+
+def instances_of(model: Running) -> tuple[Instance, ...]:
+    """``model``'s instances themselves, for the observing room: a profile traces their nodes
+    (``profiler.py``); users read ``model.instances``."""
+    return model._instances
