@@ -63,7 +63,10 @@ class Worker:
             text=True,
             env={**os.environ, "PYTHONPATH": str(checkout / "src")},
         )
-        self.module = self._line()  # the crossrt it imported: proof of which checkout runs
+        imported = Path(self._line())  # the crossrt it imported: proof of which checkout runs
+        if not imported.is_relative_to(checkout):
+            raise RuntimeError(f"the worker in {checkout} imported crossrt from {imported}")
+        self.module = imported.relative_to(checkout).as_posix()
 
     def _line(self) -> str:
         assert self.proc.stdout is not None
@@ -118,8 +121,8 @@ def paired(
                     worker.close()
     ratios = [a / b for a, b in zip(means[0], means[1], strict=True)]
     return {
-        "this": {"checkout": str(this), "crossrt": modules[0]},
-        "other": {"checkout": str(other), "crossrt": modules[1]},
+        "this": {"commit": _commit(this), "crossrt": modules[0]},
+        "other": {"commit": _commit(other), "crossrt": modules[1]},
         "rounds": rounds,
         "pairs_per_round": pairs,
         "calls_per_block": calls,
@@ -136,12 +139,21 @@ def paired(
     }
 
 
+def _commit(checkout: Path) -> str:
+    """The commit a checkout stands on, ``+changes`` when its tracked files differ from it."""
+    git = ["git", "-C", str(checkout)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run([*git, "diff", "--quiet", "HEAD", "--", "src"], capture_output=True)
+    return (head.stdout.strip() or "unknown") + ("+changes" if dirty.returncode else "")
+
+
 def markdown(doc: dict[str, Any], command: str) -> str:
     """The Markdown table of :func:`paired`'s document."""
     return (
         "# crossrt tiny `run()` per call, this checkout against another (paired)\n\n"
         f"{doc['date']}. Command: `{command}`  \n"
-        f"This: `{doc['this']['crossrt']}`; other: `{doc['other']['crossrt']}`.  \n"
+        f"This: {doc['this']['commit']} (`{doc['this']['crossrt']}`); other: "
+        f"{doc['other']['commit']} (`{doc['other']['crossrt']}`).  \n"
         f"Load average (1, 5, 15 min) before {doc['loadavg_before']}, after "
         f"{doc['loadavg_after']}.\n\n"
         "| this median | other median | paired ratio (this / other) | ratio quartiles "
