@@ -21,19 +21,27 @@ from pathlib import Path
 from typing import Any
 
 # What each worker runs, in its own checkout: the tiny model loaded as overhead.py loads it,
-# then one block per line read: ``repeats`` runs of ``n`` calls of ``run(feed)``, the least
-# mean seconds per call written back (the least: on a busy machine a stretch of calls that
-# another process preempted says nothing of crossrt). Only names every checkout has
-# (crossrt.compile, Runtime.load, run) are used.
+# then one block per line read: ``repeats`` runs of ``n`` calls, the least mean seconds per
+# call written back (the least: on a busy machine a stretch of calls that another process
+# preempted says nothing of crossrt). The call is one of VARIANTS. Only names every checkout
+# has (crossrt.compile, Runtime.load, run, request) are used.
 WORKER = r"""
 import sys, time
 sys.path.insert(0, "benchmarks")
+import numpy as np
 import crossrt, models
 feed = models.example_input("tiny")
 lm = crossrt.Runtime().load(crossrt.compile(models.get("tiny"), device="cpu"))
-run = lm.run
+into = {name: np.empty_like(v) for name, v in lm.run(feed).items()}
+variant = sys.argv[1]
+if variant == "run":
+    call, args = lm.run, (feed,)
+elif variant == "outputs":
+    call, args = lm.run, (feed, into)
+else:
+    call, args = lm.request(feed, into).run, ()
 for _ in range(WARMUP):
-    run(feed)
+    call(*args)
 print(crossrt.__file__, flush=True)
 clock = time.perf_counter
 for line in sys.stdin:
@@ -42,21 +50,26 @@ for line in sys.stdin:
     for _ in range(repeats):
         t0 = clock()
         for _ in range(n):
-            run(feed)
+            call(*args)
         best = min(best, (clock() - t0) / n)
     print(best, flush=True)
 """
+VARIANTS = {
+    "run": "run(feed)",
+    "outputs": "run(feed, outputs) into arrays given",
+    "request": "a bound request's run() (model.request(feed, outputs))",
+}
 
 
 class Worker:
     """One checkout's worker process (see the module docstring)."""
 
-    def __init__(self, checkout: Path, warmup: int) -> None:
+    def __init__(self, checkout: Path, warmup: int, variant: str = "run") -> None:
         python = checkout / ".venv" / "bin" / "python"
         self.checkout = checkout
         interpreter = str(python) if python.is_file() else sys.executable
         self.proc = subprocess.Popen(
-            [interpreter, "-c", WORKER.replace("WARMUP", str(warmup))],
+            [interpreter, "-c", WORKER.replace("WARMUP", str(warmup)), variant],
             cwd=checkout,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -89,7 +102,14 @@ class Worker:
 
 
 def paired(
-    this: Path, other: Path, rounds: int, pairs: int, calls: int, warmup: int, repeats: int = 8
+    this: Path,
+    other: Path,
+    rounds: int,
+    pairs: int,
+    calls: int,
+    warmup: int,
+    repeats: int = 8,
+    variant: str = "run",
 ) -> dict[str, Any]:
     """Time ``run()`` of the tiny model in ``this`` and ``other`` checkout: ``rounds`` rounds,
     each with a fresh worker per checkout (two processes of the same code differ by a few
@@ -105,7 +125,7 @@ def paired(
         workers: list[Worker | None] = [None, None]
         try:
             for w in order:
-                workers[w] = Worker((this, other)[w], warmup)
+                workers[w] = Worker((this, other)[w], warmup, variant)
             ratios = []
             for i in range(pairs):
                 got = [0.0, 0.0]
@@ -123,6 +143,7 @@ def paired(
     return {
         "this": {"commit": _commit(this), "crossrt": modules[0]},
         "other": {"commit": _commit(other), "crossrt": modules[1]},
+        "variant": VARIANTS[variant],
         "rounds": rounds,
         "pairs_per_round": pairs,
         "calls_per_block": calls,
@@ -150,7 +171,8 @@ def _commit(checkout: Path) -> str:
 def markdown(doc: dict[str, Any], command: str) -> str:
     """The Markdown table of :func:`paired`'s document."""
     return (
-        "# crossrt tiny `run()` per call, this checkout against another (paired)\n\n"
+        f"# crossrt tiny model, {doc['variant']} per call, this checkout against another "
+        "(paired)\n\n"
         f"{doc['date']}. Command: `{command}`  \n"
         f"This: {doc['this']['commit']} (`{doc['this']['crossrt']}`); other: "
         f"{doc['other']['commit']} (`{doc['other']['crossrt']}`).  \n"

@@ -369,6 +369,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="with --against: rounds, each with a fresh worker process per checkout",
     )
     parser.add_argument(
+        "--variant",
+        choices=sorted(against.VARIANTS),
+        default="run",
+        help="with --against: what is timed: "
+        + "; ".join(f"{k}: {v}" for k, v in against.VARIANTS.items()),
+    )
+    parser.add_argument(
         "--pairs", type=int, default=10, help="with --against: alternating pairs of blocks a round"
     )
     args = parser.parse_args(argv)
@@ -421,10 +428,13 @@ def _against(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     plan = QUICK["tiny"] if args.quick else PLANS["tiny"]
     rounds, pairs = (2, 3) if args.quick else (args.rounds, args.pairs)
     this = Path(__file__).resolve().parent.parent
-    doc = against.paired(this, args.against.resolve(), rounds, pairs, 250, plan.warmup)
+    doc = against.paired(
+        this, args.against.resolve(), rounds, pairs, 250, plan.warmup, variant=args.variant
+    )
     command = " ".join(["python", "benchmarks/overhead.py", *(argv or sys.argv[1:])])
     doc["command"] = command
-    out: Path = args.out or RESULTS / "overhead-against.json"
+    suffix = "" if args.variant == "run" else f"-{args.variant}"
+    out: Path = args.out or RESULTS / f"overhead-against{suffix}.json"
     reporting.save(out, doc, against.markdown(doc, command))
     return 0
 

@@ -93,9 +93,9 @@ class Calls:
         deadline: float | None,
         cancel: CancelToken | None,
     ) -> Any:
-        """A ``run()`` on ``inst`` in its caller's thread that is not the common case (that
-        one calls :meth:`Instance.run_checked`): with ``outputs=``, a bound request's ``binding``,
-        ``output_names`` (``names``), a ``deadline`` or a ``cancel`` token."""
+        """A ``run()`` on ``inst`` in its caller's thread with ``output_names`` (``names``), a
+        ``deadline`` or a ``cancel`` token (``run()`` itself calls :meth:`Instance.run_checked`
+        in the common case, and binds ``outputs=`` or a bound request's ``binding``)."""
         if deadline is None and cancel is None:
             call = inst.run_checked
         else:

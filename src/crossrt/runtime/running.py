@@ -283,12 +283,15 @@ class Running(QueuedRuns):
             statistics.failed(exc)
             raise
         try:
-            if outputs is None and names is None and deadline is None and cancel is None:
-                # The common case: the program itself, or the wrappers the model needs
-                # (binding is None: a bound request gives its outputs).
-                result = inst.run_checked(feed)
-            else:
+            if names is not None or deadline is not None or cancel is not None:
                 result = self._calling.run_on(inst, feed, outputs, names, binding, deadline, cancel)
+            elif outputs is None:  # the common case: the program, or the wrappers it needs
+                result = inst.run_checked(feed)
+            elif binding is not None:  # a bound request (outputs given, bound in place)
+                binding.call_on(inst, inst.run_checked, self._calling.direct)()
+                result = dict(outputs)
+            else:  # outputs=: written into them (no more call than this on these paths)
+                result = self._binder.run(inst.run_checked, feed, outputs)
         except BaseException as exc:
             statistics.failed(exc)
             self._mapped(exc, inst, binding is not None)
