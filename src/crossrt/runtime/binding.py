@@ -105,18 +105,19 @@ class Binding:
         return True
 
     def call_on(
-        self, inst: Instance, execute: Callable[..., Any], direct: bool
+        self, inst: Instance, direct: bool, execute: Callable[..., Any] | None = None
     ) -> Callable[[], Any]:
-        """The call that runs this binding on ``inst``, prepared on first use: where
-        ``execute`` (what a run calls on ``inst``) is its single program with nothing around
-        it (``direct``), the program's own binding (:meth:`Instance.bind`); else
-        ``execute`` on these arrays."""
+        """The call that runs this binding on ``inst``, prepared on first use: where what a
+        run calls on ``inst`` (``execute``, default :meth:`Instance.run_checked`) is its single
+        program with nothing around it (``direct``), the program's own binding
+        (:meth:`Instance.bind`); else ``execute`` on these arrays."""
         call = self.calls.get(inst)
         if call is None:
             if direct:
                 call = inst.bind(self.feed, self.bound)
             else:
-                call = functools.partial(execute, self.feed, self.bound)
+                run = inst.run_checked if execute is None else execute
+                call = functools.partial(run, self.feed, self.bound)
             self.calls[inst] = call
         return call
 

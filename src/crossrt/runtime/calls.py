@@ -101,7 +101,7 @@ class Calls:
         else:
             call = self.limited(inst, deadline, cancel)
         if binding is not None:
-            binding.call_on(inst, call, self.direct)()
+            binding.call_on(inst, self.direct, call)()
             return dict(outputs)  # each bound in place
         if names is not None:
             return self.selected(inst, call, feed, outputs, names)

@@ -61,13 +61,16 @@ class Instance:
         caller maps what it raises), else :meth:`execute`."""
         return unguarded(self.programs[0].run) if self.whole(inputs) else self.execute
 
-    def run_checked(self, feed: dict[str, Any]) -> dict[str, np.ndarray]:
+    def run_checked(
+        self, feed: dict[str, Any], outputs: Mapping[str, np.ndarray] | None = None
+    ) -> dict[str, np.ndarray]:
         """Run one request's checked inputs: what ``run()`` calls on the instance it took,
         in its caller's thread. The model puts in its place, on this instance, what its runs
         call (:meth:`run_checked_with`): the program's own ``run`` (:meth:`direct`), or the wrappers
         the model needs around it (``calls.py``), so that the hottest path costs no Python
-        call of crossrt's between ``run()`` and the engine. Until then it is :meth:`execute`."""
-        return self.execute(feed)
+        call of crossrt's between ``run()`` and the engine. Until then it is :meth:`execute`.
+        ``outputs``: arrays to write the results into (a bound request's)."""
+        return self.execute(feed, outputs)
 
     def run_checked_with(self, call: Callable[..., dict[str, np.ndarray]]) -> None:
         """Make :meth:`run_checked` call ``call`` on this instance from now on (an attribute of the

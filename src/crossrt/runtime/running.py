@@ -129,6 +129,7 @@ class Running(QueuedRuns):
         # What run() calls on the instance it took (Instance.run_checked): the program itself when
         # nothing is added.
         self._calling.prepare(self._instances)
+        self._direct = self._calling.direct  # read by every bound run
 
     def _scheduled(
         self,
@@ -288,7 +289,7 @@ class Running(QueuedRuns):
             elif outputs is None:  # the common case: the program, or the wrappers it needs
                 result = inst.run_checked(feed)
             elif binding is not None:  # a bound request (outputs given, bound in place)
-                binding.call_on(inst, inst.run_checked, self._calling.direct)()
+                binding.call_on(inst, self._direct)()
                 result = dict(outputs)
             else:  # outputs=: written into them (no more call than this on these paths)
                 result = self._binder.run(inst.run_checked, feed, outputs)
