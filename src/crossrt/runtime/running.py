@@ -8,8 +8,9 @@ cost more than the whole of crossrt's share of a tiny model's run). The road of 
   (``binding.py``), takes an idle instance (``line.py``) and runs it in the caller's thread:
   in the common case (no ``outputs=``, ``output_names``, deadline or cancel token)
   :meth:`Instance.run_checked` (``instance.py``, the only caller of a program), which is the
-  program's own ``run`` or the wrappers the model needs (``calls.py``); the other cases go
-  through :meth:`Calls.run_on` (``calls.py``) to the same instance;
+  program's own ``run`` or the wrappers the model needs (``calls.py``); ``outputs=`` and a
+  bound request bind that call (``binding.py``); a deadline, a cancel token or
+  ``output_names`` go through :meth:`Calls.run_on` (``calls.py``) to the same instance;
 - with every instance busy, it waits in line for one, or (a deadline, a cancel token,
   batching) is queued like ``run_async``/``infer`` (``queued_runs.py``, the base class of
   ``Running``): the scheduler's workers then run it through :meth:`Calls.finish`
