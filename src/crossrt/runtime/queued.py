@@ -39,6 +39,23 @@ class QueuedRequest:
     started: int = 0
     computed: int = 0
     instance: int = -1
+    claimed: bool = False  # its future was marked running, or found cancelled, once
+
+    def claim(self) -> bool:
+        """Mark the future running: True when it waited, False when it was cancelled or
+        was claimed or settled already (by a worker, a close, its deadline). Only the first
+        claim asks the future: asking a future that is running or settled makes
+        concurrent.futures log CRITICAL ("in unexpected state"), as if something had broken.
+        (Two threads claiming at the same instant may still both ask it; one then gets the
+        RuntimeError, caught here, and that log line.)"""
+        future = self.future
+        if self.claimed or (future.done() and not future.cancelled()):
+            return False
+        self.claimed = True  # a cancelled one is asked once: that notifies its waiters
+        try:
+            return future.set_running_or_notify_cancel()
+        except RuntimeError:  # claimed by another thread between the check and here
+            return False
 
 
 def late(name: str, why: str) -> DeadlineExceededError:

@@ -18,7 +18,6 @@ to completion (its workers run it: ``workers.py``; the request itself: ``queued.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import queue
 import threading
@@ -190,11 +189,7 @@ class Scheduler:
 
     def _expire(self, job: QueuedRequest) -> None:
         """Fail ``job`` with TIMEOUT if nothing has started or settled it yet."""
-        try:
-            waiting = job.future.set_running_or_notify_cancel()
-        except RuntimeError:  # running (its own token stops it) or already settled
-            return
-        if waiting:
+        if job.claim():  # else running (its own token stops it) or already settled
             job.future.set_exception(late(self.name, "its deadline passed while it was queued"))
 
     def _settled_future(self, future: Future[Any]) -> None:
@@ -266,17 +261,12 @@ class Scheduler:
 
     def fail(self, job: QueuedRequest, error: BaseException) -> None:
         # Resolved meanwhile (by a worker, or cancelled): nothing left to report.
-        with contextlib.suppress(Exception):
-            if job.future.set_running_or_notify_cancel():
-                job.future.set_exception(error)
+        if job.claim():
+            job.future.set_exception(error)
 
     def start(self, job: QueuedRequest) -> bool:
         """Whether ``job`` may run: not cancelled, deadline not passed (else it is resolved)."""
-        try:
-            runnable = job.future.set_running_or_notify_cancel()
-        except RuntimeError:  # failed meanwhile: the model closed as it was queued
-            runnable = False
-        if not runnable:
+        if not job.claim():  # cancelled, or failed meanwhile: the model closed as it waited
             self._give_slot_back(job)
             return False
         if job.deadline is not None and time.monotonic() >= job.deadline:
