@@ -75,7 +75,9 @@ class Instance:
     def run_checked_with(self, call: Callable[..., dict[str, np.ndarray]]) -> None:
         """Make :meth:`run_checked` call ``call`` on this instance from now on (an attribute of the
         instance, found before the method: no extra call)."""
-        self.__dict__["run_checked"] = call
+        # An assignment, not self.__dict__[...]: reading __dict__ makes CPython give up the
+        # instance's inline attribute values, and every attribute read of it gets slower.
+        self.run_checked = call  # type: ignore[method-assign]
 
     def bind(self, feed: dict[str, Any], bound: dict[str, Any]) -> Callable[[], Any]:
         """The single program's own call prepared on exactly these arrays

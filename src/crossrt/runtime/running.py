@@ -287,8 +287,8 @@ class Running(QueuedRuns):
         try:
             if names is not None or deadline is not None or cancel is not None:
                 result = self._calling.run_on(inst, feed, outputs, names, binding, deadline, cancel)
-            elif outputs is None:  # the common case: the program, or the wrappers it needs
-                result = inst.run_checked(feed)
+            elif outputs is None or (not outputs and type(outputs) is dict):
+                result = inst.run_checked(feed)  # the common case: the program, or its wrappers
             elif binding is not None:  # a bound request (outputs given, bound in place)
                 binding.call_on(inst, self._direct)()
                 result = dict(outputs)
