@@ -7,6 +7,7 @@ drift in a noisy machine falls on all of them alike); the medians per call are c
 
     python benchmarks/overhead.py                      # full run (~1.5 min on 2 cores, <5 busy)
     python benchmarks/overhead.py --quick --models tiny
+    python benchmarks/overhead.py --against ../base  # tiny run(), paired against a checkout
 
 Writes a JSON file (``--out``) and a Markdown table next to it, and prints the table. See
 ``benchmarks/README.md`` for what each column means.
@@ -34,7 +35,8 @@ import onnxruntime as ort
 import crossrt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import models  # benchmarks/ is not a package: found through sys.path
+import against  # benchmarks/ is not a package: found through sys.path
+import models
 import reporting
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -330,7 +332,9 @@ def markdown(report: dict[str, Any]) -> str:
         f"Command: `{report['command']}`  \n"
         f"Threads: {threads}.\n\n"
         f"{table(report)}\n\n"
-        "Columns are explained in [../README.md](../README.md).\n"
+        "Columns are explained in [../README.md](../README.md). A change of the run path is "
+        "measured paired against the commit before it with `--against`: "
+        "[overhead-against.md](overhead-against.md).\n"
     )
 
 
@@ -349,7 +353,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="JSON to write (default benchmarks/results/overhead.json, or overhead-quick.json "
         "with --quick); the Markdown table goes next to it with a .md suffix",
     )
+    parser.add_argument(
+        "--against",
+        type=Path,
+        default=None,
+        metavar="CHECKOUT",
+        help="instead: the tiny model's run() per call of this checkout against CHECKOUT (another "
+        "checkout of crossrt, with its own .venv), in alternating blocks in one run; writes "
+        "overhead-against.json (or --out) and its table",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=8,
+        help="with --against: rounds, each with a fresh worker process per checkout",
+    )
+    parser.add_argument(
+        "--variant",
+        choices=sorted(against.VARIANTS),
+        default="run",
+        help="with --against: what is timed: "
+        + "; ".join(f"{k}: {v}" for k, v in against.VARIANTS.items()),
+    )
+    parser.add_argument(
+        "--pairs", type=int, default=10, help="with --against: alternating pairs of blocks a round"
+    )
     args = parser.parse_args(argv)
+    if args.against is not None:
+        return _against(args, argv)
     names = [n.strip() for n in args.models.split(",") if n.strip()]
     unknown = [n for n in names if n not in models.BUILDERS]
     if unknown:
@@ -384,6 +415,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     missed = [n for n, r in report["models"].items() if r["meets_target"] is False]
     if missed:
         print(f"targets missed: {', '.join(missed)}", file=sys.stderr)
+    return 0
+
+
+def _against(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    """``--against CHECKOUT``: this checkout's tiny ``run()`` paired against another's."""
+    if not (args.against / "src" / "crossrt").is_dir():
+        print(
+            f"--against {args.against}: not a checkout of crossrt (no src/crossrt)", file=sys.stderr
+        )
+        return 2
+    plan = QUICK["tiny"] if args.quick else PLANS["tiny"]
+    rounds, pairs = (2, 3) if args.quick else (args.rounds, args.pairs)
+    this = Path(__file__).resolve().parent.parent
+    doc = against.paired(
+        this, args.against.resolve(), rounds, pairs, 250, plan.warmup, variant=args.variant
+    )
+    command = " ".join(["python", "benchmarks/overhead.py", *(argv or sys.argv[1:])])
+    doc["command"] = command
+    suffix = "" if args.variant == "run" else f"-{args.variant}"
+    out: Path = args.out or RESULTS / f"overhead-against{suffix}.json"
+    reporting.save(out, doc, against.markdown(doc, command))
     return 0
 
 

@@ -136,7 +136,7 @@ def gate(model: crossrt.LoadedModel, instance: int = 0) -> GatedProgram:
     inst = model._instances[instance]
     gated = GatedProgram(inst.programs[0])
     inst.programs[0] = gated
-    model._calls[inst.index] = model._calling.plain(inst)  # what run() calls on it
+    inst.run_checked_with(model._calling.plain(inst))  # what run() calls on it
     return gated
 
 
@@ -163,5 +163,5 @@ def watch_affinity(model: crossrt.LoadedModel) -> list[tuple[tuple[int, ...] | N
     seen: list[tuple[tuple[int, ...] | None, set[int]]] = []
     for inst in model._instances:
         inst.programs[0] = AffinityProgram(inst.programs[0], inst.pin, seen)
-        model._calls[inst.index] = model._calling.plain(inst)  # what run() calls on it
+        inst.run_checked_with(model._calling.plain(inst))  # what run() calls on it
     return seen

@@ -37,6 +37,16 @@ class CancelToken:
                 return
         callback()
 
+    def settle(self) -> bool:
+        """The call it guards is done: a later :meth:`cancel` does nothing and no callback
+        runs. True when it was cancelled already (the runtime's watchdog asks so whether a
+        time limit stopped the call)."""
+        with self._lock:
+            cancelled = self.cancelled
+            self.cancelled = True
+            self._callbacks.clear()
+        return cancelled
+
     def cancel(self) -> None:
         """Trigger the signal; later calls do nothing."""
         with self._lock:

@@ -34,13 +34,13 @@ def model(request: pytest.FixtureRequest) -> Iterator[crossrt.LoadedModel]:
 def checks(model: crossrt.LoadedModel, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the calls whose inputs were checked (not reused)."""
     counted: list[int] = []
-    check: Callable[[Any], dict[str, Any]] = model._checker.check
+    check: Callable[[Any], dict[str, Any]] = model._checker.checked_feed
 
     def counting(inputs: Any) -> dict[str, Any]:
         counted.append(1)
         return check(inputs)
 
-    monkeypatch.setattr(model._checker, "check", counting)
+    monkeypatch.setattr(model._checker, "checked_feed", counting)
     return counted
 
 

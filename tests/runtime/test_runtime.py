@@ -392,7 +392,7 @@ def test_runtime_devices_lists_both_drivers():
 def test_unload_racing_with_run_gives_invalid_handle(executables, driver):
     with crossrt.Runtime() as rt:
         loaded = rt.load(executables[driver])
-        check = loaded._checker.check
+        check = loaded._checker.checked_feed
 
         def check_then_unload(inputs):
             # Deterministically reproduce the interleaving: another thread unloads the model
@@ -401,7 +401,7 @@ def test_unload_racing_with_run_gives_invalid_handle(executables, driver):
             loaded.unload()
             return feed
 
-        loaded._checker.check = check_then_unload
+        loaded._checker.checked_feed = check_then_unload
         with pytest.raises(InvalidHandleError):
             loaded.run({"image": IMAGE, "count": COUNT})
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -671,3 +672,28 @@ def test_a_worker_keeps_no_request_it_has_resolved(rt: crossrt.Runtime, how: str
         assert _freed(kept), "a worker still holds the inputs of the request it ran"
     finally:
         gc.enable()
+
+
+def test_a_request_settled_before_a_worker_takes_it_logs_nothing(
+    rt: crossrt.Runtime, tiny_exe: crossrt.Executable, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A queued request failed (the model closing) or cancelled before a worker starts it, or
+    before its deadline fires, is passed over quietly: concurrent.futures logs CRITICAL
+    ("Future ... in unexpected state: FINISHED") when a settled future is marked running,
+    which a daemon printed to its log as if something had broken."""
+    from crossrt.runtime.queued import QueuedRequest, RequestFuture
+
+    model = rt.load(tiny_exe)
+    scheduler = model._scheduler
+    settled = [QueuedRequest(RequestFuture(), {}, None, None) for _ in range(3)]
+    scheduler.fail(settled[0], RuntimeError("closed"))
+    settled[1].future.set_result({})
+    settled[2].future.cancel()
+    with caplog.at_level(logging.DEBUG, logger="concurrent.futures"):
+        for job in settled:
+            assert scheduler.start(job) is False
+            scheduler.fail(job, RuntimeError("again"))
+            scheduler._expire(job)
+    assert not [r for r in caplog.records if r.name == "concurrent.futures"]
+    assert isinstance(settled[0].future.exception(), RuntimeError)
+    assert settled[1].future.result() == {}

@@ -37,7 +37,7 @@ from .inputs import InputChecker
 from .memory.allocation import host_contiguous
 from .memory.allocator import Allocator, allocator_for, count_copy
 from .memory.storage import Storage
-from .memory.tensor import Tensor
+from .memory.tensor import Tensor, host_view_of, is_described, live_storage, wrap_storage
 from .memory.tensordesc import Placement
 from .memory.tensorset import TensorSet
 from .memory.transfer import H2D, Transfers, device_array, release, release_made, to_host
@@ -105,18 +105,19 @@ class Binding:
         return True
 
     def call_on(
-        self, inst: Instance, execute: Callable[..., Any], direct: bool
+        self, inst: Instance, direct: bool, execute: Callable[..., Any] | None = None
     ) -> Callable[[], Any]:
-        """The call that runs this binding on ``inst``, prepared on first use: where
-        ``execute`` (what a run calls on ``inst``) is its single program with nothing around
-        it (``direct``), the program's own binding (:meth:`Instance.bind`); else
-        ``execute`` on these arrays."""
+        """The call that runs this binding on ``inst``, prepared on first use: where what a
+        run calls on ``inst`` (``execute``, default :meth:`Instance.run_checked`) is its single
+        program with nothing around it (``direct``), the program's own binding
+        (:meth:`Instance.bind`); else ``execute`` on these arrays."""
         call = self.calls.get(inst)
         if call is None:
             if direct:
                 call = inst.bind(self.feed, self.bound)
             else:
-                call = functools.partial(execute, self.feed, self.bound)
+                run = inst.run_checked if execute is None else execute
+                call = functools.partial(run, self.feed, self.bound)
             self.calls[inst] = call
         return call
 
@@ -317,8 +318,8 @@ class OutputBinder:
     def _bind(self, spec: TensorSpec, tensor: Tensor) -> Any:
         """The array to bind for ``tensor`` (a device array for a resident model's device
         tensor), or ``None`` to copy the result in after the run."""
-        storage = tensor._live("run")
-        if not tensor._described and spec.dtype is not None:
+        storage = live_storage(tensor, "run")
+        if not is_described(tensor) and spec.dtype is not None:
             # Raw memory (Tensor.allocate, nrt_tensor_allocate) takes the output's dtype.
             tensor.set_shape((tensor.size // spec.dtype.itemsize,), spec.dtype)
         if tensor.dtype is not spec.dtype and tensor.dtype != spec.dtype:
@@ -338,7 +339,7 @@ class OutputBinder:
             tensor.set_shape(shape)
         if storage.host is None:
             return device_array(tensor)
-        return tensor._host_view()
+        return host_view_of(tensor)
 
     def _adopt(self, spec: TensorSpec, produced: Any) -> Tensor:
         """The engine's result as a tensor charged to the model, without a copy where the
@@ -363,7 +364,7 @@ class OutputBinder:
             self._transfers.count(H2D, raw.size)
         dtype = dtypes.from_numpy(array.dtype)
         device = allocator.device.id
-        return Tensor._wrap(
+        return wrap_storage(
             storage, dtype, array.shape, name=name, placement=Placement.DEVICE, device=device
         )
 
@@ -384,7 +385,7 @@ class OutputBinder:
             release(produced)
             raise
         storage = Storage(produced.nbytes, allocation=allocation)
-        return Tensor._wrap(
+        return wrap_storage(
             storage,
             dtypes.from_numpy(produced.dtype),
             produced.shape,

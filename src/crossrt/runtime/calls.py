@@ -1,14 +1,15 @@
 """What a model's runs call on an instance (:class:`Calls`), and the wrappers put around a
 program call only where a model needs them (the common case calls the program itself):
 results copied to the host, output shapes kept, an execution timeout, a deadline, a cancel
-token, the numerics check."""
+token, the numerics check; and a ``run()`` that is not the common case (:meth:`Calls.run_on`:
+``outputs=``, a bound request, ``output_names``, a deadline or a cancel token)."""
 
 from __future__ import annotations
 
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import CancelledError
 from typing import Any
 
@@ -17,7 +18,7 @@ import numpy as np
 from ..drivers.base import CancelToken
 from ..errors import DeadlineExceededError
 from . import watchdog
-from .binding import OutputBinder
+from .binding import Binding, OutputBinder
 from .instance import Instance
 from .memory.transfer import Transfers, release_made, to_host_results
 from .numerics import Numerics, checking
@@ -56,6 +57,80 @@ class Calls:
         self._transfers = transfers
         self._last = last
         self._binder = binder
+        self.direct = False
+        """Whether each instance's run is its single program with nothing around it: then a
+        bound request goes straight into the program's own binding (``Binding.call_on``)."""
+        self.selectable = False
+        """Whether ``output_names`` may be asked of the program itself (one program reading
+        every input, nothing but the output shapes kept around it)."""
+        # Per instance index: its program and that program's run_outputs, unguarded as
+        # run() calls run (made again for a program swapped in since).
+        self._run_outputs: dict[int, tuple[Any, Callable[..., dict[str, Any]]]] = {}
+
+    def prepare(self, instances: Sequence[Instance]) -> None:
+        """Give each instance what ``run()`` calls on it (:meth:`Instance.run_checked_with`,
+        :meth:`plain`): the program itself when nothing is added."""
+        for inst in instances:
+            inst.run_checked_with(self.plain(inst))
+        n = self._inputs
+        self.direct = all(
+            inst.whole(n) and inst.run_checked == inst.direct(n) for inst in instances
+        )
+        self.selectable = (
+            self._limit is None
+            and self._transfers is None
+            and not self._numerics
+            and all(inst.whole(n) for inst in instances)
+        )
+
+    def run_on(
+        self,
+        inst: Instance,
+        feed: dict[str, Any],
+        outputs: Any,
+        names: tuple[str, ...] | None,
+        binding: Binding | None,
+        deadline: float | None,
+        cancel: CancelToken | None,
+    ) -> Any:
+        """A ``run()`` on ``inst`` in its caller's thread with ``output_names`` (``names``), a
+        ``deadline`` or a ``cancel`` token (``run()`` itself calls :meth:`Instance.run_checked`
+        in the common case, and binds ``outputs=`` or a bound request's ``binding``)."""
+        if deadline is None and cancel is None:
+            call = inst.run_checked
+        else:
+            call = self.limited(inst, deadline, cancel)
+        if binding is not None:
+            binding.call_on(inst, self.direct, call)()
+            return dict(outputs)  # each bound in place
+        if names is not None:
+            return self.selected(inst, call, feed, outputs, names)
+        if outputs is None or (not outputs and type(outputs) is dict):
+            return call(feed)
+        return self._binder.run(call, feed, outputs)
+
+    def selected(
+        self,
+        inst: Instance,
+        call: Callable[..., Any],
+        feed: dict[str, Any],
+        outputs: Mapping[str, Any] | None,
+        names: tuple[str, ...],
+    ) -> dict[str, Any]:
+        """The outputs ``names`` of one run on ``inst``: asked of the program itself when
+        nothing is wrapped around it (its engine may fetch or compute fewer), else every
+        output computed and those kept."""
+        if not outputs and self.selectable and call is inst.run_checked:
+            program = inst.programs[0]
+            known = self._run_outputs.get(inst.index)
+            if known is None or known[0] is not program:
+                known = self._run_outputs[inst.index] = (program, inst.selecting())
+            result = known[1](feed, names)
+            if self._last is not None:  # output_shapes() then has the outputs of this run
+                self._last.shapes = {n: getattr(v, "shape", None) for n, v in result.items()}
+            return result
+        every = self._binder.run(call, feed, outputs) if outputs else call(feed)
+        return {n: every[n] for n in names}
 
     def plain(
         self, inst: Instance, deadline: float | None = None, cancel: CancelToken | None = None

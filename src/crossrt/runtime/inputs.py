@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import InvalidArgumentError, InvalidInputError
 from ..model import TensorSpec
 from .memory.allocator import count_copy
-from .memory.tensor import Tensor
+from .memory.tensor import Tensor, host_view_of
 from .memory.transfer import D2H, Transfers, device_array
 
 
@@ -38,7 +38,9 @@ class InputChecker:
         keep_device: bool = False,
     ) -> None:
         self._transfers = transfers
-        self._keep_device = keep_device
+        # How a tensor in device memory is handed over when the model's programs take device
+        # memory (None: copied to the host instead).
+        self._device_array = device_array if keep_device else None
         self.specs = tuple(specs)
         self.names = tuple(s.name for s in specs)
         self._name_set = frozenset(self.names)
@@ -55,7 +57,7 @@ class InputChecker:
             assert s.shape is None or exact is None or len(exact) == len(s.shape)
             self._plan.append((s.name, s, np_dtype, exact, s.rank if s.kind == "tensor" else None))
 
-    def check(self, inputs: Any) -> dict[str, Any]:
+    def checked_feed(self, inputs: Any) -> dict[str, Any]:
         """Return ``{name: array}`` ready for the engine, or raise InvalidInputError.
 
         Values may be arrays, :class:`Tensor` objects (viewed without a copy when in host
@@ -178,11 +180,11 @@ class InputChecker:
         if isinstance(value, Tensor):
             # A host tensor is passed as a view of its memory. Device memory is handed over as
             # it is when the model's programs take device memory, else copied to the host.
-            view = value._host_view()
+            view = host_view_of(value)
             if view is not None:
                 return view
-            if self._keep_device:
-                device = device_array(value)
+            if self._device_array is not None:
+                device = self._device_array(value)
                 assert device is not None
                 return device  # type: ignore[return-value]  # checked like an array
             array = value.numpy()

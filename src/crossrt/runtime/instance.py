@@ -62,6 +62,24 @@ class Instance:
         caller maps what it raises), else :meth:`execute`."""
         return unguarded(self.programs[0].run) if self.whole(inputs) else self.execute
 
+    def run_checked(
+        self, feed: dict[str, Any], outputs: Mapping[str, np.ndarray] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Run one request's checked inputs: what ``run()`` calls on the instance it took,
+        in its caller's thread. The model puts in its place, on this instance, what its runs
+        call (:meth:`run_checked_with`): the program's own ``run`` (:meth:`direct`), or the wrappers
+        the model needs around it (``calls.py``), so that the hottest path costs no Python
+        call of crossrt's between ``run()`` and the engine. Until then it is :meth:`execute`.
+        ``outputs``: arrays to write the results into (a bound request's)."""
+        return self.execute(feed, outputs)
+
+    def run_checked_with(self, call: Callable[..., dict[str, np.ndarray]]) -> None:
+        """Make :meth:`run_checked` call ``call`` on this instance from now on (an attribute of the
+        instance, found before the method: no extra call)."""
+        # An assignment, not self.__dict__[...]: reading __dict__ makes CPython give up the
+        # instance's inline attribute values, and every attribute read of it gets slower.
+        self.run_checked = call  # type: ignore[method-assign]
+
     def bind(self, feed: dict[str, Any], bound: dict[str, Any]) -> Callable[[], Any]:
         """The single program's own call prepared on exactly these arrays
         (:meth:`Program.bind`), for a bound request run many times."""

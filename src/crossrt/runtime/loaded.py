@@ -126,7 +126,7 @@ class LoadedModel(Running):
         with self._lock:
             if self._released is not None:
                 raise self._released[0](self._released[1])
-            self._group._start(self)
+            self._group.start_model(self)
             self._refusal = None
 
     def stop(self) -> None:
@@ -135,7 +135,7 @@ class LoadedModel(Running):
         with self._lock:
             if self._released is not None:
                 return
-            self._group._stop(self)
+            self._group.stop_model(self)
             self._refusal = (
                 OperationForbiddenError,
                 f"model {self.name!r} is stopped on its core group "
@@ -158,15 +158,19 @@ class LoadedModel(Running):
         for program in programs:
             program.close()
         self.memory.forget()  # its stats go once its tensors are freed
-        self._group._remove(self)
-
-    def _close_from_runtime(self) -> None:
-        self._release(
-            ClosedError,
-            f"the runtime that loaded model {self.name!r} was closed; "
-            "create a new Runtime and load the model again",
-        )
+        self._group.remove_model(self)
 
     def __repr__(self) -> str:
         state = "loaded" if self.loaded else "released"
         return f"LoadedModel({self.name!r}, {self.device.id}, cores={list(self.cores)}, {state})"
+
+
+def close_from_runtime(model: LoadedModel) -> None:
+    """Release ``model`` because the runtime that loaded it was closed (``Runtime.close``,
+    or a close while it loaded): later calls raise CLOSED. For the runtime, not a member of
+    ``LoadedModel``'s public face."""
+    model._release(
+        ClosedError,
+        f"the runtime that loaded model {model.name!r} was closed; "
+        "create a new Runtime and load the model again",
+    )

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import InvalidArgumentError
+from .running import instances_of, statistics_of
 
 if TYPE_CHECKING:
     from .loaded import LoadedModel
@@ -117,15 +118,15 @@ class Profile:
         if self._start:
             raise InvalidArgumentError("this profile was started already; make a new one")
         for model in self.models:
-            model._statistics.sum()  # what arrived before is summed without the tap
-        self._failed_before = [model._statistics.snapshot().failure for model in self.models]
+            statistics_of(model).sum()  # what arrived before is summed without the tap
+        self._failed_before = [model.statistics().failure for model in self.models]
         self._epoch_ns = time.time_ns()
         self._start = time.perf_counter_ns()
         for k, model in enumerate(self.models):
             tap = self._tap(k)
             self._taps.append(tap)
-            model._statistics.taps.append(tap)
-            for inst in model._instances:
+            statistics_of(model).taps.append(tap)
+            for inst in instances_of(model):
                 if len(inst.programs) > 1:
                     inst.trace = self._nodes[k]
             model.memory.transfers.spans = self._copies[k]  # a model with device memory copies
@@ -156,11 +157,11 @@ class Profile:
             raise InvalidArgumentError("this profile was never started; call start() first")
         self._end = time.perf_counter_ns()
         for k, model in enumerate(self.models):
-            statistics = model._statistics
+            statistics = statistics_of(model)
             statistics.sum()
             if self._taps[k] in statistics.taps:
                 statistics.taps.remove(self._taps[k])
-            for inst in model._instances:
+            for inst in instances_of(model):
                 if inst.trace is self._nodes[k]:
                     inst.trace = None
             if model.memory.transfers.spans is self._copies[k]:
@@ -274,7 +275,7 @@ class Profile:
     def _draw_instances(trace: _Trace, model: LoadedModel) -> dict[tuple[int, int], int]:
         """A track per instance, or per node of it; by ``(instance, node)``, node -1: all."""
         tracks: dict[tuple[int, int], int] = {}
-        for i, inst in enumerate(model._instances):
+        for i, inst in enumerate(instances_of(model)):
             where = f"{model.name} instance {i} ({inst.device or model.device.id})"
             if len(inst.programs) == 1:
                 tracks[(i, -1)] = trace.track(where)

@@ -34,8 +34,8 @@ class RequestFuture(Future[Any]):
         """Whether this call moved the request from waiting to running (a caller that cancelled
         it meanwhile is told, once); ``False`` when it was cancelled or claimed before."""
         with _CLAIMING:
-            if self._claimed:
-                return False
+            if self._claimed or (self.done() and not self.cancelled()):
+                return False  # claimed, or settled by whoever holds it (a test, say)
             self._claimed = True
         return self.set_running_or_notify_cancel()
 

@@ -132,7 +132,7 @@ class QueuedRuns:
         try:
             if self._refusal is not None:
                 raise self._refusal[0](self._refusal[1])
-            return self._checker.check(inputs)
+            return self._checker.checked_feed(inputs)
         except BaseException as exc:
             self._statistics.arrived()
             self._statistics.failed(exc)

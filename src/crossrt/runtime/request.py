@@ -77,7 +77,7 @@ class Request:
             # Checked now, kept as given: the run hands them to the model as the caller would
             # (a device tensor stays a tensor, not the form the checks passed on).
             named = checker.named(inputs)
-            checker.check(named)
+            checker.checked_feed(named)
             self._inputs.update(named)
 
     @property
@@ -144,7 +144,7 @@ class Request:
         """
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise InvalidArgumentError(f"n={n!r}: give the number of runs, at least 1")
-        feed = self._checker.check(self._inputs)
+        feed = self._checker.checked_feed(self._inputs)
         outputs = {s.name for s in self.model.outputs}
         pairs = dict(feedback) if feedback is not None else {}
         pairs.update({name: name for name in feed.keys() & outputs if feedback is None})

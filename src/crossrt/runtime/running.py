@@ -5,9 +5,12 @@ not an object it holds: ``run`` is the hottest path there is, and one more call 
 cost more than the whole of crossrt's share of a tiny model's run). The road of a request:
 
 - ``run()`` checks the inputs (``inputs.py``) or takes a bound :class:`Request`'s binding
-  (``binding.py``), takes an idle instance (``line.py``) and calls
-  it in the caller's thread: the program itself, or the wrappers around it (``calls.py``),
-  every one ending in :class:`Instance` (``instance.py``), the only caller of a program;
+  (``binding.py``), takes an idle instance (``line.py``) and runs it in the caller's thread:
+  in the common case (no ``outputs=``, ``output_names``, deadline or cancel token)
+  :meth:`Instance.run_checked` (``instance.py``, the only caller of a program), which is the
+  program's own ``run`` or the wrappers the model needs (``calls.py``); ``outputs=`` and a
+  bound request bind that call (``binding.py``); a deadline, a cancel token or
+  ``output_names`` go through :meth:`Calls.run_on` (``calls.py``) to the same instance;
 - with every instance busy, it waits in line for one, or (a deadline, a cancel token,
   batching) is queued like ``run_async``/``infer`` (``queued_runs.py``, the base class of
   ``Running``): the scheduler's workers then run it through :meth:`Calls.finish`
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import CancelledError
 from time import perf_counter_ns
 from typing import Any, overload
@@ -98,9 +101,6 @@ class Running(QueuedRuns):
         self._prepare_calls(memory, exec_timeout, check_numerics)
         self._output_names = tuple(s.name for s in executable.outputs)
         self._checked_names: set[tuple[str, ...]] = set()  # output_names= found valid
-        # Per instance index: its program and that program's run_outputs, unguarded as
-        # run() calls run (made again for a program swapped in since).
-        self._run_outputs: dict[int, tuple[Any, Callable[..., dict[str, Any]]]] = {}
         self._scheduler = self._scheduled(instances, queue_depth, statistics, batching)
         self._line = self._scheduler.line
         self._take = self._line.idle.pop  # run() takes an instance without blocking
@@ -128,23 +128,10 @@ class Running(QueuedRuns):
             self._last if self._record_shapes else None,
             self._binder,
         )
-        # What run() calls on the instance it took, by its index: the program itself when
-        # nothing is added (Calls.plain).
-        self._calls = [self._calling.plain(inst) for inst in self._instances]
-        # Whether run() calls a program with nothing around it (Calls.plain): then a bound
-        # request goes straight into the program's own binding (Binding.call_on).
-        self._direct = all(
-            inst.whole(inputs) and call == inst.direct(inputs)
-            for call, inst in zip(self._calls, self._instances, strict=True)
-        )
-        # Whether run() with output_names may ask the program for those outputs alone (one
-        # program reading every input, nothing but the output shapes kept around it).
-        self._selectable = (
-            exec_timeout is None
-            and not self._resident
-            and not check_numerics
-            and all(inst.whole(inputs) for inst in self._instances)
-        )
+        # What run() calls on the instance it took (Instance.run_checked): the program itself when
+        # nothing is added.
+        self._calling.prepare(self._instances)
+        self._direct = self._calling.direct  # read by every bound run
 
     def _scheduled(
         self,
@@ -285,7 +272,7 @@ class Running(QueuedRuns):
             if self._refusal is not None:
                 raise self._refusal[0](self._refusal[1])
             names = None if output_names is None else self._wanted(output_names, outputs)
-            feed = self._checker.check(inputs) if binding is None else binding.feed
+            feed = self._checker.checked_feed(inputs) if binding is None else binding.feed
             ready = perf_counter_ns()
             if self._line.waiting:
                 # Others wait for an instance: in line behind them. Taking the one just given
@@ -298,26 +285,23 @@ class Running(QueuedRuns):
                 # In the queue like run_async: there its deadline or token resolve it while
                 # it waits, and batches form.
                 return self._queued(feed, outputs, arrived, ready, deadline, cancel, names)
-            inst, started = self._in_line(), perf_counter_ns()
+            inst = self._in_line()
+            started = perf_counter_ns()
         except BaseException as exc:
             statistics.failed(exc)
             raise
         try:
             if CALLER.moves and CALLER.cpus is not inst.pin:  # crossrt's thread, or opted in
                 CALLER.follow(inst.pin)  # computes on the instance's CPUs (cores/pinning.py)
-            if deadline is None and cancel is None:  # the common case: two checks, no more
-                call = self._calls[inst.index]
-            else:
-                call = self._calling.limited(inst, deadline, cancel)
-            if binding is not None:
-                binding.call_on(inst, call, self._direct)()
-                result: Any = dict(outputs)  # type: ignore[arg-type]  # each bound in place
-            elif names is not None:
-                result = self._selected(inst, call, feed, outputs, names)
+            if names is not None or deadline is not None or cancel is not None:
+                result = self._calling.run_on(inst, feed, outputs, names, binding, deadline, cancel)
             elif outputs is None or (not outputs and type(outputs) is dict):
-                result = call(feed)
-            else:
-                result = self._binder.run(call, feed, outputs)
+                result = inst.run_checked(feed)  # the common case: the program, or its wrappers
+            elif binding is not None:  # a bound request (outputs given, bound in place)
+                binding.call_on(inst, self._direct)()
+                result = dict(outputs)
+            else:  # outputs=: written into them (no more call than this on these paths)
+                result = self._binder.run(inst.run_checked, feed, outputs)
         except BaseException as exc:
             statistics.failed(exc)
             self._mapped(exc, inst, binding is not None)
@@ -371,29 +355,6 @@ class Running(QueuedRuns):
             self._checked_names.add(names)
         return names
 
-    def _selected(
-        self,
-        inst: Instance,
-        call: Callable[..., Any],
-        feed: dict[str, Any],
-        outputs: Mapping[str, Any] | None,
-        names: tuple[str, ...],
-    ) -> dict[str, Any]:
-        """The outputs ``names`` of one run on ``inst``: asked of the program itself when
-        nothing is wrapped around it (its engine may fetch or compute fewer), else every
-        output computed and those kept."""
-        if not outputs and self._selectable and call is self._calls[inst.index]:
-            program = inst.programs[0]
-            known = self._run_outputs.get(inst.index)
-            if known is None or known[0] is not program:
-                known = self._run_outputs[inst.index] = (program, inst.selecting())
-            result = known[1](feed, names)
-            if self._record_shapes:  # output_shapes() then has the outputs of this run
-                self._last.shapes = {n: getattr(v, "shape", None) for n, v in result.items()}
-            return result
-        every = self._binder.run(call, feed, outputs) if outputs else call(feed)
-        return {n: every[n] for n in names}
-
     @property
     def outputs(self) -> tuple[TensorSpec, ...]:
         """The outputs ``run`` returns."""
@@ -413,4 +374,16 @@ class Running(QueuedRuns):
 
     def _bind(self, inputs: dict[str, Any], outputs: dict[str, Any]) -> Binding | None:
         """A bound request's :class:`Binding`, checked now (``None``: it cannot be bound)."""
-        return self._binder.bind(inputs, self._checker.check(inputs), outputs)
+        return self._binder.bind(inputs, self._checker.checked_feed(inputs), outputs)
+
+
+def statistics_of(model: Running) -> Statistics:
+    """``model``'s statistics recorder itself, for the observing room: a profile taps it
+    (``profiler.py``); users read :meth:`Running.statistics`."""
+    return model._statistics
+
+
+def instances_of(model: Running) -> tuple[Instance, ...]:
+    """``model``'s instances themselves, for the observing room: a profile traces their nodes
+    (``profiler.py``); users read ``model.instances``."""
+    return model._instances

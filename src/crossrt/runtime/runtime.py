@@ -18,7 +18,7 @@ from .batching import batching
 from .cores.groups import CoreGroup, choose_cores, core_indices, pick_free, split_instances
 from .cores.pinning import CALLER
 from .cores.reservation import reserve_cores
-from .loaded import LoadedModel
+from .loaded import LoadedModel, close_from_runtime
 from .loading import LoadPlan, executable_for, load_devices, run_limits
 from .memory import shm
 from .memory.allocator import MemoryStats, all_stats
@@ -243,12 +243,12 @@ class Runtime:
         loaded onto an explicit group waits for ``model.start()``."""
         with self._lock:
             if self._closed:
-                loaded._close_from_runtime()
+                close_from_runtime(loaded)
                 raise ClosedError("the runtime was closed while the model was loading")
             self._models.append(loaded)
             if implicit:
                 self._groups.append(home)
-        home._add(loaded)
+        home.add_model(loaded)
         if implicit:
             loaded.start()
         else:
@@ -306,7 +306,7 @@ class Runtime:
             self._closed = True
             models, self._models = self._models, []
         for m in models:
-            m._close_from_runtime()
+            close_from_runtime(m)
         with self._lock:
             self._groups.clear()
         self._release_cores()

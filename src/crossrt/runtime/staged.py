@@ -65,7 +65,7 @@ class StagedModel(LoadedModel):
             raise
 
     def _stage_of(self, inputs: Any) -> LoadedModel:
-        feed = self._checker.check(inputs)
+        feed = self._checker.checked_feed(inputs)
         key = tuple((n, tuple(getattr(feed[n], "shape", ()))) for n, _ in self._shapes[0].items())
         found = self._by_shape.get(key)
         if found is None:

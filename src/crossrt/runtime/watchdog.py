@@ -50,8 +50,4 @@ def _loop() -> None:
 
 def finish(token: CancelToken) -> bool:
     """Mark a call done; True when its timeout had already cancelled it."""
-    with token._lock:
-        expired = token.cancelled
-        token.cancelled = True  # the watchdog's later cancel() is then a no-op
-        token._callbacks.clear()
-    return expired
+    return token.settle()  # the watchdog's later cancel() is then a no-op

@@ -120,11 +120,14 @@ class CoreGroup:
                 "create_core_group"
             )
 
-    def _add(self, model: GroupMember) -> None:
+    def add_model(self, model: GroupMember) -> None:
+        """Count ``model`` as loaded onto the group (``Runtime.load`` calls it)."""
         with self._lock:
             self._models.append(model)
 
-    def _remove(self, model: GroupMember) -> None:
+    def remove_model(self, model: GroupMember) -> None:
+        """``model`` was unloaded: it leaves the group (``LoadedModel`` calls it), and an
+        implicit group left empty is destroyed."""
         with self._lock:
             if model in self._models:
                 self._models.remove(model)
@@ -142,7 +145,12 @@ class CoreGroup:
         no other group may use its cores, as an explicit one (neuron-rtd's implicit group)."""
         self._dissolve = True
 
-    def _start(self, model: GroupMember) -> None:
+    def start_model(self, model: GroupMember) -> None:
+        """Make ``model`` the one running on the group (``LoadedModel.start`` calls it).
+
+        Raises:
+            OperationForbiddenError: another model of the group is running.
+        """
         with self._lock:
             if self._running is not None and self._running is not model:
                 raise OperationForbiddenError(
@@ -152,7 +160,8 @@ class CoreGroup:
                 )
             self._running = model
 
-    def _stop(self, model: GroupMember) -> None:
+    def stop_model(self, model: GroupMember) -> None:
+        """``model`` no longer runs on the group (``LoadedModel.stop`` calls it)."""
         with self._lock:
             if self._running is model:
                 self._running = None

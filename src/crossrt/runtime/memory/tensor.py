@@ -522,3 +522,24 @@ shared_tensor = Tensor.shared
 
 tensor_from_fd = Tensor.from_fd
 """A tensor over a shared-memory file descriptor (:meth:`Tensor.from_fd`)."""
+
+# -- for the runtime's other rooms (binding.py binds outputs to tensors): a tensor's parts that
+# users do not see, named here rather than reached by underscore from outside memory/.
+
+wrap_storage = Tensor._wrap
+"""``wrap_storage(storage, dtype, shape, **kw)``: a tensor over ``storage`` (an engine's result
+adopted by the model), described as given; nothing is allocated or copied."""
+
+host_view_of = Tensor._host_view
+"""``host_view_of(tensor)``: the array over a host tensor's bytes as its dtype and shape (no
+copy), ``None`` for one in device memory."""
+
+live_storage = Tensor._live
+"""``live_storage(tensor, op)``: the tensor's storage, or INVALID_HANDLE naming ``op`` when it
+was freed or detached."""
+
+
+def is_described(tensor: Tensor) -> bool:
+    """Whether ``tensor`` was given a dtype and shape (raw memory from ``Tensor.allocate`` was
+    not: a run sets them from the output it receives)."""
+    return tensor._described
