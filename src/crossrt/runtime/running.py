@@ -36,6 +36,7 @@ from ..model import TensorSpec
 from .batching import Batching, refuse_unbatchable
 from .binding import Binding, OutputBinder
 from .calls import Calls
+from .cores import pinning
 from .cores.pinning import CALLER
 from .inputs import InputChecker, output_names_checked
 from .instance import Instance
@@ -291,7 +292,7 @@ class Running(QueuedRuns):
             statistics.failed(exc)
             raise
         try:
-            if CALLER.moves and CALLER.cpus is not inst.pin:  # crossrt's thread, or opted in
+            if pinning.marked and CALLER.moves and CALLER.cpus is not inst.pin:  # opted in
                 CALLER.follow(inst.pin)  # computes on the instance's CPUs (cores/pinning.py)
             if names is not None or deadline is not None or cancel is not None:
                 result = self._calling.run_on(inst, feed, outputs, names, binding, deadline, cancel)

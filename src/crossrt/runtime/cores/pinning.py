@@ -76,15 +76,22 @@ class Caller(threading.local):
 
 
 CALLER = Caller()
-"""The calling thread's state; ``run()`` reads ``CALLER.moves`` on every call."""
+"""The calling thread's state; ``run()`` reads ``CALLER.moves`` once a thread is marked."""
+
+marked = False
+"""Whether any thread of this process was ever marked (:func:`own_thread`): until then
+``run()`` reads this module attribute, not the thread-local state (about 1 % of a tiny
+model's in-process ``run()``, measured with ``benchmarks/overhead.py --against``)."""
 
 
 def own_thread() -> None:
     """Mark the calling thread as crossrt's: from now on each ``run()`` on it computes on the
     CPUs of the instance it takes (a ``ThreadPoolExecutor`` initializer of the daemon's
     threads)."""
+    global marked
     if not CALLER.moves:
         CALLER.free, CALLER.cpus, CALLER.moves = _affinity(), None, True
+        marked = True
 
 
 @contextlib.contextmanager
