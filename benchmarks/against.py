@@ -38,6 +38,35 @@ if variant == "run":
     call, args = lm.run, (feed,)
 elif variant == "outputs":
     call, args = lm.run, (feed, into)
+elif variant == "lane":  # the same model served by this checkout's daemon, over the lane
+    import atexit, os, subprocess, tempfile
+    folder = tempfile.mkdtemp(prefix="crossrt-against-")
+    os.mkdir(os.path.join(folder, "models"))
+    lm.executable.save(os.path.join(folder, "models", "tiny.crm"))
+    sock = os.path.join(folder, "d.sock")
+    env = dict(os.environ, PYTHONPATH=os.path.abspath("src"), CROSSRT_RUNTIME_DIR=folder)
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "crossrt", "serve", "-x", "-l", "warning", "-g", "unix:" + sock,
+         "--model-repository", os.path.join(folder, "models")],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    atexit.register(daemon.wait, 30)
+    atexit.register(daemon.terminate)
+    for _ in range(600):
+        if os.path.exists(sock):
+            try:
+                remote = crossrt.connect("unix:" + sock)
+                break
+            except crossrt.CrossrtError:
+                pass
+        time.sleep(0.05)
+    for _ in range(600):  # the socket answers before the repository's models are ready
+        try:
+            served = remote.load("tiny")
+            break
+        except crossrt.CrossrtError:
+            time.sleep(0.05)
+    call, args = served.run, (feed,)
 else:
     call, args = lm.request(feed, into).run, ()
 for _ in range(WARMUP):
@@ -58,6 +87,7 @@ VARIANTS = {
     "run": "run(feed)",
     "outputs": "run(feed, outputs) into arrays given",
     "request": "a bound request's run() (model.request(feed, outputs))",
+    "lane": "run(feed) of a client of the checkout's own daemon over the direct lane",
 }
 
 
