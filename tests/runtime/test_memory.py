@@ -97,6 +97,23 @@ def test_budget_exceeded_names_the_model_the_request_and_what_is_left() -> None:
         Tensor((1000,), "float32", owner=model).free()
 
 
+def test_a_driver_registered_again_keeps_the_devices_books() -> None:
+    """A driver loaded again (a fresh registry, a plugin reloaded) serves the same host
+    memory: a model's budget set on the allocator it got stays the one its tensors are charged
+    to (a new allocator left the budget behind: make test, order-dependent, DID NOT RAISE)."""
+    first = get_driver("onnxruntime")
+    device = first.devices()[0]
+    again = type(first)()
+    books = allocator.device_allocator(first, device)
+    books.set_budget("a-model#1", 1000)
+    try:
+        assert allocator.device_allocator(again, device) is books
+        assert books.budget("a-model#1") == 1000
+    finally:
+        books.set_budget("a-model#1", None)
+        allocator.device_allocator(first, device)  # the registered driver's hooks back
+
+
 def test_device_limit_exceeded() -> None:
     a = _small_allocator(1000)
     a.allocate(900)

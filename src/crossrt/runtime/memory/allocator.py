@@ -376,7 +376,12 @@ def device_allocator(driver: Driver, device: DeviceInfo) -> Allocator:
         stale = found is not None and (
             found.hooks is not driver and getattr(found.hooks, "name", None) == driver.name
         )
-        if found is None or stale:
+        if stale and found is not None and found.coherent and is_coherent(driver, device):
+            # Host memory either way: the books (each model's budget and what it holds) stay
+            # with the device. A new allocator here left a model charging its tensors to one
+            # and its budget set on the other, which it kept (a budget that never applied).
+            found.hooks = driver
+        elif found is None or stale:
             found = _allocators[device.id] = Allocator(driver, device)
         return found
 
