@@ -125,7 +125,6 @@ def test_a_model_of_microseconds_runs_on_the_event_loop_a_slow_one_on_the_thread
     import threading
 
     from concurrency_models import batchable, slow_rows
-
     from crossrt.host import usable_cores
 
     crossrt.compile(batchable(), "cpu").save(tmp_path / "mm.crm")

@@ -10,7 +10,6 @@ from .autoscale import POLICY
 from .protos import SERVICER
 from .replica import Replica, ReplicaConfig
 
-
 REPLICA_ENV = {"env_vars": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}}
 """The replicas' environment: the replica's methods run on Serve's own event loop rather
 than on a second loop in a thread of its own, which cost every request two hops between the
