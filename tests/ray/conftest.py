@@ -13,6 +13,7 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from ray_models import RayCluster, free_port
@@ -24,6 +25,11 @@ pytest.importorskip("ray.serve", reason="the ray extra is not installed (pip ins
 
 STOP_SECONDS = 60.0
 """How long the nodes' processes have to exit once the cluster is shut down."""
+
+LOOPBACK = "127.0.0.1"
+"""The address both nodes (and the driver) take: loopback, not the host's own address, so
+the test cluster is reachable from this host only (issue 26: a head and a worker node on
+loopback)."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -48,22 +54,16 @@ def ray_cluster() -> Iterator[RayCluster]:
     os.environ["CROSSRT_RUNTIME_DIR"] = str(folder)  # the nodes' workers inherit it
     cluster = Cluster(
         initialize_head=True,
-        head_node_args={"num_cpus": 1, "include_dashboard": False},
+        head_node_args={"num_cpus": 1, "include_dashboard": False, "node_ip_address": LOOPBACK},
     )
     try:
-        cluster.add_node(num_cpus=1)
-        ray.init(address=cluster.address, log_to_driver=False)
+        cluster.add_node(num_cpus=1, node_ip_address=LOOPBACK)
+        ray.init(address=cluster.address, log_to_driver=False, _node_ip_address=LOOPBACK)
         http, grpc = free_port(), free_port()
         start_serve(("127.0.0.1", http), grpc)
-        yield RayCluster(cluster.address, http, grpc, folder)
+        yield RayCluster(cluster.address, http, grpc, folder, node_processes(cluster))
     finally:
-        processes = [
-            info.process
-            for node in [cluster.head_node, *cluster.worker_nodes]
-            if node is not None
-            for infos in node.all_processes.values()
-            for info in infos
-        ]
+        processes = [info.process for info in node_infos(cluster)]
         try:
             serve.shutdown()
         finally:
@@ -75,6 +75,22 @@ def ray_cluster() -> Iterator[RayCluster]:
                 os.environ["CROSSRT_RUNTIME_DIR"] = previous
         for process in processes:
             process.wait(timeout=STOP_SECONDS)
+
+
+def node_infos(cluster: Any) -> list[Any]:
+    """The processes Ray started for the cluster's nodes (GCS, raylets, agents, ...)."""
+    return [
+        info
+        for node in [cluster.head_node, *cluster.worker_nodes]
+        if node is not None
+        for infos in node.all_processes.values()
+        for info in infos
+    ]
+
+
+def node_processes(cluster: Any) -> list[int]:
+    """The pids of :func:`node_infos`."""
+    return [info.process.pid for info in node_infos(cluster)]
 
 
 @pytest.fixture(scope="session")

@@ -55,6 +55,32 @@ def affinities(pid: int) -> dict[int, frozenset[int]]:
     return out
 
 
+def test_both_nodes_are_on_loopback(ray_cluster: RayCluster) -> None:
+    """Issue 26: a head and a worker node on loopback. Each node registers 127.0.0.1 as its
+    address, the cluster's (GCS) address is there, and what the nodes' processes listen on
+    is loopback only."""
+    import ipaddress
+
+    import psutil
+
+    import ray
+
+    nodes = [n for n in ray.nodes() if n["Alive"]]
+    assert len(nodes) == 2, nodes
+    assert {n["NodeManagerAddress"] for n in nodes} == {"127.0.0.1"}, nodes
+    assert ray_cluster.address.startswith("127.0.0.1:"), ray_cluster.address
+    listening = {
+        (pid, c.laddr.ip, c.laddr.port)
+        for pid in ray_cluster.node_pids
+        if psutil.pid_exists(pid)
+        for c in psutil.Process(pid).net_connections("inet")
+        if c.status == psutil.CONN_LISTEN
+    }
+    assert listening  # the GCS and the raylets at least
+    wide = [s for s in listening if not ipaddress.ip_address(s[1]).is_loopback]
+    assert not wide, f"node processes listening beyond loopback: {wide}"
+
+
 def test_two_replicas_never_share_a_core(main_app: Any) -> None:
     model = RayModel(main_app, "mm")
     for _ in range(24):  # requests on both replicas (routed at random): their threads start
