@@ -52,11 +52,9 @@ lint: $(STAMP)
 
 # perf_analyzer for tests/server/test_triton_surface.py, fetched once; without PyPI the test
 # skips, saying so.
-# --dist loadgroup: the tests of one xdist_group run in one worker (tests/ray: one Ray cluster
-# for them all, not one per worker).
 test: lint
 	-test -x benchmarks/.perf_analyzer/perf_analyzer || $(MAKE) perf-analyzer
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
+	$(PY) -m pytest -n $(TEST_WORKERS)
 
 # The inner loop: unit/, drivers/ and runtime/ (tests/README.md), no lint, no slow tests, stop at
 # the first failure. `make test` adds system/, e2e/, security/, realmodels/ and conformance/.

@@ -36,7 +36,10 @@ is loopback as well and kept as given."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # One cluster per pytest worker: with --dist loadgroup every Ray test runs in one.
+    # Meant as one cluster per pytest worker with --dist loadgroup. With pytest 9.2 and
+    # pytest-xdist 3.8 loadgroup groups nothing (xdist suffixes item._nodeid, which pytest 9
+    # no longer reads: Node.nodeid is str(self._id)), so under `-n 2` each worker that gets
+    # a Ray test starts a cluster of its own (docs/scale-out.md, Tests).
     for item in items:
         if "tests/ray/" in str(item.path):
             item.add_marker(pytest.mark.xdist_group("ray"))
