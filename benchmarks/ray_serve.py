@@ -13,7 +13,10 @@ ResNet-50-like model of models.py), three servers, each given one core, and the 
 
 Rounds alternate (every server once per round, ``--rounds``), ``--seconds`` each, with 1 and
 ``--clients`` client threads: p50/p99 and throughput (per core: per serving core reserved,
-one each). The Ray hop's added p50 is crossrt on Ray's less ``crossrt serve``'s at one client.
+one each), the serving process's CPU time per request (the replica's, or the daemon's: read
+from /proc, so it counts what that process adds, and not Serve's proxy or the client), each
+round's paired ratio and the host's load average (other work on a shared host).
+The Ray hop's added p50 is crossrt on Ray's less ``crossrt serve``'s at one client.
 Then scaling: crossrt on Ray with 1 and with 2 replicas of one core each on resnet50 (a
 compute-bound model), ``--clients`` clients, throughput ratio. Outputs are checked against
 raw onnxruntime once per server and model.
@@ -70,6 +73,10 @@ class PlainOrt:
         self.session = ort.InferenceSession(onnx_path, options)
         self.outputs = [o.name for o in self.session.get_outputs()]
 
+    def pid(self) -> int:
+        """The replica's process (the benchmark reads its CPU time; not on the request path)."""
+        return os.getpid()
+
     def ModelInfer(self, request: Any) -> Any:
         from tritonclient.grpc import service_pb2 as pb
 
@@ -83,6 +90,20 @@ class PlainOrt:
             response.outputs.add(name=name, datatype="FP32", shape=value.shape)
             response.raw_output_contents.append(np.ascontiguousarray(value).tobytes())
         return response
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time (user and system, all its threads) process ``pid`` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def pid_of(app: str, method: str) -> int:
+    """The process of Serve application ``app``'s replica (asked through ``method``)."""
+    from ray import serve
+
+    answer = serve.get_app_handle(app).options(method_name=method).remote().result()
+    return int(answer["pid"] if isinstance(answer, dict) else answer)
 
 
 def free_port() -> int:
@@ -175,6 +196,11 @@ def run_all(names: list[str], clients: int, seconds: float, rounds: int) -> dict
                 "plain Ray + ORT": (proxy, f"plain-{n}"),
                 "crossrt serve": (f"127.0.0.1:{daemon_port}", ""),
             }
+            pids = {  # the process that serves: each replica, the daemon
+                "crossrt on Ray": pid_of(f"crossrt-{n}", "placement"),
+                "plain Ray + ORT": pid_of(f"plain-{n}", "pid"),
+                "crossrt serve": daemon.pid,
+            }
             want = ort.InferenceSession(str(paths[n])).run(None, feeds[n])[0]
             for server, (address, app) in targets.items():
                 got = output_of(address, app, n, feeds[n])
@@ -182,11 +208,16 @@ def run_all(names: list[str], clients: int, seconds: float, rounds: int) -> dict
             for k in range(rounds):
                 for c in (1, clients):
                     for server, (address, app) in targets.items():
+                        used = cpu_seconds(pids[server])
                         m = measure(client_call(address, app, n, feeds[n]), c, seconds)
+                        m["server_cpu_us"] = (
+                            (cpu_seconds(pids[server]) - used) / m["requests"] * 1e6
+                        )
+                        m["load"] = os.getloadavg()[0]  # other work on this host, stated
                         rows.append({"model": n, "server": server, "clients": c, "round": k, **m})
                         print(
                             f"{n:9} {server:16} c={c} {m['p50_us']:9.0f} us "
-                            f"{m['throughput']:8.1f}/s",
+                            f"{m['throughput']:8.1f}/s {m['server_cpu_us']:6.0f} us CPU/req",
                             flush=True,
                         )
             serve.delete(f"crossrt-{n}")
@@ -235,6 +266,21 @@ def _best(rows: list[dict[str, Any]], model: str, server: str, clients: int) -> 
     return got[len(got) // 2]
 
 
+def paired(rows: list[dict[str, Any]], model: str, clients: int) -> list[float]:
+    """crossrt on Ray's throughput over plain Ray + ORT's in each round (measured one after
+    the other, so under the same load of the host)."""
+    ratios = []
+    for k in sorted({r["round"] for r in rows}):
+        got = {
+            r["server"]: r["throughput"]
+            for r in rows
+            if (r["model"], r["clients"], r["round"]) == (model, clients, k)
+        }
+        if "crossrt on Ray" in got and "plain Ray + ORT" in got:
+            ratios.append(got["crossrt on Ray"] / got["plain Ray + ORT"])
+    return ratios
+
+
 def summary(
     rows: list[dict[str, Any]], names: list[str], clients: int, scaling: dict[str, Any]
 ) -> dict[str, Any]:
@@ -244,6 +290,7 @@ def summary(
         plain = _best(rows, n, "plain Ray + ORT", clients)
         out[n] = {
             "per_core_vs_plain_ray_ort": ray_n["throughput"] / plain["throughput"],
+            "paired_ratios": paired(rows, n, clients),
             "ray_hop_added_p50_us": _best(rows, n, "crossrt on Ray", 1)["p50_us"]
             - _best(rows, n, "crossrt serve", 1)["p50_us"],
         }
@@ -255,12 +302,23 @@ def summary(
 def markdown(report: dict[str, Any]) -> str:
     clients = report["clients"]
     names = list(dict.fromkeys(r["model"] for r in report["rows"]))
+    loads = [r["load"] for r in report["rows"] if "load" in r]
     lines = [
         f"# crossrt on Ray Serve ({report['date']}, {report['host']['cpus']} CPUs, Ray "
         f"{report['host']['ray']}; tritonclient gRPC; median round; one serving core each)",
         "",
-        "| model | server | clients | p50 us | p99 us | req/s | req/s per core |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    if loads:
+        lines += [
+            f"Load average of the host during the rounds: {min(loads):.1f}-{max(loads):.1f} "
+            "(other work on it; the rounds alternate the servers, so each round's servers "
+            "share the load).",
+            "",
+        ]
+    lines += [
+        "| model | server | clients | p50 us | p99 us | req/s | req/s per core "
+        "| server CPU us/req |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for n in names:
         for c in (1, clients):
@@ -268,17 +326,21 @@ def markdown(report: dict[str, Any]) -> str:
                 r = _best(report["rows"], n, server, c)
                 lines.append(
                     f"| {n} | {server} | {c} | {r['p50_us']:.0f} | {r['p99_us']:.0f} | "
-                    f"{r['throughput']:.1f} | {r['throughput']:.1f} |"
+                    f"{r['throughput']:.1f} | {r['throughput']:.1f} | "
+                    f"{r.get('server_cpu_us', float('nan')):.0f} |"
                 )
     lines += [
         "",
-        "| model | crossrt on Ray / plain Ray + ORT (per core) | Ray hop's added p50 (us) |",
-        "| --- | ---: | ---: |",
+        f"| model | crossrt on Ray / plain Ray + ORT (per core, {clients} clients) | each round "
+        "| Ray hop's added p50 (us) |",
+        "| --- | ---: | --- | ---: |",
     ]
     for n in names:
         s = report["summary"][n]
+        rounds = ", ".join(f"{r:.2f}" for r in s.get("paired_ratios", []))
         lines.append(
-            f"| {n} | {s['per_core_vs_plain_ray_ort']:.2f}x | {s['ray_hop_added_p50_us']:.0f} |"
+            f"| {n} | {s['per_core_vs_plain_ray_ort']:.2f}x | {rounds} "
+            f"| {s['ray_hop_added_p50_us']:.0f} |"
         )
     sc = report["scaling"]
     if "scaling_1_to_2" in report["summary"]:

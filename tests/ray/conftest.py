@@ -13,6 +13,7 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from ray_models import RayCluster, free_port
@@ -25,9 +26,20 @@ pytest.importorskip("ray.serve", reason="the ray extra is not installed (pip ins
 STOP_SECONDS = 60.0
 """How long the nodes' processes have to exit once the cluster is shut down."""
 
+LOOPBACK = "127.0.0.2"
+"""The address both nodes (and the driver) take: loopback, not the host's own address, so
+the cluster's traffic stays on this host (issue 26: a head and a worker node on loopback).
+Not 127.0.0.1: Ray 2.60 rewrites a bootstrap address of "127.0.0.1", "localhost" or "::1" to
+the host's routable address (services.resolve_ip_for_localhost) before a driver connects, so
+a driver cannot join a cluster that names itself 127.0.0.1; any other address of 127.0.0.0/8
+is loopback as well and kept as given."""
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # One cluster per pytest worker: with --dist loadgroup every Ray test runs in one.
+    # Meant as one cluster per pytest worker with --dist loadgroup. With pytest 9.2 and
+    # pytest-xdist 3.8 loadgroup groups nothing (xdist suffixes item._nodeid, which pytest 9
+    # no longer reads: Node.nodeid is str(self._id)), so under `-n 2` each worker that gets
+    # a Ray test starts a cluster of its own (docs/scale-out.md, Tests).
     for item in items:
         if "tests/ray/" in str(item.path):
             item.add_marker(pytest.mark.xdist_group("ray"))
@@ -48,22 +60,16 @@ def ray_cluster() -> Iterator[RayCluster]:
     os.environ["CROSSRT_RUNTIME_DIR"] = str(folder)  # the nodes' workers inherit it
     cluster = Cluster(
         initialize_head=True,
-        head_node_args={"num_cpus": 1, "include_dashboard": False},
+        head_node_args={"num_cpus": 1, "include_dashboard": False, "node_ip_address": LOOPBACK},
     )
     try:
-        cluster.add_node(num_cpus=1)
-        ray.init(address=cluster.address, log_to_driver=False)
+        cluster.add_node(num_cpus=1, node_ip_address=LOOPBACK)
+        ray.init(address=cluster.address, log_to_driver=False, _node_ip_address=LOOPBACK)
         http, grpc = free_port(), free_port()
         start_serve(("127.0.0.1", http), grpc)
-        yield RayCluster(cluster.address, http, grpc, folder)
+        yield RayCluster(cluster.address, http, grpc, folder, node_processes(cluster))
     finally:
-        processes = [
-            info.process
-            for node in [cluster.head_node, *cluster.worker_nodes]
-            if node is not None
-            for infos in node.all_processes.values()
-            for info in infos
-        ]
+        processes = [info.process for info in node_infos(cluster)]
         try:
             serve.shutdown()
         finally:
@@ -75,6 +81,22 @@ def ray_cluster() -> Iterator[RayCluster]:
                 os.environ["CROSSRT_RUNTIME_DIR"] = previous
         for process in processes:
             process.wait(timeout=STOP_SECONDS)
+
+
+def node_infos(cluster: Any) -> list[Any]:
+    """The processes Ray started for the cluster's nodes (GCS, raylets, agents, ...)."""
+    return [
+        info
+        for node in [cluster.head_node, *cluster.worker_nodes]
+        if node is not None
+        for infos in node.all_processes.values()
+        for info in infos
+    ]
+
+
+def node_processes(cluster: Any) -> list[int]:
+    """The pids of :func:`node_infos`."""
+    return [info.process.pid for info in node_infos(cluster)]
 
 
 @pytest.fixture(scope="session")

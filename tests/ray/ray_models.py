@@ -49,6 +49,7 @@ class RayCluster:
     http: int
     grpc: int
     runtime_dir: Path
+    node_pids: list[int]  # the nodes' own processes (GCS, raylets, agents), not workers
 
 
 def placements(handle: Any, count: int = 2, tries: int = 60) -> dict[int, dict[str, Any]]:

@@ -112,3 +112,47 @@ def test_the_serve_config_builder_names_what_it_takes() -> None:
         build({"cores": 1})
     with pytest.raises(crossrt.InvalidOptionError, match="unknown \\['colour'\\]"):
         build({"source": "m.crm", "colour": "red"})
+
+
+def test_a_model_of_microseconds_runs_on_the_event_loop_a_slow_one_on_the_threads(
+    tmp_path: Path, runtime_dir: Path
+) -> None:
+    """The hop to a request thread and back cost a tiny model more than its run (issue 26's
+    throughput on Ray): once its runs are known to be short, it runs inline on the replica's
+    loop, whose thread is then pinned to the replica's core; a slow model, and one that
+    batches, stay on the request threads."""
+    import os
+    import threading
+
+    from concurrency_models import batchable, slow_rows
+
+    crossrt.compile(batchable(), "cpu").save(tmp_path / "mm.crm")
+    crossrt.compile(slow_rows(chain=40), "cpu").save(tmp_path / "slow.crm")
+    before = os.sched_getaffinity(0)  # this thread runs the loop, and gets pinned
+    replica = Replica(ReplicaConfig(str(tmp_path), cores=1))
+    x = np.ones((1, 8), dtype=np.float32)
+    where: dict[str, list[bool]] = {"mm": [], "slow": []}
+
+    async def requests(name: str, count: int) -> None:
+        entry, model = replica.repository.get(name)
+        feed = {"x": np.ones((1, int(model.inputs[0].shape[1])), dtype=np.float32)}
+        loop = threading.get_ident()
+
+        def work() -> object:
+            where[name].append(threading.get_ident() == loop)
+            return model.run(feed)
+
+        for _ in range(count):
+            await replica.offload(work, None, entry)
+
+    try:
+        asyncio.run(requests("mm", 8))
+        assert not where["mm"][0] and all(where["mm"][2:]), where  # known short: inline
+        asyncio.run(requests("slow", 4))
+        assert not any(where["slow"]), where
+        assert os.sched_getaffinity(0) == set(replica.runtime.cores)  # the loop ran mm
+        answer = asyncio.run(replica.ModelInfer(request(x), Context()))
+        assert answer.outputs[0].name == "y"
+    finally:
+        os.sched_setaffinity(0, before)
+        replica.__del__()

@@ -55,6 +55,40 @@ def affinities(pid: int) -> dict[int, frozenset[int]]:
     return out
 
 
+def test_both_nodes_are_on_loopback(ray_cluster: RayCluster) -> None:
+    """Issue 26: a head and a worker node on loopback. Each node registers the loopback
+    address as its own, the cluster's (GCS) address is there, and every connection the
+    nodes' processes hold is between loopback addresses. (What they listen on is Ray's
+    choice: its gRPC servers bind every interface, whatever the node's address.)"""
+    import ipaddress
+
+    import psutil
+
+    import ray
+    from conftest import LOOPBACK
+
+    nodes = [n for n in ray.nodes() if n["Alive"]]
+    assert len(nodes) == 2, nodes
+    assert {n["NodeManagerAddress"] for n in nodes} == {LOOPBACK}, nodes
+    assert ipaddress.ip_address(LOOPBACK).is_loopback
+    assert ray_cluster.address.startswith(f"{LOOPBACK}:"), ray_cluster.address
+    connected = [
+        (pid, c.laddr, c.raddr)
+        for pid in ray_cluster.node_pids
+        if psutil.pid_exists(pid)
+        for c in psutil.Process(pid).net_connections("inet")
+        if c.status == psutil.CONN_ESTABLISHED
+    ]
+    assert connected  # the raylets' connections to the GCS at least
+
+    def loopback(ip: str) -> bool:
+        address = ipaddress.ip_address(ip)
+        return (getattr(address, "ipv4_mapped", None) or address).is_loopback  # ::ffff:127.x
+
+    wide = [c for c in connected if not (loopback(c[1].ip) and loopback(c[2].ip))]
+    assert not wide, f"node connections beyond loopback: {wide}"
+
+
 def test_two_replicas_never_share_a_core(main_app: Any) -> None:
     model = RayModel(main_app, "mm")
     for _ in range(24):  # requests on both replicas (routed at random): their threads start

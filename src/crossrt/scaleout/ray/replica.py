@@ -19,6 +19,7 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from ...server.status import ServiceError, error_from, status_of
 from . import protos  # noqa: F401  (the KServe classes' pickle names, in this process)
 from .calls import ANONYMOUS, SAME_HOST_ONLY, model_id
 from .http import answer_http
+from .inline import Inline
 from .statistics import RayStatistics
 
 log = logging.getLogger("crossrt.ray")
@@ -94,6 +96,7 @@ class Replica:
             self._pool = ThreadPoolExecutor(
                 config.threads, "crossrt-ray", initializer=_pin, initargs=(cores,)
             )
+            self._inline = Inline(cores)  # a model of a few microseconds runs on the loop
             self._get_model: Callable[[str], Awaitable[Any]] | None = None
             if config.max_models:
                 from ray import serve
@@ -197,7 +200,7 @@ class Replica:
                 kwargs["output_names"] = outputs
             return dict(model.run(inputs, **kwargs))
 
-        outputs_by_name: dict[str, Any] = await self.offload(run, gone)
+        outputs_by_name: dict[str, Any] = await self.offload(run, gone, self._entry(name))
         return outputs_by_name
 
     # -- KServe v2 over Serve's gRPC proxy ----------------------------------------------
@@ -208,7 +211,9 @@ class Replica:
         async def call() -> Any:
             await self.model(model_id(request.model_name))
             return await self.offload(
-                lambda: self.service.infer(request, lambda: ANONYMOUS, None, gone), gone
+                lambda: self.service.infer(request, lambda: ANONYMOUS, None, gone),
+                gone,
+                self._entry(request.model_name),
             )
 
         return await self._answer(call, grpc_context, pb.ModelInferResponse)
@@ -294,10 +299,22 @@ class Replica:
         )
         return _Held(self.repository, entry)
 
-    async def offload(self, work: Callable[[], Any], gone: CancelToken | None) -> Any:
-        """``work`` on the replica's threads (an engine call blocks); cancelled by Serve, the
-        request is dropped where it waits and stopped where the engine can."""
-        future = asyncio.get_running_loop().run_in_executor(self._pool, work)
+    def _entry(self, name: str) -> Entry | None:
+        try:
+            return self.repository.get(name)[0]
+        except ServiceError:  # the service says why, in its own words
+            return None
+
+    async def offload(
+        self, work: Callable[[], Any], gone: CancelToken | None, entry: Entry | None = None
+    ) -> Any:
+        """``work`` for model ``entry``: inline when the model takes a few microseconds
+        (:mod:`.inline`), else on the replica's threads (an engine call blocks); cancelled
+        by Serve, the request is dropped where it waits and stopped where the engine can."""
+        if self._inline.fits(entry):
+            return self._inline.run(entry, work)
+        timed = work if entry is None else partial(self._inline.run, entry, work)
+        future = asyncio.get_running_loop().run_in_executor(self._pool, timed)
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
