@@ -29,6 +29,7 @@ from tritonclient.grpc import service_pb2 as pb
 from ...drivers.base import CancelToken
 from ...host import usable_cores
 from ...runtime import Runtime
+from ...runtime.cores.pinning import own_thread
 from ...server.kserve import InferenceService
 from ...server.regions import Regions
 from ...server.repository import Entry, LoadOptions, Repository
@@ -358,8 +359,11 @@ class Replica:
 
 
 def _pin(cores: tuple[int, ...] | None) -> None:
+    """A request thread: on the replica's cores, then marked as crossrt's, so that each run
+    computes on the cores of the instance it takes among them (``runtime/cores/pinning.py``)."""
     if cores:
         os.sched_setaffinity(0, cores)  # 0: this thread
+    own_thread()
 
 
 @dataclass
