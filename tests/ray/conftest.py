@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ray_models import RayCluster, free_port
+from ray_models import LOOPBACK, RayCluster, free_port
 
 import crossrt
 from crossrt.host import usable_cores
@@ -25,14 +25,6 @@ pytest.importorskip("ray.serve", reason="the ray extra is not installed (pip ins
 
 STOP_SECONDS = 60.0
 """How long the nodes' processes have to exit once the cluster is shut down."""
-
-LOOPBACK = "127.0.0.2"
-"""The address both nodes (and the driver) take: loopback, not the host's own address, so
-the cluster's traffic stays on this host (issue 26: a head and a worker node on loopback).
-Not 127.0.0.1: Ray 2.60 rewrites a bootstrap address of "127.0.0.1", "localhost" or "::1" to
-the host's routable address (services.resolve_ip_for_localhost) before a driver connects, so
-a driver cannot join a cluster that names itself 127.0.0.1; any other address of 127.0.0.0/8
-is loopback as well and kept as given."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -35,6 +35,11 @@ def raw_ort(folder: Path, name: str, feed: dict[str, Any]) -> list[Any]:
     return session.run(None, feed)
 
 
+LOOPBACK = "127.0.0.2"
+"""The test cluster's address: loopback, but not 127.0.0.1, which Ray 2.60 rewrites to the
+host's routable address before a driver connects (docs/scale-out.md)."""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

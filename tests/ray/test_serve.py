@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tritonclient.grpc as tc
-from ray_models import RayCluster, placements, raw_ort
+from ray_models import LOOPBACK, RayCluster, placements, raw_ort
 
 import crossrt
 from crossrt.scaleout.ray import RayModel, ReplicaConfig, Scaling, application
@@ -65,7 +65,6 @@ def test_both_nodes_are_on_loopback(ray_cluster: RayCluster) -> None:
     import psutil
 
     import ray
-    from conftest import LOOPBACK
 
     nodes = [n for n in ray.nodes() if n["Alive"]]
     assert len(nodes) == 2, nodes
