@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,6 +23,23 @@ from crossrt.drivers import get_driver
 def pytest_configure(config: pytest.Config) -> None:
     # Here, not in tests/conformance/conftest.py: conformance/report.py says why.
     config.pluginmanager.register(ConformanceReport(), "crossrt-conformance-report")
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under ``-n N`` (``make test``): every test of tests/ray on one worker, so that one
+    Ray cluster is started, not one per worker (two clusters on CI's 2 cores). The
+    ``xdist_group`` marker cannot do it: pytest-xdist 3.8 suffixes ``item._nodeid``, which
+    pytest 9 no longer reads, so ``--dist loadgroup`` groups nothing. Every other test is a
+    scope of its own, handed out as the default distribution hands them out."""
+    if config.getoption("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class RayOnOneWorker(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return "tests/ray" if nodeid.startswith("tests/ray/") else nodeid
+
+    return RayOnOneWorker(config, log)
 
 
 @pytest.fixture
