@@ -26,15 +26,8 @@ pytest.importorskip("ray.serve", reason="the ray extra is not installed (pip ins
 STOP_SECONDS = 60.0
 """How long the nodes' processes have to exit once the cluster is shut down."""
 
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # Meant as one cluster per pytest worker with --dist loadgroup. With pytest 9.2 and
-    # pytest-xdist 3.8 loadgroup groups nothing (xdist suffixes item._nodeid, which pytest 9
-    # no longer reads: Node.nodeid is str(self._id)), so under `-n 2` each worker that gets
-    # a Ray test starts a cluster of its own (docs/scale-out.md, Tests).
-    for item in items:
-        if "tests/ray/" in str(item.path):
-            item.add_marker(pytest.mark.xdist_group("ray"))
+# One cluster for every test here: tests/conftest.py's xdist scheduler hook runs tests/ray on one
+# worker (the xdist_group marker cannot: pytest-xdist 3.8 with pytest 9.2; docs/scale-out.md).
 
 
 @pytest.fixture(scope="session")
