@@ -130,7 +130,7 @@ class Gate(grpc.ServerInterceptor):  # type: ignore[misc]
             return None
         refusal = self._refusal(details.invocation_metadata)
         if refusal is not None:
-            return _refusing(handler, refusal)
+            return refusing(handler, refusal)
         health = details.method.rsplit("/", 1)[-1] in HEALTH
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
@@ -186,7 +186,7 @@ class Gate(grpc.ServerInterceptor):  # type: ignore[misc]
             yield request
 
 
-def _refusing(handler: Any, refusal: tuple[grpc.StatusCode, str]) -> Any:
+def refusing(handler: Any, refusal: tuple[grpc.StatusCode, str]) -> Any:
     """A handler that refuses the call without reading its request: a unary handler's
     request is received and deserialized before the handler runs (an unauthenticated 512 MiB
     request cost the daemon 1.6 GiB), a streaming one's only when the handler asks, and the

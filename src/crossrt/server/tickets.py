@@ -58,7 +58,7 @@ from typing import Any
 
 import grpc
 
-from .gate import Gate, _refusing
+from .gate import Gate, refusing
 from .lane import GREETING_LIMIT, HEADER, Activity, FrameError, Frames, send
 from .peers import Peer
 from .status import ServiceError, error_from
@@ -182,7 +182,7 @@ class TicketGate(grpc.ServerInterceptor):  # type: ignore[misc]
             if handler is None:
                 return None
             refusal = self._refusal if value is None else (grpc.StatusCode.UNAUTHENTICATED, ENDED)
-            return _refusing(handler, refusal)
+            return refusing(handler, refusal)
         held[1].last = time.monotonic()  # the ticket's connection is in use
         return self._gate.intercept_service(continuation, details)
 

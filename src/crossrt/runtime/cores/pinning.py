@@ -84,12 +84,15 @@ marked = False
 model's in-process ``run()``, measured with ``benchmarks/overhead.py --against``)."""
 
 
-def own_thread() -> None:
+def own_thread(cpus: tuple[int, ...] | None = None) -> None:
     """Mark the calling thread as crossrt's: from now on each ``run()`` on it computes on the
     CPUs of the instance it takes (a ``ThreadPoolExecutor`` initializer of the daemon's
-    threads)."""
+    threads). ``cpus``: first put it on these (a Ray replica's cores), where it goes back for
+    an instance that is not pinned. Once per thread: a marked thread is left as it is."""
     global marked
     if not CALLER.moves:
+        if cpus:
+            pin_thread(cpus)
         CALLER.free, CALLER.cpus, CALLER.moves = _affinity(), None, True
         marked = True
 

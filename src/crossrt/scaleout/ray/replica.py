@@ -95,7 +95,7 @@ class Replica:
             # one core computes in its caller's thread, which crossrt never pins itself).
             cores = self.runtime.cores if self.runtime.exclusive else None
             self._pool = ThreadPoolExecutor(
-                config.threads, "crossrt-ray", initializer=_pin, initargs=(cores,)
+                config.threads, "crossrt-ray", initializer=own_thread, initargs=(cores,)
             )
             self._inline = Inline(cores)  # a model of a few microseconds runs on the loop
             self._get_model: Callable[[str], Awaitable[Any]] | None = None
@@ -356,14 +356,6 @@ class Replica:
             raise ServiceError(grpc.StatusCode.UNAVAILABLE, message)
 
         return await self._answer(call, grpc_context, pb.ServerLiveResponse)
-
-
-def _pin(cores: tuple[int, ...] | None) -> None:
-    """A request thread: on the replica's cores, then marked as crossrt's, so that each run
-    computes on the cores of the instance it takes among them (``runtime/cores/pinning.py``)."""
-    if cores:
-        os.sched_setaffinity(0, cores)  # 0: this thread
-    own_thread()
 
 
 @dataclass
