@@ -26,7 +26,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import TypeVar
 
+_T = TypeVar("_T")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 _KEPT_MASKS = 64  # distinct affinity masks kept per process (pinned workers have their own)
 
@@ -244,20 +246,34 @@ def nvidia_gpus(root: Path = NVIDIA_GPUS, smi: str = "nvidia-smi") -> list[str]:
     from ``nvidia-smi``; then only those ``CUDA_VISIBLE_DEVICES`` names, in its order. None
     without the driver."""
     names = _gpus_from_proc(root) or _gpus_from_smi(smi)
+    return _visible(names, "NVIDIA GPU")
+
+
+def nvidia_gpu_memory(smi: str = "nvidia-smi") -> list[int]:
+    """The memory of each GPU CUDA shows this process, in bytes, in :func:`nvidia_gpus`'s
+    order (from ``nvidia-smi``: the kernel driver's files do not say it); 0 for a GPU whose
+    memory is not known (one named by UUID in ``CUDA_VISIBLE_DEVICES``). None without
+    ``nvidia-smi``."""
+    return _visible([mib << 20 for mib in _gpu_memory_from_smi(smi)], 0)
+
+
+def _visible(items: list[_T], unknown: _T) -> list[_T]:
+    """``items`` (one per GPU, PCI bus order) of the GPUs ``CUDA_VISIBLE_DEVICES`` shows, in
+    its order; ``unknown`` for one it names other than by index."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return names
+    if visible is None or not items:  # no GPU at all: a UUID there names none either
+        return items
     # CUDA numbers the devices it is shown 0, 1, ... in the order given, and stops at the
     # first entry that names none. An entry other than an index (a UUID, MIG-...) is a GPU
     # whose model is not looked up here.
     shown = []
     for entry in (e.strip() for e in visible.split(",")):
         if entry.isdigit():
-            if int(entry) >= len(names):
+            if int(entry) >= len(items):
                 break
-            shown.append(names[int(entry)])
+            shown.append(items[int(entry)])
         elif entry:
-            shown.append("NVIDIA GPU")
+            shown.append(unknown)
         else:
             break
     return shown
@@ -296,6 +312,25 @@ def _gpus_from_smi(smi: str) -> list[str]:
     except (OSError, subprocess.SubprocessError):
         return []
     return [line.strip() or "NVIDIA GPU" for line in done.stdout.splitlines() if line.strip()]
+
+
+@cache
+def _gpu_memory_from_smi(smi: str) -> list[int]:
+    """MiB of each GPU ``nvidia-smi`` lists (PCI bus order), none where it is absent or fails."""
+    path = shutil.which(smi)
+    if path is None:
+        return []
+    try:
+        done = subprocess.run(
+            [path, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        )
+        return [int(line.strip()) for line in done.stdout.splitlines() if line.strip()]
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return []
 
 
 def pid_namespace() -> int:

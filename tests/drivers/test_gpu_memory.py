@@ -51,7 +51,8 @@ def _session(dynamic: bool = False) -> ort.InferenceSession:
         ],
         [onnx.numpy_helper.from_array(w, "w"), helper.make_tensor("one", 1, [], [1.0])],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    # IR 10: onnxruntime-gpu (1.31) reads IR 13 at most, onnx writes 14 by default.
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
 
 
@@ -78,6 +79,64 @@ def test_buffers_are_zeroed_and_copies_land_at_their_offsets(memory: GpuMemory) 
     out = bytearray(8)
     memory.copy_out(memoryview(out), b)
     assert bytes(out) == b"\0\0abcd\0\0"
+
+
+class CountingStandIn(HostStandIn):
+    """Host memory that counts mallocs and frees, and runs out past ``room`` live blocks."""
+
+    def __init__(self, room: int = 1 << 30) -> None:
+        super().__init__()
+        self.mallocs = self.frees = 0
+        self.room = room
+
+    def malloc(self, index: int, nbytes: int) -> int:
+        if len(self._blocks) >= self.room:
+            raise crossrt.OutOfResourcesError("the GPU is out of memory (a stand-in)")
+        self.mallocs += 1
+        return super().malloc(index, nbytes)
+
+    def free(self, pointer: int) -> None:
+        self.frees += 1
+        super().free(pointer)
+
+
+def test_freed_blocks_are_kept_and_given_again_zeroed() -> None:
+    # On an H200 a cudaMalloc and a cudaFree (which waits for the whole GPU) per tensor per
+    # run made crossrt's ResNet-50 1.3-1.4x raw ORT's time.
+    api = CountingStandIn()
+    memory = GpuMemory(_device(), api, cache_bytes=1000)
+    first = memory.allocate(400)
+    memory.copy_in(first, memoryview(b"\xff" * 400))
+    pointer = first.pointer
+    memory.free(first)
+    assert api.frees == 0 and memory.kept_bytes == 400
+    again = memory.allocate(400)
+    assert again.pointer == pointer and api.mallocs == 1 and memory.kept_bytes == 0
+    out = bytearray(400)
+    memory.copy_out(memoryview(out), again)
+    assert out == bytes(400)  # zeroed again
+    other = memory.allocate(300)  # another size: a block of its own
+    assert api.mallocs == 2
+    big = memory.allocate(800)
+    for buffer in (again, other, big):
+        memory.free(buffer)
+    assert memory.kept_bytes == 700 and api.frees == 1  # 800 more would pass the bound
+    assert memory.release_kept() == 700 and api.frees == 3 and memory.kept_bytes == 0
+
+
+def test_out_of_memory_frees_the_kept_blocks_and_tries_again() -> None:
+    api = CountingStandIn(room=2)
+    memory = GpuMemory(_device(), api)
+    a, b = memory.allocate(64), memory.allocate(64)
+    memory.free(a)
+    memory.free(b)
+    c = memory.allocate(128)  # two kept blocks fill the room: freed, then it fits
+    assert c.size == 128 and memory.kept_bytes == 0 and api.frees == 2
+    d = memory.allocate(128)
+    with pytest.raises(crossrt.OutOfResourcesError):
+        memory.allocate(128)
+    memory.free(c)
+    memory.free(d)
 
 
 def test_bad_handles_and_ranges_are_refused(memory: GpuMemory) -> None:

@@ -15,7 +15,9 @@ data; its bytes follow as raw little-endian tensors, in index order. ``target.le
 far ORT optimized the graph: ``"all"`` includes layouts tied to the CPU's vector extensions
 (ORT's NCHWc blocks), so such an artifact loads only on a CPU with ``target.features`` (the
 compiling host's architecture and extensions) and is loaded without optimizing again;
-``"extended"`` is portable, and ORT applies the rest at load. Nothing in the index is
+``"extended"`` is portable across CPUs, and ORT applies the rest at load; ``"basic"`` (a GPU's)
+holds no fusion made for ORT's CPU kernels, and the session's providers make their own at
+load. Nothing in the index is
 trusted: every field, offset and length is checked before a view is made.
 
 Loading parses only the small graph. When the artifact lies in a file, the stubs are pointed
@@ -66,7 +68,7 @@ PAGE = 4096
 ORT asks of their file offsets up to a page, wherever a page-aligned artifact lies."""
 PREPACKED_FILE_ALIGN = 256
 """ORT maps a pre-packed buffer at a file offset that is a multiple of this, else copies it."""
-LEVELS = ("all", "extended")
+LEVELS = ("all", "extended", "basic")
 """How far ORT optimized the graph; see the module docstring."""
 _PRELUDE = struct.Struct("<8sIIQ")
 _LOCATION = "crossrt-artifact"  # never opened: ORT receives these tensors in memory
@@ -93,7 +95,8 @@ class Unpacked:
         offsets: where each lies in the artifact, in ``names`` order.
         prepacked: per weight, in ``names`` order: the forms ORT's kernels pre-packed it into,
             as ``(key, [(offset, length), ...])`` in the artifact (read from a file only).
-        level: ``"all"`` (optimized for CPUs with ``features`` only) or ``"extended"``.
+        level: ``"all"`` (optimized for CPUs with ``features`` only), ``"extended"`` or
+            ``"basic"`` (see the module docstring).
         features: for ``"all"``: the compiling host's architecture and vector extensions.
     """
 

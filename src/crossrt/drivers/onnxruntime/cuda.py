@@ -21,7 +21,7 @@ from typing import Any
 import onnxruntime as ort
 
 from ...errors import DeviceUnavailableError, InvalidOptionError
-from ...host import nvidia_gpus
+from ...host import nvidia_gpu_memory, nvidia_gpus
 from ..base import Capabilities, CompileOptions, DeviceInfo, DeviceKind
 
 log = logging.getLogger("crossrt")
@@ -32,11 +32,15 @@ EXTENSIONS = ("tensorrt",)
 """The ``extensions`` a ``cuda`` device takes."""
 
 
-def devices(driver: str, gpus: list[str] | None = None) -> list[DeviceInfo]:
-    """The ``cuda:N`` devices, when ORT has the CUDA provider (else none)."""
+def devices(
+    driver: str, gpus: list[str] | None = None, memory: list[int] | None = None
+) -> list[DeviceInfo]:
+    """The ``cuda:N`` devices, when ORT has the CUDA provider (else none): ``gpus`` their
+    names and ``memory`` their bytes (default: what the NVIDIA driver says; 0 where unknown)."""
     if CUDA not in ort.get_available_providers():
         return []
     names = nvidia_gpus() if gpus is None else gpus
+    totals = nvidia_gpu_memory() if memory is None else memory
     # ORT's CUDA kernels take float16; its TensorRT provider, when present, int8 too.
     caps = Capabilities(fp16=True, cache_export=True)
     return [
@@ -47,7 +51,7 @@ def devices(driver: str, gpus: list[str] | None = None) -> list[DeviceInfo]:
             kind=DeviceKind.GPU,
             driver=driver,
             cores=1,
-            memory_bytes=0,
+            memory_bytes=totals[index] if index < len(totals) else 0,
             capabilities=caps,
             features=("cuda",),
         )

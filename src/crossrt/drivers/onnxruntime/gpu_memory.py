@@ -151,25 +151,65 @@ class GpuBuffer:
     freed: bool = field(default=False, repr=False)
 
 
+CACHE_BYTES = 256 << 20
+"""Freed blocks kept for reuse, per GPU, at most (see :class:`GpuMemory`)."""
+
+
 class GpuMemory:
     """The memory of one GPU (thread-safe).
+
+    Freed blocks are kept, up to ``cache_bytes``, and given again to an allocation of the same
+    size: a run with host inputs and outputs allocates and frees the same blocks every call,
+    and ``cudaFree`` waits for the whole device (on an H200, ResNet-50 ran 1.3-1.4x raw ORT's
+    time with a ``cudaMalloc`` and a ``cudaFree`` per tensor per run, as ORT's own arena
+    does not). Where the GPU is out of memory, the kept blocks are freed and the allocation
+    tried again.
 
     Args:
         device: the device.
         api: its calls (:class:`CudaApi` on a GPU).
+        cache_bytes: how many bytes of freed blocks to keep for reuse.
     """
 
-    def __init__(self, device: DeviceInfo, api: DeviceApi) -> None:
+    def __init__(self, device: DeviceInfo, api: DeviceApi, cache_bytes: int = CACHE_BYTES) -> None:
         self.device = device
         self.index = index_of(device)
         self.api = api
+        self.cache_bytes = cache_bytes
         self._lock = threading.Lock()
+        self._kept: dict[int, list[int]] = {}  # size -> pointers of freed blocks
+        self._kept_bytes = 0
 
     def allocate(self, nbytes: int) -> GpuBuffer:
         """``nbytes`` of zero-filled device memory."""
-        pointer = self.api.malloc(self.index, nbytes)
+        with self._lock:
+            kept = self._kept.get(nbytes)
+            pointer = kept.pop() if kept else None
+            if pointer is not None:
+                self._kept_bytes -= nbytes
+        if pointer is None:
+            try:
+                pointer = self.api.malloc(self.index, nbytes)
+            except OutOfResourcesError:
+                if not self.release_kept():
+                    raise
+                pointer = self.api.malloc(self.index, nbytes)
         self.api.memset(pointer, 0, nbytes)
         return GpuBuffer(self.device.id, pointer, nbytes)
+
+    def release_kept(self) -> int:
+        """Free the blocks kept for reuse; how many bytes that gave back."""
+        with self._lock:
+            pointers = [p for ps in self._kept.values() for p in ps]
+            released, self._kept, self._kept_bytes = self._kept_bytes, {}, 0
+        for pointer in pointers:
+            self.api.free(pointer)
+        return released
+
+    @property
+    def kept_bytes(self) -> int:
+        """Bytes of freed blocks kept for reuse."""
+        return self._kept_bytes
 
     def adopt(self, pointer: int, nbytes: int, owner: Any) -> GpuBuffer:
         """A buffer over memory ``owner`` keeps allocated (no copy)."""
@@ -182,7 +222,11 @@ class GpuMemory:
             if buffer.freed:
                 raise InvalidHandleError(f"free on {self.device.id}: the buffer was freed already")
             buffer.freed = True
-        if buffer.owner is None:
+            keep = buffer.owner is None and self._kept_bytes + buffer.size <= self.cache_bytes
+            if keep:
+                self._kept.setdefault(buffer.size, []).append(buffer.pointer)
+                self._kept_bytes += buffer.size
+        if buffer.owner is None and not keep:
             self.api.free(buffer.pointer)
         buffer.owner = None
 

@@ -77,7 +77,8 @@ class MemoryStats:
         coherent: whether its memory is host memory (NumPy views, no flush/invalidate).
         bytes_in_use: bytes allocated and not freed.
         peak_bytes: the most ``bytes_in_use`` has been.
-        limit_bytes: how much may be allocated (the device's usable memory).
+        limit_bytes: how much may be allocated (the device's usable memory; 0 where the driver
+            does not know it, and then only the driver's own allocation limits it).
         allocations: live allocations.
         failures: allocations refused so far.
         owners: per owner, :class:`OwnerStats` (``""`` is memory no model owns).
@@ -113,7 +114,8 @@ class Allocator:
     Args:
         hooks: the driver (its memory hooks).
         device: the device.
-        limit: bytes that may be in use at once; default the device's usable memory.
+        limit: bytes that may be in use at once; default the device's usable memory (0, where
+            the driver does not know it: no limit here, the driver's allocation refuses).
     """
 
     def __init__(self, hooks: MemoryHooks, device: DeviceInfo, limit: int | None = None):
@@ -270,7 +272,9 @@ class Allocator:
                 budget=account.budget,
                 available=left,
             )
-        if self._in_use + nbytes > self.limit:
+        # A limit of 0: the driver does not say how much the device has (a GPU whose total
+        # nvidia-smi could not tell); its own allocation then refuses when it runs out.
+        if self.limit and self._in_use + nbytes > self.limit:
             left = self.limit - self._in_use
             raise self._refuse(
                 nbytes,
