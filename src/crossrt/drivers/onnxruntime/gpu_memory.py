@@ -180,8 +180,9 @@ class GpuMemory:
         self._kept: dict[int, list[int]] = {}  # size -> pointers of freed blocks
         self._kept_bytes = 0
 
-    def allocate(self, nbytes: int) -> GpuBuffer:
-        """``nbytes`` of zero-filled device memory."""
+    def allocate(self, nbytes: int, zeroed: bool = True) -> GpuBuffer:
+        """``nbytes`` of device memory, zero-filled unless ``zeroed`` is false (a run's output
+        buffer, which the run writes whole)."""
         with self._lock:
             kept = self._kept.get(nbytes)
             pointer = kept.pop() if kept else None
@@ -194,7 +195,8 @@ class GpuMemory:
                 if not self.release_kept():
                     raise
                 pointer = self.api.malloc(self.index, nbytes)
-        self.api.memset(pointer, 0, nbytes)
+        if zeroed:
+            self.api.memset(pointer, 0, nbytes)
         return GpuBuffer(self.device.id, pointer, nbytes)
 
     def release_kept(self) -> int:

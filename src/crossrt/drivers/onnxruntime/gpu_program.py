@@ -103,7 +103,7 @@ class GpuProgram(Program):
                     continue
                 if given is None and all(isinstance(d, int) for d in shape):
                     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-                    buffer = self.memory.allocate(nbytes)
+                    buffer = self.memory.allocate(nbytes, zeroed=False)  # the run writes it
                     made.append(buffer)
                     given = DeviceArray(buffer, self._device, dtype, tuple(shape))
                 if given is None:
@@ -119,6 +119,8 @@ class GpuProgram(Program):
             if isinstance(exc, CrossrtError):  # a buffer refused, the device out of memory
                 raise
             raise run_failure(exc, cancel) from None
+        if len(results) == len(self._outputs):  # every output in a buffer bound to it, in order
+            return results
         produced = binding.get_outputs()
         for i, (name, (dtype, _)) in enumerate(self._outputs.items()):
             if name in results:
