@@ -529,9 +529,13 @@ def _raw(name: str, datatype: str, data: Any, shape: Any) -> bytes:
         needed *= max(int(dim), 0)
     try:
         if isinstance(data, Numbers):
-            # counted from the text and checked before the tensor is allocated
-            _check_count(name, data.count, shape, needed)
-            return data.array(np.dtype(dtype)).tobytes()
+            # counted as parsed, the tensor allocated for the shape's count only when the
+            # text is long enough to hold it
+            try:
+                return data.array(np.dtype(dtype), needed).tobytes()
+            except rest_json.WrongCount as exc:
+                _check_count(name, exc.count, shape, needed)
+                raise
         values = rest_json.tensor(data, np.dtype(dtype))  # a regular nest: NumPy at once
         if values is None:
             values = np.asarray(_flat(data), dtype=dtype)

@@ -20,14 +20,21 @@ import json
 import json.decoder
 import json.scanner
 import re
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import orjson
+import simdjson
 
-WHOLE = 4 * 1024 * 1024
-"""Bodies shorter than this are parsed by orjson whole (an object per number: at most ~44 MiB
-for a request, against the 11x of a body up to ``max_json_bytes``)."""
+WHOLE = 32 * 1024
+"""Bodies shorter than this are parsed by orjson whole: the scanner's start costs more."""
+
+STRINGS = 4 * 1024 * 1024
+"""Bodies shorter than this that hold a quote every :data:`QUOTED` bytes or more (many
+strings: BYTES data) are parsed by orjson whole too, as the scanner reads each string with a
+Python call (an object per value: at most ~44 MiB for a request)."""
+
+QUOTED = 256
 
 MARKED = 1024
 """Arrays of numbers whose text is at least this long are kept as :class:`Numbers`."""
@@ -42,62 +49,76 @@ CHUNK = 1 << 20
 
 _DIGIT = re.compile(r"[0-9]")
 _GAP = re.compile(r",\s+,")
-"""An empty place between commas, which NumPy reads as -1 (``"1, , 2"``; so it does a
-leading ``" ,1"`` and a trailing ``"1, "``)."""
+"""An empty place between commas (``"1, , 2"``), named as such when a chunk is refused."""
+
+
+class WrongCount(ValueError):
+    """The array does not hold the number of values asked for.
+
+    Attributes:
+        count: how many it holds.
+    """
+
+    def __init__(self, count: int, expected: int) -> None:
+        super().__init__(f"the data hold {count} values, {expected} are needed")
+        self.count = count
 
 
 class Numbers:
     """An array of numbers of a JSON document: where its text lies in the document, which
-    it keeps (never a copy of its own).
+    it keeps (never a copy of its own)."""
 
-    Attributes:
-        count: how many numbers there are, from the commas.
-    """
-
-    __slots__ = ("_end", "_nested", "_start", "_text", "count")
+    __slots__ = ("_end", "_nested", "_start", "_text")
 
     def __init__(self, text: str, start: int, end: int, nested: bool) -> None:
         self._text, self._start, self._end, self._nested = text, start, end, nested
-        has_numbers = _DIGIT.search(text, start, end) is not None
-        self.count = text.count(",", start, end) + 1 if has_numbers else 0
 
-    def array(self, dtype: np.dtype[Any]) -> np.ndarray:
+    @property
+    def count(self) -> int:
+        """How many numbers there are, from the commas (a pass over the text: :meth:`array`
+        given the count it needs counts as it parses instead)."""
+        text, start, end = self._text, self._start, self._end
+        if _DIGIT.search(text, start, end) is None:
+            return 0
+        return text.count(",", start, end) + 1
+
+    def array(self, dtype: np.dtype[Any], count: int | None = None) -> np.ndarray:
         """The numbers as a flat array of ``dtype``, parsed a chunk of the text at a time.
 
+        Args:
+            dtype: the array's type.
+            count: how many values are needed (the input's shape); ``None``: as many as
+                there are, counted first.
+
         Raises:
+            WrongCount: the array holds another number of values than ``count``.
             ValueError: a value is not a number of that kind, out of its range, or the
                 array's structure is not one of numbers separated by commas.
         """
         text, start, end = self._text, self._start, self._end
-        integral = dtype.kind in "iub"
-        if integral and any(text.find(c, start, end) >= 0 for c in ".eE"):
-            raise ValueError("a value is not a whole number")
-        wide = np.dtype(np.uint64 if dtype.kind == "u" else np.int64) if integral else dtype
-        if dtype.kind == "f" and dtype not in (np.float32, np.float64):
-            wide = np.dtype(np.float64)  # float16, bfloat16: parsed wide, then cast
-        out = np.empty(self.count, dtype)
+        if count is None or count == 0 or 2 * count - 1 > end - start:
+            # a number takes a character, and a comma one more: too few characters for
+            # ``count`` are refused before the tensor is allocated
+            count, expected = self.count, count
+            if expected is not None and expected != count:
+                raise WrongCount(count, expected)
+        parser = simdjson.Parser()  # its tape (~24 bytes a number of a chunk) freed after
+        out = np.empty(count, dtype)
         done = 0
-        while start < end and self.count:
+        while start < end and count:
             cut = text.rfind(",", start, start + CHUNK) if start + CHUNK < end else end
             cut = end if cut < 0 else cut
             piece = text[start:cut]
             if self._nested:
                 piece = piece.replace("[", " ").replace("]", " ")
-            piece = piece.strip()
-            if piece.startswith(",") or piece.endswith(",") or _GAP.search(piece):
-                raise ValueError("a place between commas holds no number")
-            values = _parsed(piece, wide)
-            if len(values) != piece.count(",") + 1 or done + len(values) > self.count:
-                raise ValueError("the values are not numbers separated by commas")
-            if integral and dtype.kind != "b" and wide != dtype and len(values):
-                info = np.iinfo(dtype)
-                if values.min() < info.min or values.max() > info.max:
-                    raise ValueError(f"a value is out of range [{info.min}, {info.max}]")
+            values = _parsed(parser, piece, dtype)
+            if done + len(values) > count:
+                raise WrongCount(self.count, count)
             out[done : done + len(values)] = values
             done += len(values)
             start = cut + 1
-        if done != self.count:
-            raise ValueError("the values are not numbers separated by commas")
+        if done != count:
+            raise WrongCount(self.count, count)
         return out
 
     def plain(self) -> list[Any]:
@@ -117,24 +138,78 @@ def loads(body: bytes | bytearray | memoryview) -> Any:
     if len(body) < WHOLE:
         return orjson.loads(body)
     text = str(body, "utf-8")  # no copy of the bytes first; UnicodeDecodeError: ValueError
+    if len(body) < STRINGS and text.count('"') * QUOTED >= len(text):
+        return orjson.loads(body)
     return _Decoder().decode(text)
 
 
 class _Decoder(json.JSONDecoder):
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(parse_constant=_constant)
         self.parse_array = _array
         # the pure-Python scanner calls parse_array; the C one parses arrays itself
         self.scan_once = json.scanner.py_make_scanner(self)  # type: ignore[attr-defined]
 
 
-def _parsed(piece: str, dtype: np.dtype[Any]) -> np.ndarray:
-    """Comma-separated numbers as an array of ``dtype``: orjson's parser, then one NumPy
-    conversion of its list (a chunk's objects only, never the whole tensor's)."""
+def _constant(name: str) -> float:
+    """NaN, Infinity and -Infinity refused, as orjson refuses them in a shorter body."""
+    raise ValueError(f"{name} is not a JSON number; send such a tensor as binary data")
+
+
+def _parsed(parser: simdjson.Parser, piece: str, dtype: np.dtype[Any]) -> np.ndarray:
+    """Comma-separated numbers as an array of int64 (uint64 for an unsigned ``dtype``, float64
+    for a float), checked to fit ``dtype``: simdjson's parser writes them into a buffer of
+    that type, no Python object per number. On any error of its own the chunk is read again
+    by :func:`_parsed_by_orjson`, which says what is wrong."""
+    family = dtype.kind if dtype.kind in "biu" else "f"  # float16, bfloat16: read as float64
     try:
-        return np.array(orjson.loads(f"[{piece}]"), dtype=dtype)
+        array = parser.parse(f"[{piece}]")
+        assert isinstance(array, simdjson.Array)  # the text in brackets: an array or an error
+        values = np.frombuffer(array.as_buffer(of_type=_BUFFER[family]), _WIDE[family])
+    except (ValueError, TypeError):
+        # simdjson refuses integers past 64 bits that JSON allows (orjson reads them as
+        # floats), and its error codes (TAPE_ERROR) do not say which rule a chunk broke
+        values = _parsed_by_orjson(piece, dtype, family)
+    finally:
+        array = None  # the parser parses the next chunk only once its proxies are gone
+    if dtype.kind in "iu" and dtype.itemsize < 8 and len(values):
+        info = np.iinfo(dtype)
+        if values.min() < info.min or values.max() > info.max:
+            raise ValueError(f"a value is out of range [{info.min}, {info.max}]")
+    return values
+
+
+_BUFFER: dict[str, Literal["d", "i", "u"]] = {"f": "d", "i": "i", "b": "i", "u": "u"}
+_WIDE = {
+    "f": np.dtype(np.float64),
+    "i": np.dtype(np.int64),
+    "b": np.dtype(np.int64),
+    "u": np.dtype(np.uint64),
+}
+"""For each family of dtypes (bool, signed, unsigned, float): the type of pysimdjson's
+buffer (``'d'``: double), and NumPy's of the same."""
+
+_TAKEN = {"f": (float, int), "i": (int,), "u": (int,), "b": (int,)}
+_WHAT = {"f": "a number", "i": "a whole number", "u": "a whole number", "b": "a whole number"}
+"""The Python types (as orjson gives them) a family takes, and their words."""
+
+
+def _parsed_by_orjson(piece: str, dtype: np.dtype[Any], family: str) -> np.ndarray:
+    """What :func:`_parsed` gives, by orjson's parser and one NumPy conversion of its list
+    (a chunk's objects only, never the whole tensor's); a ValueError that names the fault."""
+    piece = piece.strip()
+    if piece.startswith(",") or piece.endswith(",") or _GAP.search(piece):
+        raise ValueError("a place between commas holds no number")
+    try:
+        values = orjson.loads(f"[{piece}]")
     except orjson.JSONDecodeError as exc:
         raise ValueError(f"the values are not numbers separated by commas ({exc})") from None
+    # what NumPy would take in silence: 1.5 or 1e3 as 1 or 1000, true as 1, null as NaN
+    taken = _TAKEN[family]
+    if any(type(value) not in taken for value in values):
+        raise ValueError(f"a value is not {_WHAT[family]}")
+    try:
+        return np.array(values, dtype=_WIDE[family])
     except OverflowError:
         raise ValueError(f"a value is out of range of {dtype}") from None
 
