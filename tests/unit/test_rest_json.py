@@ -73,3 +73,128 @@ def test_what_is_not_json_is_refused_as_json_refuses_it() -> None:
         rest_json.loads(nest)
     deep = rest_json.loads(nest + b" " * rest_json.WHOLE)  # read in chunks: kept as text
     assert isinstance(deep, Numbers) and deep.count == 0
+
+
+def _numbers(text: str) -> Numbers:
+    """``text`` (a JSON array) as the document's long array, read by the chunked path."""
+    data = rest_json.loads(b'{"d": ' + text.encode() + b"}" + b" " * rest_json.WHOLE)["d"]
+    assert isinstance(data, Numbers)
+    return data
+
+
+@pytest.mark.parametrize(
+    ("datatype", "values"),
+    [
+        ("BOOL", [0, 1] * 600),
+        ("INT8", [-128, 127, 0] * 400),
+        ("INT16", [-(2**15), 2**15 - 1] * 600),
+        ("INT32", [-(2**31), 2**31 - 1] * 600),
+        ("INT64", [-(2**63), 2**63 - 1, 0] * 400),
+        ("UINT8", [0, 255] * 600),
+        ("UINT16", [0, 2**16 - 1] * 600),
+        ("UINT32", [0, 2**32 - 1] * 600),
+        ("UINT64", [0, 2**64 - 1, 2**63] * 400),
+        ("FP16", [0.5, -65504.0, 1e-3] * 400),
+        ("BF16", [0.5, -3.0e38, 1e-3] * 400),
+        ("FP32", [0.1, -3.4028234663852886e38, 1.401298464324817e-45] * 400),
+        ("FP64", [0.1, -1.7976931348623157e308, 5e-324, -0.0, 2**53 + 1] * 240),
+    ],
+)
+def test_every_kserve_datatype_reads_as_numpy_reads_the_values(
+    datatype: str, values: list[float]
+) -> None:
+    from crossrt import dtypes
+
+    dtype = np.dtype(dtypes.from_kserve(datatype).numpy)
+    data = _numbers(json.dumps(values))
+    got = data.array(dtype, len(values))
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(got, np.array(values, dtype=dtype))
+    if dtype.kind == "f":  # -0.0 keeps its sign
+        assert np.array_equal(np.signbit(got), np.signbit(np.array(values, dtype=dtype)))
+
+
+def test_an_integer_past_64_bits_is_a_float_as_orjson_reads_it() -> None:
+    # simdjson refuses it; the chunk is read again by orjson, as a body read whole is
+    values = [1.5] * 500 + [2**64, -(2**70)] + [2.5] * 500
+    got = _numbers(json.dumps(values)).array(np.dtype(np.float64))
+    np.testing.assert_array_equal(got, np.array(values, dtype=np.float64))
+
+
+@pytest.mark.parametrize(
+    ("bad", "dtype", "why"),
+    [
+        ("1.2.3", np.float32, "not numbers separated by commas"),
+        ("--1", np.float32, "not numbers separated by commas"),
+        ("1e", np.float64, "not numbers separated by commas"),
+        ("01", np.float32, "not numbers separated by commas"),  # JSON has no leading zeros
+        ("+1", np.float32, "not numbers separated by commas"),
+        ("1 2", np.float32, "not numbers separated by commas"),
+        ("1e3", np.int64, "not a whole number"),
+        ("128", np.int8, "out of range"),
+        ("-129", np.int8, "out of range"),
+        ("9223372036854775808", np.int64, "out of range"),
+        ("-1", np.uint64, "out of range"),
+        ("18446744073709551616", np.uint64, "out of range"),
+        ("1" * 30, np.int64, "out of range"),
+        ("1" * 400, np.float64, "infinity"),
+    ],
+)
+def test_a_bad_value_mid_array_across_chunks_is_named(
+    monkeypatch: pytest.MonkeyPatch, bad: str, dtype: type, why: str
+) -> None:
+    monkeypatch.setattr(rest_json, "CHUNK", 1000)  # the bad value in the 3rd chunk of ~6
+    text = "[" + "1, " * 800 + bad + ", 2" * 1000 + "]"
+    data = _numbers(text)
+    with pytest.raises(ValueError, match=why):
+        data.array(np.dtype(dtype))
+
+
+def test_a_wrong_count_is_named_with_the_count_held() -> None:
+    data = _numbers("[" + "1.5, " * 2999 + "1.5]")
+    for asked in (2999, 3001, 1, 10**15):  # 10**15: refused before anything is allocated
+        with pytest.raises(rest_json.WrongCount) as raised:
+            data.array(np.dtype(np.float32), asked)
+        assert raised.value.count == 3000
+    np.testing.assert_array_equal(data.array(np.dtype(np.float32), 3000), np.full(3000, 1.5))
+    with pytest.raises(rest_json.WrongCount):
+        _numbers("[" + " " * 3000 + "]").array(np.dtype(np.float32), 1)
+
+
+def test_ragged_nests_read_row_major_as_a_body_read_whole() -> None:
+    rows = [[float(i)] * (1 + i % 7) for i in range(400)]  # rows of 1..7 values
+    flat = [v for row in rows for v in row]
+    data = _numbers(json.dumps(rows))
+    np.testing.assert_array_equal(data.array(np.dtype(np.float32), len(flat)), flat)
+    with pytest.raises(ValueError, match="not numbers separated by commas"):
+        _numbers("[[" + "1, " * 600 + "2] [3], [4]]").array(np.dtype(np.float32))
+
+
+def test_a_truncated_body_is_not_json() -> None:
+    body = _doc(np.arange(5000).tolist()).rstrip()
+    for cut in (len(body) // 2, len(body) - 3, len(body) - 1):
+        with pytest.raises(ValueError):
+            rest_json.loads(body[:cut] + b" " * rest_json.WHOLE)
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+@pytest.mark.parametrize("padding", [0, rest_json.WHOLE, rest_json.STRINGS])
+def test_nan_and_infinity_are_refused_at_every_size(constant: str, padding: int) -> None:
+    body = b'{"d": [' + b"1, " * 600 + constant.encode() + b"]}"
+    with pytest.raises(ValueError):
+        rest_json.loads(body + b" " * padding)
+
+
+@pytest.mark.parametrize("padding", [0, rest_json.WHOLE, rest_json.STRINGS])
+def test_the_last_of_duplicate_keys_counts_at_every_size(padding: int) -> None:
+    body = b'{"d": 1, "e": [' + b"1, " * 600 + b'1], "d": 2}'
+    assert rest_json.loads(body + b" " * padding)["d"] == 2
+
+
+def test_many_strings_read_as_json_reads_them() -> None:
+    # BYTES data: a quote every few bytes, read by orjson whole (the scanner reads each
+    # string with a Python call), the same values as json.loads
+    doc = {"inputs": [{"name": "x", "datatype": "BYTES", "data": [f"s{i}" for i in range(9000)]}]}
+    body = json.dumps(doc).encode()
+    assert rest_json.WHOLE < len(body) < rest_json.STRINGS
+    assert rest_json.loads(body) == doc

@@ -166,7 +166,7 @@ def _parsed(parser: simdjson.Parser, piece: str, dtype: np.dtype[Any]) -> np.nda
         array = parser.parse(f"[{piece}]")
         assert isinstance(array, simdjson.Array)  # the text in brackets: an array or an error
         values = np.frombuffer(array.as_buffer(of_type=_BUFFER[family]), _WIDE[family])
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RuntimeError):  # each of simdjson's errors is one of these
         # simdjson refuses integers past 64 bits that JSON allows (orjson reads them as
         # floats), and its error codes (TAPE_ERROR) do not say which rule a chunk broke
         values = _parsed_by_orjson(piece, dtype, family)
@@ -206,7 +206,10 @@ def _parsed_by_orjson(piece: str, dtype: np.dtype[Any], family: str) -> np.ndarr
         raise ValueError(f"the values are not numbers separated by commas ({exc})") from None
     # what NumPy would take in silence: 1.5 or 1e3 as 1 or 1000, true as 1, null as NaN
     taken = _TAKEN[family]
-    if any(type(value) not in taken for value in values):
+    wrong = next((value for value in values if type(value) not in taken), None)
+    if isinstance(wrong, float) and wrong.is_integer() and abs(wrong) >= 2**63:
+        raise ValueError(f"a value is out of range of {dtype}")  # orjson's float of a long int
+    if wrong is not None:
         raise ValueError(f"a value is not {_WHAT[family]}")
     try:
         return np.array(values, dtype=_WIDE[family])
