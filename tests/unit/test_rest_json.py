@@ -191,10 +191,19 @@ def test_the_last_of_duplicate_keys_counts_at_every_size(padding: int) -> None:
     assert rest_json.loads(body + b" " * padding)["d"] == 2
 
 
-def test_many_strings_read_as_json_reads_them() -> None:
-    # BYTES data: a quote every few bytes, read by orjson whole (the scanner reads each
-    # string with a Python call), the same values as json.loads
-    doc = {"inputs": [{"name": "x", "datatype": "BYTES", "data": [f"s{i}" for i in range(9000)]}]}
+def test_many_strings_are_read_by_orjson_under_strings() -> None:
+    # BYTES data: the scanner would read each string with a Python call; past its budget the
+    # body is read by orjson whole (its long arrays as lists), the same values as json.loads
+    numbers = list(range(3000))
+    doc = {"inputs": [{"name": "s", "data": [f"s{i}" for i in range(9000)]}, {"data": numbers}]}
     body = json.dumps(doc).encode()
     assert rest_json.WHOLE < len(body) < rest_json.STRINGS
-    assert rest_json.loads(body) == doc
+    assert rest_json.loads(body) == doc  # lists throughout: orjson's
+    few = {"inputs": [{"name": "s", "data": [f"s{i}" for i in range(50)]}, {"data": numbers}]}
+    body = json.dumps(few).encode() + b" " * rest_json.WHOLE
+    assert isinstance(rest_json.loads(body)["inputs"][1]["data"], Numbers)
+    # from STRINGS on, memory first: the long array is kept as text all the same
+    body = json.dumps(doc).encode() + b" " * rest_json.STRINGS
+    parsed = rest_json.loads(body)
+    assert parsed["inputs"][0] == doc["inputs"][0]
+    assert isinstance(parsed["inputs"][1]["data"], Numbers)

@@ -600,9 +600,7 @@ def _response(response: pb.ModelInferResponse, doc: dict[str, Any]) -> tuple[byt
             item["data"] = decode_bytes(raw, count, f"output {out.name!r}").tolist()
         else:
             values = np.frombuffer(raw, dtype=dtypes.from_kserve(out.datatype).numpy)
-            # orjson writes a NumPy array from its memory, no Python number per value (a
-            # float32 as the shortest text that reads back as the same float32)
-            item["data"] = values if _orjson_writes(values.dtype) else values.tolist()
+            item["data"] = rest_json.writable(values)
         outputs.append(item)
     head = orjson.dumps(
         {
@@ -616,8 +614,3 @@ def _response(response: pb.ModelInferResponse, doc: dict[str, Any]) -> tuple[byt
     if not tail:
         return head, None
     return head + b"".join(tail), len(head)
-
-
-def _orjson_writes(dtype: np.dtype[Any]) -> bool:
-    """Whether orjson serializes arrays of ``dtype`` itself (not float16, bfloat16...)."""
-    return dtype.kind in "biuf" and dtype.itemsize <= 8 and dtype != np.float16

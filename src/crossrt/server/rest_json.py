@@ -26,15 +26,17 @@ import numpy as np
 import orjson
 import simdjson
 
-WHOLE = 32 * 1024
-"""Bodies shorter than this are parsed by orjson whole: the scanner's start costs more."""
+WHOLE = 64 * 1024
+"""Bodies shorter than this are parsed by orjson whole: below, the scanner's start costs more
+than simdjson saves (equal at ~80 KiB: 0.1 ms)."""
 
 STRINGS = 4 * 1024 * 1024
-"""Bodies shorter than this that hold a quote every :data:`QUOTED` bytes or more (many
-strings: BYTES data) are parsed by orjson whole too, as the scanner reads each string with a
-Python call (an object per value: at most ~44 MiB for a request)."""
+"""Bodies shorter than this are parsed by orjson whole after all (an object per value: at most
+~44 MiB for a request) once the scanner has made more than :data:`PER_VALUE` values of their
+bytes itself, each a Python call (many strings: BYTES data; many short arrays)."""
 
-QUOTED = 256
+PER_VALUE = 1024
+"""Bytes of body for each value the scanner may make before orjson reads the body instead."""
 
 MARKED = 1024
 """Arrays of numbers whose text is at least this long are kept as :class:`Numbers`."""
@@ -138,14 +140,36 @@ def loads(body: bytes | bytearray | memoryview) -> Any:
     if len(body) < WHOLE:
         return orjson.loads(body)
     text = str(body, "utf-8")  # no copy of the bytes first; UnicodeDecodeError: ValueError
-    if len(body) < STRINGS and text.count('"') * QUOTED >= len(text):
+    if len(body) >= STRINGS:
+        return _Decoder(None).decode(text)
+    try:
+        return _Decoder(64 + len(body) // PER_VALUE).decode(text)
+    except _Costly:
         return orjson.loads(body)
-    return _Decoder().decode(text)
+
+
+class _Costly(Exception):
+    """The scanner made more values than its budget: orjson reads the body instead."""
 
 
 class _Decoder(json.JSONDecoder):
-    def __init__(self) -> None:
+    def __init__(self, budget: int | None) -> None:
         super().__init__(parse_constant=_constant)
+        if budget is not None:  # each string and number the scanner makes counted
+            left = [budget]
+
+            def counted(parse: Any) -> Any:
+                def parse_counted(*args: Any) -> Any:
+                    left[0] -= 1
+                    if left[0] < 0:
+                        raise _Costly
+                    return parse(*args)
+
+                return parse_counted
+
+            self.parse_string = counted(json.decoder.scanstring)  # type: ignore[attr-defined]
+            self.parse_float = counted(float)
+            self.parse_int = counted(int)
         self.parse_array = _array
         # the pure-Python scanner calls parse_array; the C one parses arrays itself
         self.scan_once = json.scanner.py_make_scanner(self)  # type: ignore[attr-defined]
@@ -215,6 +239,20 @@ def _parsed_by_orjson(piece: str, dtype: np.dtype[Any], family: str) -> np.ndarr
         return np.array(values, dtype=_WIDE[family])
     except OverflowError:
         raise ValueError(f"a value is out of range of {dtype}") from None
+
+
+def writable(values: np.ndarray) -> np.ndarray | list[Any]:
+    """An output's values as orjson writes them (``OPT_SERIALIZE_NUMPY``): from the array's
+    memory, no Python number per value, a float as the shortest text that reads back as the
+    same value. float16 and bfloat16 are written as float32 (every half is one, and its text
+    reads back as the same half; orjson's float16 and a list were 2-3x slower); a type
+    orjson does not write becomes a list."""
+    dtype = values.dtype
+    if dtype.kind in "biu" or dtype in (np.float32, np.float64):
+        return values
+    if dtype.itemsize == 2 and np.can_cast(dtype, np.float32):  # float16, bfloat16
+        return values.astype(np.float32)
+    return list(values.tolist())
 
 
 def tensor(data: Any, dtype: np.dtype[Any]) -> np.ndarray | None:
