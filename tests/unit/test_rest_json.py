@@ -235,3 +235,26 @@ def test_answers_are_written_from_the_array_and_read_back_the_same(datatype: str
         assert np.array_equal(
             np.signbit(back.astype(np.float64)), np.signbit(values.astype(np.float64))
         )
+
+
+def test_threads_parsing_at_once_each_get_their_own_values() -> None:
+    # idle parsers are shared between requests: never two threads on one at once
+    import threading
+
+    arrays = [_numbers(json.dumps(list(range(i, i + 4000)))) for i in range(8)]
+    got: dict[int, np.ndarray] = {}
+    start = threading.Barrier(len(arrays))
+
+    def parse(i: int) -> None:
+        start.wait(timeout=30)
+        for _ in range(20):
+            got[i] = arrays[i].array(np.dtype(np.int64), 4000)
+
+    threads = [threading.Thread(target=parse, args=(i,)) for i in range(len(arrays))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    for i in range(len(arrays)):
+        np.testing.assert_array_equal(got[i], np.arange(i, i + 4000))
+    assert len(rest_json._IDLE) <= rest_json.IDLE_PARSERS
