@@ -11,14 +11,16 @@ typed buffer (int64, uint64 or float64: no Python object per number) and from it
 tensor, which is allocated for the count the input's shape gives once the text is long
 enough to hold it; the count is checked as the chunks are read. A chunk simdjson refuses is
 read again by orjson, whose answer is the same as for a body read whole, or whose error names
-the fault. A body under :data:`WHOLE` (64 KiB), or one under :data:`STRINGS` that is mostly
-strings, is read by orjson whole, its arrays then made into tensors by NumPy (no Python
-flattening). Answers are written by orjson from the output arrays' memory (:func:`writable`).
+the fault. A body under :data:`WHOLE` (64 KiB), or one under :data:`STRINGS` of which the scanner
+would make more than a value a KiB itself (many strings, short arrays), is read by orjson
+whole, its arrays then made into tensors by NumPy (no Python flattening). Answers are
+written by orjson from the output arrays' memory (:func:`writable`).
 
-4 Mi FP32 values (``benchmarks/json_requests.py``, ``results/json_requests.md``): 20 MiB of
-``"0.5, "`` read in 0.12 s (orjson.loads alone: 0.43 s, with NumPy's conversion to the tensor
-1.21 s) for 47 MiB of RSS (orjson: 244); 81 MiB of random float32s in 0.23 s (orjson: 0.33 /
-2.09 s) for 103 MiB (orjson: 305).
+4 Mi FP32 values (``benchmarks/json_requests.py``, ``results/json_requests.md``, a loaded
+2-vCPU VM): 20 MiB of ``"0.5, "`` read in 0.17 s (orjson.loads alone: 0.35 s, with NumPy's
+conversion to the tensor 0.61 s) for 39 MiB of RSS (orjson: 244); 81 MiB of random float32s
+in 0.21 s (orjson: 0.43 / 0.81 s) for 99 MiB (orjson: 306); a ResNet input (2.9 MiB) in 0.64
+of orjson.loads' time, an 80 KiB one in 0.98.
 """
 
 from __future__ import annotations
