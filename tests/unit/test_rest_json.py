@@ -258,3 +258,28 @@ def test_threads_parsing_at_once_each_get_their_own_values() -> None:
     for i in range(len(arrays)):
         np.testing.assert_array_equal(got[i], np.arange(i, i + 4000))
     assert len(rest_json._IDLE) <= rest_json.IDLE_PARSERS
+
+
+@pytest.mark.parametrize(
+    ("value", "datatype"),
+    [("1e39", "FP32"), ("70000", "FP16"), ("1e39", "BF16"), ("-1e309", "FP64")],
+)
+def test_a_float_past_its_types_range_is_refused_at_every_size(value: str, datatype: str) -> None:
+    from crossrt import dtypes
+
+    dtype = np.dtype(dtypes.from_kserve(datatype).numpy)
+    if datatype != "FP64":  # -1e309: no float64, orjson refuses the body
+        with pytest.raises(rest_json.NotFinite, match="out of range"):
+            rest_json.tensor([1.5, float(value)], dtype)  # a body read whole
+    text = "[" + "1.5, " * 600 + value + "]"
+    with pytest.raises(ValueError, match=r"out of range|infinity"):
+        _numbers(text).array(dtype, 601)
+
+
+def test_null_in_float_data_is_refused_not_made_nan() -> None:
+    with pytest.raises(rest_json.NotFinite, match="null"):
+        rest_json.tensor([[1.5, None], [2.5, 3.5]], np.dtype(np.float32))
+    with pytest.raises(rest_json.NotFinite, match="null"):
+        rest_json.finite(np.array([1.0, None], dtype=np.float64))
+    ragged = [[1.5], [2.5, 3.5]]  # not NumPy's nest: the caller flattens it
+    assert rest_json.tensor(ragged, np.dtype(np.float32)) is None

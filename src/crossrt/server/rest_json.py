@@ -126,12 +126,13 @@ class Numbers:
             values = _parsed(piece, dtype)
             if done + len(values) > count:
                 raise WrongCount(self.count, count)
-            out[done : done + len(values)] = values
+            with np.errstate(over="ignore"):  # past float32's range: inf, refused by finite
+                out[done : done + len(values)] = values
             done += len(values)
             start = cut + 1
         if done != count:
             raise WrongCount(self.count, count)
-        return out
+        return finite(out)
 
     def plain(self) -> list[Any]:
         """The numbers as a flat list (for a place that takes a small list)."""
@@ -282,14 +283,20 @@ def writable(values: np.ndarray) -> np.ndarray | list[Any]:
 def tensor(data: Any, dtype: np.dtype[Any]) -> np.ndarray | None:
     """Nested lists of numbers (as orjson gives them) as a flat array of ``dtype``, made by
     NumPy in one step; ``None`` when they are not a regular nest of numbers of that kind
-    (then the caller flattens them itself, and says what is wrong)."""
+    (then the caller flattens them itself, and says what is wrong).
+
+    Raises:
+        NotFinite: a float is past the dtype's range, or null.
+    """
     if not isinstance(data, list):
         return None
     if dtype.kind in "fc":  # straight into the dtype: one pass, no float64 array first
         try:
-            return np.array(data, dtype=dtype).reshape(-1)
+            with np.errstate(over="ignore", invalid="ignore"):  # refused by finite
+                values = np.array(data, dtype=dtype).reshape(-1)
         except (ValueError, TypeError, OverflowError):
             return None
+        return finite(values)
     try:
         array = np.array(data)  # NumPy's own kind first: 1.5 or true must not become 1
     except (ValueError, TypeError, OverflowError):
@@ -303,7 +310,25 @@ def tensor(data: Any, dtype: np.dtype[Any]) -> np.ndarray | None:
         info = np.iinfo(dtype)
         if array.min() < info.min or array.max() > info.max:
             return None
-    return array.astype(dtype, copy=False).reshape(-1)
+    with np.errstate(over="ignore"):
+        return finite(array.astype(dtype, copy=False).reshape(-1))
+
+
+class NotFinite(ValueError):
+    """A float tensor read from JSON holds a value that is not a finite number."""
+
+
+def finite(values: np.ndarray) -> np.ndarray:
+    """``values``, refused when a float among them is not finite: JSON has no NaN nor
+    Infinity, so such a value is one past its type's range (``1e39`` as float32, ``70000``
+    as float16) or a ``null`` NumPy made NaN.
+
+    Raises:
+        NotFinite: naming the type.
+    """
+    if values.dtype.kind not in "biu" and values.size and not np.isfinite(values).all():
+        raise NotFinite(f"a value is null or out of range of {values.dtype}")
+    return values
 
 
 def _array(s_and_end: tuple[str, int], scan_once: Any) -> tuple[Any, int]:
