@@ -283,3 +283,32 @@ def test_null_in_float_data_is_refused_not_made_nan() -> None:
         rest_json.finite(np.array([1.0, None], dtype=np.float64))
     ragged = [[1.5], [2.5, 3.5]]  # not NumPy's nest: the caller flattens it
     assert rest_json.tensor(ragged, np.dtype(np.float32)) is None
+
+
+@pytest.mark.parametrize(
+    ("data", "dtype", "why"),
+    [
+        ([1.5, 1], np.int8, "not a whole number: 1.5"),  # NumPy made it 1
+        ([1000.0, 2], np.int64, "not a whole number: 1000.0"),  # 1e3
+        ([True, 0.5], np.bool_, "not true or false: 0.5"),
+        ([1, True], np.float32, "not a number: True"),
+        ([1, None], np.float32, "not a number: None"),  # NumPy made it NaN
+        ([1, 1e39], np.float32, "out of range of float32"),  # NumPy made it inf
+    ],
+)
+def test_a_flattened_list_refuses_what_numpy_takes_in_silence(
+    data: list[object], dtype: type, why: str
+) -> None:
+    # what rest.py flattens itself: a ragged nest or mixed kinds, which tensor() does not take
+    with pytest.raises(ValueError, match=why):
+        rest_json.flat_tensor(data, np.dtype(dtype))
+
+
+def test_a_flattened_list_of_the_right_kinds_is_the_tensor() -> None:
+    got = rest_json.flat_tensor([True, False, 1], np.dtype(np.bool_))
+    np.testing.assert_array_equal(got, [True, False, True])
+    got = rest_json.flat_tensor([1, 2.5, -3], np.dtype(np.float16))
+    np.testing.assert_array_equal(got, np.array([1, 2.5, -3], np.float16))
+    np.testing.assert_array_equal(
+        rest_json.flat_tensor([2**64 - 1], np.dtype(np.uint64)), [2**64 - 1]
+    )

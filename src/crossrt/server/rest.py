@@ -538,7 +538,7 @@ def _raw(name: str, datatype: str, data: Any, shape: Any) -> bytes:
                 raise
         values = rest_json.tensor(data, np.dtype(dtype))  # a regular nest: NumPy at once
         if values is None:
-            values = rest_json.finite(np.asarray(_flat(data), dtype=dtype))
+            values = rest_json.flat_tensor(_flat(data), np.dtype(dtype))
         _check_count(name, values.size, shape, needed)
         return values.tobytes()
     except (TypeError, ValueError, OverflowError) as exc:

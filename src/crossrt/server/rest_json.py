@@ -238,9 +238,9 @@ _WIDE = {
 """For each family of dtypes (bool, signed, unsigned, float): the type of pysimdjson's
 buffer (``'d'``: double), and NumPy's of the same."""
 
-_TAKEN = {"f": (float, int), "i": (int,), "u": (int,), "b": (int,)}
-_WHAT = {"f": "a number", "i": "a whole number", "u": "a whole number", "b": "a whole number"}
-"""The Python types (as orjson gives them) a family takes, and their words."""
+_TAKEN = {"f": (float, int), "i": (int,), "u": (int,), "b": (bool, int)}
+_WHAT = {"f": "a number", "i": "a whole number", "u": "a whole number", "b": "true or false"}
+"""The Python types (as orjson and json give them) a family takes, and their words."""
 
 
 def _parsed_by_orjson(piece: str, dtype: np.dtype[Any], family: str) -> np.ndarray:
@@ -253,17 +253,37 @@ def _parsed_by_orjson(piece: str, dtype: np.dtype[Any], family: str) -> np.ndarr
         values = orjson.loads(f"[{piece}]")
     except orjson.JSONDecodeError as exc:
         raise ValueError(f"the values are not numbers separated by commas ({exc})") from None
-    # what NumPy would take in silence: 1.5 or 1e3 as 1 or 1000, true as 1, null as NaN
-    taken = _TAKEN[family]
-    wrong = next((value for value in values if type(value) not in taken), None)
-    if isinstance(wrong, float) and wrong.is_integer() and abs(wrong) >= 2**63:
-        raise ValueError(f"a value is out of range of {dtype}")  # orjson's float of a long int
-    if wrong is not None:
-        raise ValueError(f"a value is not {_WHAT[family]}")
+    _check_kinds(values, dtype, family)
     try:
         return np.array(values, dtype=_WIDE[family])
     except OverflowError:
         raise ValueError(f"a value is out of range of {dtype}") from None
+
+
+def _check_kinds(values: list[Any], dtype: np.dtype[Any], family: str) -> None:
+    """Refuses what NumPy would take in silence: 1.5 or 1e3 as 1 or 1000, true as 1 for an
+    integer type, null as NaN."""
+    taken, none = _TAKEN[family], object()  # none: null is a value to find here
+    wrong = next((value for value in values if type(value) not in taken), none)
+    if wrong is none:
+        return
+    if isinstance(wrong, float) and wrong.is_integer() and abs(wrong) >= 2**63:
+        raise ValueError(f"a value is out of range of {dtype}")  # orjson's float of a long int
+    raise ValueError(f"a value is not {_WHAT[family]}: {str(wrong)[:40]}")
+
+
+def flat_tensor(values: list[Any], dtype: np.dtype[Any]) -> np.ndarray:
+    """A flat list of JSON values (what :func:`tensor` did not take: a ragged nest, mixed
+    kinds) as an array of ``dtype``, each value checked to be one of its kind.
+
+    Raises:
+        ValueError: a value is not of the kind (``1.5`` for an integer type, ``true`` for a
+            number, ``null``), or out of the type's range.
+    """
+    family = dtype.kind if dtype.kind in "biu" else "f"
+    _check_kinds(values, dtype, family)
+    with np.errstate(over="ignore"):  # refused by finite
+        return finite(np.asarray(values, dtype=dtype))
 
 
 def writable(values: np.ndarray) -> np.ndarray | list[Any]:
