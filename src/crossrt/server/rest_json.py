@@ -196,9 +196,9 @@ _IDLE: list[simdjson.Parser] = []
 structure: 3.8 MiB after a chunk of ``"0,"``, the densest): a new parser's first chunks took
 2.5x as long, its buffers' pages new."""
 
-IDLE_PARSERS = 4
-"""At most this many parsers are kept idle (one per request parsed at the same time): 15 MiB
-at most."""
+IDLE_PARSERS = 2
+"""At most this many parsers are kept idle (7.6 MiB at most): a chunk's parse holds the GIL,
+so only a thread between two chunks takes another."""
 
 
 def _parsed(piece: str, dtype: np.dtype[Any]) -> np.ndarray:
