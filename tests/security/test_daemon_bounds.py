@@ -252,8 +252,8 @@ def test_a_json_request_costs_a_few_times_its_body_at_most(bounded: Daemon) -> N
     assert both.grew_mib - binary.grew_mib < 5 * len(body) / MiB, (
         f"+{both.grew_mib:.0f} MiB for 16 MiB of JSON in and out, +{binary.grew_mib:.0f} in binary"
     )
-    # nested (read whole by orjson under 4 MiB: counted against the shape all the same), and a
-    # small one
+    # nested (kept as text from 64 KiB: counted against the shape all the same), and a small
+    # one (read whole by orjson)
     rows = np.arange(2**15, dtype=np.float32).reshape(256, 128) / 4
     doc = {"inputs": [{"name": "x", "shape": [2**15], "datatype": "FP32", "data": rows.tolist()}]}
     status, answer = _http(bounded, json.dumps(doc).encode())

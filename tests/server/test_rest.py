@@ -148,6 +148,8 @@ def _x(datatype: str = "FP32", **fields: Any) -> dict[str, Any]:
     [
         ("tiny", _x("FP64", data=[0] * 32), 400, "FP32"),
         ("tiny", _x(data=[0] * 3), 400, "x"),
+        ("tiny", _x(data=[1e39] * 32), 400, "out of range of float32"),  # not inf
+        ("tiny", _x("INT32", data=[[1.5]] + [[0]] * 31), 400, "not a whole number: 1.5"),
         ("tiny", {"inputs": []}, 400, "inputs"),
         ("nothing", _x(data=[0] * 32), 404, "nothing"),
         ("tiny", _x(parameters={"shared_memory_region": "r"}), 400, "shared_memory_byte_size"),

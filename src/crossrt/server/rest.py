@@ -529,12 +529,16 @@ def _raw(name: str, datatype: str, data: Any, shape: Any) -> bytes:
         needed *= max(int(dim), 0)
     try:
         if isinstance(data, Numbers):
-            # counted from the text and checked before the tensor is allocated
-            _check_count(name, data.count, shape, needed)
-            return data.array(np.dtype(dtype)).tobytes()
+            # counted as parsed, the tensor allocated for the shape's count only when the
+            # text is long enough to hold it
+            try:
+                return data.array(np.dtype(dtype), needed).tobytes()
+            except rest_json.WrongCount as exc:
+                _check_count(name, exc.count, shape, needed)
+                raise
         values = rest_json.tensor(data, np.dtype(dtype))  # a regular nest: NumPy at once
         if values is None:
-            values = np.asarray(_flat(data), dtype=dtype)
+            values = rest_json.flat_tensor(_flat(data), np.dtype(dtype))
         _check_count(name, values.size, shape, needed)
         return values.tobytes()
     except (TypeError, ValueError, OverflowError) as exc:
@@ -596,9 +600,7 @@ def _response(response: pb.ModelInferResponse, doc: dict[str, Any]) -> tuple[byt
             item["data"] = decode_bytes(raw, count, f"output {out.name!r}").tolist()
         else:
             values = np.frombuffer(raw, dtype=dtypes.from_kserve(out.datatype).numpy)
-            # orjson writes a NumPy array from its memory, no Python number per value (a
-            # float32 as the shortest text that reads back as the same float32)
-            item["data"] = values if _orjson_writes(values.dtype) else values.tolist()
+            item["data"] = rest_json.writable(values)
         outputs.append(item)
     head = orjson.dumps(
         {
@@ -612,8 +614,3 @@ def _response(response: pb.ModelInferResponse, doc: dict[str, Any]) -> tuple[byt
     if not tail:
         return head, None
     return head + b"".join(tail), len(head)
-
-
-def _orjson_writes(dtype: np.dtype[Any]) -> bool:
-    """Whether orjson serializes arrays of ``dtype`` itself (not float16, bfloat16...)."""
-    return dtype.kind in "biuf" and dtype.itemsize <= 8 and dtype != np.float16
