@@ -53,6 +53,8 @@ MAGIC = b"CRTPRIV1"
 GRACE_S = 5.0
 """How long calls under way on a private socket may go on once its holder left."""
 GREETING_SECONDS = 10.0
+GIVE_BACK_S = 2.0
+"""How long :meth:`PrivateSocket.close` waits for the daemon to have removed the socket."""
 _SUFFIX = ".private-"
 _ACL = "system.posix_acl_access"
 _ACL_ENTRY = struct.Struct("<HHI")
@@ -270,8 +272,13 @@ class PrivateSocket:
         """The connection that holds the socket (readable when the daemon dropped it)."""
         return self._sock.fileno()
 
-    def close(self) -> None:
-        """Give the socket back (the daemon removes it at the end of file)."""
+    def close(self, seconds: float = GIVE_BACK_S) -> None:
+        """Give the socket back, and wait up to ``seconds`` for the daemon to have removed
+        it (it closes its end then)."""
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_WR)
+            self._sock.settimeout(seconds)
+            self._sock.recv(1)
         with contextlib.suppress(OSError):
             self._sock.close()
 

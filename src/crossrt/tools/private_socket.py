@@ -74,19 +74,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         except OSError as exc:
             print(f"crossrt socket: cannot run {command[0]!r}: {exc.strerror}", file=sys.stderr)
             return 127 if isinstance(exc, FileNotFoundError) else 126
-        threading.Thread(target=_watch, args=(held.fileno(),), daemon=True).start()
+        ended = threading.Event()
+        threading.Thread(target=_watch, args=(held.fileno(), ended), daemon=True).start()
         # Ctrl-C reaches COMMAND from the terminal; a SIGTERM sent to us is passed on.
         signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signum))
         code = child.wait()
+        ended.set()
     return 128 - code if code < 0 else code
 
 
-def _watch(fd: int) -> None:
+def _watch(fd: int, ended: threading.Event) -> None:
     """Say so when the daemon drops the socket while COMMAND runs (it stopped, or the socket
     carried no call for its idle timeout): COMMAND's calls fail from then on."""
     poller = select.poll()
     poller.register(fd, select.POLLIN | select.POLLRDHUP)
-    if poller.poll():
+    if poller.poll() and not ended.is_set():
         print(
             "crossrt socket: the daemon closed this private socket (it stopped, or no call "
             "came for its idle_timeout); calls on it fail from now on: run the command again",
