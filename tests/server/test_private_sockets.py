@@ -24,7 +24,7 @@ from serving import EXPLICIT, Daemon, make_repository, start_daemon
 import crossrt
 from crossrt.errors import ClosedError
 from crossrt.server.peers import socket_peer
-from crossrt.server.private_sockets import HeldContext, holder_of
+from crossrt.server.private_sockets import HeldContext, holder_of, remove_stale
 from crossrt.tools import cli
 
 PERF_ANALYZER = Path(
@@ -134,3 +134,13 @@ def test_perf_analyzer_over_grpc_through_crossrt_socket(served: Daemon) -> None:
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
     assert "Throughput:" in out, out  # {url}, unreplaced, would not be a URL it can reach
+
+
+def test_the_sockets_a_dead_daemon_left_are_removed(tmp_path: Path) -> None:
+    main = tmp_path / "d.sock"
+    left = [tmp_path / "d.sock.private-0123", tmp_path / "d.sock.private-4567"]
+    kept = [tmp_path / "d.sock.direct", tmp_path / "other.sock.private-89ab"]
+    for path in left + kept:
+        path.touch()
+    remove_stale(str(main))
+    assert [p.exists() for p in left + kept] == [False, False, True, True]

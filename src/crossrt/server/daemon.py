@@ -137,11 +137,9 @@ class Daemon:
         mains = [e.address for e in options.endpoints() if e.kind == "unix"]
         gate = TicketGate(self.tickets, self.gate, mains)
         self.direct = grpc.server(executor, interceptors=[gate], options=limits)
-        # Any gRPC client, on a socket only its user may open (started per holder).
-        self.private = PrivateSockets(
-            self.gate,
-            lambda held: self._serving(grpc.server(executor, interceptors=[held], options=limits)),
-        )
+        # Any gRPC client, on a socket only its user may open (a server per holder).
+        self._executor, self._limits = executor, limits
+        self.private = PrivateSockets(self.gate, self._private_server)
         self._direct_paths: list[str] = []
         cache = (
             ResponseCache(options.response_cache_bytes) if options.response_cache_bytes else None
@@ -189,6 +187,11 @@ class Daemon:
         pbg.add_GRPCInferenceServiceServicer_to_server(self.service, server)
         v1_grpc.add_RuntimeServicer_to_server(self.extension, server)  # type: ignore[no-untyped-call]
         return server
+
+    def _private_server(self, interceptor: Any) -> grpc.Server:
+        """A private socket's gRPC server: the daemon's services, threads and limits."""
+        server = grpc.server(self._executor, interceptors=[interceptor], options=self._limits)
+        return self._serving(server)
 
     def _listen(self, inner: str) -> None:
         endpoints = self.options.endpoints()
