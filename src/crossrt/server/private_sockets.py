@@ -228,7 +228,13 @@ class PrivateSockets:
         may open: bound in a folder only the daemon may enter, made the uid's, then moved
         beside ``main``, so no one else can connect in between."""
         assert peer.uid is not None
-        staging = tempfile.mkdtemp(prefix=".crossrt-private-", dir=os.path.dirname(main))
+        try:
+            staging = tempfile.mkdtemp(prefix=".crossrt-private-", dir=os.path.dirname(main))
+        except OSError as exc:
+            raise ServiceError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"cannot make a private socket beside {main} ({exc.strerror}); use it instead",
+            ) from None
         staged = os.path.join(staging, "grpc.sock")
         server = self._make_server(HolderGate(peer, activity, self._gate))
         try:
