@@ -139,15 +139,20 @@ def test_a_private_socket_ends_with_its_holder(daemon: Daemon, people: list[User
     with AsUser(people[0], hold, daemon.socket, None) as a:
         held = a.recv()
         assert held.get("live") == "OK", held
+        # root may open any file: a connection made while A holds the socket (as A)
+        channel = grpc.insecure_channel(f"unix:{held['path']}")
+        stub = pbg.GRPCInferenceServiceStub(channel)
+        stub.ServerLive(pb.ServerLiveRequest(), timeout=30)
     # A was killed (SIGKILL) and reaped: the kernel closed its connection, the daemon saw
     # the end of file and removes the socket.
     deadline = time.monotonic() + 30
     while os.path.exists(held["path"]) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert not os.path.exists(held["path"])
-    assert call(f"unix:{held['path']}", "ServerLive", pb.ServerLiveRequest()).startswith(
-        "UNAVAILABLE"
-    )
+    assert not os.path.exists(held["path"])  # no new connection
+    with channel, pytest.raises(grpc.RpcError) as refused:
+        stub.ServerLive(pb.ServerLiveRequest(), timeout=30)  # the connection made before
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert "crossrt socket -- COMMAND" in str(refused.value.details())
 
 
 def sockets_until_refused(main: str) -> list[str]:

@@ -12,11 +12,12 @@ may open (mode 0600 and a POSIX ACL entry for the uid, or the file given to the 
 ACLs are missing and the daemon is root), and answers its path. Every call on it is that
 connection's caller, ``private:<n>``: the kernel checks who may connect, at ``connect()``,
 so nothing travels with the calls. The socket lives while the connection that asked for
-it stays open: when the client closes it or dies, the daemon removes the file and stops the
-server (calls under way get :data:`GRACE_S` to finish). Root and the daemon's own user may
-open any file, and so act as that caller there, as they can anyway; a user who opens their
-socket to others (``chmod``, ``setfacl``) lends them their identity, as handing over a
-ticket would.
+it stays open: when the client closes it or dies, the daemon removes the file, refuses new
+calls on the connections made before (UNAUTHENTICATED, :data:`ENDED`, which says what to
+do) and stops the server :data:`GRACE_S` later (calls under way finish). Root and the
+daemon's own user may open any file, and so act as that caller there, as they can anyway;
+a user who opens their socket to others (``chmod``, ``setfacl``) lends them their identity,
+as handing over a ticket would.
 
 Wire format (the lane's frames, :mod:`.lane`): :data:`MAGIC`, then a frame with status 0
 holding the authorization value (``Bearer <token>``, empty without a token); the answer is
@@ -43,7 +44,7 @@ from typing import Any
 import grpc
 
 from ..errors import ClosedError
-from .gate import Gate
+from .gate import Gate, refusing
 from .lane import GREETING_LIMIT, HEADER, Activity, FrameError, Frames, send
 from .peers import Peer
 from .status import ServiceError, error_from
@@ -51,7 +52,13 @@ from .status import ServiceError, error_from
 MAGIC = b"CRTPRIV1"
 """What a client asking for a private socket sends first."""
 GRACE_S = 5.0
-"""How long calls under way on a private socket may go on once its holder left."""
+"""How long a private socket's server lives on once its holder left: calls under way
+finish, new ones on connections made before are told why they are refused."""
+ENDED = (
+    "the connection that held this private socket closed (its holder exited or was killed), "
+    "so the socket is gone: hold another, with crossrt socket -- COMMAND or "
+    "crossrt.private_socket(), or use the daemon's main socket"
+)
 GREETING_SECONDS = 10.0
 GIVE_BACK_S = 2.0
 """How long :meth:`PrivateSocket.close` waits for the daemon to have removed the socket."""
@@ -60,6 +67,7 @@ _ACL = "system.posix_acl_access"
 _ACL_ENTRY = struct.Struct("<HHI")
 _ANYONE = 0xFFFFFFFF
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
+_ENDED = (grpc.StatusCode.UNAUTHENTICATED, ENDED)
 
 
 def _acl(uid: int) -> bytes:
@@ -133,8 +141,13 @@ class HolderGate(grpc.ServerInterceptor):  # type: ignore[misc]
         self._gate = gate
         self._lock = threading.Lock()
         self._running = 0
+        self.ended = False
+        """Its holder left: every new call is refused (UNAUTHENTICATED, :data:`ENDED`)."""
 
     def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
+        if self.ended:
+            handler = continuation(details)
+            return None if handler is None else refusing(handler, _ENDED)
         handler = self._gate.intercept_service(continuation, details)
         if handler is None:
             return None
@@ -204,7 +217,7 @@ class PrivateSockets:
             _, token = Frames(sock).read(GREETING_LIMIT)
             try:
                 self._gate.grant(bytes(token))
-                path, server = self._open_for(peer, activity, main)
+                path, server, gate = self._open_for(peer, activity, main)
             except ServiceError as exc:
                 send(sock, exc.status.value[0], exc.message.encode())
                 return
@@ -217,13 +230,18 @@ class PrivateSockets:
         except OSError:
             pass
         finally:
+            gate.ended = True  # before the file goes: a client seeing it gone sees this
             with contextlib.suppress(OSError):
-                os.unlink(path)
+                os.unlink(path)  # no new connection
             with self._lock:
                 self._open.pop(path, None)
-            server.stop(GRACE_S)
+            stop = threading.Timer(GRACE_S, server.stop, (GRACE_S,))
+            stop.daemon = True  # a daemon that exits drained its calls first
+            stop.start()
 
-    def _open_for(self, peer: Peer, activity: Activity, main: str) -> tuple[str, grpc.Server]:
+    def _open_for(
+        self, peer: Peer, activity: Activity, main: str
+    ) -> tuple[str, grpc.Server, HolderGate]:
         """A started gRPC server on a new socket beside ``main`` that only ``peer``'s uid
         may open: bound in a folder only the daemon may enter, made the uid's, then moved
         beside ``main``, so no one else can connect in between."""
@@ -236,7 +254,8 @@ class PrivateSockets:
                 f"cannot make a private socket beside {main} ({exc.strerror}); use it instead",
             ) from None
         staged = os.path.join(staging, "grpc.sock")
-        server = self._make_server(HolderGate(peer, activity, self._gate))
+        gate = HolderGate(peer, activity, self._gate)
+        server = self._make_server(gate)
         try:
             try:
                 bound = server.add_insecure_port(f"unix:{staged}")
@@ -259,7 +278,7 @@ class PrivateSockets:
         server.start()
         with self._lock:
             self._open[path] = server
-        return path, server
+        return path, server, gate
 
 
 # -- the client's end ---------------------------------------------------------------------
