@@ -7,24 +7,37 @@ from __future__ import annotations
 
 import os
 import queue
+import select
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 pytest.importorskip("grpc", reason="the serve extra is not installed: pip install crossrt[serve]")
 pytest.importorskip("tritonclient.grpc", reason="the serve extra is not installed")
 
+import grpc
 import numpy as np
 import tritonclient.grpc as tc
 from serving import EXPLICIT, Daemon, make_repository, start_daemon
 
 import crossrt
+from concurrency_models import slow_rows
 from crossrt.errors import ClosedError
+from crossrt.server.gate import Gate
+from crossrt.server.lane import Activity
 from crossrt.server.peers import socket_peer
-from crossrt.server.private_sockets import HeldContext, holder_of, remove_stale
+from crossrt.server.private_sockets import (
+    HeldContext,
+    HolderGate,
+    PrivateSocket,
+    holder_of,
+    remove_stale,
+)
 from crossrt.tools import cli
 
 PERF_ANALYZER = Path(
@@ -75,15 +88,39 @@ def test_tritonclient_infers_on_a_private_socket_unary_and_streaming(served: Dae
         np.testing.assert_array_equal(got.as_numpy("y"), expected)
 
 
-def test_a_held_context_names_its_holder_and_passes_the_rest_on() -> None:
-    class Context:
-        def peer(self) -> str:
-            return "unix:"
+class Context:
+    def peer(self) -> str:
+        return "unix:"  # what gRPC says of an unnamed Unix client
 
+    def time_remaining(self) -> float:
+        return 1.5
+
+
+def test_a_held_context_names_its_holder_and_passes_the_rest_on() -> None:
     holder = socket_peer("private:7", 1000, 1000, 42)
     held = HeldContext(Context(), holder)
-    assert holder_of(held) is holder and held.peer() == "unix:"
+    assert holder_of(held) is holder and held.peer() == "private:7"
+    assert held.time_remaining() == 1.5
     assert holder_of(Context()) is None
+
+
+@pytest.mark.parametrize("kind", ["unary_unary", "unary_stream", "stream_unary", "stream_stream"])
+def test_every_kind_of_call_on_a_private_socket_is_its_holder(kind: str) -> None:
+    """The gate holds the contexts of the kinds it wraps; the others are held by the private
+    socket's own gate: none reaches a servicer bare (it would be the daemon's user)."""
+    seen: list[object] = []
+
+    def behavior(request: object, context: object) -> object:
+        seen.append(holder_of(context))
+        return iter([request]) if kind.endswith("stream") else request
+
+    handler = getattr(grpc, f"{kind}_rpc_method_handler")(behavior)
+    holder = socket_peer("private:7", 1000, 1000, 42)
+    details = SimpleNamespace(method="/inference.GRPCInferenceService/X", invocation_metadata=())
+    gated = HolderGate(holder, Activity(), Gate()).intercept_service(lambda d: handler, details)
+    answer = getattr(gated, kind)(b"x", Context())
+    list(answer) if kind.endswith("stream") else answer
+    assert seen == [holder]
 
 
 def test_no_daemon_is_a_closed_error_that_says_so(tmp_path: Path) -> None:
@@ -144,3 +181,40 @@ def test_the_sockets_a_dead_daemon_left_are_removed(tmp_path: Path) -> None:
         path.touch()
     remove_stale(str(main))
     assert [p.exists() for p in left + kept] == [False, False, True, True]
+
+
+IDLE_S = 1
+
+
+@pytest.fixture(scope="module")
+def idling(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """A daemon whose idle timeout is short, with a model whose calls outlast it."""
+    folder = tmp_path_factory.mktemp("private-idle")
+    repository = folder / "models"
+    repository.mkdir()
+    crossrt.compile(slow_rows(chain=50, size=1024), "cpu").save(repository / "slow.crm")
+    d = start_daemon(folder, repository, [*EXPLICIT, "--idle-timeout", str(IDLE_S)])
+    yield d
+    assert d.stop() == 0, "".join(d.log)
+
+
+def dropped(held: PrivateSocket, seconds: float) -> bool:
+    """Whether the daemon closes the connection holding ``held`` within ``seconds``."""
+    poller = select.poll()
+    poller.register(held.fileno(), select.POLLIN | select.POLLRDHUP)
+    return bool(poller.poll(seconds * 1000))
+
+
+def test_an_idle_private_socket_is_dropped_and_a_running_call_keeps_it(idling: Daemon) -> None:
+    with crossrt.private_socket(idling.socket) as held:
+        client = tc.InferenceServerClient(held.url)
+        x = tc.InferInput("x", [1280, 1024], "FP32")
+        x.set_data_from_numpy(np.ones((1280, 1024), np.float32))
+        started = time.monotonic()
+        client.infer("slow", [x])  # no other call meanwhile: only this one keeps it open
+        took = time.monotonic() - started
+        if took < 1.5 * IDLE_S:  # the idle timeout looks every IDLE_S / 4
+            pytest.skip(f"the call took {took:.1f} s here, not long enough to outlast idle")
+        assert not dropped(held, 0), "dropped while a call ran on it"
+        assert dropped(held, 30), "an idle private socket was kept"
+        assert not os.path.exists(held.path)

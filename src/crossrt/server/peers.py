@@ -118,7 +118,7 @@ def identify(
     holder of the live ticket the call carries (:meth:`.tickets.Tickets.bearer`), which a
     call over a Unix socket is, whatever its address."""
     kind, _, rest = address.partition(":")
-    if bearer is not None and kind in ("unix", "unix-abstract"):
+    if bearer is not None and kind in ("unix", "unix-abstract", "private"):
         return bearer.granted(grant)
     if kind == "unix-abstract":
         known = relayed.get(rest)

@@ -38,7 +38,7 @@ import struct
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -113,13 +113,18 @@ def remove_stale(main: str) -> None:
 
 class HeldContext:
     """A call's servicer context on a private socket, carrying its holder: wherever the
-    daemon asks who calls, the context itself says (:func:`holder_of`)."""
+    daemon asks who calls, the context itself says (:func:`holder_of`). Its :meth:`peer` is
+    the holder's name (``private:<n>``), under which the gate counts the calls under way,
+    which the relay's idle timeout asks about."""
 
     __slots__ = ("_context", "holder")
 
     def __init__(self, context: Any, holder: Peer) -> None:
         self._context = context
         self.holder = holder
+
+    def peer(self) -> str:
+        return self.holder.address
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._context, name)
@@ -131,62 +136,46 @@ def holder_of(context: Any) -> Peer | None:
 
 
 class HolderGate(grpc.ServerInterceptor):  # type: ignore[misc]
-    """A private socket's interceptor: the daemon's :class:`.gate.Gate`, then every call's
-    context made a :class:`HeldContext` of ``holder``; calls under way keep ``activity``
-    busy (the idle timeout leaves the holder's connection open)."""
+    """A private socket's interceptor: the daemon's :class:`.gate.Gate`, every call's
+    servicer context a :class:`HeldContext` of ``holder``; each call notes ``activity``
+    when it starts."""
 
     def __init__(self, holder: Peer, activity: Activity, gate: Gate) -> None:
         self._holder = holder
         self._activity = activity
         self._gate = gate
-        self._lock = threading.Lock()
-        self._running = 0
         self.ended = False
         """Its holder left: every new call is refused (UNAUTHENTICATED, :data:`ENDED`)."""
+
+    def _hold(self, context: Any) -> HeldContext:
+        return HeldContext(context, self._holder)
 
     def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
         if self.ended:
             handler = continuation(details)
             return None if handler is None else refusing(handler, _ENDED)
-        handler = self._gate.intercept_service(continuation, details)
-        if handler is None:
-            return None
-        kinds = ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
-        for kind in kinds:
-            behavior = getattr(handler, kind)
-            if behavior is not None:
-                make = getattr(grpc, f"{kind}_rpc_method_handler")
-                return make(
-                    self._held(behavior, kind.endswith("stream")),
-                    request_deserializer=handler.request_deserializer,
-                    response_serializer=handler.response_serializer,
-                )
-        return handler
-
-    def _held(self, behavior: Callable[[Any, Any], Any], streams: bool) -> Callable[..., Any]:
-        holder = self._holder
+        self._activity.last = time.monotonic()
+        # The gate holds the context of the kinds it wraps itself (all the daemon serves).
+        handler = self._gate.intercept_service(continuation, details, self._hold)
+        if handler is None or handler.unary_unary is not None or handler.stream_stream is not None:
+            return handler
+        # Any other kind (or a refusal, which reads nothing): held here, never passed bare.
+        streams = handler.unary_stream is not None
+        behavior = handler.unary_stream if streams else handler.stream_unary
+        make = (
+            grpc.unary_stream_rpc_method_handler
+            if streams
+            else grpc.stream_unary_rpc_method_handler
+        )
 
         def call(request: Any, context: Any) -> Any:
-            self._note(1)
-            try:
-                return behavior(request, HeldContext(context, holder))
-            finally:
-                self._note(-1)
+            return behavior(request, self._hold(context))
 
-        def stream(request: Any, context: Any) -> Iterator[Any]:
-            self._note(1)
-            try:
-                yield from behavior(request, HeldContext(context, holder))
-            finally:
-                self._note(-1)
-
-        return stream if streams else call
-
-    def _note(self, change: int) -> None:
-        with self._lock:
-            self._running += change
-            self._activity.busy = self._running > 0
-            self._activity.last = time.monotonic()
+        return make(
+            call,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
 
 
 class PrivateSockets:

@@ -101,8 +101,9 @@ class UnixRelay:
         self._by_user: dict[int, int] = {}
         """Connections open now, by user (the operator's not counted)."""
         self._activity: dict[int, tuple[Activity, tuple[socket.socket, ...], str]] = {}
-        """serial -> (its activity, its sockets, the peer address its gRPC calls have, or
-        "" for those served here)."""
+        """serial -> (its activity, its sockets, the peer address its gRPC calls have: a
+        relayed connection's, or the name of one served here, ``private:<n>`` that of its
+        private socket's calls)."""
         self._idle_wake = threading.Event()
         self.connections = 0
         """Connections open now: being routed, served on the lane, or relayed."""
@@ -314,7 +315,7 @@ class UnixRelay:
         activity = Activity()
         with self._lock:
             self._served[serial] = client
-            self._activity[serial] = (activity, (client,), "")
+            self._activity[serial] = (activity, (client,), peer.address)
         try:
             served(client, peer, activity)
         finally:
