@@ -184,3 +184,45 @@ def test_private_sockets_per_user_are_bounded_like_connections(
         assert d.stop() == 0, "".join(d.log)
     assert seen[:2] == ["socket", "socket"], seen
     assert seen[2].startswith("OutOfResourcesError") and "user_connections" in seen[2], seen
+
+
+def listen_for(lines: Lines, folder: str, uid: int | None) -> None:
+    """As A (not root, as a daemon run by a user is): a listening socket, mode 0600, made
+    one ``uid`` may open (``only_for``), or not (``None``)."""
+    from crossrt.server.private_sockets import only_for
+
+    path = os.path.join(folder, f"s-{uid}")
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(path)
+    listener.listen(1)
+    os.chmod(path, 0o600)
+    if uid is not None:
+        only_for(path, uid)
+    lines.send(path)
+    lines.recv()
+
+
+def connect_to(path: str) -> str:
+    probe = socket.socket(socket.AF_UNIX)
+    try:
+        probe.connect(path)
+    except OSError as exc:
+        return type(exc).__name__
+    finally:
+        probe.close()
+    return "connected"
+
+
+def test_a_daemon_that_is_not_root_lets_one_user_in_by_an_acl(
+    folder: Path, people: list[User]
+) -> None:
+    a, b = people
+    mine = folder / "not-root"
+    mine.mkdir()
+    os.chown(mine, a.uid, a.gid)
+    mine.chmod(0o711)
+    for uid, expected in ((b.uid, "connected"), (None, "PermissionError")):
+        with AsUser(a, listen_for, str(mine), uid) as daemon_user:
+            path = daemon_user.recv()
+            assert isinstance(path, str), path
+            assert once(b, connect_to, path) == expected, uid
