@@ -15,6 +15,12 @@ gRPC stub, as tritonclient sends it) on each of
 - **direct socket, ticket**: the daemon's direct socket (``server/tickets.py``), the stub
   sending the ticket a connection to the main socket got in its user agent, as crossrt's
   client does;
+- **private socket**: a socket of the client's own (``server/private_sockets.py``), which a
+  connection to the main socket asked for and only its user may open: gRPC's own socket
+  again, nothing sent with the calls;
+- **tritonclient, TCP** and **tritonclient, private socket**: ``tritonclient.grpc``'s
+  ``InferenceServerClient.infer`` on loopback TCP and on a private socket (``crossrt socket``
+  / ``crossrt.private_socket()``), the second against the first;
 - **crossrt client, TCP** and **crossrt client, direct socket with ticket**: ``connect(...,
   lane=False)`` and its ``RemoteRuntime.infer`` (the gRPC path of ``RemoteModel.run``) on
   loopback TCP and on the Unix socket, where it takes a ticket and calls the direct socket;
@@ -56,11 +62,13 @@ from typing import Any
 
 import grpc
 import numpy as np
+import tritonclient.grpc as tritonclient
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
 import crossrt
 from crossrt.server.client import RemoteRuntime, connect
+from crossrt.server.private_sockets import private_socket
 from crossrt.server.tickets import AGENT, request_ticket
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -107,17 +115,25 @@ def start(folder: Path, tag: str, pumps: bool) -> tuple[subprocess.Popen[str], d
         targets["inner socket, no relay"] = f"unix:{inner[0]}"
     if pumps:
         targets[DIRECT] = f"unix:{folder}/{tag}.sock"
+        targets[PRIVATE] = f"unix:{folder}/{tag}.sock"
+        targets[TRITON_TCP] = tcp
+        targets[TRITON_PRIVATE] = f"unix:{folder}/{tag}.sock"
         targets[CROSSRT_TCP] = tcp
         targets[CROSSRT_DIRECT] = f"unix:{folder}/{tag}.sock"
     return proc, targets
 
 
 DIRECT = "direct socket, ticket"
+PRIVATE = "private socket"
+TRITON_TCP = "tritonclient, TCP"
+TRITON_PRIVATE = "tritonclient, private socket"
 CROSSRT_TCP = "crossrt client, TCP"
 CROSSRT_DIRECT = "crossrt client, direct socket with ticket"
 BASELINE = {
     CROSSRT_DIRECT: CROSSRT_TCP,
     CROSSRT_TCP: CROSSRT_TCP,
+    TRITON_PRIVATE: TRITON_TCP,
+    TRITON_TCP: TRITON_TCP,
     "Unix, daemon threads": "TCP (b)",
 }
 """The row each variant is compared with (else TCP (a))."""
@@ -135,6 +151,19 @@ class Caller:
             assert (variant == CROSSRT_DIRECT) == (remote._ticket is not None), variant
             self._close.append(remote)
             self.call = lambda: remote.infer(request)
+            return
+        if variant in (PRIVATE, TRITON_PRIVATE):  # held while this client lives
+            held = private_socket(target)
+            self._close.append(held)
+            target = held.url
+        if variant.startswith("tritonclient"):  # its own channel per client object
+            client = tritonclient.InferenceServerClient(target)
+            self._close.append(client)
+            x = tritonclient.InferInput("x", [1, 16], "FP32")
+            x.set_data_from_numpy(
+                np.frombuffer(request.raw_input_contents[0], np.float32).reshape(1, 16)
+            )
+            self.call = lambda: client.infer("tiny", [x])
             return
         options: list[tuple[str, int | str]] = [("grpc.use_local_subchannel_pool", 1)]
         if variant == DIRECT:  # the ticket in the user agent, as crossrt's client sends it
@@ -174,7 +203,7 @@ def run_all(rounds: int, calls: int, clients: int, paired_calls: int) -> dict[st
                 proc, found = start(folder, tag, pumps)
                 procs.append(proc)
                 targets.update(found)
-            rows = measure(targets, rounds, calls, clients)
+            rows = measure(targets, rounds, calls, clients) if rounds else []
             paired = interleave(targets, paired_calls, clients)
         finally:
             for proc in procs:
@@ -254,6 +283,9 @@ PAIRS = [
     ("Unix, pump process", "TCP (a)"),
     ("inner socket, no relay", "TCP (a)"),
     (DIRECT, "TCP (a)"),
+    (PRIVATE, "TCP (a)"),
+    (PRIVATE, "inner socket, no relay"),
+    (TRITON_PRIVATE, TRITON_TCP),
     (CROSSRT_DIRECT, CROSSRT_TCP),
 ]
 """(variant, its TCP row) measured call by call, interleaved."""
@@ -343,6 +375,8 @@ def markdown(report: dict[str, Any]) -> str:
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     lines += [_row(r) for r in report["rows"]]
+    if not report["rows"]:  # --rounds 0
+        lines[2:] = [f"Interleaved rows only. Load average (1 min) {lines[2].split('(1 min) ')[1]}"]
     if report.get("interleaved"):
         lines += [
             "",
@@ -360,7 +394,7 @@ def markdown(report: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--rounds", type=int, default=6, help="0: the interleaved rows only")
     p.add_argument("--calls", type=int, default=1000)
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--paired-calls", type=int, default=2000)

@@ -94,14 +94,14 @@ _MOVED = {
 def __getattr__(name: str) -> object:
     # connect needs the serve extra (grpcio, tritonclient): imported on first use so that
     # `import crossrt` works without it.
-    if name in ("connect", "RemoteRuntime"):
+    if name in ("connect", "RemoteRuntime", "private_socket"):
         try:
-            from .server import client
+            from .server import client, private_sockets
         except ImportError as e:
             raise ImportError(
                 f"crossrt.{name} needs the serve extra: pip install 'crossrt[serve]' ({e})"
             ) from e
-        return getattr(client, name)
+        return getattr(private_sockets if name == "private_socket" else client, name)
     if name in _MOVED:
         raise AttributeError(
             f"crossrt.{name} is not part of the users' API; it lives in "
@@ -150,5 +150,6 @@ __all__ = [
     "from_dlpack",
     "load_executable",
     "load_model",
+    "private_socket",
     "shared_tensor",
 ]

@@ -40,6 +40,8 @@ from .kserve import InferenceService
 from .lane import LaneServer
 from .neuron_rtd import NEURON_RTD, nc_busy
 from .peers import Peer, identify
+from .private_sockets import MAGIC as PRIVATE
+from .private_sockets import PrivateSockets, holder_of, remove_stale
 from .proto import runtime_pb2_grpc as v1_grpc
 from .regions import Regions
 from .relay import UnixRelay
@@ -47,6 +49,7 @@ from .repository import LoadOptions, Repository
 from .response_cache import CacheCounts, ResponseCache
 from .rest import HttpFront
 from .settings import ServeOptions, default_profile_dir
+from .tickets import MAGIC as TICKET
 from .tickets import TicketGate, Tickets, listen_direct
 from .tokens import load_tokens
 
@@ -134,6 +137,9 @@ class Daemon:
         mains = [e.address for e in options.endpoints() if e.kind == "unix"]
         gate = TicketGate(self.tickets, self.gate, mains)
         self.direct = grpc.server(executor, interceptors=[gate], options=limits)
+        # Any gRPC client, on a socket only its user may open (a server per holder).
+        self._executor, self._limits = executor, limits
+        self.private = PrivateSockets(self.gate, self._private_server)
         self._direct_paths: list[str] = []
         cache = (
             ResponseCache(options.response_cache_bytes) if options.response_cache_bytes else None
@@ -163,8 +169,7 @@ class Daemon:
             profile_dir=options.profile_dir or str(default_profile_dir()),
         )
         for server in (self.server, self.direct):
-            pbg.add_GRPCInferenceServiceServicer_to_server(service, server)
-            v1_grpc.add_RuntimeServicer_to_server(self.extension, server)  # type: ignore[no-untyped-call]
+            self._serving(server)
         self._stopping = threading.Event()
         self._trimmed = 0  # RSS after the last trim (give_back_memory)
         self._previous: dict[int, Any] = {}
@@ -176,6 +181,17 @@ class Daemon:
             self._close_sockets()
             self.runtime.close()
             raise
+
+    def _serving(self, server: grpc.Server) -> grpc.Server:
+        """``server`` with the daemon's two services."""
+        pbg.add_GRPCInferenceServiceServicer_to_server(self.service, server)
+        v1_grpc.add_RuntimeServicer_to_server(self.extension, server)  # type: ignore[no-untyped-call]
+        return server
+
+    def _private_server(self, interceptor: Any) -> grpc.Server:
+        """A private socket's gRPC server: the daemon's services, threads and limits."""
+        server = grpc.server(self._executor, interceptors=[interceptor], options=self._limits)
+        return self._serving(server)
 
     def _listen(self, inner: str) -> None:
         endpoints = self.options.endpoints()
@@ -203,8 +219,12 @@ class Daemon:
                 self.addresses.append(f"unix:{endpoint.address}")
                 direct = listen_direct(self.direct, endpoint.address, self.options.socket_mode)
                 if direct is not None:
-                    relay.ticket = functools.partial(self.tickets.serve, direct=direct)
+                    served = functools.partial(self.tickets.serve, direct=direct)
+                    relay.served[TICKET] = ("ticket", served)
                     self._direct_paths.append(direct)
+                remove_stale(endpoint.address)
+                private = functools.partial(self.private.serve, main=endpoint.address)
+                relay.served[PRIVATE] = ("private", private)
                 continue
             why = "in use, or not an address of this host"
             try:
@@ -227,8 +247,11 @@ class Daemon:
         metadata = context.invocation_metadata()
         grant = self.gate.grant(authorization(metadata))
         address = context.peer()
-        # A call with a ticket is its holder (the direct socket lets in no other).
-        bearer = self.tickets.bearer(metadata) if address.startswith("unix") else None
+        # A private socket's call is its holder; one with a ticket, the ticket's (the
+        # direct socket lets in no other).
+        bearer = holder_of(context)
+        if bearer is None and address.startswith("unix"):
+            bearer = self.tickets.bearer(metadata)
         return identify(address, relayed, grant, bearer)
 
     def ready(self) -> bool:

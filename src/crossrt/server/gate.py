@@ -124,7 +124,16 @@ class Gate(grpc.ServerInterceptor):  # type: ignore[misc]
             return exc.status, exc.message
         return None
 
-    def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
+    def intercept_service(
+        self,
+        continuation: Callable[[Any], Any],
+        details: Any,
+        held: Callable[[Any], Any] | None = None,
+    ) -> Any:
+        """The call's handler behind the gate; ``held`` (a private socket's,
+        :mod:`.private_sockets`) turns the servicer context of a unary-unary or stream-stream
+        call into the one its servicer and the gate see. Other kinds are returned as they
+        are, for the caller to wrap."""
         handler = continuation(details)
         if handler is None:
             return None
@@ -134,22 +143,24 @@ class Gate(grpc.ServerInterceptor):  # type: ignore[misc]
         health = details.method.rsplit("/", 1)[-1] in HEALTH
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
-                self._unary(handler.unary_unary, refusal, health),
+                self._unary(handler.unary_unary, refusal, health, held),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
         if handler.stream_stream is not None:
             return grpc.stream_stream_rpc_method_handler(
-                self._stream(handler.stream_stream, refusal),
+                self._stream(handler.stream_stream, refusal, held),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
         return handler
 
     def _unary(
-        self, method: Callable[[Any, Any], Any], refusal: Any, health: bool
+        self, method: Callable[[Any, Any], Any], refusal: Any, health: bool, held: Any
     ) -> Callable[[Any, Any], Any]:
         def call(request: Any, context: Any) -> Any:
+            if held is not None:
+                context = held(context)
             peer = "" if health else context.peer()
             failure = refusal or self._enter(health, peer)
             if failure is None:
@@ -163,8 +174,12 @@ class Gate(grpc.ServerInterceptor):  # type: ignore[misc]
 
         return call
 
-    def _stream(self, method: Callable[[Any, Any], Any], refusal: Any) -> Callable[..., Any]:
+    def _stream(
+        self, method: Callable[[Any, Any], Any], refusal: Any, held: Any
+    ) -> Callable[..., Any]:
         def call(requests: Iterator[Any], context: Any) -> Iterator[Any]:
+            if held is not None:
+                context = held(context)
             peer = context.peer()
             failure = refusal or self._enter(False, peer)
             if failure is None:

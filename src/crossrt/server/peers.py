@@ -8,7 +8,9 @@ the direct socket, gRPC's own (:mod:`.tickets`), the address a client reports is
 choice and nothing is believed of it: every call there carries a ticket, which its gate has
 checked (a call without one never gets here), and is the ticket's holder, named
 ``ticket:<n>`` after the ticket's connection to the main socket, whose credentials the
-kernel gave at accept; a ticket that ended since is refused, not passed over. Over
+kernel gave at accept; a ticket that ended since is refused, not passed over. On a private
+socket (:mod:`.private_sockets`), which only one user may open, every call is the caller of
+the connection that asked for it, ``private:<n>``, whatever its address or metadata. Over
 TCP (and HTTP) a client is anonymous unless it sends a token of the operator's tokens file
 (:mod:`.tokens`): then it is that token's user, with that token's role. Nothing is inferred
 from the client's address: the kernel's socket tables (``/proc/net/tcp``) name whoever holds
@@ -82,7 +84,8 @@ class Peer:
         operator token adds the role; over TCP the token's user is the peer's."""
         if grant is None:
             return self
-        if self.uid is not None and self.address.startswith(("unix", "lane:", "ticket:")):
+        kernels = ("unix", "lane:", "ticket:", "private:")  # the kernel said who
+        if self.uid is not None and self.address.startswith(kernels):
             return replace(self, operator=self.operator or grant.operator)
         return replace(
             self,
@@ -115,7 +118,7 @@ def identify(
     holder of the live ticket the call carries (:meth:`.tickets.Tickets.bearer`), which a
     call over a Unix socket is, whatever its address."""
     kind, _, rest = address.partition(":")
-    if bearer is not None and kind in ("unix", "unix-abstract"):
+    if bearer is not None and kind in ("unix", "unix-abstract", "private"):
         return bearer.granted(grant)
     if kind == "unix-abstract":
         known = relayed.get(rest)

@@ -1,8 +1,9 @@
 """The daemon's Unix socket: connections accepted here, where the kernel says who connected
 (``SO_PEERCRED``), and relayed to gRPC's own socket in a folder only the daemon's user may
 enter; a connection that opens with the direct lane's greeting (:mod:`.lane`) is served
-here instead, as is one that opens with the ticket greeting (:mod:`.tickets`): crossrt's
-own gRPC client then calls a socket gRPC owns directly, with no relay.
+here instead, as are those that open with the ticket greeting (:mod:`.tickets`: crossrt's
+own gRPC client then calls a socket gRPC owns directly) or ask for a private socket
+(:mod:`.private_sockets`: any gRPC client does).
 
 Each connection holds a thread (or, relayed, two in the pump process) and file descriptors
 while it is open, so the relay keeps at most ``limit`` open (``max_connections``), and at
@@ -47,7 +48,6 @@ import grpc
 from .lane import GREETING_LIMIT, MAGIC, Activity, FrameError, Frames, opening, send
 from .peers import Peer, is_operator_uid, socket_peer
 from .pump import Both, Pumps, relay
-from .tickets import MAGIC as TICKET
 
 log = logging.getLogger("crossrt.serve")
 _SHORT_OF = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
@@ -60,10 +60,10 @@ _REFUSE_S = 1.0
 DEFAULT_LIMIT = 1024
 _CREDENTIALS = struct.Struct("3i")  # SO_PEERCRED: pid, uid, gid
 _SERIALS = itertools.count(1)
-"""Connection numbers, one sequence for every relay: ``lane:<n>`` and ``ticket:<n>`` name
-a connection across all of the daemon's sockets."""
+"""Connection numbers, one sequence for every relay: ``lane:<n>``, ``ticket:<n>`` and
+``private:<n>`` name a connection across all of the daemon's sockets."""
 Served = Callable[[socket.socket, Peer, Activity], None]
-"""Serves a connection in its thread: the lane's, or a ticket's."""
+"""Serves a connection in its thread: the lane's, a ticket's, a private socket's."""
 
 
 class UnixRelay:
@@ -71,8 +71,8 @@ class UnixRelay:
     those of the direct lane, which go to ``lane`` (called in a thread of their own); at
     most ``limit`` connections at once, ``user_limit`` of one user's; those idle for
     ``idle_seconds`` (0: never) closed, unless ``busy`` (given the gRPC peer name) says a
-    call is under way on them. Connections that open with the ticket greeting go to
-    :attr:`ticket` when it is set (:meth:`.tickets.Tickets.serve`).
+    call is under way on them. Connections that open with another greeting of
+    :attr:`served` are served by its function (tickets, private sockets).
 
     Raises:
         OSError: the socket cannot be created (the message of :func:`bind_unix`).
@@ -91,9 +91,9 @@ class UnixRelay:
     ) -> None:
         self.path = path
         self._inner = inner
-        self._lane = lane
-        self.ticket: Served | None = None
-        """Serves the connections that ask for a ticket; ``None``: relayed as gRPC."""
+        self.served: dict[bytes, tuple[str, Served]] = {MAGIC: ("lane", lane)} if lane else {}
+        """Greeting -> (what its connections' callers are named, what serves them in their
+        thread); a connection that opens with none of them is relayed to gRPC."""
         self._limit = limit
         self._user_limit = user_limit or limit
         self._idle_seconds = idle_seconds
@@ -101,8 +101,9 @@ class UnixRelay:
         self._by_user: dict[int, int] = {}
         """Connections open now, by user (the operator's not counted)."""
         self._activity: dict[int, tuple[Activity, tuple[socket.socket, ...], str]] = {}
-        """serial -> (its activity, its sockets, the peer address its gRPC calls have, or
-        "" for those served here)."""
+        """serial -> (its activity, its sockets, the peer address its gRPC calls have: a
+        relayed connection's, or the name of one served here, ``private:<n>`` that of its
+        private socket's calls)."""
         self._idle_wake = threading.Event()
         self.connections = 0
         """Connections open now: being routed, served on the lane, or relayed."""
@@ -284,21 +285,19 @@ class UnixRelay:
 
     def _greetings(self) -> tuple[bytes, ...]:
         """The greetings of the connections served here, not relayed."""
-        return (MAGIC,) * (self._lane is not None) + (TICKET,) * (self.ticket is not None)
+        return tuple(self.served)
 
     def _route(self, client: socket.socket, pid: int, uid: int, gid: int) -> None:
         routed = False
         try:
             serial = next(_SERIALS)
-            greeting = opening(client, self._greetings()) if self._greetings() else b""
-            if greeting == MAGIC and self._lane is not None:
+            greetings = self._greetings()
+            greeting = opening(client, greetings) if greetings else b""
+            if greeting:
                 routed = True  # _serve counts it closed
-                peer = socket_peer(f"lane:{serial}", uid, gid, pid)
-                self._serve(client, serial, peer, self._lane)
-            elif greeting == TICKET and self.ticket is not None:
-                routed = True
-                peer = socket_peer(f"ticket:{serial}", uid, gid, pid)  # its calls' holder
-                self._serve(client, serial, peer, self.ticket)
+                kind, served = self.served[greeting]
+                peer = socket_peer(f"{kind}:{serial}", uid, gid, pid)  # its calls' caller
+                self._serve(client, serial, peer, served)
             else:
                 self._relay(client, serial, uid, gid, pid)
                 routed = True  # _forget counts it closed
@@ -310,13 +309,13 @@ class UnixRelay:
                 self._closed_one(uid)
 
     def _serve(self, client: socket.socket, serial: int, peer: Peer, served: Served) -> None:
-        """Serve a lane connection or a ticket's with ``served``, in this thread (its
-        activity kept by ``served``: a ticket's calls note theirs when they start)."""
+        """Serve a connection with ``served``, in this thread (its activity kept by
+        ``served``: a ticket's calls note theirs when they start)."""
         assert peer.uid is not None
         activity = Activity()
         with self._lock:
             self._served[serial] = client
-            self._activity[serial] = (activity, (client,), "")
+            self._activity[serial] = (activity, (client,), peer.address)
         try:
             served(client, peer, activity)
         finally:

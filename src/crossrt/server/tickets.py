@@ -40,7 +40,8 @@ digest as the key, as the tokens file's, cost 7.5 µs a call in the daemon, a th
 ticket's whole cost; no safer). Tickets are never logged. Each ticket holds one connection
 of the main socket open, counted in ``max_connections`` and in the user's
 ``user_connections``: a user holds at most that many tickets at once. tritonclient and
-perf_analyzer, which know no greeting, keep the relay.
+perf_analyzer, which know no greeting, use the relay, or a private socket of their own
+(:mod:`.private_sockets`, ``crossrt socket -- COMMAND``), which needs no secret.
 """
 
 from __future__ import annotations
@@ -79,7 +80,8 @@ LOOK_S = 0.05
 REFUSED = (
     "this socket serves crossrt clients with a ticket (metadata 'crossrt-ticket'), which a "
     "connection to the daemon's main socket ({main}) gets: crossrt.connect() does it; "
-    "tritonclient, perf_analyzer and other gRPC clients use the main socket"
+    "tritonclient, perf_analyzer and other gRPC clients use the main socket, or a private "
+    "socket of their own: crossrt socket -- COMMAND"
 )
 ENDED = (
     "the ticket sent is not one of a connection open now (its connection closed, or the "

@@ -22,6 +22,10 @@ COMMANDS = {
     "monitor": ("crossrt.tools.monitor", "print crossrt processes' metrics as JSON lines"),
     "top": ("crossrt.tools.top", "a live view of every crossrt process on this machine"),
     "serve": ("crossrt.tools.serve", "serve models over gRPC (KServe v2) to other processes"),
+    "socket": (
+        "crossrt.tools.private_socket",
+        "run a command with a gRPC socket of its own on the daemon (no relay)",
+    ),
     "deploy": ("crossrt.tools.deploy", "serve models on a Ray Serve fleet (crossrt[ray])"),
     "inspect": (
         "crossrt.tools.inspect",
