@@ -8,7 +8,9 @@ as text and parsed by simdjson a chunk at a time straight into the tensor), from
 input (4 Ki FP32, ~80 KiB), a ResNet input (3x224x224 random FP32, ~2.9 MiB) and two bodies
 of 4 Mi FP32 values. Answers, 4 Mi values from the engine's bytes to the JSON body:
 ``orjson.dumps(array, OPT_SERIALIZE_NUMPY)`` (the bar) and ``server/rest.py``'s answer
-(``_response``, from the ModelInferResponse the service gives) in FP32, FP16 and INT64.
+(``tensors.encode_outputs`` as the service answers the HTTP front, the output array kept out
+of the message, then ``_response``; and through the message's raw contents, as gRPC's answer
+is made) in FP32, FP16 and INT64.
 
 Each row runs in a process of its own (peak RSS is per process): the body is read from a
 file, then parsed, and the row reports the seconds taken (the least of 20 tries for bodies
@@ -57,15 +59,18 @@ import rapidjson  # imported before the measure: crossrt.server's imports alone 
 import simdjson
 from tritonclient.grpc import service_pb2 as pb
 from crossrt import dtypes
-from crossrt.server import rest, rest_json
+from crossrt.model import TensorSpec
+from crossrt.server import rest, rest_json, tensors
 body = open(path, "rb").read()
 if which.startswith("answer"):  # body: the raw output, its KServe datatype in the name
     datatype = path.rsplit(".", 1)[1]
     x = np.frombuffer(body, dtypes.from_kserve(datatype).numpy)
-    response = pb.ModelInferResponse(model_name="m", id="1")
-    response.outputs.add(name="y", datatype=datatype, shape=[count])
-    response.raw_output_contents.append(body)
+    spec = TensorSpec("y", dtypes.from_kserve(datatype), (count,))
     del body
+def answer(kept):  # as the service answers the HTTP front (kept) or gRPC (None), then rest.py
+    response = pb.ModelInferResponse(model_name="m", id="1")
+    tensors.encode_outputs(response, {"y": x}, [(spec, None)], None, (), kept)
+    return rest._response(response, {}, kept or {})[0]
 def parse():
     if which == "json.loads":
         doc = json.loads(body)
@@ -89,7 +94,9 @@ def parse():
     if which == "answer: orjson.dumps(array)":
         return orjson.dumps(x, option=orjson.OPT_SERIALIZE_NUMPY)
     if which == "answer: rest.py":
-        return rest._response(response, {})[0]
+        return answer({})
+    if which == "answer: rest.py through the message":
+        return answer(None)
     raise SystemExit(f"no such row: {which}")
 size = os.path.getsize(path)
 tries = 20 if size < 1 << 20 else 3 if size < 8 << 20 or which.startswith("answer") else 1
@@ -116,7 +123,7 @@ PARSERS = (
     "simdjson whole + buffer",
     "rest_json.loads",
 )
-WRITERS = ("answer: orjson.dumps(array)", "answer: rest.py")
+WRITERS = ("answer: orjson.dumps(array)", "answer: rest.py", "answer: rest.py through the message")
 RESNET = 3 * 224 * 224
 SMALL = 4096
 

@@ -16,6 +16,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import grpc
+import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
@@ -242,8 +243,10 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
         caller: Callable[[], Peer],
         deadline: float | None = None,
         gone: CancelToken | None = None,
+        kept: dict[str, np.ndarray] | None = None,
     ) -> pb.ModelInferResponse:
-        """Serve one ModelInfer request (gRPC's, or the direct lane's: :mod:`.lane`).
+        """Serve one ModelInfer request (gRPC's, the direct lane's (:mod:`.lane`), or the HTTP
+        front's).
 
         Args:
             caller: who sent it; asked at most once, and only when the request names a
@@ -254,6 +257,8 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
                 run, one still running is stopped where the engine can: DEADLINE_EXCEEDED.
             gone: cancelled when the client goes away (gRPC's ``add_callback``): the request
                 is dropped if it waits, stopped where the engine can if it runs.
+            kept: where the numeric outputs' arrays go instead of the answer's raw contents
+                (:func:`.tensors.encode_outputs`), unless the answer is cached.
         """
         deadline = _earlier(deadline, request_deadline(request))
         entry, model = self.repository.get(request.model_name, request.model_version)
@@ -310,7 +315,12 @@ class InferenceService(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc]
             model_name=entry.name, model_version=entry.version, id=request.id
         )
         encode_outputs(
-            response, results, chosen, lambda n, o, a: self.regions.write(n, o, a, who()), bound
+            response,
+            results,
+            chosen,
+            lambda n, o, a: self.regions.write(n, o, a, who()),
+            bound,
+            kept if key is None else None,  # a cached answer holds its bytes
         )
         if key is not None and self.cache is not None:
             began = time.perf_counter_ns()

@@ -202,7 +202,8 @@ class RestRoutes:
         except (TypeError, ValueError, OverflowError, RecursionError) as exc:
             # what the checks in _request did not name: still the client's JSON, not a fault
             raise _bad(f"the request does not have KServe's form ({str(exc)[:200]})") from None
-        return _response(self.service.infer(request, lambda: peer), doc)
+        kept: dict[str, np.ndarray] = {}
+        return _response(self.service.infer(request, lambda: peer, kept=kept), doc, kept)
 
 
 class HttpFront(RestRoutes):
@@ -572,9 +573,12 @@ def _flat(data: Any) -> list[Any]:
     return out
 
 
-def _response(response: pb.ModelInferResponse, doc: dict[str, Any]) -> tuple[bytes, int | None]:
+def _response(
+    response: pb.ModelInferResponse, doc: dict[str, Any], kept: dict[str, np.ndarray]
+) -> tuple[bytes, int | None]:
     """The JSON (and binary) body of an answer: outputs asked for with ``binary_data``
-    (or all, with the request's ``binary_data_output``) after the JSON."""
+    (or all, with the request's ``binary_data_output``) after the JSON; an output in
+    ``kept`` is written from its array, not the answer's raw contents."""
     everything = bool((doc.get("parameters") or {}).get("binary_data_output"))
     wanted = {
         str(o["name"]): bool((o.get("parameters") or {}).get("binary_data", everything))
@@ -582,9 +586,10 @@ def _response(response: pb.ModelInferResponse, doc: dict[str, Any]) -> tuple[byt
         if isinstance(o, dict) and "name" in o
     }
     outputs = []
-    tail: list[bytes] = []
+    tail: list[Any] = []
     for i, out in enumerate(response.outputs):
-        raw = response.raw_output_contents[i]
+        array = kept.get(out.name)
+        raw: Any = response.raw_output_contents[i] if array is None else _bytes_of(array)
         item: dict[str, Any] = {
             "name": out.name,
             "datatype": out.datatype,
@@ -599,7 +604,11 @@ def _response(response: pb.ModelInferResponse, doc: dict[str, Any]) -> tuple[byt
             count = int(np.prod(out.shape)) if out.shape else 1
             item["data"] = decode_bytes(raw, count, f"output {out.name!r}").tolist()
         else:
-            values = np.frombuffer(raw, dtype=dtypes.from_kserve(out.datatype).numpy)
+            values = (
+                array.reshape(-1)
+                if array is not None
+                else np.frombuffer(raw, dtype=dtypes.from_kserve(out.datatype).numpy)
+            )
             item["data"] = rest_json.writable(values)
         outputs.append(item)
     head = orjson.dumps(
@@ -614,3 +623,8 @@ def _response(response: pb.ModelInferResponse, doc: dict[str, Any]) -> tuple[byt
     if not tail:
         return head, None
     return head + b"".join(tail), len(head)
+
+
+def _bytes_of(array: np.ndarray) -> np.ndarray:
+    """``array``'s bytes, in place (a flat uint8 view: ``len`` and ``bytes.join`` take it)."""
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8)

@@ -309,9 +309,13 @@ def encode_outputs(
     chosen: Sequence[tuple[TensorSpec, tuple[str, int, int] | None]],
     write: SharedWrite,
     written: Collection[str] = (),
+    kept: dict[str, np.ndarray] | None = None,
 ) -> None:
     """Put the results in ``response``: raw contents, or into the named region slices (but
-    those ``written`` there already: :func:`bound_outputs`)."""
+    those ``written`` there already: :func:`bound_outputs`). With ``kept``, a numeric output
+    not going to a region is put there as its array instead, with empty raw contents (the
+    HTTP front writes its JSON from the array: no copy of its bytes into the message and
+    back out)."""
     for spec, region in chosen:
         value = results[spec.name]
         json_form = is_json_form(spec)
@@ -320,6 +324,10 @@ def encode_outputs(
         out = response.outputs.add(name=spec.name, datatype=datatype)
         out.shape.extend(array.shape)
         payload = encode_bytes(array) if datatype == "BYTES" else None
+        if region is None and kept is not None and payload is None:
+            kept[spec.name] = array
+            response.raw_output_contents.append(b"")
+            continue
         if region is None:
             response.raw_output_contents.append(payload if payload is not None else array.tobytes())
             continue
