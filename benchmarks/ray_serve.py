@@ -318,19 +318,25 @@ def one_model(
 def run_all(names: list[str], args: argparse.Namespace) -> dict[str, Any]:
     import ray
     from crossrt.scaleout.ray import start_serve
+    from crossrt.scaleout.ray.app import SERVE_ENV
     from ray import serve
 
     folder = Path(tempfile.mkdtemp(prefix="crossrt-bench-ray-"))
     os.environ["CROSSRT_RUNTIME_DIR"] = str(folder / "run")  # the replicas' core locks
-    for setting in args.serve_env:  # Serve's own switches, for the proxy and the replicas
-        key, _, value = setting.partition("=")
-        os.environ[key] = value
     paths = compile_models(folder, names, args.drivers)
     cpus = os.cpu_count() or 1
+    # Serve's proxy switches, as `crossrt deploy ray` sets them for its cluster (both
+    # deployments sit behind the same proxy), unless --serve-defaults; and any --serve-env
+    env = {} if args.serve_defaults else dict(SERVE_ENV)
+    env.update(setting.partition("=")[::2] for setting in args.serve_env)
+    before = dict(os.environ)
+    os.environ.update(env)  # the cluster's processes inherit it; this driver's handles not
     # Both deployments of a section stay deployed side by side so the rounds alternate:
     # declare twice the node's CPUs (num_cpus is Ray's accounting only; each deployment alone
     # fits the node: one replica per CPU, num_cpus=1 each).
     ray.init(address="local", num_cpus=2 * cpus, include_dashboard=False, log_to_driver=False)
+    os.environ.clear()
+    os.environ.update(before)
     grpc_port = free_port()
     start_serve(("127.0.0.1", free_port()), grpc_port)
     rows: list[dict[str, Any]] = []
@@ -347,7 +353,7 @@ def run_all(names: list[str], args: argparse.Namespace) -> dict[str, Any]:
         "seconds": args.seconds,
         "clients": args.clients,
         "packed_clients": list(args.packed_clients),
-        "serve_env": list(args.serve_env),
+        "serve_env": [f"{k}={v}" for k, v in env.items()],
         "rows": rows,
         "summary": summary(rows, names, cpus),
     }
@@ -445,7 +451,11 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"Load average of the host during the rounds: {min(loads):.1f}-{max(loads):.1f} (other "
         "work on it; the rounds alternate the servers, so each round's servers share the load)."
-        + (f" Serve settings: {', '.join(report['serve_env'])}." if report["serve_env"] else ""),
+        + (
+            f" Cluster environment (Serve's proxy switches): {', '.join(report['serve_env'])}."
+            if report["serve_env"]
+            else " Serve as shipped (no proxy switches)."
+        ),
         "",
         "Replicas: 1 = one replica of each Ray deployment (and `crossrt serve` on one core); "
         f"{cpus} = the packed node: as many replicas of each as the node's CPUs allow by their "
@@ -505,6 +515,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--serve-env", action="append", default=[], metavar="KEY=VALUE",
         help="an environment variable of the cluster (Serve's proxy, replicas)",
     )  # fmt: skip
+    p.add_argument(
+        "--serve-defaults",
+        action="store_true",
+        help="Serve as shipped: without crossrt's proxy switches (app.SERVE_ENV)",
+    )
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--out", type=Path, default=RESULTS / "ray_serve.json")
