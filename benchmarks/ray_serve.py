@@ -284,6 +284,43 @@ def rounds_of(
     return rows
 
 
+def profile_proxy(call: Callable[[], Any], clients: int, seconds: float) -> dict[str, Any]:
+    """Where Serve's proxy spends its time while ``clients`` threads send ``call``: py-spy's
+    samples of the proxy process, and the top functions' shares of them (inclusive: the
+    function and what it calls; own: its own lines)."""
+    import shutil
+
+    spy, proxy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy"), proxy_pid()
+    if proxy is None or not Path(spy).exists():
+        return {"error": "no Serve proxy, or no py-spy (pip install py-spy)"}
+    with tempfile.NamedTemporaryFile(suffix=".txt") as out:
+        command = [spy, "record", "-p", str(proxy), "-d", str(max(1, int(seconds) - 1))]
+        command += ["-r", "200", "--format", "raw", "--nonblocking", "-o", out.name]
+        recorder = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        measured = measure(call, clients, seconds)
+        recorder.wait(60)
+        lines = Path(out.name).read_text().splitlines()
+    inclusive: dict[str, int] = {}
+    own: dict[str, int] = {}
+    total = 0
+    for line in lines:
+        stack, _, count = line.rpartition(" ")
+        frames = [f.split(" (")[0] for f in stack.split(";")]
+        total += int(count)
+        own[frames[-1]] = own.get(frames[-1], 0) + int(count)
+        for name in set(frames):
+            inclusive[name] = inclusive.get(name, 0) + int(count)
+
+    ranked = sorted(inclusive.items(), key=lambda kv: -kv[1])[:30]
+    return {
+        "samples": total,
+        "throughput": measured["throughput"],
+        "functions": [
+            (name, n / max(total, 1), own.get(name, 0) / max(total, 1)) for name, n in ranked
+        ],
+    }
+
+
 def check_outputs(
     targets: dict[str, tuple[str, str, str, list[int]]], path: Path, feed: dict[str, np.ndarray]
 ) -> None:
@@ -296,10 +333,16 @@ def check_outputs(
 
 
 def one_model(
-    folder: Path, path: Path, n: str, proxy: str, args: argparse.Namespace
+    folder: Path,
+    path: Path,
+    n: str,
+    proxy: str,
+    args: argparse.Namespace,
+    profiles: dict[str, Any],
 ) -> list[dict[str, Any]]:
     """One model's rows: one replica of each deployment beside ``crossrt serve`` (one core
-    each), then the packed node (as many replicas of each as the host has CPUs)."""
+    each), then the packed node (as many replicas of each as the host has CPUs); with
+    ``--profile-proxy``, the proxy's profile under each Ray deployment into ``profiles``."""
     from ray import serve
 
     feed = models.example_input(n)
@@ -314,6 +357,12 @@ def one_model(
         single = {"replicas": 1, "clients": (1, args.clients), "seconds": args.seconds,
                   "rounds": args.rounds, "nice": args.nice}  # fmt: skip
         rows += rounds_of(targets, n, feed, single)
+        if args.profile_proxy:
+            for server in ("crossrt on Ray", "plain Ray + ORT"):
+                address, app, model, _ = targets[server]
+                profiles[f"{n} | {server}"] = profile_proxy(
+                    client_call(address, app, model, feed), args.clients, args.seconds
+                )
         for app in apps.values():
             serve.delete(app)
     finally:
@@ -357,9 +406,10 @@ def run_all(names: list[str], args: argparse.Namespace) -> dict[str, Any]:
     grpc_port = free_port()
     start_serve(("127.0.0.1", free_port()), grpc_port)
     rows: list[dict[str, Any]] = []
+    profiles: dict[str, Any] = {}
     try:
         for n in names:
-            rows += one_model(folder, paths[n], n, f"127.0.0.1:{grpc_port}", args)
+            rows += one_model(folder, paths[n], n, f"127.0.0.1:{grpc_port}", args, profiles)
     finally:
         serve.shutdown()
         ray.shutdown()
@@ -373,6 +423,7 @@ def run_all(names: list[str], args: argparse.Namespace) -> dict[str, Any]:
         "serve_env": [f"{k}={v}" for k, v in env.items()],
         "nice": args.nice,
         "rows": rows,
+        "proxy_profile": profiles,
         "summary": summary(rows, names, cpus),
     }
 
@@ -522,6 +573,19 @@ def markdown(report: dict[str, Any]) -> str:
         for key, value in s.items():
             if key.startswith("scaling_"):
                 lines.append(f"\n{n}: crossrt on Ray {key.replace('_', ' ')} clients: {value:.2f}x")
+    for key, profile in report.get("proxy_profile", {}).items():
+        if "error" in profile:
+            lines.append(f"\nProxy profile, {key}: {profile['error']}")
+            continue
+        lines += [
+            f"\nServe's proxy, {key}, {report['clients']} clients (py-spy, {profile['samples']} "
+            "samples; inclusive share, own share):",
+            "",
+            "| function | inclusive | own |",
+            "| --- | ---: | ---: |",
+        ]
+        lines += [f"| `{name}` | {share:.1%} | {mine:.1%} |"
+                  for name, share, mine in profile["functions"]]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -549,6 +613,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=int,
         default=None,
         help="the servers' and client's autogroup nice (root; e.g. -15 on a shared host)",
+    )
+    p.add_argument(
+        "--profile-proxy",
+        action="store_true",
+        help="py-spy on Serve's proxy under each Ray deployment (--clients, --seconds)",
     )
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--rounds", type=int, default=2)
