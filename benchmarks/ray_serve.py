@@ -1,32 +1,39 @@
 """crossrt on Ray Serve against what a user writes on Ray Serve, and against ``crossrt serve``.
 
-On one host (a local Ray cluster), for each model (tiny: ``x[1,16] @ W + b``; resnet50: the
-ResNet-50-like model of models.py), three servers, each given one core, and the same client
-(tritonclient gRPC, KServe v2; the header ``application`` picks the Serve application):
+On one host (a local Ray cluster with Serve's proxy switches, ``crossrt.scaleout.ray.app.
+SERVE_ENV``, as ``crossrt deploy ray`` starts it; ``--serve-defaults``: Serve as shipped), for
+each model (tiny: ``x[1,16] @ W + b``; resnet50: the ResNet-50-like model of models.py), the
+same client (tritonclient gRPC, KServe v2; the header ``application`` picks the Serve
+application) against:
 
-- **crossrt on Ray**: ``crossrt.scaleout.ray``, one replica reserving one core (its requests
+- **crossrt on Ray**: ``crossrt.scaleout.ray``, replicas reserving one core each (requests
   through Serve's gRPC proxy into the replica's KServe service, crossrt's run path inside);
+  with ``--drivers openvino``, the same replicas also serve the model compiled for OpenVINO
+  (**crossrt on Ray (openvino)**);
 - **plain Ray + ORT**: a Serve deployment a user writes: an ``onnxruntime.InferenceSession``
   (one intra-op thread, ``num_cpus=1``) behind a ``ModelInfer`` that reads the raw input bytes
   with NumPy and answers raw output bytes, on the same gRPC proxy;
 - **crossrt serve**: the daemon on loopback TCP with ``--cores`` one core, no Ray.
 
-Rounds alternate (every server once per round, ``--rounds``), ``--seconds`` each, with 1 and
-``--clients`` client threads: p50/p99 and throughput (per core: per serving core reserved,
-one each), the serving process's CPU time per request (the replica's, or the daemon's: read
-from /proc, so it counts what that process adds, and not Serve's proxy or the client), each
-round's paired ratio and the host's load average (other work on a shared host).
-The Ray hop's added p50 is crossrt on Ray's less ``crossrt serve``'s at one client.
-Then scaling: crossrt on Ray with 1 and with 2 replicas of one core each on resnet50 (a
-compute-bound model), ``--clients`` clients, throughput ratio. Outputs are checked against
-raw onnxruntime once per server and model.
+Two layouts: one replica of each Ray deployment beside ``crossrt serve`` (1 and ``--clients``
+client threads), then the packed node: as many replicas of each as the host has CPUs
+(``num_cpus=1`` each; ``--packed-clients``). Rounds alternate (every server once per round,
+``--rounds``), ``--seconds`` each: p50/p99, throughput per nominal core (the cores the replicas
+declare), per node core (packed) and per CPU-second, the CPU time per request of the serving
+processes (all of a deployment's replicas, or the daemon) and of Serve's proxy (from /proc),
+each round's paired ratio and the host's load average (other work on a shared host;
+``--nice -15`` puts the benchmark's processes in autogroups ahead of it). The Ray hop's
+added p50 is crossrt on Ray's less ``crossrt serve``'s at one client; scaling is crossrt on
+Ray's packed node over one replica. ``--profile-proxy``: py-spy on the proxy under each Ray
+deployment. Outputs are checked against raw onnxruntime once per server and layout.
 
-    python benchmarks/ray_serve.py            # ~5 min on 2 cores
-    python benchmarks/ray_serve.py --models tiny --seconds 1 --rounds 1
+    python benchmarks/ray_serve.py --models tiny --seconds 3 --rounds 3 --nice -15
+    python benchmarks/ray_serve.py --models resnet50 --seconds 8 --rounds 3 --drivers openvino
 
 Writes ``results/ray_serve.json`` (``--out``) and a Markdown table next to it. Targets (issue
 26): throughput per core >= 1.2x plain Ray + ORT on tiny, >= 1.0x on resnet50; 1 -> 2
-replicas >= 1.6x on a compute-bound model with 2 cores.
+replicas >= 1.6x on a compute-bound model with 2 cores (docs/scale-out.md says which cores
+the targets count).
 """
 
 from __future__ import annotations
