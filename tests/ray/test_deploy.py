@@ -37,6 +37,22 @@ def test_bad_options_are_refused_with_status_2(
     assert said in capsys.readouterr().err
 
 
+def test_serve_env_is_set_for_a_cluster_start_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Serve's proxy switches are in the environment while a cluster starts (its processes
+    inherit them), an operator's own value wins, and the driver's environment is as before
+    after: the same switches in a driver would change its own handles."""
+    from crossrt.scaleout.ray.app import serve_env
+
+    monkeypatch.delenv("RAY_SERVE_PROXY_USE_GRPC", raising=False)
+    monkeypatch.setenv("RAY_SERVE_LOG_TO_STDERR", "1")  # the operator's choice
+    with serve_env():
+        assert os.environ["RAY_SERVE_PROXY_USE_GRPC"] == "1"
+        assert os.environ["RAY_SERVE_LOG_TO_STDERR"] == "1"
+        assert os.environ["RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE"] == "1000"
+    assert "RAY_SERVE_PROXY_USE_GRPC" not in os.environ
+    assert os.environ["RAY_SERVE_LOG_TO_STDERR"] == "1"
+
+
 def test_crossrt_deploy_ray_onto_a_cluster(ray_cluster: RayCluster, crm_dir: Path) -> None:
     from ray import serve
 
