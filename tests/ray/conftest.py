@@ -38,17 +38,20 @@ def ray_cluster() -> Iterator[RayCluster]:
 
     import ray
     from crossrt.scaleout.ray import start_serve
+    from crossrt.scaleout.ray.app import serve_env
     from ray import serve
 
     folder = Path(tempfile.mkdtemp(prefix="crossrt-ray-"))
     previous = os.environ.get("CROSSRT_RUNTIME_DIR")
     os.environ["CROSSRT_RUNTIME_DIR"] = str(folder)  # the nodes' workers inherit it
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 1, "include_dashboard": False, "node_ip_address": LOOPBACK},
-    )
+    with serve_env():  # Serve's proxy switches, as `crossrt deploy ray` starts its cluster
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={"num_cpus": 1, "include_dashboard": False, "node_ip_address": LOOPBACK},
+        )
     try:
-        cluster.add_node(num_cpus=1, node_ip_address=LOOPBACK)
+        with serve_env():
+            cluster.add_node(num_cpus=1, node_ip_address=LOOPBACK)
         ray.init(address=cluster.address, log_to_driver=False, _node_ip_address=LOOPBACK)
         http, grpc = free_port(), free_port()
         start_serve(("127.0.0.1", http), grpc)

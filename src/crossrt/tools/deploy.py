@@ -134,6 +134,25 @@ def options(args: argparse.Namespace) -> tuple[Any, Any, tuple[str, int]]:
     return config, scaling, (host or "127.0.0.1", int(port))
 
 
+LOCAL_NODE_ADDRESS = "127.0.0.2"
+"""The address of the local cluster's node: loopback, so that the cluster's own traffic stays
+on this host. Not 127.0.0.1, which Ray 2.60 rewrites to the host's routable address before a
+driver connects (docs/scale-out.md)."""
+
+
+def start_local_cluster(ray: Any) -> None:
+    """A Ray cluster of this command's own, its node on loopback, with Serve's proxy switches
+    (:data:`crossrt.scaleout.ray.app.SERVE_ENV`) in the environment its processes inherit."""
+    from ..scaleout.ray.app import serve_env
+
+    # "local": a cluster of its own, even where RAY_ADDRESS names one (ray.init sets it for
+    # its children)
+    with serve_env():
+        ray.init(address="local", _node_ip_address=LOCAL_NODE_ADDRESS, log_to_driver=False)
+    gcs = ray.get_runtime_context().gcs_address
+    say(f"local Ray cluster: node {LOCAL_NODE_ADDRESS}, GCS {gcs}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``crossrt deploy``."""
     args = parser().parse_args(argv)
@@ -153,9 +172,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ..scaleout.ray import deploy
 
     local = args.address is None
-    # "local": a cluster of its own, even where RAY_ADDRESS names one (ray.init sets it for
-    # its children)
-    ray.init(address=args.address or "local", log_to_driver=False)
+    if local:
+        start_local_cluster(ray)
+    else:
+        ray.init(address=args.address, log_to_driver=False)
     try:
         handle = deploy(
             config,
