@@ -13,15 +13,20 @@ enough to hold it; the count is checked as the chunks are read. A chunk simdjson
 read again by orjson, whose answer is the same as for a body read whole, or whose error names
 the fault. A body under :data:`WHOLE` (64 KiB), or one under :data:`STRINGS` of which the scanner
 would make more than a value a KiB itself (many strings, short arrays), is read by orjson
-whole, its arrays then made into tensors by NumPy (no Python flattening). Answers are
-written by orjson from the output arrays' memory (:func:`writable`).
+whole, its arrays then made into tensors by NumPy (no Python flattening). A body from
+:data:`WHOLE` to :data:`SIMD_WHOLE` (1 MiB) is read by simdjson whole instead, where the
+scanner's start cost more than the parse: its long arrays of numbers straight into typed
+buffers (:class:`Parsed`), the rest made Python's. Answers are written by orjson from the
+output arrays' memory (:func:`writable`), which the service keeps out of the protobuf
+answer for the HTTP front.
 
-4 Mi FP32 values (``benchmarks/json_requests.py``, ``results/json_requests.md``, a loaded
-2-vCPU VM): 20 MiB of ``"0.5, "`` read in 0.17 s (orjson.loads alone: 0.35 s, with NumPy's
-conversion to the tensor 0.61 s) for 39 MiB of RSS (orjson: 244); 81 MiB of random float32s
-in 0.21 s (orjson: 0.43 / 0.81 s) for 99 MiB (orjson: 306); a ResNet input (2.9 MiB) in 0.64
-of orjson.loads' time, an 80 KiB one in 0.98-1.3 (105 us; orjson with NumPy, read whole as
-every body under 4 MiB was before, 2.1).
+``benchmarks/json_requests.py`` (``results/json_requests.md``, a loaded 2-vCPU VM; each row
+its own process): 20 MiB of ``"0.5, "`` read in 0.12-0.17 s (orjson.loads alone 0.25-0.35 s,
+with NumPy's conversion to the tensor 0.39-0.61 s) for 39-42 MiB of RSS (orjson: 244); 81
+MiB of random float32s in 0.21-0.24 s (orjson: 0.30-0.43 / 0.55-0.81 s) for 99-104 MiB
+(orjson: 305); a ResNet input (2.9 MiB) in 0.47-0.64 of orjson.loads' time. An 80 KiB input
+(4 Ki FP32), paired call by call in one process: 1.01x orjson.loads alone (which makes no
+tensor), 0.64x orjson with NumPy. Answers of 4 Mi values: 0.72-1.05x orjson.dumps(array).
 """
 
 from __future__ import annotations
@@ -30,15 +35,47 @@ import json
 import json.decoder
 import json.scanner
 import re
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import orjson
 import simdjson
 
+from .json_numbers import (
+    BUFFER,
+    WIDE,
+    NotFinite,
+    Numbers,
+    Parsed,
+    WrongCount,
+    finite,
+    keep_parser,
+    simdjson_whole,
+    take_parser,
+)
+
+__all__ = [
+    "NotFinite",
+    "Numbers",
+    "Parsed",
+    "TextNumbers",
+    "WrongCount",
+    "flat_tensor",
+    "loads",
+    "tensor",
+    "writable",
+]
+
 WHOLE = 64 * 1024
 """Bodies shorter than this are parsed by orjson whole: below, the scanner's start costs more
 than simdjson saves (equal at ~80 KiB: 0.1 ms)."""
+
+SIMD_WHOLE = 1024 * 1024
+"""Bodies from :data:`WHOLE` to this are parsed by simdjson whole, an input's data straight
+into a typed buffer (:class:`Parsed`): no scanner in Python, whose start cost more than the
+parse below ~200 KiB (80 KiB: 1.3-1.6x orjson.loads' time, simdjson whole 0.7x). A body
+simdjson refuses, or whose data it cannot give as numbers, is read as a larger one is (the
+same errors)."""
 
 STRINGS = 4 * 1024 * 1024
 """Bodies shorter than this are parsed by orjson whole after all (an object per value: at most
@@ -66,19 +103,7 @@ _GAP = re.compile(r",\s+,")
 """An empty place between commas (``"1, , 2"``), named as such when a chunk is refused."""
 
 
-class WrongCount(ValueError):
-    """The array does not hold the number of values asked for.
-
-    Attributes:
-        count: how many it holds.
-    """
-
-    def __init__(self, count: int, expected: int) -> None:
-        super().__init__(f"the data hold {count} values, {expected} are needed")
-        self.count = count
-
-
-class Numbers:
+class TextNumbers(Numbers):
     """An array of numbers of a JSON document: where its text lies in the document, which
     it keeps (never a copy of its own)."""
 
@@ -151,6 +176,10 @@ def loads(body: bytes | bytearray | memoryview) -> Any:
     """
     if len(body) < WHOLE:
         return orjson.loads(body)
+    if len(body) < SIMD_WHOLE:
+        doc = simdjson_whole(body, keep=len(body) <= 2 * CHUNK)
+        if doc is not None:
+            return doc
     text = str(body, "utf-8")  # no copy of the bytes first; UnicodeDecodeError: ValueError
     if len(body) >= STRINGS:
         return _Decoder(None).decode(text)
@@ -192,54 +221,30 @@ def _constant(name: str) -> float:
     raise ValueError(f"{name} is not a JSON number; send such a tensor as binary data")
 
 
-_IDLE: list[simdjson.Parser] = []
-"""Parsers between two chunks, each keeping its buffers (the chunk's copy, its tape and
-structure: 3.8 MiB after a chunk of ``"0,"``, the densest): a new parser's first chunks took
-2.5x as long, its buffers' pages new."""
-
-IDLE_PARSERS = 2
-"""At most this many parsers are kept idle (7.6 MiB at most): a chunk's parse holds the GIL,
-so only a thread between two chunks takes another."""
-
-
 def _parsed(piece: str, dtype: np.dtype[Any]) -> np.ndarray:
     """Comma-separated numbers as an array of int64 (uint64 for an unsigned ``dtype``, float64
     for a float), checked to fit ``dtype``: simdjson's parser writes them into a buffer of
     that type, no Python object per number. On any error of its own the chunk is read again
     by :func:`_parsed_by_orjson`, which says what is wrong."""
     family = dtype.kind if dtype.kind in "biu" else "f"  # float16, bfloat16: read as float64
-    try:
-        parser = _IDLE.pop()  # atomic under the GIL, as append is: no two threads get one
-    except IndexError:
-        parser = simdjson.Parser()
+    parser = take_parser()
     try:
         array = parser.parse(f"[{piece}]")
         assert isinstance(array, simdjson.Array)  # the text in brackets: an array or an error
-        values = np.frombuffer(array.as_buffer(of_type=_BUFFER[family]), _WIDE[family])
+        values = np.frombuffer(array.as_buffer(of_type=BUFFER[family]), WIDE[family])
     except (ValueError, TypeError, RuntimeError):  # each of simdjson's errors is one of these
         # simdjson refuses integers past 64 bits that JSON allows (orjson reads them as
         # floats), and its error codes (TAPE_ERROR) do not say which rule a chunk broke
         values = _parsed_by_orjson(piece, dtype, family)
     finally:
         array = None  # the parser parses the next chunk only once its proxies are gone
-        if len(piece) <= 2 * CHUNK and len(_IDLE) < IDLE_PARSERS:  # not one grown past that
-            _IDLE.append(parser)
+        keep_parser(parser, len(piece) <= 2 * CHUNK)  # not one grown past that
     if dtype.kind in "iu" and dtype.itemsize < 8 and len(values):
         info = np.iinfo(dtype)
         if values.min() < info.min or values.max() > info.max:
             raise ValueError(f"a value is out of range [{info.min}, {info.max}]")
     return values
 
-
-_BUFFER: dict[str, Literal["d", "i", "u"]] = {"f": "d", "i": "i", "b": "i", "u": "u"}
-_WIDE = {
-    "f": np.dtype(np.float64),
-    "i": np.dtype(np.int64),
-    "b": np.dtype(np.int64),
-    "u": np.dtype(np.uint64),
-}
-"""For each family of dtypes (bool, signed, unsigned, float): the type of pysimdjson's
-buffer (``'d'``: double), and NumPy's of the same."""
 
 _TAKEN = {"f": (float, int), "i": (int,), "u": (int,), "b": (bool, int)}
 _WHAT = {"f": "a number", "i": "a whole number", "u": "a whole number", "b": "true or false"}
@@ -258,7 +263,7 @@ def _parsed_by_orjson(piece: str, dtype: np.dtype[Any], family: str) -> np.ndarr
         raise ValueError(f"the values are not numbers separated by commas ({exc})") from None
     _check_kinds(values, dtype, family)
     try:
-        return np.array(values, dtype=_WIDE[family])
+        return np.array(values, dtype=WIDE[family])
     except OverflowError:
         raise ValueError(f"a value is out of range of {dtype}") from None
 
@@ -337,34 +342,17 @@ def tensor(data: Any, dtype: np.dtype[Any]) -> np.ndarray | None:
         return finite(array.astype(dtype, copy=False).reshape(-1))
 
 
-class NotFinite(ValueError):
-    """A float tensor read from JSON holds a value that is not a finite number."""
-
-
-def finite(values: np.ndarray) -> np.ndarray:
-    """``values``, refused when a float among them is not finite: JSON has no NaN nor
-    Infinity, so such a value is one past its type's range (``1e39`` as float32, ``70000``
-    as float16) or a ``null`` NumPy made NaN.
-
-    Raises:
-        NotFinite: naming the type.
-    """
-    if values.dtype.kind not in "biu" and values.size and not np.isfinite(values).all():
-        raise NotFinite(f"a value is null or out of range of {values.dtype}")
-    return values
-
-
 def _array(s_and_end: tuple[str, int], scan_once: Any) -> tuple[Any, int]:
     """``json.decoder.JSONArray``, but a long array of numbers is kept as its text."""
     s, start = s_and_end  # start: just after the '['
     end = _numbers_end(s, start)
     if end is not None and end - start >= MARKED:
-        return Numbers(s, start, end, nested=False), end + 1
+        return TextNumbers(s, start, end, nested=False), end + 1
     flat = _FLAT.match(s, start).end()  # type: ignore[union-attr]
     if s[flat : flat + 1] == "[" and not s[start:flat].strip():
         close = _nested_end(s, start - 1)
         if close is not None and close - start >= MARKED:
-            return Numbers(s, start, close, nested=True), close + 1
+            return TextNumbers(s, start, close, nested=True), close + 1
     array: tuple[Any, int] = json.decoder.JSONArray(s_and_end, scan_once)  # type: ignore[attr-defined]
     return array
 
