@@ -295,42 +295,37 @@ def _gpus_from_proc(root: Path) -> list[str]:
     return names
 
 
-@cache  # a GPU does not come or go under a running process; nvidia-smi takes 0.1 s or more
 def _gpus_from_smi(smi: str) -> list[str]:
     """The names ``nvidia-smi`` lists (PCI bus order), none where it is absent or fails."""
+    return list(_smi_column(smi, "name"))
+
+
+def _gpu_memory_from_smi(smi: str) -> list[int]:
+    """MiB of each GPU ``nvidia-smi`` lists (PCI bus order), none where it is absent or fails."""
+    try:
+        return [int(value) for value in _smi_column(smi, "memory.total")]
+    except ValueError:
+        return []
+
+
+@cache  # a GPU does not come or go under a running process; nvidia-smi takes 0.1 s or more
+def _smi_column(smi: str, field: str) -> tuple[str, ...]:
+    """``field`` of each GPU ``nvidia-smi`` lists (PCI bus order), none where it is absent or
+    fails."""
     path = shutil.which(smi)
     if path is None:
-        return []
+        return ()
     try:
         done = subprocess.run(
-            [path, "--query-gpu=name", "--format=csv,noheader"],
+            [path, f"--query-gpu={field}", "--format=csv,noheader,nounits"],
             capture_output=True,
             text=True,
             timeout=20,
             check=True,
         )
     except (OSError, subprocess.SubprocessError):
-        return []
-    return [line.strip() or "NVIDIA GPU" for line in done.stdout.splitlines() if line.strip()]
-
-
-@cache
-def _gpu_memory_from_smi(smi: str) -> list[int]:
-    """MiB of each GPU ``nvidia-smi`` lists (PCI bus order), none where it is absent or fails."""
-    path = shutil.which(smi)
-    if path is None:
-        return []
-    try:
-        done = subprocess.run(
-            [path, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=True,
-        )
-        return [int(line.strip()) for line in done.stdout.splitlines() if line.strip()]
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return []
+        return ()
+    return tuple(line.strip() for line in done.stdout.splitlines() if line.strip())
 
 
 def pid_namespace() -> int:
