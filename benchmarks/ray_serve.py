@@ -42,6 +42,7 @@ import argparse
 import contextlib
 import os
 import platform
+import resource
 import socket
 import subprocess
 import sys
@@ -273,7 +274,10 @@ def rounds_of(
             for server, (address, app, model, pids) in targets.items():
                 watched = pids + ([proxy] if proxy and app else [])
                 used = [cpu_seconds(p) for p in watched]
+                host, client = host_times(), resource.getrusage(resource.RUSAGE_SELF)
                 m = measure(client_call(address, app, model, feed), c, section["seconds"])
+                m["host_idle"] = idle_between(host, host_times())
+                m["client_cpu_us"] = client_cpu_us(client, m["requests"])
                 spent = [
                     (cpu_seconds(p) - u) / m["requests"] * 1e6
                     for p, u in zip(watched, used, strict=True)
@@ -285,10 +289,30 @@ def rounds_of(
                 rows.append({**row, "replicas": section["replicas"]})
                 print(
                     f"{n:9} x{section['replicas']} {server:26} c={c} {m['p50_us']:9.0f} us "
-                    f"{m['throughput']:8.1f}/s {m['server_cpu_us']:6.0f} us CPU/req",
+                    f"{m['throughput']:8.1f}/s {m['server_cpu_us']:6.0f} us CPU/req "
+                    f"idle {m['host_idle']:.0%} client {m['client_cpu_us']:6.0f} us/req",
                     flush=True,
                 )
     return rows
+
+
+def host_times() -> list[int]:
+    """The host's CPU times (/proc/stat's first line: user, nice, system, idle, iowait, ...)."""
+    return [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+
+
+def idle_between(before: list[int], after: list[int]) -> float:
+    """The share of the host's CPU time left idle (idle and iowait) between two readings:
+    what no process used, where pinned replicas may leave their cores waiting."""
+    spent = [b - a for a, b in zip(before, after, strict=True)]
+    return (spent[3] + spent[4]) / max(sum(spent), 1)
+
+
+def client_cpu_us(before: resource.struct_rusage, requests: int) -> float:
+    """CPU the client (this process's threads) used per request since ``before``."""
+    now = resource.getrusage(resource.RUSAGE_SELF)
+    used = now.ru_utime + now.ru_stime - before.ru_utime - before.ru_stime
+    return used / max(requests, 1) * 1e6
 
 
 def profile_proxy(call: Callable[[], Any], clients: int, seconds: float) -> dict[str, Any]:
@@ -513,8 +537,14 @@ def _row_line(r: dict[str, Any], cpus: int) -> str:
         f"| {r['model']} | {r['replicas']} | {r['server']} | {r['clients']} | {r['p50_us']:.0f} "
         f"| {r['p99_us']:.0f} | {r['throughput']:.1f} | {r['throughput'] / cores:.1f} | {node} "
         f"| {per_cpu_second(r):.1f} | {r['server_cpu_us']:.0f} "
-        f"| {'-' if proxy is None else f'{proxy:.0f}'} |"
+        f"| {'-' if proxy is None else f'{proxy:.0f}'} "
+        f"| {_maybe(r, 'client_cpu_us', '{:.0f}')} | {_maybe(r, 'host_idle', '{:.0%}')} |"
     )
+
+
+def _maybe(row: dict[str, Any], key: str, form: str) -> str:
+    """``row[key]`` in ``form``, or ``-`` in a row measured before it was."""
+    return "-" if row.get(key) is None else form.format(row[key])
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -544,11 +574,14 @@ def markdown(report: dict[str, Any]) -> str:
         "`num_cpus=1`. Per nominal core: req/s over the cores the replicas declare; per node "
         "core: req/s over the node's CPUs (packed rows); per CPU-second: requests per second of "
         "CPU the serving processes (all replicas, or the daemon) used. Proxy CPU: Serve's "
-        "proxy process per request.",
+        "proxy process per request; client CPU: the benchmark's client threads per request; "
+        "host idle: the share of the host's CPU time no process used during the row.",
         "",
         "| model | replicas | server | clients | p50 us | p99 us | req/s | per nominal core "
-        "| per node core | per CPU-second | server CPU us/req | proxy CPU us/req |",
-        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| per node core | per CPU-second | server CPU us/req | proxy CPU us/req "
+        "| client CPU us/req | host idle |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+        "| ---: | ---: |",
     ]
     for n in names:
         for replicas, c in sorted(
