@@ -222,7 +222,7 @@ def pids_of(app: str, method: str, count: int, tries: int = 200) -> list[int]:
 
 
 def deploy_pair(
-    folder: Path, path: Path, n: str, replicas: int
+    folder: Path, path: Path, n: str, replicas: int, max_ongoing: int = 32
 ) -> tuple[dict[str, str], dict[str, list[int]]]:
     """crossrt on Ray and plain Ray + ORT, ``replicas`` each (one core each, declared as
     ``num_cpus=1``): the Serve application of each, and its replicas' processes."""
@@ -230,9 +230,8 @@ def deploy_pair(
     from ray import serve
 
     tag = f"{n}-{replicas}"
-    on_ray = application(
-        ReplicaConfig(str(folder / "models"), cores=1), Scaling(replicas), f"crossrt-{tag}"
-    )
+    scaling = Scaling(replicas, max_ongoing_requests=max_ongoing)
+    on_ray = application(ReplicaConfig(str(folder / "models"), cores=1), scaling, f"crossrt-{tag}")
     serve.run(on_ray, name=f"crossrt-{tag}", route_prefix=f"/crossrt-{tag}")
     plain = serve.deployment(PlainOrt, name=f"plain-{tag}", num_replicas=replicas,
                              ray_actor_options={"num_cpus": 1},
@@ -381,7 +380,7 @@ def one_model(
     daemon_port = free_port()
     daemon = start_daemon(folder, daemon_port, core=1)
     try:
-        apps, pids = deploy_pair(folder, path, n, 1)
+        apps, pids = deploy_pair(folder, path, n, 1, args.max_ongoing)
         targets = servers_of(n, apps, pids, proxy, args.drivers)
         targets["crossrt serve"] = (f"127.0.0.1:{daemon_port}", "", n, [daemon.pid])
         check_outputs(targets, path, feed)
@@ -401,7 +400,7 @@ def one_model(
         daemon.wait(60)
     packed = os.cpu_count() or 1
     if packed > 1 and args.packed_clients:
-        apps, pids = deploy_pair(folder, path, n, packed)
+        apps, pids = deploy_pair(folder, path, n, packed, args.max_ongoing)
         targets = servers_of(n, apps, pids, proxy, args.drivers)
         check_outputs(targets, path, feed)
         section = {"replicas": packed, "clients": args.packed_clients,
@@ -453,6 +452,7 @@ def run_all(names: list[str], args: argparse.Namespace) -> dict[str, Any]:
         "packed_clients": list(args.packed_clients),
         "serve_env": [f"{k}={v}" for k, v in env.items()],
         "nice": args.nice,
+        "max_ongoing": args.max_ongoing,
         "rows": rows,
         "proxy_profile": profiles,
         "summary": summary(rows, names, cpus),
@@ -567,7 +567,8 @@ def markdown(report: dict[str, Any]) -> str:
             f"autogroup nice {report['nice']}."
             if report.get("nice") is not None
             else ""
-        ),
+        )
+        + f" crossrt's max_ongoing_requests: {report.get('max_ongoing', 32)} (plain: 32).",
         "",
         "Replicas: 1 = one replica of each Ray deployment (and `crossrt serve` on one core); "
         f"{cpus} = the packed node: as many replicas of each as the node's CPUs allow by their "
@@ -658,6 +659,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--profile-proxy",
         action="store_true",
         help="py-spy on Serve's proxy under each Ray deployment (--clients, --seconds)",
+    )
+    p.add_argument(
+        "--max-ongoing",
+        type=int,
+        default=32,
+        help="crossrt's deployments' max_ongoing_requests (Scaling; the plain one keeps 32)",
     )
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--rounds", type=int, default=2)
