@@ -100,7 +100,6 @@ def keep_parser(parser: simdjson.Parser, small: bool) -> None:
 
 BUFFER: dict[str, Literal["d", "i", "u"]] = {"f": "d", "i": "i", "b": "i", "u": "u"}
 WIDE = {
-    "d": np.dtype(np.float64),
     "f": np.dtype(np.float64),
     "i": np.dtype(np.int64),
     "b": np.dtype(np.int64),
@@ -108,6 +107,17 @@ WIDE = {
 }
 """For each family of dtypes (bool, signed, unsigned, float): the type of pysimdjson's
 buffer (``'d'``: double), and NumPy's of the same."""
+
+
+def check_range(values: np.ndarray, dtype: np.dtype[Any]) -> None:
+    """Refuse integer ``values`` that do not all fit the integer ``dtype``.
+
+    Raises:
+        ValueError: naming the range.
+    """
+    info = np.iinfo(dtype)
+    if len(values) and (values.min() < info.min or values.max() > info.max):
+        raise ValueError(f"a value is out of range [{info.min}, {info.max}]")
 
 
 class Parsed(Numbers):
@@ -131,9 +141,7 @@ class Parsed(Numbers):
         if dtype.kind in "iu":
             if values.dtype.kind == "f":
                 raise ValueError("a value is not a whole number")
-            info = np.iinfo(dtype)
-            if len(values) and (values.min() < info.min or values.max() > info.max):
-                raise ValueError(f"a value is out of range [{info.min}, {info.max}]")
+            check_range(values, dtype)
         with np.errstate(over="ignore"):  # past float32's range: inf, refused by finite
             return finite(values.astype(dtype))
 
@@ -178,9 +186,9 @@ def _plain(value: Any) -> Any:
     if not isinstance(value, simdjson.Array):
         return value
     if len(value) >= LONG or (len(value) and isinstance(value[0], simdjson.Array)):
-        for kind in ("i", "u", "d"):  # int64 first: float64 would round past 2**53
+        for family in ("i", "u", "f"):  # int64 first: float64 would round past 2**53
             try:
-                values = np.frombuffer(value.as_buffer(of_type=kind), WIDE[kind])
+                values = np.frombuffer(value.as_buffer(of_type=BUFFER[family]), WIDE[family])
             except (TypeError, ValueError):  # not all numbers, or not all of this kind
                 continue
             if len(values) >= LONG:

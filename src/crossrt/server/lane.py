@@ -173,6 +173,56 @@ def send(sock: socket.socket, status: int, body: bytes) -> None:
         sock.sendall(body)
 
 
+# -- a held connection's greeting (tickets, private sockets) ------------------------------
+
+GREETING_SECONDS = 10.0
+"""How long either side waits for the other's greeting or answer."""
+CODES = {c.value[0]: c for c in grpc.StatusCode}
+"""A frame's status: gRPC's code of that number."""
+
+
+def greet(sock: socket.socket, magic: bytes, token: str | None) -> tuple[int, bytes]:
+    """The client's side: send ``magic`` and a frame with the authorization value (``Bearer
+    <token>``, empty without one), and read the daemon's answer: its status and body.
+
+    Raises:
+        OSError, EOFError, FrameError: no answer of the daemon's (an older one relays the
+            greeting to gRPC, which closes the connection).
+    """
+    body = f"Bearer {token}".encode() if token else b""
+    sock.sendall(magic + HEADER.pack(len(body), 0) + body)
+    status, answer = Frames(sock).read(GREETING_LIMIT)
+    return status, bytes(answer)
+
+
+def greeted(sock: socket.socket, magic: bytes, gate: Gate) -> bool:
+    """The daemon's side of :func:`greet`, on a connection the relay hands over: read the
+    greeting (``magic``, which the relay peeked, then the frame) and check its token with
+    ``gate`` (which grants roles per call, later). Refused, the reason is sent. Whether the
+    connection goes on; it blocks from then on."""
+    try:
+        sock.settimeout(GREETING_SECONDS)
+        sock.recv(len(magic))  # peeked by the relay
+        _, token = Frames(sock).read(GREETING_LIMIT)
+        try:
+            gate.grant(bytes(token))
+        except ServiceError as exc:
+            send(sock, exc.status.value[0], exc.message.encode())
+            return False
+        sock.settimeout(None)
+        return True
+    except (OSError, EOFError, FrameError):
+        return False
+
+
+def hold(sock: socket.socket, answer: bytes) -> None:
+    """Send the greeting's ``answer`` (status 0), then hold the connection until it ends:
+    the client sends nothing more, so this returns at its end of file or the daemon's cut."""
+    with contextlib.suppress(OSError):
+        send(sock, 0, answer)
+        sock.recv(1)
+
+
 # -- the daemon's side (the client's: lane_client.py) -------------------------------------
 
 

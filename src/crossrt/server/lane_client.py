@@ -14,13 +14,11 @@ from tritonclient.grpc import service_pb2 as pb
 
 from ..drivers.base import CancelToken
 from ..errors import ClosedError, CrossrtError, DeadlineExceededError, OutOfResourcesError
-from .lane import HEADER, MAGIC, REGISTER, FrameError, Frames, send
+from .lane import CODES, GREETING_SECONDS, HEADER, MAGIC, REGISTER, FrameError, Frames, send
 from .status import error_from
 
-GREETING_SECONDS = 10.0
 MAX_IDLE = 16
 """Idle connections a client keeps (each holds a thread of the daemon's)."""
-_CODES = {c.value[0]: c for c in grpc.StatusCode}
 _REFUSALS = {
     c.value[0] for c in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.RESOURCE_EXHAUSTED)
 }
@@ -195,7 +193,7 @@ class LaneClient:
             connection.sock.settimeout(self._timeout)
         self._give_back(connection)
         if status:
-            raise error_from(_CODES.get(status, grpc.StatusCode.UNKNOWN), answer.decode(),
+            raise error_from(CODES.get(status, grpc.StatusCode.UNKNOWN), answer.decode(),
                              self._endpoint)  # fmt: skip
         return answer
 
@@ -297,7 +295,7 @@ class LaneClient:
         sock.settimeout(self._timeout)
         if status in _REFUSALS:  # the daemon speaks the lane, and refused this connection
             sock.close()
-            raise error_from(_CODES[status], bytes(answer).decode(errors="replace"),
+            raise error_from(CODES[status], bytes(answer).decode(errors="replace"),
                              self._endpoint)  # fmt: skip
         if status or answer != MAGIC:
             sock.close()

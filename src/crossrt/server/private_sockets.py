@@ -45,7 +45,7 @@ import grpc
 
 from ..errors import ClosedError
 from .gate import Gate, refusing
-from .lane import GREETING_LIMIT, HEADER, Activity, FrameError, Frames, send
+from .lane import CODES, GREETING_SECONDS, Activity, FrameError, greet, greeted, hold, send
 from .peers import Peer
 from .status import ServiceError, error_from
 
@@ -59,14 +59,12 @@ ENDED = (
     "so the socket is gone: hold another, with crossrt socket -- COMMAND or "
     "crossrt.private_socket(), or use the daemon's main socket"
 )
-GREETING_SECONDS = 10.0
 GIVE_BACK_S = 2.0
 """How long :meth:`PrivateSocket.close` waits for the daemon to have removed the socket."""
 _SUFFIX = ".private-"
 _ACL = "system.posix_acl_access"
 _ACL_ENTRY = struct.Struct("<HHI")
 _ANYONE = 0xFFFFFFFF
-_CODES = {c.value[0]: c for c in grpc.StatusCode}
 _ENDED = (grpc.StatusCode.UNAUTHENTICATED, ENDED)
 
 
@@ -200,24 +198,16 @@ class PrivateSockets:
         """The daemon's end of a connection asking for a private socket beside ``main``
         (the relay calls it in the connection's thread, ``peer`` being what the kernel said
         at accept): check the token, open the socket, hold it until the connection ends."""
-        try:
-            sock.settimeout(GREETING_SECONDS)
-            sock.recv(len(MAGIC))  # peeked by the relay
-            _, token = Frames(sock).read(GREETING_LIMIT)
-            try:
-                self._gate.grant(bytes(token))
-                path, server, gate = self._open_for(peer, activity, main)
-            except ServiceError as exc:
-                send(sock, exc.status.value[0], exc.message.encode())
-                return
-            sock.settimeout(None)
-        except (OSError, EOFError, FrameError):
+        if not greeted(sock, MAGIC, self._gate):
             return
         try:
-            send(sock, 0, path.encode())
-            sock.recv(1)  # nothing comes: returns at the end of file, or the daemon's cut
-        except OSError:
-            pass
+            path, server, gate = self._open_for(peer, activity, main)
+        except ServiceError as exc:
+            with contextlib.suppress(OSError):
+                send(sock, exc.status.value[0], exc.message.encode())
+            return
+        try:
+            hold(sock, path.encode())
         finally:
             gate.ended = True  # before the file goes: a client seeing it gone sees this
             with contextlib.suppress(OSError):
@@ -328,9 +318,7 @@ def private_socket(
     try:
         sock.settimeout(seconds)
         sock.connect(path)
-        body = f"Bearer {token}".encode() if token else b""
-        sock.sendall(MAGIC + HEADER.pack(len(body), 0) + body)
-        status, answer = Frames(sock).read(GREETING_LIMIT)
+        status, answer = greet(sock, MAGIC, token)
         sock.settimeout(None)
     except (OSError, EOFError, FrameError) as exc:
         sock.close()
@@ -340,6 +328,6 @@ def private_socket(
         ) from None
     if status:
         sock.close()
-        code = _CODES.get(status, grpc.StatusCode.UNKNOWN)
-        raise error_from(code, bytes(answer).decode(errors="replace"), endpoint)
-    return PrivateSocket(sock, bytes(answer).decode())
+        code = CODES.get(status, grpc.StatusCode.UNKNOWN)
+        raise error_from(code, answer.decode(errors="replace"), endpoint)
+    return PrivateSocket(sock, answer.decode())

@@ -48,6 +48,7 @@ from .json_numbers import (
     Numbers,
     Parsed,
     WrongCount,
+    check_range,
     finite,
     keep_parser,
     simdjson_whole,
@@ -239,10 +240,8 @@ def _parsed(piece: str, dtype: np.dtype[Any]) -> np.ndarray:
     finally:
         array = None  # the parser parses the next chunk only once its proxies are gone
         keep_parser(parser, len(piece) <= 2 * CHUNK)  # not one grown past that
-    if dtype.kind in "iu" and dtype.itemsize < 8 and len(values):
-        info = np.iinfo(dtype)
-        if values.min() < info.min or values.max() > info.max:
-            raise ValueError(f"a value is out of range [{info.min}, {info.max}]")
+    if dtype.kind in "iu" and dtype.itemsize < 8:  # the buffer's own type otherwise
+        check_range(values, dtype)
     return values
 
 
@@ -334,9 +333,10 @@ def tensor(data: Any, dtype: np.dtype[Any]) -> np.ndarray | None:
         return None
     if (dtype.kind == "b") != (kind == "b"):
         return None
-    if dtype.kind in "iu" and array.size:
-        info = np.iinfo(dtype)
-        if array.min() < info.min or array.max() > info.max:
+    if dtype.kind in "iu":
+        try:
+            check_range(array.reshape(-1), dtype)
+        except ValueError:
             return None
     with np.errstate(over="ignore"):
         return finite(array.astype(dtype, copy=False).reshape(-1))

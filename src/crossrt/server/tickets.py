@@ -60,7 +60,7 @@ from typing import Any
 import grpc
 
 from .gate import Gate, refusing
-from .lane import GREETING_LIMIT, HEADER, Activity, FrameError, Frames, send
+from .lane import CODES, GREETING_SECONDS, Activity, FrameError, greet, greeted, hold
 from .peers import Peer
 from .status import ServiceError, error_from
 
@@ -74,7 +74,6 @@ AGENT = "crossrt-ticket/"
 """A user agent that starts with this and the ticket in hex carries that ticket (gRPC
 appends its own: ``crossrt-ticket/<hex> grpc-python/...``)."""
 TICKET_BYTES = 32
-GREETING_SECONDS = 10.0
 LOOK_S = 0.05
 """How often a client looks whether the daemon dropped its ticket (:meth:`Ticket.alive`)."""
 REFUSED = (
@@ -87,7 +86,6 @@ ENDED = (
     "the ticket sent is not one of a connection open now (its connection closed, or the "
     "daemon restarted); get another from the main socket, as crossrt.connect() does"
 )
-_CODES = {c.value[0]: c for c in grpc.StatusCode}
 
 
 def direct_path(main: str) -> str:
@@ -135,28 +133,14 @@ class Tickets:
         """The daemon's end of a ticket connection (the relay calls it in the connection's
         thread, ``peer`` being what the kernel said at accept): check the greeting's token,
         issue the ticket, then hold it until the connection ends."""
-        frames = Frames(sock)
-        try:
-            sock.settimeout(GREETING_SECONDS)
-            sock.recv(len(MAGIC))  # peeked by the relay
-            _, token = frames.read(GREETING_LIMIT)
-            try:
-                self._gate.grant(bytes(token))  # the call's token grants roles, per call
-            except ServiceError as exc:
-                send(sock, exc.status.value[0], exc.message.encode())
-                return
-            sock.settimeout(None)
-        except (OSError, EOFError, FrameError):
+        if not greeted(sock, MAGIC, self._gate):
             return
         ticket = secrets.token_bytes(TICKET_BYTES)
         value = ticket.hex()  # as it comes
         with self._lock:
             self._by_value[value] = (peer, activity)
         try:
-            send(sock, 0, ticket + direct.encode())
-            sock.recv(1)  # nothing comes: returns at the end of file, or the daemon's cut
-        except OSError:
-            pass
+            hold(sock, ticket + direct.encode())
         finally:
             with self._lock:
                 self._by_value.pop(value, None)
@@ -285,21 +269,19 @@ def request_ticket(
         sock.close()
         raise
     try:
-        body = f"Bearer {token}".encode() if token else b""
-        sock.sendall(MAGIC + HEADER.pack(len(body), 0) + body)
-        status, answer = Frames(sock).read(GREETING_LIMIT)
+        status, answer = greet(sock, MAGIC, token)
         sock.settimeout(None)
     except (OSError, EOFError, FrameError):
         sock.close()  # a daemon that knows no tickets (it relayed the greeting to gRPC)
         return None
     if status:
         sock.close()
-        code = _CODES.get(status, grpc.StatusCode.UNKNOWN)
+        code = CODES.get(status, grpc.StatusCode.UNKNOWN)
         if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.RESOURCE_EXHAUSTED):
-            raise error_from(code, bytes(answer).decode(errors="replace"), endpoint)
+            raise error_from(code, answer.decode(errors="replace"), endpoint)
         return None
     if len(answer) <= TICKET_BYTES:
         sock.close()
         return None
-    value, direct = bytes(answer[:TICKET_BYTES]).hex(), bytes(answer[TICKET_BYTES:]).decode()
+    value, direct = answer[:TICKET_BYTES].hex(), answer[TICKET_BYTES:].decode()
     return Ticket(sock, value, direct)
