@@ -27,7 +27,7 @@ from tritonclient.utils import InferenceServerException
 
 from crossrt.errors import CrossrtError
 from crossrt.server.private_sockets import private_socket
-from server.serving import Daemon, make_repository, start_daemon
+from server.serving import Daemon, make_repository, start_daemon, start_shared_daemon
 
 pytestmark = needs_root
 
@@ -40,16 +40,7 @@ def token(people: list[User]) -> str:
 @pytest.fixture(scope="module")
 def daemon(folder: Path, people: list[User], token: str) -> Iterator[Daemon]:
     """A daemon on a Unix socket others may use (0666); people[0] has a user token."""
-    base = folder / "private"
-    base.mkdir()
-    base.chmod(0o711)
-    file = base / "tokens.toml"
-    file.write_text(f'[[tokens]]\ntoken = "{token}"\nuser = "{people[0].name}"\n')
-    file.chmod(0o600)
-    config = base / "serve.toml"
-    config.write_text(f'socket_mode = "0666"\ntokens = "{file}"\n')
-    args = ["-c", str(config), "--model-control", "explicit", "--load-model", "*"]
-    d = start_daemon(base, make_repository(base / "models"), args)
+    d = start_shared_daemon(folder / "private", people[0].name, token)
     yield d
     assert d.stop() == 0, "".join(d.log)
 

@@ -93,6 +93,20 @@ def make_repository(folder: Path) -> Path:
     return folder
 
 
+def start_shared_daemon(base: Path, user: str, token: str) -> Daemon:
+    """A daemon in ``base`` (made 0711) on a Unix socket every user may open (0666), whose
+    tokens file gives ``token`` to ``user``, serving a repository with its models loaded."""
+    base.mkdir()
+    base.chmod(0o711)
+    file = base / "tokens.toml"
+    file.write_text(f'[[tokens]]\ntoken = "{token}"\nuser = "{user}"\n')
+    file.chmod(0o600)
+    config = base / "serve.toml"
+    config.write_text(f'socket_mode = "0666"\ntokens = "{file}"\n')
+    args = ["-c", str(config), "--model-control", "explicit", "--load-model", "*"]
+    return start_daemon(base, make_repository(base / "models"), args)
+
+
 def start_daemon(
     folder: Path,
     repository: Path,
