@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,9 @@ from ray_models import RayCluster, free_port, raw_ort
 
 from crossrt.scaleout.ray.app import SERVE_ENV
 from crossrt.tools import deploy
+
+START_S = 240
+"""How long `crossrt deploy ray` may take to start its own cluster and deploy (17-42 s here)."""
 
 
 @pytest.mark.parametrize(
@@ -101,10 +105,18 @@ def test_crossrt_deploy_ray_on_a_local_cluster_serves_until_sigterm(
     try:
         assert proc.stdout is not None
         lines = []
-        for line in proc.stdout:  # until it says it serves, or it ends
-            lines.append(line)
-            if "until SIGINT or SIGTERM" in line:
-                break
+        # until it says it serves, or it ends; bounded: a start that hangs fails here, with
+        # what it printed, not at pytest's limit with the worker held 10 minutes
+        ready = threading.Timer(START_S, proc.terminate)  # it stops what it started
+        ready.start()
+        try:
+            for line in proc.stdout:
+                lines.append(line)
+                if "until SIGINT or SIGTERM" in line:
+                    break
+        finally:
+            ready.cancel()
+        assert proc.poll() is None, f"no answer in {START_S} s, or it ended: {lines}"
         assert "deployed crossrt: 1 replica(s) of 1 core(s), models mm\n" in lines, lines
         started = psutil.Process(proc.pid).children(recursive=True)
         addresses = node_addresses(started)
