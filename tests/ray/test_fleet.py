@@ -85,19 +85,25 @@ class Load:
             t.join(60)
 
 
-def grpc_mm(cluster: RayCluster, app: str, model_id: str = "") -> Callable[[], None]:
+def grpc_request(
+    cluster: RayCluster, app: str, model: str, x: np.ndarray, model_id: str = ""
+) -> Callable[[], None]:
+    """A request of ``model`` on ``x`` through Serve's gRPC proxy (tritonclient)."""
     client = tc.InferenceServerClient(f"127.0.0.1:{cluster.grpc}")
-    x = np.ones((1, 8), dtype=np.float32)
-    given = tc.InferInput("x", [1, 8], "FP32")
+    given = tc.InferInput("x", list(x.shape), "FP32")
     given.set_data_from_numpy(x)
     headers = {"application": app}
     if model_id:
         headers["multiplexed_model_id"] = model_id
 
     def request() -> None:
-        client.infer("mm", [given], headers=headers, client_timeout=30)
+        client.infer(model, [given], headers=headers, client_timeout=60)
 
     return request
+
+
+def grpc_mm(cluster: RayCluster, app: str, model_id: str = "") -> Callable[[], None]:
+    return grpc_request(cluster, app, "mm", np.ones((1, 8), dtype=np.float32), model_id)
 
 
 def test_multiplexing_loads_on_demand_and_unloads_on_eviction(
@@ -152,6 +158,47 @@ def test_a_replica_killed_by_pid_is_replaced_while_requests_are_answered(
         assert load.answered > 20
     finally:
         serve.delete("kill")
+
+
+def test_no_pinned_replica_waits_idle_while_the_other_holds_requests(
+    ray_cluster: RayCluster, crm_dir: Path
+) -> None:
+    """Four clients through Serve's gRPC proxy keep both one-core replicas busy: each holds
+    requests nearly all the time (crossrt's router, router.py). Serve's own router sent every
+    request to the replica on the proxy's node until it was full, so the other did nothing; and
+    on a node of two replicas its stale view of their queues left each with none for 14-35 %
+    of the time while the other held the rest."""
+    import psutil
+
+    from ray import serve
+
+    handle = deployed("spread", ReplicaConfig(str(crm_dir / "slow.crm"), cores=1), Scaling(2))
+    try:
+        replicas = [
+            p for p in psutil.process_iter(["cmdline"])
+            if any("ServeReplica:spread" in part for part in p.info["cmdline"] or ())
+        ]  # fmt: skip
+        rows = np.ones((256, 512), dtype=np.float32)  # ~80 ms on one core, as a ResNet-50
+        load = Load(grpc_request(ray_cluster, "spread", "slow", rows), 4)
+        held: dict[int, list[int]] = {}
+        try:
+            wait_for("requests answered", lambda: load.answered >= 4)
+            before = {p.pid: sum(p.cpu_times()[:2]) for p in replicas}
+            ask = handle.options(method_name="placement")
+            end = time.monotonic() + 8
+            while time.monotonic() < end:
+                answer = ask.remote().result(timeout_s=30)
+                held.setdefault(answer["pid"], []).append(answer["in_flight"])
+            used = {p.pid: round(sum(p.cpu_times()[:2]) - before[p.pid], 1) for p in replicas}
+        finally:
+            load.stop()
+        assert not load.failures, load.failures
+        idle = {pid: sum(n == 0 for n in counts) / len(counts) for pid, counts in held.items()}
+        seen = f"no request in flight, share of samples by replica: {idle}; CPU seconds {used}"
+        seen += f"; {load.answered} answered"
+        assert len(held) == 2 and all(share < 0.1 for share in idle.values()), seen
+    finally:
+        serve.delete("spread")
 
 
 def test_scales_from_one_to_two_replicas_under_load(ray_cluster: RayCluster, crm_dir: Path) -> None:

@@ -13,6 +13,9 @@ from .autoscale import POLICY
 from .protos import SERVICER
 from .replica import Replica, ReplicaConfig
 
+ROUTER = "crossrt.scaleout.ray.router:FewestInFlight"
+"""The deployments' request router (:mod:`.router`, which imports Ray: named, not imported)."""
+
 REPLICA_ENV = {"env_vars": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}}
 """The replicas' environment: the replica's methods run on Serve's own event loop rather
 than on a second loop in a thread of its own, which cost every request two hops between the
@@ -98,6 +101,9 @@ def application(config: ReplicaConfig, scaling: Scaling = Scaling(), name: str =
         # line per request was a formatted record and a file write in the replica
         "logging_config": {"enable_access_log": False},
         "max_ongoing_requests": scaling.max_ongoing_requests,
+        # each request to the replica holding the fewest in flight (router.py: Serve's own
+        # router leaves pinned replicas idle over its gRPC transport)
+        "request_router_config": {"request_router_class": ROUTER},
         "graceful_shutdown_timeout_s": scaling.graceful_shutdown_timeout_s,
         "graceful_shutdown_wait_loop_s": 0.1,
         "health_check_period_s": scaling.health_check_period_s,

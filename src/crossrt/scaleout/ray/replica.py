@@ -159,8 +159,8 @@ class Replica:
 
     def placement(self) -> dict[str, Any]:
         """This replica's process, its reserved cores, the CPUs the process may use, the CPUs
-        each of its threads may run on (those that run requests: the reserved cores only)
-        and the models it holds now."""
+        each of its threads may run on (those that run requests: the reserved cores only),
+        the models it holds now and the requests in flight on them (queued or running)."""
         threads: dict[int, list[int]] = {}
         for tid in os.listdir(f"/proc/{os.getpid()}/task"):
             try:
@@ -174,6 +174,7 @@ class Replica:
             "usable": sorted(usable_cores()),
             "threads": threads,
             "models": [e.name for e in self.repository.loaded()],
+            "in_flight": self.statistics.in_flight(),
         }
 
     # -- the Runtime API over a handle (handle.py) -----------------------------------------
