@@ -107,6 +107,22 @@ def test_the_in_flight_policy_asks_for_replicas_by_crossrt_counts() -> None:
         InFlightPolicy(target=0)
 
 
+def test_the_deployment_names_crossrts_router_and_it_keeps_own_answers_on_the_replica() -> None:
+    """The router's path resolves to its class (Serve imports it by that name), and the calls
+    it keeps on one replica are the replica's KServe v2 methods (router.py imports nothing of
+    crossrt, so it names them)."""
+    import importlib
+
+    from crossrt.scaleout.ray.app import ROUTER
+    from crossrt.scaleout.ray.router import STICKY, FewestInFlight
+
+    module, _, name = ROUTER.partition(":")
+    assert getattr(importlib.import_module(module), name) is FewestInFlight
+    assert set(dir(Replica)) >= STICKY and "ModelInfer" not in STICKY
+    options = build({"source": "m.crm"})._bound_deployment._deployment_config
+    assert options.request_router_config.request_router_class == ROUTER
+
+
 def test_the_serve_config_builder_names_what_it_takes() -> None:
     with pytest.raises(crossrt.InvalidOptionError, match="give source"):
         build({"cores": 1})

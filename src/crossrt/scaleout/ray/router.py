@@ -42,6 +42,25 @@ from ray.serve.request_router import (
     RunningReplica,
 )
 
+STICKY = frozenset(
+    {
+        "ServerLive",
+        "ServerReady",
+        "ServerMetadata",
+        "ModelReady",
+        "ModelMetadata",
+        "ModelConfig",
+        "ModelStatistics",
+        "RepositoryIndex",
+        "RepositoryModelLoad",
+        "RepositoryModelUnload",
+    }
+)
+"""The KServe v2 methods a replica answers from its own state: each goes to the same replica
+every time (the nearest), not by requests in flight. A replica's statistics are its own, and a
+client that reads them before and after its requests (perf_analyzer) must read one replica's
+both times; Serve's router kept them on one replica too, by locality."""
+
 
 class FewestInFlight(FIFOMixin, LocalityMixin, MultiplexMixin, RequestRouter):
     """Serve's request router (``request_router_config``) that sends each request to a
@@ -94,13 +113,16 @@ class FewestInFlight(FIFOMixin, LocalityMixin, MultiplexMixin, RequestRouter):
             for rank, group in enumerate(self.rank_replicas_via_locality(candidates))
             for r in group
         }
-        ranked = sorted(
-            candidates,
-            key=lambda r: (
-                self._in_flight.get(r.replica_id, 0),
-                near[r.replica_id],
-                self._chosen.get(r.replica_id, -1),
-            ),
-        )
-        self._chosen[ranked[0].replica_id] = next(self._ticks)
+        if pending_request is not None and pending_request.metadata.call_method in STICKY:
+            ranked = sorted(candidates, key=lambda r: (near[r.replica_id], r.replica_id.unique_id))
+        else:
+            ranked = sorted(
+                candidates,
+                key=lambda r: (
+                    self._in_flight.get(r.replica_id, 0),
+                    near[r.replica_id],
+                    self._chosen.get(r.replica_id, -1),
+                ),
+            )
+            self._chosen[ranked[0].replica_id] = next(self._ticks)
         return [ranked[:1], ranked[1:]] if len(ranked) > 1 else [ranked]
