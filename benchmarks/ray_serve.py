@@ -56,6 +56,7 @@ from typing import Any
 import numpy as np
 
 import crossrt
+from crossrt.scaleout.ray.app import ROUTER
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import models
@@ -63,6 +64,7 @@ import reporting
 from serve import measure
 
 RESULTS = Path(__file__).resolve().parent / "results"
+SERVE_ROUTER = "Serve's power of two choices"
 SERVERS = ("crossrt on Ray", "plain Ray + ORT", "crossrt serve")
 
 
@@ -453,6 +455,7 @@ def run_all(names: list[str], args: argparse.Namespace) -> dict[str, Any]:
         "serve_env": [f"{k}={v}" for k, v in env.items()],
         "nice": args.nice,
         "max_ongoing": args.max_ongoing,
+        "router": ROUTER,
         "rows": rows,
         "proxy_profile": profiles,
         "summary": summary(rows, names, cpus),
@@ -568,7 +571,9 @@ def markdown(report: dict[str, Any]) -> str:
             if report.get("nice") is not None
             else ""
         )
-        + f" crossrt's max_ongoing_requests: {report.get('max_ongoing', 32)} (plain: 32).",
+        + f" crossrt's max_ongoing_requests: {report.get('max_ongoing', 32)} (plain: 32)."
+        + f" crossrt's request router: {report.get('router', SERVE_ROUTER)}"
+        + f" (plain: {SERVE_ROUTER}).",
         "",
         "Replicas: 1 = one replica of each Ray deployment (and `crossrt serve` on one core); "
         f"{cpus} = the packed node: as many replicas of each as the node's CPUs allow by their "

@@ -31,7 +31,10 @@ SERVE_ENV = {
 its replica over Serve's gRPC transport rather than as a Ray actor call, and buffers its
 request logs rather than writing each line to a file and to stderr. On a tiny model they cut
 the proxy's CPU per request and raised the throughput of every deployment behind it
-(docs/scale-out.md, "Throughput on Ray"). The proxy reads them from its process's
+(docs/scale-out.md, "Throughput on Ray"). Over the gRPC transport a replica's queue length
+reaches the proxy only when a request ends, so Serve's own router misjudges the replicas;
+crossrt's deployments route with :data:`ROUTER`, which counts requests itself. The proxy
+reads them from its process's
 environment, so they must be set where the cluster starts: ``crossrt deploy ray`` sets them
 for the local cluster it starts (:func:`serve_env`); on a cluster of your own, set them in
 the environment of ``ray start`` on every node. (Left out: ``RAY_SERVE_RUN_ROUTER_IN_
