@@ -23,6 +23,11 @@ computes for milliseconds gains more from an idle core than it loses in a hop. M
 picks the candidates as in Serve's own router. Serve's queue-length cache still guards
 ``max_ongoing_requests``: a replica the cache says is full is asked before it is sent more.
 
+Each router counts the requests that pass through it: Serve runs one proxy per node, and a
+replica's count in one proxy leaves out what the other proxies (and handles) sent it. With
+traffic entering through several proxies, each balances its own share, and
+``max_ongoing_requests`` still caps what a replica accepts from all of them.
+
 Serve pickles this module by value into every process that routes (its proxies, handles): it
 imports nothing of crossrt.
 """
