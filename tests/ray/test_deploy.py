@@ -98,9 +98,9 @@ def test_crossrt_deploy_ray_on_a_local_cluster_serves_until_sigterm(
         "--http", f"127.0.0.1:{http}", "--grpc-port", str(grpc),
     ]  # fmt: skip
     env = dict(os.environ, CROSSRT_RUNTIME_DIR=str(tmp_path / "run"))  # cores of its own
-    proc = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
-    )
+    errors = tmp_path / "stderr.txt"  # Ray's start-up, for a start that fails or hangs
+    with errors.open("w") as stderr:
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
     started: list[psutil.Process] = []
     try:
         assert proc.stdout is not None
@@ -116,7 +116,10 @@ def test_crossrt_deploy_ray_on_a_local_cluster_serves_until_sigterm(
                     break
         finally:
             ready.cancel()
-        assert proc.poll() is None, f"no answer in {START_S} s, or it ended: {lines}"
+        assert proc.poll() is None, (
+            f"no answer in {START_S} s, or it ended: {lines}; "
+            f"its stderr ends: {errors.read_text()[-3000:]}"
+        )
         assert "deployed crossrt: 1 replica(s) of 1 core(s), models mm\n" in lines, lines
         started = psutil.Process(proc.pid).children(recursive=True)
         addresses = node_addresses(started)
