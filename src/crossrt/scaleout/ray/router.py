@@ -93,6 +93,14 @@ class FewestInFlight(FIFOMixin, LocalityMixin, MultiplexMixin, RequestRouter):
         if left > 0:
             self._in_flight[replica_id] = left
 
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
+        super().update_replicas(replicas)
+        # a replica gone (scaled down, replaced) leaves no state here; its counts go to zero
+        # as its last requests finish
+        current = {r.replica_id for r in replicas}
+        for gone in set(self._chosen) - current:
+            del self._chosen[gone]
+
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
         self._in_flight.pop(replica_id, None)
