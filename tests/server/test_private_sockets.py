@@ -35,6 +35,7 @@ from crossrt.server.private_sockets import (
     HeldContext,
     HolderGate,
     PrivateSocket,
+    PrivateSockets,
     holder_of,
     remove_stale,
 )
@@ -222,3 +223,29 @@ def test_an_idle_private_socket_is_dropped_and_a_running_call_keeps_it(idling: D
         assert answers and answers[0][1] is None, answers
         assert dropped(held, 30), "an idle private socket was kept"
         assert not os.path.exists(held.path)
+
+
+def test_a_server_that_cannot_start_leaves_no_socket_behind(tmp_path: Path) -> None:
+    """A private socket's gRPC server that fails to start (its threads: a process limit)
+    is refused as UNAVAILABLE, and neither its socket file nor its staging folder stays."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from crossrt.server.peers import Peer
+    from crossrt.server.status import ServiceError
+
+    def server(gate: Any) -> grpc.Server:
+        made = grpc.server(ThreadPoolExecutor(1), interceptors=[gate])
+
+        def start() -> None:
+            raise RuntimeError("can't start new thread")
+
+        made.start = start  # the one part of the server that fails
+        return made
+
+    main = tmp_path / "d.sock"
+    sockets = PrivateSockets(Gate(), server)
+    with pytest.raises(ServiceError) as refused:
+        sockets._open_for(Peer("unix:", True, uid=os.getuid()), Activity(), str(main))
+    assert refused.value.status is grpc.StatusCode.UNAVAILABLE
+    assert "can't start new thread" in refused.value.message
+    assert list(tmp_path.iterdir()) == [] and len(sockets) == 0

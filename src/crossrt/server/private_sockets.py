@@ -254,7 +254,15 @@ class PrivateSockets:
                 os.unlink(staged)
             with contextlib.suppress(OSError):
                 os.rmdir(staging)
-        server.start()
+        try:
+            server.start()
+        except Exception as exc:  # its threads (a process limit): no socket left behind
+            server.stop(None)
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            raise ServiceError(
+                grpc.StatusCode.UNAVAILABLE, f"cannot start a private socket's server: {exc}"
+            ) from None
         with self._lock:
             self._open[path] = server
         return path, server, gate
