@@ -107,7 +107,13 @@ def test_crossrt_deploy_ray_on_a_local_cluster_serves_until_sigterm(
         lines = []
         # until it says it serves, or it ends; bounded: a start that hangs fails here, with
         # what it printed, not at pytest's limit with the worker held 10 minutes
-        ready = threading.Timer(START_S, proc.terminate)  # it stops what it started
+        late = threading.Event()
+
+        def give_up() -> None:
+            late.set()
+            proc.terminate()  # it stops what it started
+
+        ready = threading.Timer(START_S, give_up)
         ready.start()
         try:
             for line in proc.stdout:
@@ -116,7 +122,7 @@ def test_crossrt_deploy_ray_on_a_local_cluster_serves_until_sigterm(
                     break
         finally:
             ready.cancel()
-        assert proc.poll() is None, (
+        assert not late.is_set() and proc.poll() is None, (
             f"no answer in {START_S} s, or it ended: {lines}; "
             f"its stderr ends: {errors.read_text()[-3000:]}"
         )

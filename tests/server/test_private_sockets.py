@@ -225,9 +225,11 @@ def test_an_idle_private_socket_is_dropped_and_a_running_call_keeps_it(idling: D
         assert not os.path.exists(held.path)
 
 
-def test_a_server_that_cannot_start_leaves_no_socket_behind(tmp_path: Path) -> None:
+def test_a_server_that_cannot_start_leaves_no_socket_behind() -> None:
     """A private socket's gRPC server that fails to start (its threads: a process limit)
     is refused as UNAVAILABLE, and neither its socket file nor its staging folder stays."""
+    import shutil
+    import tempfile
     from concurrent.futures import ThreadPoolExecutor
 
     from crossrt.server.peers import Peer
@@ -242,10 +244,14 @@ def test_a_server_that_cannot_start_leaves_no_socket_behind(tmp_path: Path) -> N
         made.start = start  # the one part of the server that fails
         return made
 
-    main = tmp_path / "d.sock"
+    folder = Path(tempfile.mkdtemp(prefix="crossrt-t-"))  # a socket path under 108 bytes
     sockets = PrivateSockets(Gate(), server)
-    with pytest.raises(ServiceError) as refused:
-        sockets._open_for(Peer("unix:", True, uid=os.getuid()), Activity(), str(main))
-    assert refused.value.status is grpc.StatusCode.UNAVAILABLE
-    assert "can't start new thread" in refused.value.message
-    assert list(tmp_path.iterdir()) == [] and len(sockets) == 0
+    try:
+        with pytest.raises(ServiceError) as refused:
+            peer = Peer("unix:", True, uid=os.getuid())
+            sockets._open_for(peer, Activity(), str(folder / "d.sock"))
+        assert refused.value.status is grpc.StatusCode.UNAVAILABLE
+        assert "can't start new thread" in refused.value.message
+        assert list(folder.iterdir()) == [] and len(sockets) == 0
+    finally:
+        shutil.rmtree(folder)

@@ -146,9 +146,16 @@ def start_local_cluster(ray: Any) -> None:
     from ..scaleout.ray.app import serve_env
 
     # "local": a cluster of its own, even where RAY_ADDRESS names one (ray.init sets it for
-    # its children)
+    # its children). Without Ray's dashboard: its head starts some ten Python processes at
+    # once, which on a busy 2-core host held up the cluster's start for minutes (workers
+    # that did not register in time); `ray start --head` and --address give a cluster with one.
     with serve_env():
-        ray.init(address="local", _node_ip_address=LOCAL_NODE_ADDRESS, log_to_driver=False)
+        ray.init(
+            address="local",
+            _node_ip_address=LOCAL_NODE_ADDRESS,
+            include_dashboard=False,
+            log_to_driver=False,
+        )
     gcs = ray.get_runtime_context().gcs_address
     say(f"local Ray cluster: node {LOCAL_NODE_ADDRESS}, GCS {gcs}")
 
