@@ -9,9 +9,9 @@ hooks). The cache then holds each replica's count as it was when a past request 
 now: on a node of two one-core ResNet-50 replicas, each held no request for 14-35 % of the time
 (sampled every 5 ms, 4 and 8 clients) while the other held the rest, and 10-19 % of the host's
 CPU went unused (benchmarks/results/ray_serve_resnet50_maxongoing32.md). A replica that shares
-its cores with nobody cannot take up that slack, as an unpinned one can. And where each node
-has one replica, Serve's proxy sends every request to its own node's replica until that one is
-full, leaving the others idle (tests/ray/test_fleet.py).
+its cores with nobody cannot take up that slack, as an unpinned one can. In the tests'
+two-node cluster, four clients got 69 requests answered in 8 s through Serve's router and 114
+through this one (tests/ray/test_fleet.py).
 
 This router counts, for each replica, the requests it sent there that have not finished (Serve
 tells a router both: :meth:`on_send_request` and :meth:`on_request_completed`), which is exact for
