@@ -26,6 +26,7 @@ SERVE_ENV = {
     "RAY_SERVE_PROXY_USE_GRPC": "1",
     "RAY_SERVE_LOG_TO_STDERR": "0",
     "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": "1000",
+    "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
 }
 """Serve's switches for its proxies, which every request crosses: the proxy sends a request to
 its replica over Serve's gRPC transport rather than as a Ray actor call, and buffers its
@@ -33,15 +34,17 @@ request logs rather than writing each line to a file and to stderr. On a tiny mo
 the proxy's CPU per request and raised the throughput of every deployment behind it
 (docs/scale-out.md, "Throughput on Ray"). Over the gRPC transport a replica's queue length
 reaches the proxy only when a request ends, so Serve's own router misjudges the replicas;
-crossrt's deployments route with :data:`ROUTER`, which counts requests itself. The proxy
-reads them from its process's
-environment, so they must be set where the cluster starts: ``crossrt deploy ray`` sets them
-for the local cluster it starts (:func:`serve_env`); on a cluster of your own, set them in
-the environment of ``ray start`` on every node. (Left out: ``RAY_SERVE_RUN_ROUTER_IN_
-SEPARATE_LOOP=0``, which would save the proxy a hop between event loops too, but in every
-other process of the cluster breaks a handle called outside an event loop: a Ray task's
-``RayModel.run``. And ``RAY_SERVE_THROUGHPUT_OPTIMIZED=1`` does not switch the proxy to gRPC
-in Ray 2.60: the setting is derived before that flag is read.)"""
+crossrt's deployments route with :data:`ROUTER`, which counts requests itself. And Serve's
+controller gives a starting proxy 60 s to say it is ready, not 5: on a busy 2-core host a
+proxy took longer, the controller killed it, and ``serve.start`` failed with it. Serve's
+processes read them from their environment, so they must be set where the cluster starts:
+``crossrt deploy ray`` sets them for the local cluster it starts (:func:`serve_env`); on a
+cluster of your own, set them in the environment of ``ray start`` on every node. (Left
+out: ``RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP=0``, which would save the proxy a hop between
+event loops too, but in every other process of the cluster breaks a handle called outside
+an event loop: a Ray task's ``RayModel.run``. And ``RAY_SERVE_THROUGHPUT_OPTIMIZED=1`` does
+not switch the proxy to gRPC in Ray 2.60: the setting is derived before that flag is
+read.)"""
 
 
 @contextmanager
