@@ -319,7 +319,9 @@ def test_ls_escapes_control_characters_in_an_owners_command_line(capsys):
         owner.kill()
         owner.wait(timeout=TIMEOUT)
     assert "\x1b" not in text and "\x07" not in text and "\u202e" not in text
-    line = next(line for line in text.splitlines() if str(owner.pid) in line)
+    # the pid as a field of its own: as a substring it also matched an engine's version
+    # ("1+openvino-2026.4.1-22982-...", with the owner's pid 22982)
+    line = next(line for line in text.splitlines() if str(owner.pid) in line.split())
     assert "-X \\x1b[2J\\x1b]0;owned\\x07\\u202e -c" in line
 
 
