@@ -297,16 +297,20 @@ def rounds_of(
     return rows
 
 
-def host_times() -> list[int]:
-    """The host's CPU times (/proc/stat's first line: user, nice, system, idle, iowait, ...)."""
-    return [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+def host_times() -> Any:
+    """The host's CPU times (psutil: user, nice, system, idle, iowait, ...)."""
+    import psutil
+
+    return psutil.cpu_times()
 
 
-def idle_between(before: list[int], after: list[int]) -> float:
+def idle_between(before: Any, after: Any) -> float:
     """The share of the host's CPU time left idle (idle and iowait) between two readings:
-    what no process used, where pinned replicas may leave their cores waiting."""
-    spent = [b - a for a, b in zip(before, after, strict=True)]
-    return (spent[3] + spent[4]) / max(sum(spent), 1)
+    what no process used, where pinned replicas may leave their cores waiting. (Guest time
+    is counted in user time already.)"""
+    fields = [f for f in before._fields if not f.startswith("guest")]
+    spent = {f: getattr(after, f) - getattr(before, f) for f in fields}
+    return (spent["idle"] + spent.get("iowait", 0.0)) / max(sum(spent.values()), 1e-9)
 
 
 def client_cpu_us(before: resource.struct_rusage, requests: int) -> float:
